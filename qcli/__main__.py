@@ -1,0 +1,3 @@
+from qcli.cli import main
+
+main()

@@ -1,0 +1,67 @@
+"""Burn's byte layout of a `DType::QFloat` tensor: how many bytes each region takes.
+
+```
+[ values ][ block-or-tensor scales, row-major over the block grid ][ f32 global, two-level only ]
+```
+
+No padding between the regions (burn-std `quantized_data_len`, B:quantization.rs:400-407). Packed
+stores pad each row of the packed (last) axis on its own to whole storage elements. This module alone
+answers `quantized_data_len`; the container takes lengths from here and never recomputes them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from qcli.scheme import Native, QuantScheme
+
+
+def row_elements(scheme: QuantScheme, last_dim: int) -> int:
+    """Storage elements holding one row of `last_dim` values (rows are padded on their own)."""
+    return math.ceil(last_dim / scheme.num_quants())
+
+
+def storage_elements(scheme: QuantScheme, shape: Sequence[int]) -> int:
+    """Storage elements of the value region."""
+    n = scheme.num_quants()
+    if n > 1 and not isinstance(scheme.store, Native) and len(shape) > 0:
+        return math.prod(shape[:-1]) * row_elements(scheme, shape[-1])
+    return math.ceil(math.prod(shape) / n)
+
+
+def value_bytes(scheme: QuantScheme, shape: Sequence[int]) -> int:
+    """Bytes of the value region; a sub-byte Native element is accounted as a whole byte."""
+    return storage_elements(scheme, shape) * math.ceil(scheme.size_bits_stored() / 8)
+
+
+def params_shape(scheme: QuantScheme, shape: Sequence[int]) -> list[int]:
+    """Shape of the scale grid: `[1]` per tensor, else the blocks per axis."""
+    if scheme.block is None:
+        return [1]
+    return scheme.block.size.num_blocks(shape)
+
+
+def num_scales(scheme: QuantScheme, shape: Sequence[int]) -> int:
+    return math.prod(params_shape(scheme, shape))
+
+
+def scale_bytes(scheme: QuantScheme, shape: Sequence[int]) -> int:
+    """Bytes of the innermost scale level."""
+    return num_scales(scheme, shape) * scheme.scale_dtype().scale_size()
+
+
+def global_bytes(scheme: QuantScheme) -> int:
+    """Bytes of the f32 global scale that follows the block scales of a two-level scheme."""
+    return 4 if scheme.is_two_level() else 0
+
+
+def quantized_data_len(scheme: QuantScheme, shape: Sequence[int]) -> int:
+    """Total payload bytes: values, then scales, then the optional global."""
+    return value_bytes(scheme, shape) + scale_bytes(scheme, shape) + global_bytes(scheme)
+
+
+def bits_per_weight(scheme: QuantScheme, shape: Sequence[int]) -> float:
+    """Payload bits per logical element, scales included."""
+    numel = math.prod(shape)
+    return 8 * quantized_data_len(scheme, shape) / numel if numel else 0.0

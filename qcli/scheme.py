@@ -1,0 +1,489 @@
+"""Burn's quantization vocabulary: how a tensor is quantized, in Burn's own names and serde form.
+
+Mirrors `cubecl-common/src/quant/scheme.rs` at cubecl 48348968 (Burn 2c06be35, 0.22.0-pre.2), so a
+line of Rust and a line of Python read alike: `QuantScheme().with_value(QuantValue.Q4S).per_block([32],
+ScaleDtype.F16)`. The serde form (`to_serde`/`from_serde`) is what burnpack stores as
+`DType::QFloat(QuantScheme)`; `accept_problems` lists every reason Burn would refuse a scheme.
+
+This module imports nothing heavy: the CLI validates recipes with it before torch is loaded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from qcli.errors import SchemeError
+
+F16_MAX = 65504.0
+F32_MIN_POSITIVE = 1.1754943508222875e-38  # f32::MIN_POSITIVE, 2^-126
+
+
+class QuantValue(str, Enum):
+    """The logical type of quantized values, independent of how they are stored."""
+
+    Q8F = "Q8F"
+    E5M2 = "E5M2"
+    E4M3 = "E4M3"
+    Q4F = "Q4F"
+    E2M1 = "E2M1"
+    Q2F = "Q2F"
+    Q8S = "Q8S"
+    Q4S = "Q4S"
+    Q2S = "Q2S"
+
+    def size_bits(self) -> int:
+        """Bits of one value."""
+        return _VALUE_BITS[self]
+
+    def range(self) -> tuple[float, float]:
+        """The clamp range `(a, b)`; "F" integers use the full two's-complement range."""
+        return _VALUE_RANGE[self]
+
+    def half_range(self) -> float:
+        """`(b - a) / 2`, exact in f32: the divisor that turns a magnitude into a scale."""
+        a, b = self.range()
+        return (b - a) / 2
+
+    def is_symmetric(self) -> bool:
+        """Whether the range is symmetric around zero (Q8S, Q4S, Q2S)."""
+        return self in (QuantValue.Q8S, QuantValue.Q4S, QuantValue.Q2S)
+
+    def is_minifloat(self) -> bool:
+        """Whether the stored field is a float code (E4M3, E5M2, E2M1) rather than an integer."""
+        return self in (QuantValue.E4M3, QuantValue.E5M2, QuantValue.E2M1)
+
+    def native_packing(self) -> int:
+        """How many values one native element holds: 2 for E2M1 (`e2m1x2`), 1 otherwise."""
+        return 2 if self is QuantValue.E2M1 else 1
+
+
+_VALUE_BITS = {
+    QuantValue.Q8F: 8, QuantValue.Q8S: 8, QuantValue.E4M3: 8, QuantValue.E5M2: 8,
+    QuantValue.Q4F: 4, QuantValue.Q4S: 4, QuantValue.E2M1: 4,
+    QuantValue.Q2F: 2, QuantValue.Q2S: 2,
+}
+_VALUE_RANGE = {
+    QuantValue.Q8F: (-128.0, 127.0), QuantValue.Q8S: (-127.0, 127.0),
+    QuantValue.Q4F: (-8.0, 7.0), QuantValue.Q4S: (-7.0, 7.0),
+    QuantValue.Q2F: (-2.0, 1.0), QuantValue.Q2S: (-1.0, 1.0),
+    QuantValue.E4M3: (-448.0, 448.0), QuantValue.E5M2: (-57344.0, 57344.0),
+    QuantValue.E2M1: (-6.0, 6.0),
+}
+
+
+@dataclass(frozen=True)
+class Native:
+    """One storage element per value; Burn accounts a sub-byte value as a whole byte."""
+
+    def size_bits(self, value: QuantValue) -> int:
+        return value.size_bits()
+
+    def to_serde(self) -> object:
+        return "Native"
+
+    def __str__(self) -> str:
+        return "Native"
+
+
+@dataclass(frozen=True)
+class PackedNative:
+    """`native_packing` values in one native element (`e2m1x2` for E2M1); `dim` counts from the innermost axis."""
+
+    dim: int = 0
+
+    def size_bits(self, value: QuantValue) -> int:
+        return value.size_bits() * value.native_packing()
+
+    def to_serde(self) -> object:
+        return {"PackedNative": self.dim}
+
+    def __str__(self) -> str:
+        return f"PackedNative({self.dim})"
+
+
+@dataclass(frozen=True)
+class PackedU32:
+    """`32 / bits` values in one little-endian u32, first value in the least significant bits.
+
+    `dim` is the packed axis counted from the innermost one: 0 packs the last axis.
+    """
+
+    dim: int = 0
+
+    def size_bits(self, value: QuantValue) -> int:
+        return 32
+
+    def to_serde(self) -> object:
+        return {"PackedU32": self.dim}
+
+    def __str__(self) -> str:
+        return f"PackedU32({self.dim})"
+
+
+QuantStore = Native | PackedNative | PackedU32
+
+
+class QuantMode(str, Enum):
+    """How a stored field becomes a value: scaled directly, or as an index into a table (codebook)."""
+
+    Symmetric = "Symmetric"
+    Lookup = "Lookup"
+
+
+class ScaleDtype(str, Enum):
+    """The type a scale level is stored in."""
+
+    F32 = "F32"
+    F16 = "F16"
+    BF16 = "BF16"
+    UE8M0 = "UE8M0"
+    UE4M3 = "UE4M3"
+
+    def scale_size(self) -> int:
+        """Bytes of one stored scale."""
+        return _SCALE_SIZE[self]
+
+    def max_representable(self) -> float:
+        """The largest finite scale this dtype stores; `round_up` saturates there."""
+        return _SCALE_MAX[self]
+
+    def has_round_up(self) -> bool:
+        """Whether Burn can round a scale onto this dtype; UE8M0 has no rule at this pin."""
+        return self is not ScaleDtype.UE8M0
+
+
+_SCALE_SIZE = {ScaleDtype.F32: 4, ScaleDtype.F16: 2, ScaleDtype.BF16: 2, ScaleDtype.UE8M0: 1, ScaleDtype.UE4M3: 1}
+_SCALE_MAX = {
+    ScaleDtype.F32: 3.4028234663852886e38,
+    ScaleDtype.F16: F16_MAX,
+    ScaleDtype.BF16: 3.3895313892515355e38,  # bf16::MAX, bits 0x7F7F
+    ScaleDtype.UE8M0: 2.0**127,
+    ScaleDtype.UE4M3: 448.0,
+}
+
+
+class Calibration(str, Enum):
+    """How the range a scale must cover is measured from the data."""
+
+    MinMax = "MinMax"
+    AbsMean = "AbsMean"
+
+
+MAX_BLOCK_DIMS = 5
+
+
+@dataclass(frozen=True)
+class BlockSize:
+    """A block of values sharing one scale, right-aligned on the tensor's trailing axes.
+
+    Stored as Burn stores it: `storage` holds the extents after leading 1s are dropped, the unused
+    slots filled with 1, and `len` counts the extents kept. Equality compares the whole storage, so
+    only the canonical form built by `new` compares equal to the block Burn builds.
+    """
+
+    storage: tuple[int, ...]
+    len: int
+
+    @staticmethod
+    def new(dims: int | Sequence[int]) -> BlockSize:
+        """The canonical block for `dims` (`[1, 32]` and `[32]` are the same block)."""
+        dims = [dims] if isinstance(dims, int) else list(dims)
+        if len(dims) > MAX_BLOCK_DIMS and any(d != 1 for d in dims[: len(dims) - MAX_BLOCK_DIMS]):
+            raise SchemeError(
+                f"a block has at most {MAX_BLOCK_DIMS} axes, got {dims}",
+                hint="Burn's BlockSize stores 5 extents; use a block over the trailing axes, e.g. [32] or [4, 32]",
+            )
+        for d in dims:
+            if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 255:
+                raise SchemeError(
+                    f"block extent {d!r} in {dims} is not between 1 and 255",
+                    hint="Burn stores each block extent as a u8 of at least 1; use e.g. [32] or [16]",
+                )
+        while dims and dims[0] == 1:
+            dims.pop(0)
+        return BlockSize(tuple(dims) + (1,) * (MAX_BLOCK_DIMS - len(dims)), len(dims))
+
+    def dims(self) -> list[int]:
+        """The kept extents, outermost first."""
+        return list(self.storage[: self.len])
+
+    def to_dim_vec(self, rank: int) -> list[int]:
+        """The block as `rank` extents, left-padded with 1s."""
+        dims = self.dims()
+        return [1] * (rank - len(dims)) + dims if rank >= len(dims) else dims[len(dims) - rank :]
+
+    def num_blocks(self, shape: Sequence[int]) -> list[int]:
+        """Blocks per axis; a partial block still takes a scale."""
+        return [math.ceil(d / b) for d, b in zip(shape, self.to_dim_vec(len(shape)), strict=True)]
+
+    def num_elements(self) -> int:
+        return math.prod(self.dims())
+
+    def to_serde(self) -> dict:
+        return {"storage": list(self.storage), "len": self.len}
+
+    def __str__(self) -> str:
+        return "[" + ", ".join(map(str, self.dims())) + "]"
+
+
+@dataclass(frozen=True)
+class BlockScale:
+    """The per-block scale level of a `QuantScheme`: one scale per block of values."""
+
+    size: BlockSize
+    dtype: ScaleDtype
+
+    def to_serde(self) -> dict:
+        return {"size": self.size.to_serde(), "dtype": self.dtype.value}
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """How a tensor is quantized: value type, storage, mode, and up to two scale levels.
+
+    `tensor` is the per-tensor level and `block` the per-block level. A scheme with neither resolves to
+    a per-tensor F32 scale (`tensor_scale()`), but the field stays `None`, as in Burn, so
+    `QuantScheme() != QuantScheme().per_tensor(ScaleDtype.F32)`. With both, the scheme is two-level:
+    block scales are stored relative to an f32 global scale.
+    """
+
+    value: QuantValue = QuantValue.Q8F
+    store: QuantStore = field(default_factory=PackedU32)
+    mode: QuantMode = QuantMode.Symmetric
+    tensor: ScaleDtype | None = None
+    block: BlockScale | None = None
+
+    def with_value(self, value: QuantValue) -> QuantScheme:
+        return replace(self, value=value)
+
+    def with_store(self, store: QuantStore) -> QuantScheme:
+        return replace(self, store=store)
+
+    def with_mode(self, mode: QuantMode) -> QuantScheme:
+        return replace(self, mode=mode)
+
+    def per_tensor(self, dtype: ScaleDtype) -> QuantScheme:
+        return replace(self, tensor=dtype)
+
+    def per_block(self, block: int | Sequence[int], dtype: ScaleDtype) -> QuantScheme:
+        return replace(self, block=BlockScale(BlockSize.new(block), dtype))
+
+    @staticmethod
+    def nvfp4() -> QuantScheme:
+        """Burn's NVFP4 preset: E2M1 pairs, blocks of 16 with UE4M3 scales under an f32 global."""
+        return (
+            QuantScheme()
+            .with_value(QuantValue.E2M1)
+            .with_store(PackedNative(0))
+            .per_block([16], ScaleDtype.UE4M3)
+            .per_tensor(ScaleDtype.F32)
+        )
+
+    def tensor_scale(self) -> ScaleDtype | None:
+        """The per-tensor level; a scheme with no level at all resolves to F32."""
+        if self.tensor is None and self.block is None:
+            return ScaleDtype.F32
+        return self.tensor
+
+    def block_scale(self) -> BlockScale | None:
+        return self.block
+
+    def scale_dtype(self) -> ScaleDtype:
+        """The innermost level's dtype: the block's, else the tensor's, else F32."""
+        if self.block is not None:
+            return self.block.dtype
+        return self.tensor or ScaleDtype.F32
+
+    def num_levels(self) -> int:
+        return 2 if self.is_two_level() else 1
+
+    def is_two_level(self) -> bool:
+        return self.block is not None and self.tensor is not None
+
+    def size_bits_stored(self) -> int:
+        """Bits of one storage element (32 for PackedU32)."""
+        return self.store.size_bits(self.value)
+
+    def num_quants(self) -> int:
+        """Values per storage element."""
+        return self.size_bits_stored() // self.value.size_bits()
+
+    def to_serde(self) -> dict:
+        """Burn's serde form: all five keys, in declaration order."""
+        return {
+            "value": self.value.value,
+            "store": self.store.to_serde(),
+            "mode": self.mode.value,
+            "tensor": None if self.tensor is None else self.tensor.value,
+            "block": None if self.block is None else self.block.to_serde(),
+        }
+
+    @staticmethod
+    def from_serde(obj: object) -> QuantScheme:
+        """Parse Burn's serde form; raises `SchemeError` naming what is malformed."""
+        try:
+            return _scheme_from_serde(obj)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SchemeError(
+                f"not a QuantScheme in Burn's serde form: {obj!r} ({exc})",
+                hint="the scheme must be a map with value, store, mode, tensor and block",
+            ) from None
+
+    def __str__(self) -> str:
+        """A readable one-line form, e.g. `Q4S PackedU32(0) block [32] F16`."""
+        parts = [self.value.value, str(self.store)]
+        if self.mode is not QuantMode.Symmetric:
+            parts.append(self.mode.value)
+        if self.block is not None:
+            parts.append(f"block {self.block.size} {self.block.dtype.value}")
+        if self.tensor is not None:
+            parts.append(f"{'global' if self.block is not None else 'tensor'} {self.tensor.value}")
+        elif self.block is None:
+            parts.append("tensor F32")
+        return " ".join(parts)
+
+
+def _scheme_from_serde(obj: object) -> QuantScheme:
+    if not isinstance(obj, dict):
+        raise TypeError("expected a map")
+    store = obj["store"]
+    if store == "Native":
+        parsed_store: QuantStore = Native()
+    elif isinstance(store, dict) and len(store) == 1:
+        ((kind, dim),) = store.items()
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+            raise ValueError(f"store dim {dim!r}")
+        parsed_store = {"PackedU32": PackedU32, "PackedNative": PackedNative}[kind](dim)
+    else:
+        raise ValueError(f"store {store!r}")
+    tensor = obj.get("tensor")
+    block = obj.get("block")
+    parsed_block = None
+    if block is not None:
+        size = block["size"]
+        storage, length = size["storage"], size["len"]
+        if (
+            not isinstance(storage, list)
+            or len(storage) != MAX_BLOCK_DIMS
+            or not all(isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= 255 for s in storage)
+            or not isinstance(length, int)
+            or not 0 <= length <= MAX_BLOCK_DIMS
+        ):
+            raise ValueError(f"block size {size!r}")
+        parsed_block = BlockScale(BlockSize(tuple(storage), length), ScaleDtype(block["dtype"]))
+    return QuantScheme(
+        value=QuantValue(obj["value"]),
+        store=parsed_store,
+        mode=QuantMode(obj["mode"]),
+        tensor=None if tensor is None else ScaleDtype(tensor),
+        block=parsed_block,
+    )
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One reason Burn would refuse a scheme, and what would work instead."""
+
+    why: str
+    instead: str
+
+
+LOOKUP_WHY = (
+    "Burn cannot build a lookup-quantized tensor from data: "
+    "lookup quantization does not travel as a QFloat tensor (QuantScheme has no slot for the table)"
+)
+
+
+def accept_problems(scheme: QuantScheme, calibration: Calibration = Calibration.MinMax) -> list[Refusal]:
+    """Every reason Burn 0.22.0-pre.2 would refuse `scheme` (qfloat-spec §1.10); empty when it is accepted."""
+    problems: list[Refusal] = []
+    value, store = scheme.value, scheme.store
+    bits = value.size_bits()
+    if scheme.mode is QuantMode.Lookup:
+        problems.append(
+            Refusal(
+                f"mode Lookup: {LOOKUP_WHY}",
+                f"use a Symmetric scheme of the same width (e.g. {_symmetric_of_width(bits)} with block [32] "
+                "and F16 scales), or keep the tensor unquantized (keep = true)",
+            )
+        )
+    for level, dtype in (("tensor", scheme.tensor), ("block", scheme.block and scheme.block.dtype)):
+        if dtype is not None and not dtype.has_round_up():
+            problems.append(
+                Refusal(
+                    f"{level} scale dtype {dtype.value} is not supported by Burn 0.22.0-pre.2 "
+                    "(it has no round-up rule, so quantizable() refuses it)",
+                    "use UE4M3 or F16 scales (nvfp4 uses UE4M3 blocks of 16 under an F32 global)",
+                )
+            )
+    if scheme.is_two_level():
+        assert scheme.block is not None and scheme.tensor is not None
+        if scheme.block.dtype.max_representable() > F16_MAX:
+            problems.append(
+                Refusal(
+                    f"a two-level scheme stores its block scales relative to the global scale, so they must be no "
+                    f"wider than f16; got {scheme.block.dtype.value}",
+                    "use F16 or UE4M3 block scales under an F32 global, or drop tensor_scale for one level",
+                )
+            )
+        if scheme.tensor is not ScaleDtype.F32:
+            problems.append(
+                Refusal(
+                    f"a two-level scheme stores its per-tensor scale as f32, got {scheme.tensor.value}",
+                    "set tensor_scale = \"F32\"",
+                )
+            )
+        if calibration is Calibration.AbsMean:
+            problems.append(
+                Refusal(
+                    "AbsMean calibration has no two-level form",
+                    "use MinMax calibration, or drop tensor_scale for a one-level AbsMean scheme",
+                )
+            )
+    if isinstance(store, Native) and bits < 8:
+        problems.append(
+            Refusal(
+                f"Can't store native sub-byte values: {value.value} is {bits} bits",
+                "use store PackedU32" + (" (or PackedNative for E2M1)" if value is QuantValue.E2M1 else ""),
+            )
+        )
+    if isinstance(store, PackedNative) and value is not QuantValue.E2M1:
+        problems.append(
+            Refusal(
+                f"{value.value} doesn't support native packing (only E2M1 packs natively, as e2m1x2)",
+                "use store PackedU32" + (" or Native" if bits == 8 else ""),
+            )
+        )
+    if isinstance(store, (PackedU32, PackedNative)) and store.dim != 0:
+        problems.append(
+            Refusal(
+                f"{store} packs along an outer axis, which Burn 0.22.0-pre.2 cannot split back into values",
+                f"use {type(store).__name__}(0); to pack along another axis, transpose the tensor (transpose = true)",
+            )
+        )
+    if isinstance(store, PackedU32) and scheme.block is not None:
+        inner = scheme.block.size.dims()[-1] if scheme.block.size.len else 1
+        per_word = 32 // bits
+        if inner % per_word:
+            problems.append(
+                Refusal(
+                    f"PackedU32 holds {per_word} {value.value} values per word, so a block's innermost extent must "
+                    f"be a multiple of {per_word}; got {scheme.block.size}",
+                    f"use an innermost block extent that is a multiple of {per_word}, e.g. [{max(32, per_word)}]",
+                )
+            )
+    return problems
+
+
+def _symmetric_of_width(bits: int) -> str:
+    return {8: "Q8S", 4: "Q4S", 2: "Q2S"}[bits]
+
+
+def check_accepted(scheme: QuantScheme, calibration: Calibration = Calibration.MinMax) -> None:
+    """Raise `SchemeError` with the first refusal's reason and alternative."""
+    problems = accept_problems(scheme, calibration)
+    if problems:
+        raise SchemeError(f"{scheme}: {problems[0].why}", hint=problems[0].instead)
