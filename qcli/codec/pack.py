@@ -17,7 +17,7 @@ import torch
 
 from qcli import layout
 from qcli.codec import minifloat
-from qcli.scheme import Native, QuantScheme, ScaleDtype
+from qcli.scheme import QuantScheme, ScaleDtype
 
 _TORCH_SCALE = {ScaleDtype.F32: torch.float32, ScaleDtype.F16: torch.float16, ScaleDtype.BF16: torch.bfloat16}
 
@@ -26,7 +26,7 @@ def pack_fields(fields: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
     """The value region of integer `fields` (any shape; rank 0 is one row of one)."""
     bits = scheme.value.size_bits()
     low = _low_byte(fields)
-    if isinstance(scheme.store, Native):  # accepted Native values are whole bytes
+    if scheme.num_quants() == 1:  # one byte per value (Native, or PackedNative of a non-E2M1 value)
         return low.reshape(-1)
     num_rows, last = _rows(fields.shape)
     width = layout.row_elements(scheme, last) * scheme.num_quants()
@@ -48,7 +48,7 @@ def unpack_fields(region: torch.Tensor, scheme: QuantScheme, shape: Sequence[int
     bits = scheme.value.size_bits()
     mask = (1 << bits) - 1
     raw = region.to(torch.int32)
-    if not isinstance(scheme.store, Native):
+    if scheme.num_quants() > 1:
         num_rows, last = _rows(shape)
         per_byte = 8 // bits
         shifts = torch.arange(per_byte, dtype=torch.int32) * bits
