@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from qcli import layout
 from qcli.codec import decode, encode, quantize_parts
-from qcli.codec.values import values_of
+from qcli.codec.values import from_fields
 from qcli.scheme import (
     Calibration,
     Native,
@@ -145,6 +145,6 @@ def test_values_on_the_grid_come_back_exactly(data):
     firsts = [torch.arange(0, d, b) for d, b in zip(shape, blocks, strict=True)]
     q[torch.meshgrid(*firsts, indexing="ij")] = value.half_range()
     x = q * 2.0 ** data.draw(st.integers(-8, 8))
-    assert torch.equal(values_of(quantize_parts(x, scheme).fields, value), q)
+    assert torch.equal(from_fields(quantize_parts(x, scheme).fields, value), q)
     if not scheme.is_two_level():  # under a global, s_eff = global * stored is not 2^k
         assert torch.equal(decode(encode(x, scheme), scheme, shape), x)

@@ -48,8 +48,7 @@ from qcli.codec.minifloat import E4M3, table
 from qcli.codec.minifloat import encode as encode_minifloat
 from qcli.codec.pack import pack_fields, pack_scales, unpack_fields, unpack_scales
 from qcli.codec.scales import block_alpha, block_reduce, scales_from_alpha
-from qcli.codec.values import fields as value_fields
-from qcli.codec.values import values_of
+from qcli.codec.values import from_fields, to_fields
 from qcli.errors import SchemeError
 from qcli.scheme import (
     F32_MIN_POSITIVE,
@@ -253,7 +252,7 @@ def _two_level_all_zero(v):
 def _fields_with_scale(x: list[float], scheme: QuantScheme, shape, scale: float) -> torch.Tensor:
     grid = BlockGrid.of(scheme, shape)
     effective = torch.full(grid.grid, scale, dtype=torch.float32)
-    return value_fields(torch.tensor(x, dtype=torch.float32).reshape(shape), effective, grid, scheme.value)
+    return to_fields(torch.tensor(x, dtype=torch.float32).reshape(shape), effective, grid, scheme.value)
 
 
 @check(26)
@@ -324,7 +323,7 @@ def _per_block_dynamic(v):
 def _e2m1_round_to_nearest_even(v):
     scheme = scheme_of(v)
     codes = _fields_with_scale(v["input"]["x"], scheme, v["shape"], v["input"]["scale"])
-    assert values_of(codes, scheme.value).reshape(-1).tolist() == v["expected"]["dequantized"]
+    assert from_fields(codes, scheme.value).reshape(-1).tolist() == v["expected"]["dequantized"]
 
 
 # --- calibration ---
@@ -580,7 +579,7 @@ def _worked_example(v):
         block_alpha(block_reduce(x, grid, Calibration.MinMax), grid, Calibration.MinMax), scheme
     )
     assert scales.stored.reshape(-1).tolist() == e["f16_scales"]
-    q = value_fields(x, scales.effective, grid, scheme.value)
+    q = to_fields(x, scales.effective, grid, scheme.value)
     assert q.reshape(-1).tolist() == e["q_half_even (cubecl GPU)"]
     payload = torch.cat([pack_fields(q, scheme), pack_scales(scales.stored, ScaleDtype.F16)])
     assert as_hex(payload) == e["bytes_half_even"]

@@ -9,7 +9,7 @@ import torch
 from qcli import layout
 from qcli.codec.blocks import BlockGrid
 from qcli.codec.pack import unpack_fields, unpack_scales
-from qcli.codec.values import values_of
+from qcli.codec.values import from_fields
 from qcli.errors import InputError, SchemeError
 from qcli.scheme import LOOKUP_WHY, QuantMode, QuantScheme, ScaleDtype
 
@@ -37,7 +37,7 @@ def decode(payload: object, scheme: QuantScheme, shape: Sequence[int]) -> torch.
         )
     value_end = layout.value_bytes(scheme, shape)
     scale_end = value_end + layout.scale_bytes(scheme, shape)
-    q = values_of(unpack_fields(data[:value_end], scheme, shape), scheme.value)
+    q = from_fields(unpack_fields(data[:value_end], scheme, shape), scheme.value)
     grid = BlockGrid.of(scheme, shape)
     scales = unpack_scales(data[value_end:scale_end], scheme.scale_dtype()).reshape(grid.grid)
     if scheme.is_two_level():

@@ -19,12 +19,17 @@ from qcli.scheme import QuantValue
 
 @dataclass(frozen=True)
 class MinifloatFormat:
-    """A sign bit, `exponent_bits`, `mantissa_bits`, exponent `bias`; `max` is the largest finite value."""
+    """A sign bit, `exponent_bits`, `mantissa_bits`, exponent `bias`; `max` is the largest finite value.
+
+    `top` says what the top binade holds: "ieee" (inf and NaN), "fn" (finite, but all ones is NaN), or
+    "finite".
+    """
 
     exponent_bits: int
     mantissa_bits: int
     bias: int
     max: float
+    top: str
 
     @property
     def min_normal(self) -> float:
@@ -39,9 +44,9 @@ class MinifloatFormat:
         return 1 << (self.exponent_bits + self.mantissa_bits)
 
 
-E4M3 = MinifloatFormat(exponent_bits=4, mantissa_bits=3, bias=7, max=448.0)  # OCP e4m3fn, no infinities
-E5M2 = MinifloatFormat(exponent_bits=5, mantissa_bits=2, bias=15, max=57344.0)
-E2M1 = MinifloatFormat(exponent_bits=2, mantissa_bits=1, bias=1, max=6.0)
+E4M3 = MinifloatFormat(exponent_bits=4, mantissa_bits=3, bias=7, max=448.0, top="fn")  # OCP e4m3fn
+E5M2 = MinifloatFormat(exponent_bits=5, mantissa_bits=2, bias=15, max=57344.0, top="ieee")
+E2M1 = MinifloatFormat(exponent_bits=2, mantissa_bits=1, bias=1, max=6.0, top="finite")
 
 FORMATS = {QuantValue.E4M3: E4M3, QuantValue.E5M2: E5M2, QuantValue.E2M1: E2M1}
 
@@ -72,9 +77,9 @@ def table(fmt: MinifloatFormat) -> torch.Tensor:
         (1.0 + mantissa / scale) * torch.exp2((exponent - fmt.bias).to(torch.float64)),
     )
     top = exponent == (1 << fmt.exponent_bits) - 1
-    if fmt is E4M3:  # e4m3fn: only S.1111.111 is NaN, the rest of the top binade is finite
+    if fmt.top == "fn":
         magnitude = torch.where(top & (mantissa == scale - 1), torch.nan, magnitude)
-    elif fmt is E5M2:  # IEEE-like top binade: inf and NaN
+    elif fmt.top == "ieee":
         magnitude = torch.where(top, torch.where(mantissa == 0, torch.inf, torch.nan), magnitude)
     values = torch.where((codes & fmt.sign_bit) != 0, -magnitude, magnitude)
     return values.to(torch.float32)

@@ -16,7 +16,7 @@ from qcli import layout
 from qcli.codec.blocks import BlockGrid
 from qcli.codec.pack import pack_fields, pack_global, pack_scales
 from qcli.codec.scales import Scales, block_alpha, block_reduce, scales_from_alpha
-from qcli.codec.values import fields as value_fields
+from qcli.codec.values import to_fields
 from qcli.errors import InputError
 from qcli.scheme import Calibration, QuantScheme, check_accepted
 
@@ -45,7 +45,7 @@ def quantize_parts(
     name: str = "tensor",
 ) -> QuantizedParts:
     """Fields and scales of `x` under `scheme`; refuses schemes Burn refuses and non-finite data."""
-    work, _, chunks, scales = _prepare(x, scheme, calibration, name)
+    work, chunks, scales = _prepare(x, scheme, calibration, name)
     pieces = [f.to(torch.int32) for f in _chunk_fields(work, chunks, scales, scheme)]
     fields = torch.cat(pieces).reshape(x.shape)
     return QuantizedParts(
@@ -64,7 +64,7 @@ def encode(
 
     f16 and bf16 inputs are widened to f32; NaN or Inf raises `InputError` naming the tensor.
     """
-    work, _, chunks, scales = _prepare(x, scheme, calibration, name)
+    work, chunks, scales = _prepare(x, scheme, calibration, name)
     out = torch.empty(layout.quantized_data_len(scheme, x.shape), dtype=torch.uint8)
     offset = 0
     for fields in _chunk_fields(work, chunks, scales, scheme):
@@ -95,7 +95,7 @@ def _scale_regions(
 
 def _prepare(
     x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, name: str
-) -> tuple[torch.Tensor, BlockGrid, list[tuple[slice, slice]], Scales]:
+) -> tuple[torch.Tensor, list[tuple[slice, slice]], Scales]:
     check_accepted(scheme, calibration)
     if not x.dtype.is_floating_point:
         raise InputError(
@@ -116,7 +116,7 @@ def _prepare(
             f"tensor {name!r} holds NaN or Inf values, which cannot be quantized",
             hint="keep it unquantized with a `keep = true` rule, or fix the checkpoint",
         )
-    return work, grid, chunks, scales_from_alpha(alpha, scheme)
+    return work, chunks, scales_from_alpha(alpha, scheme)
 
 
 def _row_chunks(grid: BlockGrid, *, per_tensor: bool) -> list[tuple[slice, slice]]:
@@ -143,6 +143,4 @@ def _chunk_fields(
 ) -> Iterator[torch.Tensor]:
     for rows, grid_rows in chunks:
         piece = work[rows]
-        yield value_fields(
-            piece, scales.effective[grid_rows], BlockGrid.of(scheme, piece.shape), scheme.value
-        )
+        yield to_fields(piece, scales.effective[grid_rows], BlockGrid.of(scheme, piece.shape), scheme.value)
