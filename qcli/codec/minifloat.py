@@ -52,17 +52,25 @@ FORMATS = {QuantValue.E4M3: E4M3, QuantValue.E5M2: E5M2, QuantValue.E2M1: E2M1}
 
 
 def encode(v: torch.Tensor, fmt: MinifloatFormat) -> torch.Tensor:
-    """int32 codes of f32 `v`, which must already lie in `[-fmt.max, fmt.max]`."""
+    """int32 codes of contiguous f32 `v`, which must already lie in `[-fmt.max, fmt.max]`."""
     bits = v.view(torch.int32)
-    sign = (bits >> 31) & fmt.sign_bit  # arithmetic shift: all ones for negatives
-    mag_bits = bits & 0x7FFFFFFF
+    mag = bits & 0x7FFFFFFF
     shift = 23 - fmt.mantissa_bits
-    # RNE onto m mantissa bits: add half an ulp minus one, plus the kept lsb, then drop the low bits.
-    rounded = (mag_bits + ((1 << (shift - 1)) - 1) + ((mag_bits >> shift) & 1)) >> shift
-    normal = rounded - ((127 - fmt.bias) << fmt.mantissa_bits)
-    subnormal = torch.round(mag_bits.view(torch.float32) * (1.0 / fmt.subnormal_spacing)).to(torch.int32)
-    code = torch.where(mag_bits < _f32_bits(fmt.min_normal), subnormal, normal)
-    return code | sign
+    # Normal: RNE onto m mantissa bits (add half an ulp minus one plus the kept lsb, drop the low bits),
+    # then rebias the exponent.
+    code = (mag >> shift) & 1
+    code += mag
+    code += (1 << (shift - 1)) - 1
+    code >>= shift
+    code -= (127 - fmt.bias) << fmt.mantissa_bits
+    # Subnormal: an exact scaling onto the subnormal spacing, rounded half to even.
+    subnormal = torch.round(mag.view(torch.float32) * (1.0 / fmt.subnormal_spacing)).to(torch.int32)
+    # Pick with a mask of all ones where subnormal (torch.where is slow on integer tensors).
+    subnormal_mask = (mag < _f32_bits(fmt.min_normal)).to(torch.int32).neg_()
+    code &= ~subnormal_mask
+    code |= subnormal & subnormal_mask
+    code |= (bits >> 31) & fmt.sign_bit  # arithmetic shift: all ones for negatives
+    return code
 
 
 def table(fmt: MinifloatFormat) -> torch.Tensor:
