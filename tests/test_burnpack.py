@@ -296,7 +296,8 @@ def test_a_directory_in_the_way_is_an_output_error(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["x.bpk"]
 
 
-def test_file_too_large_is_an_output_error_and_leaves_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("n", [1 << 20, 4000], ids=["fails-in-write", "fails-in-commit-flush"])
+def test_file_too_large_is_an_output_error_and_leaves_nothing(tmp_path: Path, n: int) -> None:
     # RLIMIT_FSIZE makes the kernel answer EFBIG, as a full or size-limited filesystem would.
     script = f"""
 import resource, signal, sys
@@ -304,10 +305,10 @@ sys.path.insert(0, {str(REPO)!r})
 from qcli.errors import OutputError
 from qcli.io.burnpack import BurnpackWriter, TensorEntry
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
 try:
-    with BurnpackWriter({str(tmp_path / "big.bpk")!r}, [TensorEntry("w", "U8", (1 << 20,), 1 << 20)]) as w:
-        w.write("w", bytes(1 << 20))
+    with BurnpackWriter({str(tmp_path / "big.bpk")!r}, [TensorEntry("w", "U8", ({n},), {n})]) as w:
+        w.write("w", bytes({n}))
         w.commit()
 except OutputError as exc:
     print(exc.message)

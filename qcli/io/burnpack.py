@@ -13,6 +13,7 @@ integers and floats (§3). The container never interprets a payload: a QFloat te
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import struct
@@ -44,6 +45,7 @@ U64_MAX = 2**64 - 1
 _SCALAR_KINDS = ("Int", "UInt", "Float", "Bool")
 
 _HEADER = struct.Struct("<IHI")
+_temp_serial = itertools.count()  # two writers of one process never share a temporary file
 
 
 @dataclass(frozen=True)
@@ -221,26 +223,34 @@ class BurnpackWriter:
             raise ValueError(f"{len(self._metadata_blob)} bytes of metadata do not fit the u32 header field")
         self.data_start = data_section_start(len(self._metadata_blob))
         self.file_size = self.data_start + max((end for _, end in self._offsets), default=0)
-        self._tmp = self.target.with_name(f".{self.target.name}.{os.getpid()}.tmp")
+        self._tmp = self.target.with_name(f".{self.target.name}.{os.getpid()}-{next(_temp_serial)}.tmp")
         self._file = None
         self._next = 0
         self._position = 0
         self._committed = False
 
     def __enter__(self) -> BurnpackWriter:
-        with self._output_errors():
-            self._file = open(self._tmp, "wb")  # noqa: SIM115 - closed by commit() or __exit__
-            prefix = header_bytes(len(self._metadata_blob)) + self._metadata_blob
-            self._file.write(prefix + bytes(self.data_start - len(prefix)))
+        try:
+            with self._output_errors():
+                self._file = open(self._tmp, "wb")  # noqa: SIM115 - closed by commit() or __exit__
+                prefix = header_bytes(len(self._metadata_blob)) + self._metadata_blob
+                self._file.write(prefix + bytes(self.data_start - len(prefix)))
+        except BaseException:
+            self.__exit__()  # a failed __enter__ gets no __exit__ from the with statement
+            raise
         self._position = self.data_start
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if not self._committed:
-            self._tmp.unlink(missing_ok=True)
+        try:
+            if self._file is not None:
+                file, self._file = self._file, None
+                file.close()
+        except OSError:
+            pass  # closing flushes the buffer, which fails again after a write error; the file is discarded
+        finally:
+            if not self._committed:
+                self._tmp.unlink(missing_ok=True)
 
     def write(self, name: str, data: object) -> None:
         """Append the next tensor's bytes; `name` must be the next entry and `data` exactly its `nbytes`."""

@@ -19,7 +19,7 @@ import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qcli.errors import InputError
 from qcli.io.dtypes import SAFETENSORS_BITS
@@ -53,7 +53,7 @@ class SafetensorsSource:
         self.files = files
         self._infos = infos
         self._by_name = {info.name: info for info in infos}
-        self._handles: dict[Path, object] = {}
+        self._handles: dict[Path, Any] = {}
 
     @staticmethod
     def open(path: Path | str) -> SafetensorsSource:
@@ -83,7 +83,9 @@ class SafetensorsSource:
         self.close()
 
     def close(self) -> None:
-        """Drop the open files (and their memory maps)."""
+        """Close the open files and their memory maps."""
+        for handle in self._handles.values():
+            handle.__exit__(None, None, None)
         self._handles.clear()
 
     def infos(self) -> list[TensorInfo]:
