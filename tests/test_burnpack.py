@@ -442,6 +442,14 @@ def test_malformed_descriptors(tmp_path: Path, metadata: dict, message: str) -> 
     assert message in error.message
 
 
+def test_qfloat_payload_of_the_wrong_length(tmp_path: Path) -> None:
+    # vector 62's scheme over [2, 8] takes 16 bytes (qfloat-spec §6); 12 are declared
+    descriptor = {"dtype": {"QFloat": VECTORS[62]["scheme"]}, "shape": [2, 8], "data_offsets": [0, 12]}
+    error = read_error(tmp_path / "a.bpk", raw_pack({"tensors": {"layer.weight": descriptor}}, bytes(12)))
+    assert "tensor 'layer.weight' spans 12 bytes but its shape [2, 8] and dtype QFloat(" in error.message
+    assert error.message.endswith("need 16")
+
+
 def test_duplicate_tensor_names_in_cbor(tmp_path: Path) -> None:
     one = cbor2.dumps(f32_descriptor(0, 4, [1]))
     blob = b"\xa1\x67tensors\xa2\x61w" + one + b"\x61w" + one

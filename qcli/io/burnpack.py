@@ -26,7 +26,7 @@ from pathlib import Path
 import cbor2
 
 from qcli.errors import InputError, OutputError
-from qcli.io.dtypes import burn_dtype, dtype_str, element_size, parse_dtype
+from qcli.io.dtypes import burn_dtype, dtype_str, element_size, parse_dtype, payload_len
 
 __all__ = ["BurnpackReader", "BurnpackWriter", "TensorEntry", "burn_dtype"]
 
@@ -429,10 +429,11 @@ def _open(path: Path, file, size: int) -> BurnpackReader:
         if end - start > MAX_TENSOR_SIZE:
             raise _fail(path, f"tensor '{name}' has {end - start} bytes, exceeding the maximum of "
                         f"{MAX_TENSOR_SIZE} bytes", "Burn refuses tensors over 10 GiB")
-        size_of = element_size(dtype)
-        if size_of is not None and end - start != math.prod(shape) * size_of:
+        # Burn checks neither length on read; its backends fail later, on load, without naming the file.
+        need = payload_len(dtype, shape)
+        if end - start != need:
             raise _fail(path, f"tensor '{name}' spans {end - start} bytes but its shape {list(shape)} and "
-                        f"dtype {dtype_str(dtype)} need {math.prod(shape) * size_of}", _CORRUPT_HINT)
+                        f"dtype {dtype_str(dtype)} need {need}", _CORRUPT_HINT)
         entries.append(TensorEntry(name, dtype, shape, end - start, param_id))
         offsets[name] = (start, end)
     entries.sort(key=lambda entry: (offsets[entry.name][0], offsets[entry.name][1]))

@@ -7,6 +7,10 @@ comes from `qcli.layout`, never from an element size, so `element_size` answers 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
+from qcli import layout
 from qcli.errors import SchemeError
 from qcli.scheme import QuantScheme
 
@@ -62,6 +66,14 @@ def element_size(dtype: object) -> int | None:
     if "Bool" in dtype:
         return BOOL_STORE_SIZES[dtype["Bool"]]
     return None
+
+
+def payload_len(dtype: object, shape: Sequence[int]) -> int:
+    """Bytes a tensor of a canonical DType takes: numel * element size, or `quantized_data_len`."""
+    size = element_size(dtype)
+    if size is not None:
+        return math.prod(shape) * size
+    return layout.quantized_data_len(QuantScheme.from_serde(dtype["QFloat"]), shape)
 
 
 def dtype_str(dtype: object) -> str:
