@@ -307,14 +307,14 @@ class _Planner:
         not_2d = self.not_2d.get(id(rule), [])
         if not_2d:
             self.problem(
-                "transpose", f"the rule at {rule.location} (match {rule.match!r}) asks to transpose "
+                "transpose", f"rule (match {rule.match!r}) asks to transpose "
                 f"{count_and_first(not_2d)} that are not 2-D; transpose = true needs a 2-D tensor",
                 "narrow the match to 2-D weights (a rule before it can keep the others), or drop transpose",
                 not_2d, rule=rule,
             )
         if not names:
             self.problem(
-                "unmatched-rule", f"the rule at {rule.location} (match {rule.match!r}) matches no tensor",
+                "unmatched-rule", f"rule (match {rule.match!r}) matches no tensor",
                 "check the pattern against `qcli inspect` names (a glob matches the full name), or remove it",
                 severity="warning", rule=rule,
             )
@@ -352,7 +352,7 @@ def rule_refusal(rule: Rule, covered: Sequence[str] | None = None) -> Problem | 
     the tensors it would have `covered` when a model is known; None for a rule the plan can carry out."""
     if not rule.refusals:
         return None
-    message = (f"the rule at {rule.location} (match {rule.match!r}) asks for {rule.describe()}, which Burn "
+    message = (f"rule (match {rule.match!r}) asks for {rule.describe()}, which Burn "
                f"refuses: {'; and '.join(r.why for r in rule.refusals)}")
     if covered is not None:
         message += f"; it would have covered {count_and_first(covered)}"
