@@ -184,8 +184,8 @@ def shape_problem(scheme: QuantScheme, shape: Sequence[int]) -> str | None:
             return f"block {block} has {block.len} axes but the tensor has {rank}"
         for axis, (dim, extent) in enumerate(zip(shape, block.to_dim_vec(rank), strict=True)):
             if dim % extent:
-                where = "last dim" if axis == rank - 1 else f"dim {axis}"
-                return f"{where} {dim} is not a multiple of {extent} (block {block})"
+                where = f"last dim {dim}" if axis == rank - 1 else f"dim {axis} (size {dim})"
+                return f"{where} is not a multiple of {extent} (block {block})"
     per_word = scheme.num_quants()
     if isinstance(scheme.store, PackedU32) and shape[-1] % per_word:
         return (f"last dim {shape[-1]} is not a multiple of {per_word} "

@@ -200,6 +200,8 @@ class _Lines:
         for number in range(start, end + 1):
             if pattern.match(self.lines[number - 1]):
                 return number
+        if span is None:  # a top-level key may be a table: its header is its line
+            return next((line for name, _, line in self.headers if name.split(".")[0] == key), 1)
         return max(start, 1)
 
 
@@ -304,7 +306,9 @@ class _Parser:
                 line(scheme_keys[0]), f"preset cannot be combined with {', '.join(scheme_keys)}",
                 "a preset is a whole scheme: use either preset = \"...\" or value/store/block/... keys",
             )
-        if not keep and preset_name is None and "value" not in table and mode == QuantMode.Symmetric.value:
+        keep_invalid = "keep" in table and not isinstance(table["keep"], bool)  # already a fault
+        asks = keep or keep_invalid or "preset" in table or "value" in table
+        if not asks and mode == QuantMode.Symmetric.value:
             self.fault(
                 header, "the rule says neither keep = true, a preset, nor a value",
                 f"add keep = true, preset = \"{DEFAULT_PRESET}\", or value = \"Q4S\" with its scale keys",
