@@ -287,6 +287,7 @@ class _Parser:
             return self.lines.key(key, span)
 
         self.unknown_keys(table, RULE_KEYS, f"rule {index + 1}", span, DOCUMENTED_RULE_KEYS)
+        misspelt = len(self.faults) > before  # a misspelt keep/value/preset: don't also say it is missing
         match = self.pattern(table.get("match"), line("match") if "match" in table else header)
         keep = self.boolean(table, "keep", line)
         transpose = self.boolean(table, "transpose", line)
@@ -307,7 +308,7 @@ class _Parser:
                 "a preset is a whole scheme: use either preset = \"...\" or value/store/block/... keys",
             )
         keep_invalid = "keep" in table and not isinstance(table["keep"], bool)  # already a fault
-        asks = keep or keep_invalid or "preset" in table or "value" in table
+        asks = keep or keep_invalid or misspelt or "preset" in table or "value" in table
         if not asks and mode == QuantMode.Symmetric.value:
             self.fault(
                 header, "the rule says neither keep = true, a preset, nor a value",
