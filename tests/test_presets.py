@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from qcli import layout
 from qcli.errors import SchemeError, UsageError
 from qcli.presets import DEFAULT_PRESET, PRESETS, get_preset
 from qcli.scheme import Calibration, accept_problems
@@ -79,3 +82,14 @@ def test_zero_point_preset_names_are_refused() -> None:
     with pytest.raises(SchemeError) as info:
         get_preset("q4_1")
     assert "zero point" in info.value.message
+
+
+def test_docs_presets_lists_every_preset_with_its_scheme() -> None:
+    docs = (Path(__file__).parents[1] / "docs" / "presets.md").read_text()
+    rows = {row.split("|")[1].strip(" `"): row for row in docs.splitlines() if row.startswith("| `")}
+    assert set(rows) == set(PRESETS)
+    for name, preset in PRESETS.items():
+        bits = layout.bits_per_weight(preset.scheme, (4096, 4096))
+        assert f"| {bits:.4g} |" in rows[name].replace(".0 |", " |"), name
+        # The scheme column spells the scheme the way `str(QuantScheme)` does (nvfp4 after Burn's name).
+        assert str(preset.scheme) in rows[name], name

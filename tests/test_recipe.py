@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import pytest
 
 from qcli.errors import RecipeError
-from qcli.recipe import load_recipe, read_recipe
+from qcli.recipe import load_recipe, parse_recipe, read_recipe
 
 ISSUE_EXAMPLE = """\
 version = 1
@@ -348,3 +349,13 @@ def test_a_missing_recipe_file_is_a_recipe_error(tmp_path: Path) -> None:
 def test_keep_false_alone_asks_for_nothing(tmp_path: Path) -> None:
     line, message, _ = single_fault(tmp_path, 'version = 1\n[[rule]]\nmatch = "*"\nkeep = false\n')
     assert (line, message) == (2, "the rule says neither keep = true, a preset, nor a value")
+
+
+def test_every_example_in_docs_recipes_parses_and_is_accepted() -> None:
+    docs = (Path(__file__).parents[1] / "docs" / "recipes.md").read_text()
+    examples = re.findall(r"```toml\n(.*?)```", docs, re.S)
+    assert len(examples) >= 4
+    for example in examples:
+        recipe, faults = parse_recipe(example.encode(), "docs/recipes.md")
+        assert faults == [], example
+        assert recipe.rules and all(rule.refusals == () for rule in recipe.rules), example
