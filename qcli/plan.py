@@ -28,7 +28,10 @@ from qcli.scheme import (
 )
 
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
-QUANTIZED_DTYPES = ("F8_E4M3", "F8_E5M2", "I8", "U8")
+# Already quantized by another tool: 8-bit integers and the sub-16-bit float formats (F8_E4M3, F8_E5M2,
+# F8_E8M0, F6_*, F4) of newer safetensors.
+QUANTIZED_DTYPES = ("I8", "U8")
+QUANTIZED_PREFIXES = ("F8_", "F6_", "F4")
 # safetensors dtype -> Burn DType serde; the F8 formats (and newer sub-byte ones) have no Burn DType.
 BURN_DTYPES: dict[str, object] = {
     "F64": "F64", "F32": "F32", "F16": "F16", "BF16": "BF16",
@@ -173,6 +176,11 @@ class Plan:
         )
 
 
+def is_quantized(dtype: str) -> bool:
+    """Whether a safetensors dtype holds values another tool already quantized."""
+    return dtype in QUANTIZED_DTYPES or dtype.startswith(QUANTIZED_PREFIXES)
+
+
 def shape_problem(scheme: QuantScheme, shape: Sequence[int]) -> str | None:
     """Why a tensor of `shape` cannot take `scheme` at Burn 0.22.0-pre.2, or None when it can."""
     rank = len(shape)
@@ -211,7 +219,7 @@ class _Planner:
         self.recipe = recipe
         self.preset = preset
         self.problems: list[Problem] = []
-        self.quantized_sources = {i.name for i in infos if i.dtype in QUANTIZED_DTYPES}
+        self.quantized_sources = {i.name for i in infos if is_quantized(i.dtype)}
         self.quantized_modules: dict[str, str] = {}
         for name in sorted(self.quantized_sources):
             self.quantized_modules.setdefault(name.rpartition(".")[0], name)
@@ -243,13 +251,14 @@ class _Planner:
             return Decision(None, Calibration.MinMax, False, f"default: keep, {reason}", None)
 
         rank = len(info.shape)
-        if info.dtype in QUANTIZED_DTYPES:
+        if is_quantized(info.dtype):
             return keep(f"already quantized ({info.dtype})")
         companion = self.scale_companion_of(info.name)
         if companion is not None:
             return keep(f"scale of the already-quantized tensor {companion}")
         if info.dtype not in FLOAT_DTYPES:
-            return keep(f"{'bool' if info.dtype == 'BOOL' else 'integer'} tensor ({info.dtype})")
+            kind = {"B": "bool", "I": "integer", "U": "integer"}.get(info.dtype[:1], "non-floating")
+            return keep(f"{kind} tensor ({info.dtype})")
         if rank < 2:
             return keep("0-D tensor (scalar)" if rank == 0 else "1-D tensor (norm/bias)")
         scheme = self.preset.scheme
@@ -285,7 +294,7 @@ class _Planner:
         return Decision(None, rule.calibration, transpose, reason, rule)
 
     def cannot_take(self, info: TensorInfo, scheme: QuantScheme, shape: Sequence[int]) -> str | None:
-        if info.dtype in QUANTIZED_DTYPES:
+        if is_quantized(info.dtype):
             return f"{info.dtype} is already quantized; qcli does not requantize"
         if info.dtype not in FLOAT_DTYPES:
             return f"{info.dtype} is not a floating dtype"

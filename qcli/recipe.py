@@ -102,27 +102,23 @@ class Recipe:
 
 @dataclass(frozen=True)
 class RecipeFault:
-    """A recipe error found while reading, kept as data so every one can be reported."""
+    """A recipe error found while reading, kept as data so that every one can be reported."""
 
     file: str
     line: int
     message: str
     hint: str
 
-    def error(self) -> RecipeError:
-        return RecipeError(f"{self.file}:{self.line}: {self.message}", self.hint)
-
 
 def load_recipe(path: str | Path) -> Recipe:
     """Read a recipe; `RecipeError` with file:line and a suggestion for the first fault found."""
     recipe, faults = read_recipe(path)
-    if faults:
-        first = faults[0].error()
-        if len(faults) > 1:
-            more = len(faults) - 1
-            first.hint += f" ({more} more problem{'s' if more > 1 else ''}: run qcli validate-scheme {path})"
-        raise first
-    return recipe
+    if not faults:
+        return recipe
+    first, more = faults[0], len(faults) - 1
+    hint = first.hint + (f" ({more} more problem{'s' if more > 1 else ''}: run qcli validate-scheme {path})"
+                         if more else "")
+    raise RecipeError(f"{first.file}:{first.line}: {first.message}", hint)
 
 
 def read_recipe(path: str | Path) -> tuple[Recipe, list[RecipeFault]]:

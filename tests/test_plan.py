@@ -345,3 +345,21 @@ def test_problem_str_carries_its_location(tmp_path: Path) -> None:
 def test_an_empty_model_makes_an_empty_plan() -> None:
     plan = make_plan([])
     assert (plan.entries, plan.problems, plan.totals().peak_bytes, plan.totals().ratio) == ([], [], 0, 0.0)
+
+
+def test_newer_safetensors_dtypes_are_classified_not_guessed() -> None:
+    tensors = [
+        TensorInfo("fp4.weight", "F4", (64, 64), 64 * 32, SOURCE),
+        TensorInfo("fp4.weight_scale", "F8_E8M0", (64, 2), 128, SOURCE),
+        TensorInfo("mask", "BOOL", (8, 8), 64, SOURCE),
+        TensorInfo("freqs", "C64", (8, 8), 512, SOURCE),
+    ]
+    plan = make_plan(tensors)
+    assert [e.decision.reason for e in plan.entries] == [
+        "default: keep, already quantized (F4)",
+        "default: keep, already quantized (F8_E8M0)",
+        "default: keep, bool tensor (BOOL)",
+        "default: keep, non-floating tensor (C64)",
+    ]
+    assert plan.entries[2].out_dtype == {"Bool": "Native"}
+    assert [p.tensors for p in plan.errors()] == [("fp4.weight",), ("fp4.weight_scale",), ("freqs",)]
