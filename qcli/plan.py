@@ -286,7 +286,8 @@ class _Planner:
             return Decision(rule.scheme, rule.calibration, transpose, f"{where} -> {asked}", rule)
         if self.recipe is not None and self.recipe.on_indivisible == "error":
             self.problem(
-                "shape", f"{info.name} {list(info.shape)} cannot take {rule.describe()}: {why_not}",
+                "shape", f"{info.name} {list(info.shape)}{' transposed' if transpose else ''} cannot take "
+                f"{rule.describe()}: {why_not}",
                 "change the rule's block or store, add a keep rule for it, or set on_indivisible = \"keep\"",
                 [info.name], rule=rule,
             )
