@@ -59,19 +59,10 @@ def default_output(input: Path) -> Path:
 
 
 def resolve_preset(name: str | None) -> Preset:
-    """The preset `--scheme` names (case-insensitive), or the default one."""
-    from qcli.presets import DEFAULT_PRESET, PRESETS
+    """The preset `--scheme` names (any case), or the default; codebook and zero-point names are refused."""
+    from qcli.presets import DEFAULT_PRESET, get_preset
 
-    if name is None:
-        return PRESETS[DEFAULT_PRESET]
-    preset = PRESETS.get(name) or PRESETS.get(name.lower())
-    if preset is None:
-        close = difflib.get_close_matches(name.lower(), list(PRESETS), n=1)
-        raise UsageError(
-            f"unknown scheme preset {name!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
-            hint="known presets: " + ", ".join(PRESETS) + " (see `qcli quantize --help` and docs/presets.md)",
-        )
-    return preset
+    return get_preset(DEFAULT_PRESET if name is None else name)
 
 
 def make_checked_plan(infos: list, recipe: Any, preset: Preset) -> Plan:
