@@ -24,14 +24,14 @@ PIPE_WIDTH = 200
 
 
 def stdout() -> Console:
-    console = Console(highlight=False)
+    console = Console(highlight=False, markup=False)
     if not console.is_terminal:
-        console = Console(highlight=False, width=PIPE_WIDTH)
+        console = Console(highlight=False, markup=False, width=PIPE_WIDTH)
     return console
 
 
 def stderr() -> Console:
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, markup=False)
 
 
 def print_json(doc: Any) -> None:

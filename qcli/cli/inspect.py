@@ -17,7 +17,9 @@ from qcli.report import InspectReport
 def inspect(
     file: Annotated[
         Path,
-        typer.Argument(help="A .bpk, or a .safetensors file, directory or index.", show_default=False),
+        typer.Argument(
+            help="A .bpk, or a .safetensors file, directory or index.", metavar="FILE", show_default=False
+        ),
     ],
     json_output: Annotated[
         bool, typer.Option("--json", help="Print one JSON document instead of tables.")

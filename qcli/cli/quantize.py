@@ -26,6 +26,7 @@ def quantize(
         Path,
         typer.Argument(
             help="A .safetensors file, a directory (model.safetensors or an index with shards), or an index.",
+            metavar="INPUT",
             show_default=False,
         ),
     ],
@@ -47,7 +48,10 @@ def quantize(
         Path | None, typer.Option("--recipe", metavar="FILE", help="TOML recipe: rules per tensor name.")
     ] = None,
     device: Annotated[
-        Device, typer.Option("--device", help="auto is cuda when torch sees a GPU, else cpu.")
+        Device,
+        typer.Option(
+            "--device", metavar="auto|cpu|cuda", help="auto is cuda when torch sees a GPU, else cpu."
+        ),
     ] = Device.auto,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan and its totals; read no weight, write nothing.")

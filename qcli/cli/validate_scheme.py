@@ -22,7 +22,9 @@ class Format(StrEnum):
 
 
 def validate_scheme(
-    recipe: Annotated[Path, typer.Argument(help="The TOML recipe to check.", show_default=False)],
+    recipe: Annotated[
+        Path, typer.Argument(help="The TOML recipe to check.", metavar="RECIPE", show_default=False)
+    ],
     model: Annotated[
         Path | None,
         typer.Option(
@@ -32,7 +34,11 @@ def validate_scheme(
     json_output: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
     format: Annotated[
         Format | None,
-        typer.Option("--format", help="text (default), json, or github workflow annotations."),
+        typer.Option(
+            "--format",
+            metavar="text|json|github",
+            help="text (default), json, or github workflow annotations.",
+        ),
     ] = None,
 ) -> None:
     """Check a recipe against Burn's acceptance rules; exit 1 when any error is found.
