@@ -10,7 +10,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-import click
 import typer
 
 from qcli import __version__
@@ -18,7 +17,7 @@ from qcli.cli import _errors
 from qcli.cli.inspect import inspect
 from qcli.cli.quantize import quantize
 from qcli.cli.validate_scheme import validate_scheme
-from qcli.errors import QcliError
+from qcli.errors import Interrupted, QcliError
 
 EXIT_CODES = (
     "Exit codes: 0 success; 1 validate-scheme or inspect --compare found problems; 2 usage, recipe or plan"
@@ -63,21 +62,23 @@ def run(argv: Sequence[str] | None = None) -> int:
     command = typer.main.get_command(app)
     with _errors.sigterm_interrupts():
         try:
-            result = command.main(
-                args=list(argv) if argv is not None else None, prog_name="qcli", standalone_mode=False
-            )
-            return result if isinstance(result, int) else 0
-        except click.ClickException as exc:
-            exc.show()
-            return exc.exit_code
-        except (click.exceptions.Abort, KeyboardInterrupt):
+            args = list(argv) if argv is not None else None
+            result = command.main(args=args, prog_name="qcli", standalone_mode=False)
+        except (typer.Abort, KeyboardInterrupt):
             return _errors.interrupted()
         except QcliError as exc:
             return _errors.emit(exc)
         except Exception as exc:
+            if _errors.is_usage_error(exc):
+                exc.show()  # type: ignore[attr-defined]
+                return exc.exit_code  # type: ignore[attr-defined]
             if _errors.debug():
                 raise
             return _errors.internal(exc)
+    # Typer answers Ctrl-C (and SIGTERM, which raises KeyboardInterrupt) with a silent exit 130.
+    if result == Interrupted.exit_code:
+        return _errors.interrupted()
+    return result if isinstance(result, int) else 0
 
 
 def main() -> None:

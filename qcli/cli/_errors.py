@@ -27,6 +27,12 @@ def debug() -> bool:
     return os.environ.get("QCLI_DEBUG", "") not in ("", "0")
 
 
+def is_usage_error(exc: Exception) -> bool:
+    """A Click usage error (exit 2, its own message). Typer vendors its own copy of Click, so these are
+    matched by what they do rather than by class."""
+    return callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int)
+
+
 def emit(error: QcliError) -> int:
     """Print `error:`, a plan's problems one per line, and `hint:`; return the exit code."""
     if debug():
