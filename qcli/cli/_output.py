@@ -77,10 +77,10 @@ def progress_bar(enabled: bool) -> Iterator[Any]:
 
 
 def human_bytes(n: float) -> str:
-    """Binary units, three significant digits: `1.50 MiB`."""
+    """Binary units, three significant digits: `1.50 MiB`, `1020 KiB`."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+            return f"{n:.0f} {unit}" if unit == "B" or abs(n) >= 100 else f"{n:.3g} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
 
