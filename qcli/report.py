@@ -441,7 +441,12 @@ class ValidateReport:
         }
 
 
+def problem_location(p: Any) -> str:
+    """`file:line`, `file`, or empty: as far as the problem's location is known."""
+    return f"{p.file}:{p.line}" if p.file and p.line else p.file or ""
+
+
 def problem_text(p: Any) -> str:
-    """One line: `file:line: message` (the location as far as it is known)."""
-    where = f"{p.file}:{p.line}: " if p.file and p.line else f"{p.file}: " if p.file else ""
-    return f"{where}{p.message}"
+    """One line: `file:line: message`."""
+    where = problem_location(p)
+    return f"{where}: {p.message}" if where else p.message

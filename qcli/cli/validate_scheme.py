@@ -10,7 +10,7 @@ import typer
 
 from qcli import api
 from qcli.cli import _output
-from qcli.report import ValidateReport, problem_text
+from qcli.report import ValidateReport, problem_location
 
 MAX_NAMES = 5
 
@@ -64,12 +64,17 @@ def _names(tensors: tuple[str, ...] | list[str]) -> str:
     return shown + (f" (+{len(tensors) - MAX_NAMES} more)" if len(tensors) > MAX_NAMES else "")
 
 
+def _names_missing(p: Any) -> bool:
+    """Whether the message leaves out the tensors it concerns (the plan's messages name the first)."""
+    return bool(p.tensors) and p.tensors[0] not in p.message
+
+
 def _text(report: ValidateReport) -> None:
     lines = []
     for p in report.problems:
-        where, _, message = problem_text(p).rpartition(p.message)
-        lines.append(f"{where}{p.severity}: {message or p.message}")
-        if p.tensors:
+        where = problem_location(p)
+        lines.append(f"{where + ': ' if where else ''}{p.severity}: {p.message}")
+        if _names_missing(p):
             lines.append(f"  tensors: {_names(p.tensors)}")
         if p.hint:
             lines.append(f"  hint: {p.hint}")
@@ -95,7 +100,7 @@ def _github(report: ValidateReport) -> None:
     for p in report.problems:
         props: list[tuple[str, Any]] = [("file", p.file), ("line", p.line), ("title", f"qcli {p.kind}")]
         rendered = ",".join(f"{k}={_escape_property(str(v))}" for k, v in props if v)
-        message = p.message + (f" (tensors: {_names(p.tensors)})" if p.tensors else "")
+        message = p.message + (f" (tensors: {_names(p.tensors)})" if _names_missing(p) else "")
         message += f". hint: {p.hint}" if p.hint else ""
         level = "error" if p.severity == "error" else "warning"
         lines.append(f"::{level} {rendered}::{_escape_data(message)}")
