@@ -385,10 +385,16 @@ def _scheme_from_serde(obj: object) -> QuantScheme:
 
 @dataclass(frozen=True)
 class Refusal:
-    """One reason Burn would refuse a scheme, and what would work instead."""
+    """One reason Burn would refuse a scheme, and what would work instead.
+
+    `on_load` is False for a rule only Burn's own quantizer applies: Burn loads such a payload, and its
+    bytes are still well defined (the spec's worked example packs Q4S in blocks of 4), but Burn would
+    not have produced it.
+    """
 
     why: str
     instead: str
+    on_load: bool = True
 
 
 LOOKUP_WHY = (
@@ -441,6 +447,7 @@ def accept_problems(scheme: QuantScheme, calibration: Calibration = Calibration.
                 Refusal(
                     "AbsMean calibration has no two-level form",
                     "use MinMax calibration, or drop tensor_scale for a one-level AbsMean scheme",
+                    on_load=False,
                 )
             )
     if isinstance(store, Native) and bits < 8:
@@ -473,6 +480,7 @@ def accept_problems(scheme: QuantScheme, calibration: Calibration = Calibration.
                     f"PackedU32 holds {per_word} {value.value} values per word, so a block's innermost extent must "
                     f"be a multiple of {per_word}; got {scheme.block.size}",
                     f"use an innermost block extent that is a multiple of {per_word}, e.g. [{max(32, per_word)}]",
+                    on_load=False,
                 )
             )
     return problems
@@ -483,7 +491,11 @@ def _symmetric_of_width(bits: int) -> str:
 
 
 def check_accepted(scheme: QuantScheme, calibration: Calibration = Calibration.MinMax) -> None:
-    """Raise `SchemeError` with the first refusal's reason and alternative."""
-    problems = accept_problems(scheme, calibration)
+    """Raise `SchemeError` for a scheme Burn cannot load, with the first reason and the alternative.
+
+    Rules only Burn's own quantizer applies (`Refusal.on_load` False) are left to the plan, which
+    reports every problem of `accept_problems`.
+    """
+    problems = [p for p in accept_problems(scheme, calibration) if p.on_load]
     if problems:
         raise SchemeError(f"{scheme}: {problems[0].why}", hint=problems[0].instead)

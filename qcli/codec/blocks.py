@@ -1,0 +1,73 @@
+"""The block grid of a tensor: which elements share a scale, and views that put each block on its own axes.
+
+Blocks are right-aligned on the trailing axes (`BlockSize.to_dim_vec`); a partial block at the edge
+takes a scale of its own. A per-tensor scheme is one block covering the whole tensor. A rank-0 tensor
+is handled as shape `[1]`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from qcli.scheme import QuantScheme
+
+
+@dataclass(frozen=True)
+class BlockGrid:
+    """`shape` split into blocks of `block`, `grid` blocks per axis (all three of the same rank >= 1)."""
+
+    shape: tuple[int, ...]
+    block: tuple[int, ...]
+    grid: tuple[int, ...]
+
+    @staticmethod
+    def of(scheme: QuantScheme, shape: Sequence[int]) -> BlockGrid:
+        shape = tuple(shape) or (1,)
+        if scheme.block is None:
+            return BlockGrid(shape, shape, (1,) * len(shape))
+        block = tuple(scheme.block.size.to_dim_vec(len(shape)))
+        return BlockGrid(shape, block, tuple(math.ceil(d / b) for d, b in zip(shape, block, strict=True)))
+
+    @property
+    def padded(self) -> tuple[int, ...]:
+        """The shape rounded up to whole blocks."""
+        return tuple(g * b for g, b in zip(self.grid, self.block, strict=True))
+
+    @property
+    def block_axes(self) -> tuple[int, ...]:
+        """The axes of `to_blocks`' result that run inside one block."""
+        return tuple(range(1, 2 * len(self.shape), 2))
+
+    def to_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` (of `shape`) zero-padded to whole blocks and viewed as `[g0, b0, g1, b1, ...]`."""
+        x = x.reshape(self.shape)
+        if self.padded != self.shape:
+            padded = x.new_zeros(self.padded)
+            padded[tuple(slice(0, d) for d in self.shape)] = x
+            x = padded
+        return x.reshape([n for gb in zip(self.grid, self.block, strict=True) for n in gb])
+
+    def from_blocks(self, xb: torch.Tensor) -> torch.Tensor:
+        """The inverse of `to_blocks`: the `[g0, b0, ...]` view back to `shape`, padding dropped."""
+        x = xb.reshape(self.padded)
+        if self.padded != self.shape:
+            x = x[tuple(slice(0, d) for d in self.shape)]
+        return x
+
+    def per_block(self, scales: torch.Tensor) -> torch.Tensor:
+        """A grid-shaped tensor viewed as `[g0, 1, g1, 1, ...]`, broadcasting over `to_blocks`' result."""
+        return scales.reshape([n for g in self.grid for n in (g, 1)])
+
+    def counts(self) -> torch.Tensor:
+        """Float64 grid of how many elements of the tensor each block holds (edge blocks hold fewer)."""
+        counts = torch.ones((), dtype=torch.float64)
+        for d, b, g in zip(self.shape, self.block, self.grid, strict=True):
+            axis = torch.full((g,), float(b), dtype=torch.float64)
+            if g:
+                axis[-1] = d - (g - 1) * b
+            counts = counts.unsqueeze(-1) * axis
+        return counts

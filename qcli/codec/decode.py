@@ -1,0 +1,46 @@
+"""Decoding a QFloat payload back to f32, as Burn's decoders do (qfloat-spec §3.5)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from qcli import layout
+from qcli.codec.blocks import BlockGrid
+from qcli.codec.pack import unpack_fields, unpack_scales
+from qcli.codec.values import values_of
+from qcli.errors import InputError
+from qcli.scheme import QuantScheme, check_accepted
+
+
+def as_bytes(payload: object) -> torch.Tensor:
+    """A 1-D uint8 tensor over bytes-like `payload` or a tensor's raw bytes."""
+    if isinstance(payload, torch.Tensor):
+        return payload.detach().contiguous().reshape(-1).view(torch.uint8)
+    return torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+
+
+def decode(payload: object, scheme: QuantScheme, shape: Sequence[int]) -> torch.Tensor:
+    """f32 tensor of `shape` from a payload of exactly `quantized_data_len(scheme, shape)` bytes.
+
+    x = q * s for one level; x = (global * s_block) * q for two, the product formed in f32.
+    """
+    check_accepted(scheme)
+    shape = tuple(shape)
+    data = as_bytes(payload)
+    expected = layout.quantized_data_len(scheme, shape)
+    if data.numel() != expected:
+        raise InputError(
+            f"a {scheme} payload of shape {list(shape)} holds {expected} bytes, got {data.numel()}",
+            hint="the payload and its scheme or shape do not belong together; re-quantize the tensor",
+        )
+    value_end = layout.value_bytes(scheme, shape)
+    scale_end = value_end + layout.scale_bytes(scheme, shape)
+    q = values_of(unpack_fields(data[:value_end], scheme, shape), scheme.value)
+    grid = BlockGrid.of(scheme, shape)
+    scales = unpack_scales(data[value_end:scale_end], scheme.scale_dtype()).reshape(grid.grid)
+    if scheme.is_two_level():
+        scales = data[scale_end:].clone().view(torch.float32) * scales
+    x = grid.from_blocks(grid.per_block(scales) * grid.to_blocks(q))
+    return x.reshape(shape).contiguous()

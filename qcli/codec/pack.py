@@ -1,0 +1,84 @@
+"""Bytes of a QFloat payload: values, then the stored scales, then the f32 global (docs/arithmetic.md §4).
+
+Packed stores (PackedU32(0), PackedNative(0)) pack the last axis, each row padded with zero fields on
+its own. A little-endian u32 holding `32 / bits` fields with the first in the least significant bits
+is byte for byte the same as bytes holding `8 / bits` fields each, first in the low bits, so both
+stores pack bytes; they differ only in the whole-row multiple (a word, or one e2m1x2 byte).
+Multi-byte scales are written in the host's byte order, which torch shares; qcli runs on little-endian
+hosts only, like Burn.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from qcli import layout
+from qcli.codec import minifloat
+from qcli.scheme import Native, QuantScheme, ScaleDtype
+
+_TORCH_SCALE = {ScaleDtype.F32: torch.float32, ScaleDtype.F16: torch.float16, ScaleDtype.BF16: torch.bfloat16}
+
+
+def pack_fields(fields: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
+    """The value region of int32 `fields` (any shape; rank 0 is one row of one)."""
+    bits = scheme.value.size_bits()
+    mask = (1 << bits) - 1
+    if isinstance(scheme.store, Native):  # accepted Native values are whole bytes
+        return (fields.reshape(-1) & mask).to(torch.uint8)
+    num_rows, last = _rows(fields.shape)
+    per_byte = 8 // bits
+    width = layout.row_elements(scheme, last) * scheme.num_quants()
+    rows = torch.nn.functional.pad(fields.reshape(num_rows, last) & mask, (0, width - last))
+    grouped = rows.reshape(num_rows, width // per_byte, per_byte)
+    packed = grouped[..., 0].clone()
+    for k in range(1, per_byte):
+        packed |= grouped[..., k] << (k * bits)
+    return packed.reshape(-1).to(torch.uint8)
+
+
+def unpack_fields(region: torch.Tensor, scheme: QuantScheme, shape: Sequence[int]) -> torch.Tensor:
+    """int32 fields of `shape` from the value region, sign-extended for integer values."""
+    bits = scheme.value.size_bits()
+    mask = (1 << bits) - 1
+    raw = region.to(torch.int32)
+    if not isinstance(scheme.store, Native):
+        num_rows, last = _rows(shape)
+        per_byte = 8 // bits
+        shifts = torch.arange(per_byte, dtype=torch.int32) * bits
+        row_bytes = layout.row_elements(scheme, last) * scheme.size_bits_stored() // 8
+        rows = raw.reshape(num_rows, row_bytes, 1)
+        raw = ((rows >> shifts) & mask).reshape(num_rows, row_bytes * per_byte)[:, :last]
+    raw = raw.reshape(shape)
+    if scheme.value.is_minifloat():
+        return raw
+    sign = 1 << (bits - 1)
+    return (raw ^ sign) - sign
+
+
+def pack_scales(stored: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
+    """Stored scales (already on `dtype`'s grid, so every conversion here is exact) as bytes, row-major."""
+    stored = stored.reshape(-1).to(torch.float32)
+    if dtype is ScaleDtype.UE4M3:
+        return minifloat.encode(stored.contiguous(), minifloat.E4M3).to(torch.uint8)
+    return stored.to(_TORCH_SCALE[dtype]).view(torch.uint8)
+
+
+def unpack_scales(region: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
+    """f32 scales from their bytes."""
+    if dtype is ScaleDtype.UE4M3:
+        return minifloat.decode(region, minifloat.E4M3)
+    return region.clone().view(_TORCH_SCALE[dtype]).to(torch.float32)
+
+
+def pack_global(global_scale: float) -> torch.Tensor:
+    return torch.tensor([global_scale], dtype=torch.float32).view(torch.uint8)
+
+
+def _rows(shape: Sequence[int]) -> tuple[int, int]:
+    """(rows, last-axis length) of `shape`; rank 0 is one row of one value."""
+    if not len(shape):
+        return 1, 1
+    return math.prod(shape[:-1]), shape[-1]

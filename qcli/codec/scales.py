@@ -1,0 +1,77 @@
+"""Scales: the range a block must cover (calibration), the stored and the effective scales.
+
+docs/arithmetic.md §1-2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from qcli.codec.blocks import BlockGrid
+from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme, ScaleDtype
+
+# round_up's bit-grid step per dtype: 1 << (24 - mantissa digits).
+_STEP_BITS = {ScaleDtype.F16: 13, ScaleDtype.BF16: 16, ScaleDtype.UE4M3: 20}
+# Below the smallest normal, F16 and UE4M3 round up onto their subnormal spacing instead.
+_SUBNORMAL = {ScaleDtype.F16: (2.0**-14, 2.0**24), ScaleDtype.UE4M3: (2.0**-6, 2.0**9)}
+
+
+def round_up(s: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
+    """Non-negative f32 scales rounded up (never to nearest) onto `dtype`'s grid, saturating at its max.
+
+    cubecl's `ScaleDtype::round_up`: the scale a quantizer divides by is then exactly the stored one.
+    """
+    if dtype is ScaleDtype.F32:
+        return s
+    if not dtype.has_round_up():
+        raise ValueError(f"{dtype.value} has no round-up rule")  # refused by check_accepted beforehand
+    step = 1 << _STEP_BITS[dtype]
+    rounded = ((s.view(torch.int32) + (step - 1)) & ~(step - 1)).view(torch.float32)
+    if dtype in _SUBNORMAL:
+        smallest_normal, inverse_spacing = _SUBNORMAL[dtype]
+        subnormal = torch.ceil(s * inverse_spacing) * (1.0 / inverse_spacing)
+        rounded = torch.where(s < smallest_normal, subnormal, rounded)
+    maximum = dtype.max_representable()
+    return torch.where(s >= maximum, torch.tensor(maximum, dtype=torch.float32), rounded)
+
+
+def block_alpha(x: torch.Tensor, grid: BlockGrid, calibration: Calibration) -> torch.Tensor:
+    """f32 range per block, shaped like the grid: max|x| (MinMax) or f32(f64 sum|x| / n) (AbsMean)."""
+    if x.numel() == 0:
+        return torch.zeros(grid.grid, dtype=torch.float32)
+    blocks = grid.to_blocks(x).abs()
+    if calibration is Calibration.MinMax:
+        return blocks.amax(dim=grid.block_axes)
+    total = blocks.sum(dim=grid.block_axes, dtype=torch.float64)
+    return (total / grid.counts()).to(torch.float32)
+
+
+@dataclass(frozen=True)
+class Scales:
+    """`stored`: the scales as written (relative ones under a global), grid-shaped f32.
+    `effective`: what values are divided by, `global * stored` for two levels. `global_scale`: f32 or None."""
+
+    stored: torch.Tensor
+    effective: torch.Tensor
+    global_scale: float | None
+
+
+def scales_from_alpha(alpha: torch.Tensor, scheme: QuantScheme) -> Scales:
+    """The stored and effective scales for per-block ranges `alpha` (one-level or two-level recipe)."""
+    raw = alpha / scheme.value.half_range()
+    dtype = scheme.scale_dtype()
+    if not scheme.is_two_level():
+        stored = round_up(_positive(raw), dtype)
+        return Scales(stored, stored, None)
+    ratio = raw / dtype.max_representable()
+    peak = ratio.amax() if ratio.numel() else ratio.new_zeros(())
+    global_scale = torch.clamp_min(peak, F32_MIN_POSITIVE)
+    stored = round_up(_positive(raw / global_scale), dtype)
+    return Scales(stored, global_scale * stored, float(global_scale))
+
+
+def _positive(s: torch.Tensor) -> torch.Tensor:
+    """An all-zero block (or an underflowed scale) gets f32::MIN_POSITIVE, so every decoder yields zeros."""
+    return torch.where(s > 0, s, torch.tensor(F32_MIN_POSITIVE, dtype=torch.float32))
