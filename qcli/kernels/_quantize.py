@@ -10,7 +10,14 @@ computes itself; otherwise each value reads its effective scale from an f32 arra
 import triton
 import triton.language as tl
 
-from qcli.kernels._codes import _one_level_scale, _round_up, _scale_bits, _store_scale, _value_field
+from qcli.kernels._codes import (
+    MIN_POSITIVE,
+    _one_level_scale,
+    _round_up,
+    _scale_bits,
+    _store_scale,
+    _value_field,
+)
 
 MODE_FUSED = tl.constexpr(0)    # scale per group, computed in the program
 MODE_BLOCKS = tl.constexpr(1)   # scale index = row_base[row] + col // BC
@@ -86,27 +93,21 @@ def _alpha_kernel(x_ptr, out_ptr, C, BC, blocks_per_row, chunks_per_row,
 
 
 @triton.jit
-def _scales_kernel(alpha_ptr, count_ptr, alpha_max_ptr, scales_ptr, global_ptr, s_eff_ptr, n,
-                   BLOCK: tl.constexpr, CAL: tl.constexpr, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr,
+def _scales_kernel(alpha_ptr, alpha_max_ptr, scales_ptr, global_ptr, s_eff_ptr, n,
+                   BLOCK: tl.constexpr, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr,
                    KIND: tl.constexpr, SCALE_SIZE: tl.constexpr, DTYPE_MAX: tl.constexpr):
-    """Stored scales (bytes into the payload) and effective f32 scales from per-block ranges."""
+    """Stored scales (bytes into the payload) and effective f32 scales from f32 per-block ranges."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = i < n
-    if CAL == CAL_MINMAX:
-        alpha = tl.load(alpha_ptr + i, mask=inside, other=0.0)
-    else:
-        total = tl.load(alpha_ptr + i, mask=inside, other=0.0)
-        count = tl.load(count_ptr + i, mask=inside, other=1.0)
-        alpha = (total / count).to(tl.float32)
+    alpha = tl.load(alpha_ptr + i, mask=inside, other=0.0)
     if TWO_LEVEL:
         # max over blocks of raw / D.max equals (max alpha / h) / D.max: both divisions are monotonic.
         peak = tl.math.div_rn(tl.math.div_rn(tl.load(alpha_max_ptr), HALF_RANGE), DTYPE_MAX)
-        glob = tl.maximum(peak, 1.1754943508222875e-38)
+        glob = tl.maximum(peak, MIN_POSITIVE)
         rel = tl.math.div_rn(tl.math.div_rn(alpha, HALF_RANGE), glob)
-        stored = _round_up(tl.where(rel > 0, rel, 1.1754943508222875e-38), KIND)
+        stored = _round_up(tl.where(rel > 0, rel, MIN_POSITIVE), KIND)
         s_eff = glob * stored
-        first = tl.program_id(0) == 0
-        _store_scale(global_ptr, 0, glob.to(tl.int32, bitcast=True), first, 4)
+        _store_scale(global_ptr, 0, glob.to(tl.int32, bitcast=True), tl.program_id(0) == 0, 4)
     else:
         stored = _one_level_scale(alpha, HALF_RANGE, KIND)
         s_eff = stored

@@ -93,16 +93,23 @@ def _check_tensor(x: torch.Tensor, name: str) -> None:
 
 @dataclass
 class Range:
-    """What a per-tensor or two-level scheme's scales depend on, accumulated over row chunks (device tensors):
-    max |x| or the float64 sum of |x| with its count, or the largest block range for two levels."""
+    """What the scales of a per-tensor or two-level scheme depend on, accumulated over row chunks: the
+    largest |x| (or block range, for two levels) as an f32 device tensor, or for a per-tensor AbsMean the
+    float64 sum of |x| and the number of values summed."""
 
     value: torch.Tensor
-    count: int = 0
+    count: int
 
-    def add(self, other: Range, calibration: Calibration) -> Range:
-        if calibration is Calibration.AbsMean:
+    def add(self, other: Range, calibration: Calibration, scheme: QuantScheme) -> Range:
+        if calibration is Calibration.AbsMean and scheme.block is None:
             return Range(self.value + other.value, self.count + other.count)
         return Range(torch.maximum(self.value, other.value), self.count + other.count)
+
+    def alpha(self, calibration: Calibration, scheme: QuantScheme) -> torch.Tensor:
+        """The f32 range the scale kernel takes."""
+        if calibration is Calibration.AbsMean and scheme.block is None:
+            return (self.value / self.count).to(torch.float32)  # float64 division, IEEE on every device
+        return self.value
 
 
 def tensor_range(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration = Calibration.MinMax
@@ -168,24 +175,20 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
 def _scales(x, scheme: QuantScheme, calibration: Calibration, geo: _Geometry, out, s_eff,
             whole: Range | None) -> None:
     """Run the range and scale kernels: stored scales (and the global) into `out`, effective ones to s_eff."""
-    two_level = scheme.is_two_level()
     if scheme.block is None:
-        whole = whole or tensor_range(x, scheme, calibration)
-        alpha = whole.value
-        count = torch.tensor([float(whole.count)], dtype=torch.float64, device=x.device)
+        alpha = (whole or tensor_range(x, scheme, calibration)).alpha(calibration, scheme)
     else:
         alpha = _block_alpha(x, geo, calibration)
-        count = _block_counts(geo, x.device) if calibration is Calibration.AbsMean else alpha
-        if two_level:
-            whole = whole or Range(alpha.amax().reshape(1))
+        if scheme.is_two_level() and whole is None:
+            whole = Range(alpha.amax().reshape(1), x.numel())
     n = alpha.numel()
     dtype = scheme.scale_dtype()
     block = 1024
     K._scales_kernel[(triton.cdiv(n, block),)](
-        alpha, count, whole.value if two_level else alpha, out[geo.scale_offset :], out[geo.global_offset :],
-        s_eff, n, BLOCK=block, CAL=_cal(calibration),
-        TWO_LEVEL=two_level, HALF_RANGE=scheme.value.half_range(), KIND=_KIND[dtype],
-        SCALE_SIZE=dtype.scale_size(), DTYPE_MAX=dtype.max_representable(), **_OPTIONS)
+        alpha, whole.value if scheme.is_two_level() else alpha, out[geo.scale_offset :],
+        out[geo.global_offset :], s_eff, n, BLOCK=block, TWO_LEVEL=scheme.is_two_level(),
+        HALF_RANGE=scheme.value.half_range(), KIND=_KIND[dtype], SCALE_SIZE=dtype.scale_size(),
+        DTYPE_MAX=dtype.max_representable(), **_OPTIONS)
 
 
 def _row_alpha(x, rows: int, cols: int, width: int, calibration: Calibration) -> torch.Tensor:
@@ -203,7 +206,8 @@ def _row_alpha(x, rows: int, cols: int, width: int, calibration: Calibration) ->
 
 
 def _block_alpha(x, geo: _Geometry, calibration: Calibration) -> torch.Tensor:
-    """Per block of the grid, row-major: reduce along the last axis in a kernel, then the leading axes."""
+    """f32 range per block of the grid, row-major: max |x|, or f32(f64 sum |x| / count) for AbsMean.
+    A kernel reduces along the last axis, torch over the leading axes."""
     alpha = _row_alpha(x, geo.rows, geo.cols, geo.block[-1], calibration)
     alpha = alpha.reshape(*geo.dims[:-1], geo.grid[-1])
     for axis, b in enumerate(geo.block[:-1]):
@@ -215,7 +219,10 @@ def _block_alpha(x, geo: _Geometry, calibration: Calibration) -> torch.Tensor:
             alpha = torch.cat([alpha, zeros], axis)
         alpha = alpha.unflatten(axis, (geo.grid[axis], b))
         alpha = alpha.sum(axis + 1) if calibration is Calibration.AbsMean else alpha.amax(axis + 1)
-    return alpha.reshape(-1).contiguous()
+    alpha = alpha.reshape(-1)
+    if calibration is Calibration.AbsMean:  # float64 division, IEEE on every device
+        alpha = (alpha / _block_counts(geo, x.device)).to(torch.float32)
+    return alpha.contiguous()
 
 
 def _block_counts(geo: _Geometry, device) -> torch.Tensor:
