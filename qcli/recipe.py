@@ -241,7 +241,7 @@ class _Parser:
         version = doc.get("version")
         if version is None:
             self.fault(1, "the recipe has no version", f"add `version = {RECIPE_VERSION}` as its first line")
-        elif isinstance(version, bool) or version != RECIPE_VERSION:
+        elif type(version) is not int or version != RECIPE_VERSION:
             self.fault(
                 self.lines.key("version", None), f"unsupported recipe version {version!r}",
                 f"this qcli reads version = {RECIPE_VERSION}",
