@@ -127,8 +127,8 @@ class Totals:
 
     @property
     def ratio(self) -> float:
-        """Output size over input size."""
-        return self.bytes_out / self.bytes_in if self.bytes_in else 0.0
+        """Input bytes per output byte: how many times smaller the output is."""
+        return self.bytes_in / self.bytes_out if self.bytes_out else 0.0
 
 
 @dataclass

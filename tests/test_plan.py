@@ -97,7 +97,7 @@ def test_totals() -> None:
     kept = 4096 * 2 * 2 + 2048 * 8
     quantized = sum(math.prod(i.shape) for i in LLAMA if len(i.shape) == 2 and i.dtype == "BF16") * 9 // 16
     assert totals.bytes_out == kept + quantized
-    assert totals.ratio == pytest.approx(totals.bytes_out / totals.bytes_in)
+    assert totals.ratio == pytest.approx(totals.bytes_in / totals.bytes_out)
     # The largest tensor, embed_tokens: its BF16 source, an f32 working copy, its payload.
     numel = 32000 * 4096
     assert totals.peak_bytes == numel * 2 + numel * 4 + numel * 9 // 16
