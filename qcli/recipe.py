@@ -397,7 +397,9 @@ class _Parser:
             return "Asymmetric"
         return QuantMode.Symmetric.value
 
-    def preset(self, name: object, line: int):
+    def preset(
+        self, name: object, line: int
+    ) -> tuple[str | None, QuantScheme | None, Calibration | None, tuple[Refusal, ...]]:
         """(canonical name, scheme, calibration, refusals) of a preset; Nones and a fault when unknown."""
         if not isinstance(name, str):
             self.fault(line, f"preset must be a string, got {name!r}", f"e.g. preset = \"{DEFAULT_PRESET}\"")
