@@ -12,7 +12,7 @@ import math
 import os
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -481,21 +481,24 @@ def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
 # ----------------------------------------------------------------------------- validate-scheme
 
 
-def validate_scheme(recipe: str | Path, *, model: str | Path | None = None) -> ValidateReport:
-    """Every problem in a recipe, and with `model` every problem of the plan it makes from the headers."""
+def validate_scheme(
+    recipes: str | Path | Sequence[str | Path], *, model: str | Path | None = None
+) -> ValidateReport:
+    """Every problem in each recipe, and with `model` every problem of the plan each makes from headers."""
     from qcli import validate
 
-    recipe = Path(recipe)
-    if not recipe.is_file():
-        raise UsageError(
-            f"cannot read recipe {recipe}: no such file",
-            hint="pass the path of a TOML recipe (docs/recipes.md)",
-        )
+    paths = [Path(recipes)] if isinstance(recipes, (str, Path)) else [Path(r) for r in recipes]
+    for path in paths:
+        if not path.is_file():
+            raise UsageError(
+                f"cannot read recipe {path}: no such file",
+                hint="pass the path of a TOML recipe (docs/recipes.md)",
+            )
     infos = None
     if model is not None:
         from qcli.io.safetensors import SafetensorsSource
 
         with SafetensorsSource.open(Path(model)) as source:
             infos = source.infos()
-    problems = validate.validate_scheme(recipe, infos)
-    return ValidateReport(str(recipe), None if model is None else str(model), list(problems))
+    problems = [p for path in paths for p in validate.validate_scheme(path, infos)]
+    return ValidateReport([str(p) for p in paths], None if model is None else str(model), problems)

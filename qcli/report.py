@@ -409,9 +409,9 @@ def problem_json(p: Any) -> dict:
 
 @dataclass
 class ValidateReport:
-    """The result of `qcli.api.validate_scheme`: every problem in the recipe (and plan, with a model)."""
+    """The result of `qcli.api.validate_scheme`: every problem in the recipes (and plans, with a model)."""
 
-    recipe: str
+    recipes: list[str]
     model: str | None
     problems: list[Any]  # qcli.plan.Problem
 
@@ -432,7 +432,7 @@ class ValidateReport:
             "command": "validate-scheme",
             "schema_version": JSON_SCHEMA_VERSION,
             "qcli_version": __version__,
-            "recipe": self.recipe,
+            "recipes": self.recipes,
             "model": self.model,
             "ok": self.ok,
             "errors": self.errors,
