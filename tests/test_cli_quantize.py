@@ -238,7 +238,7 @@ block_scale = "F16"
     result = cli("quantize", SINGLE, "--dry-run", "--recipe", recipe)
     lines = assert_user_error(result, 2)
     # one Lookup rule, and 8 attention projections whose last dim (128) block [48] cannot split
-    assert "9 errors" in lines[0]
+    assert "9 problems" in lines[0]
     problems = lines[1:-1]
     assert len(problems) == 9
     assert sum("lookup quantization does not travel" in p for p in problems) == 1
