@@ -38,29 +38,41 @@ class BlockGrid:
         return tuple(g * b for g, b in zip(self.grid, self.block, strict=True))
 
     @property
+    def _blocked(self) -> list[int]:
+        # Each axis splits into (blocks, extent); an axis of extent 1 stays whole, so a [32] block on a
+        # matrix is the view [rows, blocks, 32] and reductions run over one contiguous innermost axis.
+        return [n for g, b in zip(self.grid, self.block, strict=True) for n in ((g,) if b == 1 else (g, b))]
+
+    @property
     def block_axes(self) -> tuple[int, ...]:
         """The axes of `to_blocks`' result that run inside one block."""
-        return tuple(range(1, 2 * len(self.shape), 2))
+        axes, i = [], 0
+        for b in self.block:
+            if b != 1:
+                axes.append(i + 1)
+            i += 1 if b == 1 else 2
+        return tuple(axes)
 
     def to_blocks(self, x: torch.Tensor) -> torch.Tensor:
-        """`x` (of `shape`) zero-padded to whole blocks and viewed as `[g0, b0, g1, b1, ...]`."""
+        """`x` (of `shape`) zero-padded to whole blocks and viewed with each block on its own axes."""
         x = x.reshape(self.shape)
         if self.padded != self.shape:
             padded = x.new_zeros(self.padded)
             padded[tuple(slice(0, d) for d in self.shape)] = x
             x = padded
-        return x.reshape([n for gb in zip(self.grid, self.block, strict=True) for n in gb])
+        return x.reshape(self._blocked)
 
     def from_blocks(self, xb: torch.Tensor) -> torch.Tensor:
-        """The inverse of `to_blocks`: the `[g0, b0, ...]` view back to `shape`, padding dropped."""
+        """The inverse of `to_blocks`: back to `shape`, padding dropped."""
         x = xb.reshape(self.padded)
         if self.padded != self.shape:
             x = x[tuple(slice(0, d) for d in self.shape)]
         return x
 
     def per_block(self, scales: torch.Tensor) -> torch.Tensor:
-        """A grid-shaped tensor viewed as `[g0, 1, g1, 1, ...]`, broadcasting over `to_blocks`' result."""
-        return scales.reshape([n for g in self.grid for n in (g, 1)])
+        """A grid-shaped tensor viewed to broadcast over `to_blocks`' result."""
+        pairs = zip(self.grid, self.block, strict=True)
+        return scales.reshape([n for g, b in pairs for n in ((g,) if b == 1 else (g, 1))])
 
     def counts(self) -> torch.Tensor:
         """Float64 grid of how many elements of the tensor each block holds (edge blocks hold fewer)."""

@@ -10,8 +10,8 @@ from qcli import layout
 from qcli.codec.blocks import BlockGrid
 from qcli.codec.pack import unpack_fields, unpack_scales
 from qcli.codec.values import values_of
-from qcli.errors import InputError
-from qcli.scheme import QuantScheme, check_accepted
+from qcli.errors import InputError, SchemeError
+from qcli.scheme import LOOKUP_WHY, QuantMode, QuantScheme, ScaleDtype
 
 
 def as_bytes(payload: object) -> torch.Tensor:
@@ -26,7 +26,7 @@ def decode(payload: object, scheme: QuantScheme, shape: Sequence[int]) -> torch.
 
     x = q * s for one level; x = (global * s_block) * q for two, the product formed in f32.
     """
-    check_accepted(scheme)
+    _check_decodable(scheme)
     shape = tuple(shape)
     data = as_bytes(payload)
     expected = layout.quantized_data_len(scheme, shape)
@@ -44,3 +44,21 @@ def decode(payload: object, scheme: QuantScheme, shape: Sequence[int]) -> torch.
         scales = data[scale_end:].clone().view(torch.float32) * scales
     x = grid.from_blocks(grid.per_block(scales) * grid.to_blocks(q))
     return x.reshape(shape).contiguous()
+
+
+def _check_decodable(scheme: QuantScheme) -> None:
+    """Refuse what no decoder at the pin can read back. Schemes Burn only refuses to *quantize* (e.g. F32
+    block scales under a global, PackedU32 blocks narrower than a word) still decode, as cubecl's do."""
+    if scheme.mode is QuantMode.Lookup:
+        raise SchemeError(f"cannot decode {scheme}: {LOOKUP_WHY}", hint="use a Symmetric scheme")
+    dtypes = [scheme.tensor, scheme.block and scheme.block.dtype]
+    if ScaleDtype.UE8M0 in dtypes:
+        raise SchemeError(
+            f"cannot decode {scheme}: UE8M0 scales have no encoding at Burn 0.22.0-pre.2",
+            hint="use UE4M3 or F16 scales",
+        )
+    if scheme.num_quants() > 1 and getattr(scheme.store, "dim", 0) != 0:
+        raise SchemeError(
+            f"cannot decode {scheme}: values packed along an outer axis have no layout at Burn 0.22.0-pre.2",
+            hint="pack along the last axis (dim 0)",
+        )

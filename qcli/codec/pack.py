@@ -17,26 +17,30 @@ import torch
 
 from qcli import layout
 from qcli.codec import minifloat
-from qcli.scheme import Native, QuantScheme, ScaleDtype
+from qcli.scheme import QuantScheme, ScaleDtype
 
 _TORCH_SCALE = {ScaleDtype.F32: torch.float32, ScaleDtype.F16: torch.float16, ScaleDtype.BF16: torch.bfloat16}
 
 
 def pack_fields(fields: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
-    """The value region of int32 `fields` (any shape; rank 0 is one row of one)."""
+    """The value region of integer `fields` (any shape; rank 0 is one row of one)."""
     bits = scheme.value.size_bits()
-    mask = (1 << bits) - 1
-    if isinstance(scheme.store, Native):  # accepted Native values are whole bytes
-        return (fields.reshape(-1) & mask).to(torch.uint8)
+    low = _low_byte(fields)
+    if scheme.num_quants() == 1:  # one byte per value (Native, or PackedNative of a non-E2M1 value)
+        return low.reshape(-1)
     num_rows, last = _rows(fields.shape)
-    per_byte = 8 // bits
     width = layout.row_elements(scheme, last) * scheme.num_quants()
-    rows = torch.nn.functional.pad(fields.reshape(num_rows, last) & mask, (0, width - last))
-    grouped = rows.reshape(num_rows, width // per_byte, per_byte)
+    rows = low.reshape(num_rows, last)
+    if width != last:
+        rows = torch.nn.functional.pad(rows, (0, width - last))
+    per_byte = 8 // bits
+    if per_byte == 1:
+        return rows.reshape(-1)
+    grouped = rows.reshape(num_rows, width // per_byte, per_byte) & ((1 << bits) - 1)
     packed = grouped[..., 0].clone()
     for k in range(1, per_byte):
         packed |= grouped[..., k] << (k * bits)
-    return packed.reshape(-1).to(torch.uint8)
+    return packed.reshape(-1)
 
 
 def unpack_fields(region: torch.Tensor, scheme: QuantScheme, shape: Sequence[int]) -> torch.Tensor:
@@ -44,7 +48,7 @@ def unpack_fields(region: torch.Tensor, scheme: QuantScheme, shape: Sequence[int
     bits = scheme.value.size_bits()
     mask = (1 << bits) - 1
     raw = region.to(torch.int32)
-    if not isinstance(scheme.store, Native):
+    if scheme.num_quants() > 1:
         num_rows, last = _rows(shape)
         per_byte = 8 // bits
         shifts = torch.arange(per_byte, dtype=torch.int32) * bits
@@ -75,6 +79,15 @@ def unpack_scales(region: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
 
 def pack_global(global_scale: float) -> torch.Tensor:
     return torch.tensor([global_scale], dtype=torch.float32).view(torch.uint8)
+
+
+def _low_byte(fields: torch.Tensor) -> torch.Tensor:
+    """The low 8 bits of each field as uint8 (two's complement for negative integers)."""
+    if fields.dtype is torch.uint8:
+        return fields
+    if fields.dtype is torch.int8:
+        return fields.contiguous().view(torch.uint8)
+    return (fields & 0xFF).to(torch.uint8)
 
 
 def _rows(shape: Sequence[int]) -> tuple[int, int]:

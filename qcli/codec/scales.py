@@ -37,15 +37,27 @@ def round_up(s: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
     return torch.where(s >= maximum, torch.tensor(maximum, dtype=torch.float32), rounded)
 
 
-def block_alpha(x: torch.Tensor, grid: BlockGrid, calibration: Calibration) -> torch.Tensor:
-    """f32 range per block, shaped like the grid: max|x| (MinMax) or f32(f64 sum|x| / n) (AbsMean)."""
+def block_reduce(x: torch.Tensor, grid: BlockGrid, calibration: Calibration) -> torch.Tensor:
+    """Grid-shaped partial range of each block: f32 max|x| (MinMax) or f64 sum|x| (AbsMean).
+
+    Both reductions propagate NaN and inf, and combine across pieces of a block by max or sum.
+    """
     if x.numel() == 0:
-        return torch.zeros(grid.grid, dtype=torch.float32)
-    blocks = grid.to_blocks(x).abs()
+        return torch.zeros(grid.grid, dtype=_REDUCE_DTYPE[calibration])
+    blocks = grid.to_blocks(x)
     if calibration is Calibration.MinMax:
-        return blocks.amax(dim=grid.block_axes)
-    total = blocks.sum(dim=grid.block_axes, dtype=torch.float64)
-    return (total / grid.counts()).to(torch.float32)
+        return torch.maximum(blocks.amax(dim=grid.block_axes), blocks.amin(dim=grid.block_axes).neg_())
+    return blocks.abs().sum(dim=grid.block_axes, dtype=torch.float64)
+
+
+def block_alpha(reduced: torch.Tensor, grid: BlockGrid, calibration: Calibration) -> torch.Tensor:
+    """f32 range per block from `block_reduce` over the whole tensor; AbsMean divides in f64, rounds once."""
+    if calibration is Calibration.MinMax:
+        return reduced
+    return (reduced / grid.counts()).to(torch.float32)
+
+
+_REDUCE_DTYPE = {Calibration.MinMax: torch.float32, Calibration.AbsMean: torch.float64}
 
 
 @dataclass(frozen=True)

@@ -10,22 +10,24 @@ from qcli.scheme import QuantValue
 
 
 def fields(x: torch.Tensor, effective: torch.Tensor, grid: BlockGrid, value: QuantValue) -> torch.Tensor:
-    """int32 fields shaped like `grid.shape`: the integer q, or the minifloat code.
+    """Fields shaped like `grid.shape`: the integer q as int8, or the minifloat code as uint8.
 
     `x` is f32; `effective` holds one scale per block, grid-shaped.
     """
     blocks = grid.to_blocks(x)
     v = blocks / grid.per_block(effective)  # IEEE division, as the GPU's div_rn
-    v = torch.where(blocks == 0, blocks, v)  # an exact zero stays zero, even over an underflowed scale
-    v = grid.from_blocks(v)
+    # An exact zero stays zero. x / s already gives x for x == ±0 unless s underflowed to 0 (0/0).
+    if bool((effective == 0).any()):
+        v = torch.where(blocks == 0, blocks, v)
     a, b = value.range()
+    v = grid.from_blocks(v).clamp_(a, b)
     if value.is_minifloat():
-        return minifloat.encode(v.clamp(a, b).contiguous(), minifloat.FORMATS[value])
-    return torch.round(v.clamp(a, b)).to(torch.int32)  # round half to even; clamping first is the same
+        return minifloat.encode(v.contiguous(), minifloat.FORMATS[value]).to(torch.uint8)
+    return v.round_().to(torch.int8)  # round half to even; clamping first is the same, a and b are integers
 
 
 def values_of(fields: torch.Tensor, value: QuantValue) -> torch.Tensor:
-    """f32 values of int32 fields: integers as they are, minifloat codes through the format's table."""
+    """f32 values of fields: integers as they are, minifloat codes through the format's table."""
     if value.is_minifloat():
         return minifloat.decode(fields, minifloat.FORMATS[value])
     return fields.to(torch.float32)

@@ -1,0 +1,148 @@
+"""Quantizing a tensor: scales over the whole tensor first, then fields and bytes one row chunk at a time.
+
+Chunks run along axis 0 in whole blocks, so each chunk's scales are a slice of the grid and its packed
+rows a contiguous piece of the value region; the working copies stay a few MiB whatever the tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from qcli import layout
+from qcli.codec.blocks import BlockGrid
+from qcli.codec.pack import pack_fields, pack_global, pack_scales
+from qcli.codec.scales import Scales, block_alpha, block_reduce, scales_from_alpha
+from qcli.codec.values import fields as value_fields
+from qcli.errors import InputError
+from qcli.scheme import Calibration, QuantScheme, check_accepted
+
+CHUNK_ELEMENTS = 1 << 20
+
+
+@dataclass(frozen=True)
+class QuantizedParts:
+    """A quantized tensor before packing.
+
+    `fields`: int32 shaped like the input, the integer q or the minifloat code. `scales`: the stored f32
+    scales shaped like `layout.params_shape` (relative ones under a global). `global_scale`: the f32
+    global of a two-level scheme, else None.
+    """
+
+    fields: torch.Tensor
+    scales: torch.Tensor
+    global_scale: float | None
+
+
+def quantize_parts(
+    x: torch.Tensor,
+    scheme: QuantScheme,
+    calibration: Calibration = Calibration.MinMax,
+    *,
+    name: str = "tensor",
+) -> QuantizedParts:
+    """Fields and scales of `x` under `scheme`; refuses schemes Burn refuses and non-finite data."""
+    work, _, chunks, scales = _prepare(x, scheme, calibration, name)
+    pieces = [f.to(torch.int32) for f in _chunk_fields(work, chunks, scales, scheme)]
+    fields = torch.cat(pieces).reshape(x.shape)
+    return QuantizedParts(
+        fields, scales.stored.reshape(layout.params_shape(scheme, x.shape)), scales.global_scale
+    )
+
+
+def encode(
+    x: torch.Tensor,
+    scheme: QuantScheme,
+    calibration: Calibration = Calibration.MinMax,
+    *,
+    name: str = "tensor",
+) -> torch.Tensor:
+    """The QFloat payload of `x`: uint8, 1-D, exactly `layout.quantized_data_len(scheme, x.shape)` bytes.
+
+    f16 and bf16 inputs are widened to f32; NaN or Inf raises `InputError` naming the tensor.
+    """
+    work, _, chunks, scales = _prepare(x, scheme, calibration, name)
+    out = torch.empty(layout.quantized_data_len(scheme, x.shape), dtype=torch.uint8)
+    offset = 0
+    for fields in _chunk_fields(work, chunks, scales, scheme):
+        packed = pack_fields(fields, scheme)
+        out[offset : offset + packed.numel()] = packed
+        offset += packed.numel()
+    for region in _scale_regions(scales.stored, scales.global_scale, scheme):
+        out[offset : offset + region.numel()] = region
+        offset += region.numel()
+    return out
+
+
+def pack(parts: QuantizedParts, scheme: QuantScheme, shape: Sequence[int]) -> torch.Tensor:
+    """The payload (uint8, 1-D) of `parts`: values, stored scales, then the f32 global for two levels."""
+    regions = [pack_fields(parts.fields.reshape(tuple(shape)), scheme)]
+    regions += _scale_regions(parts.scales, parts.global_scale, scheme)
+    return torch.cat(regions)
+
+
+def _scale_regions(
+    stored: torch.Tensor, global_scale: float | None, scheme: QuantScheme
+) -> list[torch.Tensor]:
+    regions = [pack_scales(stored, scheme.scale_dtype())]
+    if global_scale is not None:
+        regions.append(pack_global(global_scale))
+    return regions
+
+
+def _prepare(
+    x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, name: str
+) -> tuple[torch.Tensor, BlockGrid, list[tuple[slice, slice]], Scales]:
+    check_accepted(scheme, calibration)
+    if not x.dtype.is_floating_point:
+        raise InputError(
+            f"tensor {name!r} has dtype {x.dtype}, not a float type, so it cannot be quantized",
+            hint="keep it unquantized with a `keep = true` rule",
+        )
+    grid = BlockGrid.of(scheme, x.shape)
+    work = x.detach().to(device="cpu", dtype=torch.float32).contiguous().reshape(grid.shape)
+    chunks = _row_chunks(grid, per_tensor=scheme.block is None)
+    pieces = [work[rows] for rows, _ in chunks]
+    reduced = [block_reduce(p, BlockGrid.of(scheme, p.shape), calibration) for p in pieces]
+    if scheme.block is None:  # one block over every chunk
+        combined = torch.stack(reduced)
+        reduced = [combined.amax(0) if calibration is Calibration.MinMax else combined.sum(0)]
+    alpha = block_alpha(torch.cat(reduced), grid, calibration)
+    if not bool(torch.isfinite(alpha).all()):
+        raise InputError(
+            f"tensor {name!r} holds NaN or Inf values, which cannot be quantized",
+            hint="keep it unquantized with a `keep = true` rule, or fix the checkpoint",
+        )
+    return work, grid, chunks, scales_from_alpha(alpha, scheme)
+
+
+def _row_chunks(grid: BlockGrid, *, per_tensor: bool) -> list[tuple[slice, slice]]:
+    """(rows of the tensor, rows of the scale grid) along axis 0, in whole blocks, about CHUNK_ELEMENTS each.
+
+    A rank-1 tensor is one packed row and stays whole.
+    """
+    rows = grid.shape[0]
+    unit = 1 if per_tensor else grid.block[0]
+    row_elements = math.prod(grid.shape[1:])
+    if len(grid.shape) < 2 or row_elements == 0:
+        return [(slice(0, rows), slice(0, grid.grid[0]))]
+    step = max(1, CHUNK_ELEMENTS // (row_elements * unit)) * unit
+    chunks = []
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        grid_rows = slice(0, 1) if per_tensor else slice(start // unit, math.ceil(stop / unit))
+        chunks.append((slice(start, stop), grid_rows))
+    return chunks or [(slice(0, 0), slice(0, 0))]
+
+
+def _chunk_fields(
+    work: torch.Tensor, chunks: list[tuple[slice, slice]], scales: Scales, scheme: QuantScheme
+) -> Iterator[torch.Tensor]:
+    for rows, grid_rows in chunks:
+        piece = work[rows]
+        yield value_fields(
+            piece, scales.effective[grid_rows], BlockGrid.of(scheme, piece.shape), scheme.value
+        )
