@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import StrEnum
 
 from qcli.errors import SchemeError
 
@@ -21,7 +21,7 @@ F16_MAX = 65504.0
 F32_MIN_POSITIVE = 1.1754943508222875e-38  # f32::MIN_POSITIVE, 2^-126
 
 
-class QuantValue(str, Enum):
+class QuantValue(StrEnum):
     """The logical type of quantized values, independent of how they are stored."""
 
     Q8F = "Q8F"
@@ -126,14 +126,14 @@ class PackedU32:
 QuantStore = Native | PackedNative | PackedU32
 
 
-class QuantMode(str, Enum):
+class QuantMode(StrEnum):
     """How a stored field becomes a value: scaled directly, or as an index into a table (codebook)."""
 
     Symmetric = "Symmetric"
     Lookup = "Lookup"
 
 
-class ScaleDtype(str, Enum):
+class ScaleDtype(StrEnum):
     """The type a scale level is stored in."""
 
     F32 = "F32"
@@ -165,7 +165,7 @@ _SCALE_MAX = {
 }
 
 
-class Calibration(str, Enum):
+class Calibration(StrEnum):
     """How the range a scale must cover is measured from the data."""
 
     MinMax = "MinMax"
@@ -385,10 +385,16 @@ def _scheme_from_serde(obj: object) -> QuantScheme:
 
 @dataclass(frozen=True)
 class Refusal:
-    """One reason Burn would refuse a scheme, and what would work instead."""
+    """One reason Burn would refuse a scheme, and what would work instead.
+
+    `on_load` is False for a rule only Burn's own quantizer applies: Burn loads such a payload, and its
+    bytes are still well defined (the spec's worked example packs Q4S in blocks of 4), but Burn would
+    not have produced it.
+    """
 
     why: str
     instead: str
+    on_load: bool = True
 
 
 LOOKUP_WHY = (
@@ -473,6 +479,7 @@ def accept_problems(scheme: QuantScheme, calibration: Calibration = Calibration.
                     f"PackedU32 holds {per_word} {value.value} values per word, so a block's innermost extent must "
                     f"be a multiple of {per_word}; got {scheme.block.size}",
                     f"use an innermost block extent that is a multiple of {per_word}, e.g. [{max(32, per_word)}]",
+                    on_load=False,
                 )
             )
     return problems
@@ -483,7 +490,11 @@ def _symmetric_of_width(bits: int) -> str:
 
 
 def check_accepted(scheme: QuantScheme, calibration: Calibration = Calibration.MinMax) -> None:
-    """Raise `SchemeError` with the first refusal's reason and alternative."""
-    problems = accept_problems(scheme, calibration)
+    """Raise `SchemeError` for a scheme Burn cannot load, with the first reason and the alternative.
+
+    Rules only Burn's own quantizer applies (`Refusal.on_load` False) are left to the plan, which
+    reports every problem of `accept_problems`.
+    """
+    problems = [p for p in accept_problems(scheme, calibration) if p.on_load]
     if problems:
         raise SchemeError(f"{scheme}: {problems[0].why}", hint=problems[0].instead)

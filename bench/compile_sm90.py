@@ -1,0 +1,93 @@
+"""Compile every kernel variant a set of schemes launches for sm_90 (H200) here, without a GPU.
+
+Run as `python3 -m bench.compile_sm90` from the repository root.
+
+Step 1 (TRITON_INTERPRET=1) encodes small tensors and records each launch's argument types and
+constexprs; step 2 (a fresh interpreter without it) compiles them with Triton's bundled ptxas and counts
+the PTX instructions that would break byte-identity, so compiler-only failures show up before device time
+is spent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+KERNELS = ("_quantize_kernel", "_alpha_kernel", "_scales_kernel")
+_OPTION_NAMES = ("enable_fp_fusion",)
+
+
+def _record(path: str) -> None:
+    import torch
+
+    from bench.schemes import all_schemes
+    from qcli.kernels import _quantize as K
+    from qcli.kernels.encode import encode
+
+    seen: dict[str, dict] = {}
+    types = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+              torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8"}
+
+    def arg_type(a) -> str:
+        if isinstance(a, torch.Tensor):
+            return "*" + types[a.dtype]
+        return "i64" if abs(a) >= 2**31 else "i32"
+
+    for name in KERNELS:
+        fn = getattr(K, name)
+
+        class Recorder:
+            def __init__(self, fn=fn, name=name):
+                self.fn, self.name = fn, name
+
+            def __getitem__(self, grid):
+                def launch(*args, **constexprs):
+                    options = {k: constexprs.pop(k) for k in _OPTION_NAMES if k in constexprs}
+                    names = self.fn.arg_names
+                    sig = {n: arg_type(a) for n, a in zip(names, args, strict=False)}
+                    sig.update({k: "constexpr" for k in constexprs})
+                    seen[json.dumps([self.name, sig, constexprs], sort_keys=True)] = {}
+                    return self.fn[grid](*args, **constexprs, **options)
+                return launch
+
+        setattr(K, name, Recorder())
+    for scheme, calibration, shape in all_schemes():
+        for dtype in (torch.float32, torch.bfloat16):
+            encode(torch.randn(shape).to(dtype), scheme, calibration)
+    with open(path, "w") as f:
+        json.dump(sorted(seen), f)
+
+
+def _compile(path: str) -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from qcli.kernels import _quantize as K
+    from qcli.kernels.encode import _OPTIONS
+
+    failures = 0
+    for entry in json.load(open(path)):
+        name, sig, constexprs = json.loads(entry)
+        src = triton.compiler.ASTSource(getattr(K, name), sig, constexprs)
+        try:
+            kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=_OPTIONS)
+            ptx = kernel.asm["ptx"]
+            # Flushed subnormals, approximate division or a fused multiply-add would change the bytes.
+            risky = {op: ptx.count(op) for op in (".ftz", "div.approx", "div.full", "fma.rn.f32")}
+            print(f"ok   {name} {risky} {constexprs}")
+        except Exception as exc:  # report every variant, then fail
+            failures += 1
+            print(f"FAIL {name} {constexprs}: {str(exc).splitlines()[-1] if str(exc) else exc!r}")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    record = "/tmp/qcli_kernel_variants.json"
+    if len(sys.argv) > 1 and sys.argv[1] == "record":
+        _record(record)
+    else:
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        subprocess.run([sys.executable, "-m", "bench.compile_sm90", "record"], check=True, env=env)
+        _compile(record)

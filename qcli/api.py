@@ -1,0 +1,493 @@
+"""The functions the commands call: `quantize_file`, `inspect_file`, `validate_scheme`.
+
+Each returns a report (`qcli.report`) or raises a `QcliError`; the CLI only parses and renders. They are
+usable from Python as they are. torch is imported inside the functions that touch tensors.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import struct
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qcli import BURN_LAYOUT_PIN, __version__
+from qcli.errors import UsageError
+from qcli.report import (
+    CompareReport,
+    CompareRow,
+    ErrorRow,
+    InspectReport,
+    ListedTensor,
+    QuantizeReport,
+    SourceFile,
+    TensorRow,
+    TensorStats,
+    Timings,
+    ValidateReport,
+    value_stats,
+)
+from qcli.scheme import QuantScheme
+
+if TYPE_CHECKING:
+    import torch
+
+    from qcli.plan import Plan
+    from qcli.presets import Preset
+
+DEVICES = ("auto", "cpu", "cuda")
+INDEX_SUFFIX = ".safetensors.index.json"
+
+# Called after each tensor with the next tensor's name (None when done), bytes read so far and in total.
+ProgressHook = Callable[[str | None, int, int], None]
+
+
+def default_output(input: Path) -> Path:
+    """`x.safetensors` -> `x.bpk`; a directory `d` -> `d.bpk` beside it; an index -> its folder's `.bpk`."""
+    if input.is_dir():
+        return input.parent / f"{input.resolve().name}.bpk"
+    if input.name.endswith(INDEX_SUFFIX):
+        folder = input.resolve().parent
+        return folder.parent / f"{folder.name}.bpk"
+    return input.with_suffix(".bpk")
+
+
+def resolve_preset(name: str | None) -> Preset:
+    """The preset `--scheme` names (any case), or the default; codebook and zero-point names are refused."""
+    from qcli.presets import DEFAULT_PRESET, get_preset
+
+    return get_preset(DEFAULT_PRESET if name is None else name)
+
+
+def make_checked_plan(infos: list, recipe: Any, preset: Preset) -> Plan:
+    """The plan for `infos` in name order (so shards and one file give the same output); every error is
+    raised together as one PlanError."""
+    from qcli.plan import make_plan
+
+    plan = make_plan(sorted(infos, key=lambda i: i.name), recipe, preset)
+    plan.raise_if_errors()
+    return plan
+
+
+def select_pipeline(device: str) -> tuple[str, Callable[..., Iterator]]:
+    """`(device, run)`: auto is cuda when torch sees a GPU; QCLI_KERNELS=triton forces the GPU path."""
+    if device not in DEVICES:
+        raise UsageError(f"unknown device {device!r}", hint="use --device auto, cpu or cuda")
+    if os.environ.get("QCLI_KERNELS") == "triton":
+        device = "triton"
+    else:
+        import torch
+
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif device == "cuda" and not torch.cuda.is_available():
+            raise UsageError(
+                "--device cuda: torch sees no CUDA device",
+                hint="use --device cpu (or auto), or install a CUDA build of torch before qcli",
+            )
+    if device == "cpu":
+        from qcli.pipeline import run
+
+        return device, run
+    try:
+        from qcli.gpu.pipeline import run as gpu_run
+    except ImportError as exc:
+        raise UsageError(
+            f"the GPU pipeline is unavailable: {exc}", hint="use --device cpu, or install qcli with triton"
+        ) from None
+    return device, gpu_run
+
+
+class _TimedSource:
+    """A source that counts the time and bytes of `load`, so the pipeline's read time can be told apart."""
+
+    def __init__(self, source: Any, seconds_by_name: dict[str, float]) -> None:
+        self._source = source
+        self._seconds = seconds_by_name
+
+    def load(self, name: str) -> torch.Tensor:
+        start = time.perf_counter()
+        t = self._source.load(name)
+        self._seconds[name] = self._seconds.get(name, 0.0) + time.perf_counter() - start
+        return t
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._source, attr)
+
+
+def quantize_file(
+    input: str | Path,
+    output: str | Path | None = None,
+    *,
+    scheme: str | None = None,
+    recipe: str | Path | None = None,
+    device: str = "auto",
+    dry_run: bool = False,
+    force: bool = False,
+    progress: ProgressHook | None = None,
+) -> QuantizeReport:
+    """Quantize a safetensors checkpoint into a burnpack file (or, with `dry_run`, only plan it).
+
+    The plan is made from the headers and checked in full before any weight is read. Tensors are then
+    streamed one at a time through the pipeline into the container, which is renamed onto `output` only
+    once complete; an interruption or failure leaves `output` as it was.
+    """
+    from qcli.io.safetensors import SafetensorsSource
+    from qcli.recipe import load_recipe
+
+    input = Path(input)
+    preset = resolve_preset(scheme)
+    loaded_recipe = load_recipe(recipe) if recipe is not None else None
+    target = Path(output) if output is not None else default_output(input)
+    if not dry_run and target.exists() and not force:
+        raise UsageError(
+            f"{target} already exists", hint="pass --force to replace it, or -o to write somewhere else"
+        )
+    with SafetensorsSource.open(input) as source:
+        plan = make_checked_plan(source.infos(), loaded_recipe, preset)
+        report = QuantizeReport(
+            input=str(input),
+            output=str(target),
+            device=None,
+            dry_run=dry_run,
+            preset=preset.name,
+            recipe=None if recipe is None else str(recipe),
+            recipe_sha256=None if loaded_recipe is None else loaded_recipe.sha256,
+            source_files=[SourceFile(f.name, f.stat().st_size) for f in source.files],
+            tensors=[TensorRow.of(e) for e in plan.entries],
+            warnings=plan.warnings(),
+        )
+        if dry_run:
+            return report
+        report.device, run = select_pipeline(device)
+        report.tensors, report.timings = _write(plan, source, run, target, _metadata(report), progress)
+    return report
+
+
+def _metadata(report: QuantizeReport) -> dict[str, str]:
+    """The burnpack metadata map (docs/output.md)."""
+    meta = {
+        "format": "burnpack",
+        "producer": "qcli",
+        "producer_version": __version__,
+        "burn_layout": BURN_LAYOUT_PIN,
+        "source_files": json.dumps([f.to_json() for f in report.source_files]),
+        "preset": report.preset,
+        "transposed": json.dumps([t.name for t in report.tensors if t.transposed]),
+    }
+    if report.recipe_sha256 is not None:
+        meta["recipe_sha256"] = report.recipe_sha256
+    return meta
+
+
+def _write(
+    plan: Plan,
+    source: Any,
+    run: Callable[..., Iterator],
+    target: Path,
+    metadata: dict[str, str],
+    progress: ProgressHook | None,
+) -> tuple[list[TensorRow], Timings]:
+    """Stream the pipeline's payloads into the container; time each phase; measure each tensor's error."""
+    from qcli.io.burnpack import BurnpackWriter, TensorEntry
+
+    entries = [TensorEntry(e.info.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in plan.entries]
+    total = sum(e.info.nbytes for e in plan.entries)
+    load_seconds: dict[str, float] = {}
+    timings, rows, done = Timings(), [], 0
+    started = time.perf_counter()
+    if progress:
+        progress(plan.entries[0].info.name if plan.entries else None, 0, total)
+    with BurnpackWriter(target, entries, metadata) as writer:
+        tick = time.perf_counter()
+        for i, (entry, payload) in enumerate(run(plan, _TimedSource(source, load_seconds))):
+            name = entry.info.name
+            produced = time.perf_counter() - tick
+            read = load_seconds.get(name, 0.0)
+            timings.read.seconds += read
+            timings.read.bytes += entry.info.nbytes
+            timings.quantize.seconds += max(produced - read, 0.0)
+            timings.quantize.bytes += entry.info.nbytes
+
+            tick = time.perf_counter()
+            writer.write(name, payload)
+            timings.write.seconds += time.perf_counter() - tick
+            timings.write.bytes += entry.out_nbytes
+
+            tick = time.perf_counter()
+            error = _error_of(entry, payload, source) if entry.decision.scheme is not None else None
+            timings.stats.seconds += time.perf_counter() - tick
+            timings.stats.bytes += entry.info.nbytes if error else 0
+            rows.append(TensorRow.of(entry, error))
+            del payload
+
+            done += entry.info.nbytes
+            if progress:
+                following = plan.entries[i + 1].info.name if i + 1 < len(plan.entries) else None
+                progress(following, done, total)
+            tick = time.perf_counter()
+        tick = time.perf_counter()
+        writer.commit()
+        timings.write.seconds += time.perf_counter() - tick
+    timings.total_seconds = time.perf_counter() - started
+    return rows, timings
+
+
+def _error_of(entry: Any, payload: Any, source: Any) -> ErrorRow:
+    """The decoded payload against its (transposed, if decided) source."""
+    from qcli.codec import decode, error_stats
+
+    x = source.load(entry.info.name)
+    if entry.decision.transpose:
+        x = x.t()
+    decoded = decode(_cpu_bytes(payload), entry.decision.scheme, tuple(entry.out_shape))
+    return ErrorRow.of(error_stats(x, decoded))
+
+
+def _cpu_bytes(payload: Any) -> Any:
+    """A payload as the codec's decoder takes it: a CPU uint8 tensor or a bytes-like object."""
+    if hasattr(payload, "device") and payload.device.type != "cpu":
+        return payload.cpu()
+    return payload
+
+
+# ----------------------------------------------------------------------------- inspect
+
+_TORCH_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+_SCALE_TORCH_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "UE4M3": "float8_e4m3fn"}
+
+
+def qfloat_scheme(dtype: Any) -> QuantScheme | None:
+    """The scheme of a `{"QFloat": …}` Burn DType; None for any other dtype."""
+    if isinstance(dtype, dict) and "QFloat" in dtype:
+        s = dtype["QFloat"]
+        return s if isinstance(s, QuantScheme) else QuantScheme.from_serde(s)
+    return None
+
+
+def dtype_text(dtype: Any) -> str:
+    """A Burn DType in readable form: `BF16`, `Bool(Native)`, `QFloat(Q4S PackedU32(0) block [32] F16)`."""
+    scheme = qfloat_scheme(dtype)
+    if scheme is not None:
+        return f"QFloat({scheme})"
+    if isinstance(dtype, dict) and len(dtype) == 1:
+        ((kind, arg),) = dtype.items()
+        return f"{kind}({arg})"
+    return str(dtype)
+
+
+def _dtype_key(dtype: Any) -> str:
+    """The plain name of a non-QFloat dtype, Burn's or safetensors' spelling (`{"Bool": …}` -> BOOL)."""
+    if isinstance(dtype, dict):
+        return "BOOL" if "Bool" in dtype else dtype_text(dtype)
+    return str(dtype).upper()
+
+
+def _tensor_from_bytes(data: Any, dtype: Any, shape: tuple[int, ...]) -> torch.Tensor:
+    import torch
+
+    key = _dtype_key(dtype)
+    if key not in _TORCH_DTYPES:
+        raise UsageError(
+            f"qcli cannot decode dtype {dtype_text(dtype)}", hint="inspect lists it without --tensor"
+        )
+    t = getattr(torch, _TORCH_DTYPES[key])
+    if math.prod(shape) == 0:
+        return torch.empty(shape, dtype=t)
+    return torch.frombuffer(bytearray(data), dtype=t).reshape(shape)
+
+
+def _decoded(data: Any, dtype: Any, shape: tuple[int, ...]) -> torch.Tensor:
+    """A burnpack tensor's values: a QFloat decoded to f32, anything else reinterpreted."""
+    scheme = qfloat_scheme(dtype)
+    if scheme is None:
+        return _tensor_from_bytes(data, dtype, shape)
+    from qcli.codec import decode
+
+    return decode(data, scheme, shape)
+
+
+def _scale_stats(data: Any, scheme: QuantScheme, shape: tuple[int, ...]) -> tuple[Any, float | None]:
+    """Statistics of the stored (innermost) scales and the f32 global of a two-level scheme."""
+    import torch
+
+    from qcli import layout
+
+    start = layout.value_bytes(scheme, shape)
+    end = start + layout.scale_bytes(scheme, shape)
+    raw = bytearray(data[start:end])
+    scales = torch.frombuffer(raw, dtype=getattr(torch, _SCALE_TORCH_DTYPES[scheme.scale_dtype().value]))
+    global_scale = struct.unpack_from("<f", data, end)[0] if scheme.is_two_level() else None
+    return value_stats(scales.float()), global_scale
+
+
+def _suggest_tensor(name: str, names: list[str]) -> UsageError:
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    return UsageError(
+        f"no tensor named {name!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+        hint="`qcli inspect FILE` lists the tensor names",
+    )
+
+
+def _is_burnpack(path: Path) -> bool:
+    if path.suffix == ".bpk":
+        return True
+    if not path.is_file():
+        return False
+    with path.open("rb") as f:
+        return f.read(4) == b"NRUB"
+
+
+def inspect_file(
+    path: str | Path, *, tensor: str | None = None, compare: str | Path | None = None
+) -> InspectReport:
+    """List a safetensors checkpoint or a burnpack file; optionally one tensor's statistics, or a comparison
+    of a burnpack file against its source."""
+    path = Path(path)
+    if _is_burnpack(path):
+        return _inspect_burnpack(path, tensor, compare)
+    if compare is not None:
+        raise UsageError(
+            "--compare checks a .bpk against its source", hint="run `qcli inspect OUTPUT.bpk --compare INPUT`"
+        )
+    from qcli.io.safetensors import SafetensorsSource
+
+    with SafetensorsSource.open(path) as source:
+        infos = source.infos()
+        report = InspectReport(
+            path=str(path),
+            format="safetensors",
+            files=[SourceFile(f.name, f.stat().st_size) for f in source.files],
+            tensors=[ListedTensor(i.name, i.dtype, i.dtype, tuple(i.shape), i.nbytes) for i in infos],
+        )
+        if tensor is not None:
+            if tensor not in {i.name for i in infos}:
+                raise _suggest_tensor(tensor, [i.name for i in infos])
+            report.tensor_stats = TensorStats(tensor, value_stats(source.load(tensor)), None, None)
+    return report
+
+
+def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None) -> InspectReport:
+    from qcli.io.burnpack import BurnpackReader
+
+    reader = BurnpackReader.open(path)
+    entries = reader.entries()
+    report = InspectReport(
+        path=str(path),
+        format="burnpack",
+        files=[SourceFile(path.name, path.stat().st_size)],
+        tensors=[
+            ListedTensor(e.name, dtype_text(e.dtype), _serde(e.dtype), tuple(e.shape), e.nbytes)
+            for e in entries
+        ],
+        version=reader.version,
+        metadata=dict(reader.metadata),
+    )
+    if tensor is not None:
+        by_name = {e.name: e for e in entries}
+        if tensor not in by_name:
+            raise _suggest_tensor(tensor, list(by_name))
+        entry = by_name[tensor]
+        data = reader.read(tensor)
+        scheme = qfloat_scheme(entry.dtype)
+        scales, global_scale = _scale_stats(data, scheme, tuple(entry.shape)) if scheme else (None, None)
+        values = value_stats(_decoded(data, entry.dtype, tuple(entry.shape)))
+        report.tensor_stats = TensorStats(tensor, values, scales, global_scale)
+    if compare is not None:
+        report.compare = _compare(reader, entries, Path(compare))
+    return report
+
+
+def _serde(dtype: Any) -> Any:
+    scheme = qfloat_scheme(dtype)
+    return {"QFloat": scheme.to_serde()} if scheme is not None else dtype
+
+
+def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
+    """Each written tensor against its source: kept ones must be byte-identical, quantized ones measured."""
+    import torch
+
+    from qcli.codec import error_stats
+    from qcli.io.safetensors import SafetensorsSource
+
+    try:
+        transposed = set(json.loads(reader.metadata.get("transposed", "[]")))
+    except json.JSONDecodeError:
+        transposed = set()
+    rows: list[CompareRow] = []
+    with SafetensorsSource.open(source_path) as source:
+        infos = {i.name: i for i in source.infos()}
+        written = {e.name for e in entries}
+        for e in entries:
+            if e.name not in infos:
+                continue
+            x = source.load(e.name)
+            flip = e.name in transposed
+            if flip:
+                x = x.t()
+            text = dtype_text(e.dtype)
+            if tuple(x.shape) != tuple(e.shape):
+                src = "the transposed source" if flip else "the source"
+                problem = f"shape {list(e.shape)} but {src} is {list(x.shape)}"
+                rows.append(CompareRow(e.name, text, flip, False, None, problem))
+                continue
+            data = reader.read(e.name)
+            if qfloat_scheme(e.dtype) is None:
+                exact = bytes(data) == x.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+                problem = None if exact else "a kept tensor differs from its source"
+                error = ErrorRow(0.0, math.inf, 0.0) if exact else None
+                rows.append(CompareRow(e.name, text, flip, exact, error, problem))
+                continue
+            error = ErrorRow.of(error_stats(x, _decoded(data, e.dtype, tuple(e.shape))))
+            rows.append(CompareRow(e.name, text, flip, error.max_abs == 0.0, error))
+    return CompareReport(
+        source=str(source_path),
+        rows=rows,
+        missing=sorted(set(infos) - written),
+        extra=sorted(written - set(infos)),
+    )
+
+
+# ----------------------------------------------------------------------------- validate-scheme
+
+
+def validate_scheme(
+    recipes: str | Path | Sequence[str | Path], *, model: str | Path | None = None
+) -> ValidateReport:
+    """Every problem in each recipe, and with `model` every problem of the plan each makes from headers."""
+    from qcli import validate
+
+    paths = [Path(recipes)] if isinstance(recipes, (str, Path)) else [Path(r) for r in recipes]
+    for path in paths:
+        if not path.is_file():
+            raise UsageError(
+                f"cannot read recipe {path}: no such file",
+                hint="pass the path of a TOML recipe (docs/recipes.md)",
+            )
+    infos = None
+    if model is not None:
+        from qcli.io.safetensors import SafetensorsSource
+
+        with SafetensorsSource.open(Path(model)) as source:
+            infos = source.infos()
+    problems = [p for path in paths for p in validate.validate_scheme(path, infos)]
+    return ValidateReport([str(p) for p in paths], None if model is None else str(model), problems)

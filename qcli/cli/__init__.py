@@ -1,0 +1,86 @@
+"""The `qcli` command line: quantize, inspect, validate-scheme.
+
+Each command parses its arguments, calls one `qcli.api` function and renders the report; `main()` maps
+errors to exit codes (`_errors`). Importing this package loads neither torch nor triton, so `qcli --help`
+and `qcli validate-scheme RECIPE` start fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import typer
+
+from qcli import __version__
+from qcli.cli import _errors
+from qcli.cli.inspect import inspect
+from qcli.cli.quantize import quantize
+from qcli.cli.validate_scheme import validate_scheme
+from qcli.errors import Interrupted, QcliError
+
+EXIT_CODES = (
+    "Exit codes: 0 success; 1 validate-scheme or inspect --compare found problems; 2 usage, recipe or plan"
+    " errors (the Lookup refusal included); 3 unreadable or corrupt input; 4 the output could not be written"
+    " (the target is left untouched); 70 internal error (QCLI_DEBUG=1 shows the traceback); 130 interrupted."
+)
+
+app = typer.Typer(
+    name="qcli",
+    help="Quantize safetensors checkpoints into Burn's burnpack (.bpk) QFloat layout.",
+    epilog=EXIT_CODES,
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"qcli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """Quantize safetensors checkpoints into Burn's burnpack (.bpk) QFloat layout."""
+
+
+app.command("quantize")(quantize)
+app.command("inspect")(inspect)
+app.command("validate-scheme")(validate_scheme)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run the command line on `argv` and return its exit code (errors rendered on stderr)."""
+    command = typer.main.get_command(app)
+    with _errors.sigterm_interrupts():
+        try:
+            args = list(argv) if argv is not None else None
+            result = command.main(args=args, prog_name="qcli", standalone_mode=False)
+        except (typer.Abort, KeyboardInterrupt):
+            return _errors.interrupted()
+        except QcliError as exc:
+            return _errors.emit(exc)
+        except Exception as exc:
+            if _errors.is_usage_error(exc):
+                exc.show()  # type: ignore[attr-defined]
+                return exc.exit_code  # type: ignore[attr-defined]
+            if _errors.debug():
+                raise
+            return _errors.internal(exc)
+    # Typer answers Ctrl-C (and SIGTERM, which raises KeyboardInterrupt) with a silent exit 130.
+    if result == Interrupted.exit_code:
+        return _errors.interrupted()
+    return result if isinstance(result, int) else 0
+
+
+def main() -> None:
+    """The `qcli` console script."""
+    sys.exit(run())

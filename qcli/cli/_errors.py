@@ -1,0 +1,79 @@
+"""Errors become one `error:` line and one `hint:` line on stderr, and an exit code (docs/cli.md).
+
+| raised | exit |
+|---|---|
+| `QcliError` subclasses | the class's `exit_code` (2 usage/recipe/plan, 3 input, 4 output, 130 interrupted) |
+| Click usage errors | 2 (Click's own message) |
+| KeyboardInterrupt, SIGTERM | 130 |
+| anything else | 70, `error: internal error: …`; QCLI_DEBUG=1 re-raises it with its traceback |
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+from qcli.errors import Interrupted, PlanError, QcliError
+
+INTERNAL_ERROR = 70
+
+
+def debug() -> bool:
+    return os.environ.get("QCLI_DEBUG", "") not in ("", "0")
+
+
+def is_usage_error(exc: Exception) -> bool:
+    """A Click usage error (exit 2, its own message). Typer vendors its own copy of Click, so these are
+    matched by what they do rather than by class."""
+    return callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int)
+
+
+def emit(error: QcliError) -> int:
+    """Print `error:`, a plan's problems one per line, and `hint:`; return the exit code."""
+    if debug():
+        traceback.print_exception(error, file=sys.stderr)
+    lines = [f"error: {error.message}"]
+    if isinstance(error, PlanError):
+        lines += [f"  {p}" for p in error.problems]
+    if error.hint:
+        lines.append(f"hint: {error.hint}")
+    sys.stderr.write("\n".join(lines) + "\n")
+    return error.exit_code
+
+
+def interrupted() -> int:
+    return emit(
+        Interrupted("interrupted", hint="nothing was written: the output path is as it was; run again")
+    )
+
+
+def internal(exc: BaseException) -> int:
+    first = (str(exc).splitlines() or [""])[0]
+    sys.stderr.write(
+        f"error: internal error: {type(exc).__name__}{': ' + first if first else ''}\n"
+        "hint: set QCLI_DEBUG=1 for the traceback, and report it with the command you ran\n"
+    )
+    return INTERNAL_ERROR
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C, so open containers remove their temporary files on the way out."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

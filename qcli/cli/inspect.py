@@ -1,0 +1,111 @@
+"""`qcli inspect`: what a safetensors checkpoint or a burnpack file holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from qcli import api
+from qcli.cli import _output
+from qcli.report import InspectReport
+
+
+def inspect(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="A .bpk, or a .safetensors file, directory or index.", metavar="FILE", show_default=False
+        ),
+    ],
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print one JSON document instead of tables.")
+    ] = False,
+    tensor: Annotated[
+        str | None,
+        typer.Option(
+            "--tensor", metavar="NAME", help="Add statistics of this tensor's decoded values and scales."
+        ),
+    ] = None,
+    compare: Annotated[
+        Path | None,
+        typer.Option(
+            "--compare",
+            metavar="SOURCE",
+            help="Check a .bpk against its safetensors source, tensor by tensor; exit 1 on any mismatch.",
+        ),
+    ] = None,
+) -> None:
+    """List tensors (name, dtype, shape, bytes) and totals; for a .bpk also its version and metadata."""
+    report = api.inspect_file(file, tensor=tensor, compare=compare)
+    if json_output:
+        _output.print_json(report.to_json())
+    else:
+        render(report)
+    if report.compare is not None and not report.compare.ok:
+        raise typer.Exit(1)
+
+
+def render(report: InspectReport) -> None:
+    out = _output.stdout()
+    files = ", ".join(f"{f.name} ({_output.human_bytes(f.bytes)})" for f in report.files)
+    version = f", burnpack version {report.version}" if report.version is not None else ""
+    out.print(f"{report.path}: {report.format}{version}; files: {files}")
+    if report.metadata:
+        meta = Table("metadata key", "value", title="metadata", title_justify="left")
+        for key, value in report.metadata.items():
+            meta.add_row(key, value)
+        out.print(meta)
+    table = Table("tensor", "dtype", "shape", "bytes", title="tensors", title_justify="left")
+    for t in report.tensors:
+        table.add_row(t.name, t.dtype, _output.shape_text(t.shape), _output.human_bytes(t.nbytes))
+    out.print(table)
+    doc = report.to_json()["totals"]
+    out.print(f"{doc['tensors']} tensors, {doc['params']:,} values, {_output.human_bytes(doc['bytes'])}")
+    if report.tensor_stats is not None:
+        s = report.tensor_stats
+        stats = Table(
+            "of", "min", "max", "mean", "std", "rms", title=f"statistics of {s.name}", title_justify="left"
+        )
+        for label, v in (("values", s.values), ("scales", s.scales)):
+            if v is not None:
+                stats.add_row(label, *(f"{x:.6g}" for x in (v.min, v.max, v.mean, v.std, v.rms)))
+        out.print(stats)
+        if s.global_scale is not None:
+            out.print(f"global scale: {s.global_scale:.9g}")
+    if report.compare is not None:
+        _render_compare(report, out)
+
+
+def _render_compare(report: InspectReport, out: Console) -> None:
+    c = report.compare
+    assert c is not None
+    table = Table(
+        "tensor",
+        "dtype",
+        "rel rms",
+        "SQNR dB",
+        "max abs",
+        "status",
+        title=f"compared with {c.source}",
+        title_justify="left",
+    )
+    for r in c.rows:
+        err = r.error
+        status = r.problem or ("exact" if r.exact else "ok") + (" (transposed)" if r.transposed else "")
+        table.add_row(
+            r.name,
+            r.dtype,
+            _output.number(err and err.rel_rms, ".2e"),
+            _output.number(err and err.sqnr_db, ".1f"),
+            _output.number(err and err.max_abs, ".3g"),
+            status,
+        )
+    out.print(table)
+    for label, names in (("missing from the .bpk", c.missing), ("not in the source", c.extra)):
+        if names:
+            out.print(f"{len(names)} tensor(s) {label}: {', '.join(names)}")
+    out.print("all tensors match" if c.ok else "the .bpk does not match its source")

@@ -1,0 +1,110 @@
+"""`qcli validate-scheme`: check a recipe (and with --model, its plan) before anything heavy runs."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from qcli import api
+from qcli.cli import _output
+from qcli.report import ValidateReport, problem_location
+
+MAX_NAMES = 5
+
+
+class Format(StrEnum):
+    text = "text"
+    json = "json"
+    github = "github"
+
+
+def validate_scheme(
+    recipes: Annotated[
+        list[Path],
+        typer.Argument(help="The TOML recipes to check.", metavar="RECIPE...", show_default=False),
+    ],
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model", metavar="INPUT", help="Also plan this checkpoint from its headers (no weight is read)."
+        ),
+    ] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
+    format: Annotated[
+        Format | None,
+        typer.Option(
+            "--format",
+            metavar="text|json|github",
+            help="text (default), json, or github workflow annotations.",
+        ),
+    ] = None,
+) -> None:
+    """Check recipes against Burn's acceptance rules; exit 1 when any error is found.
+
+    With --model: every tensor that cannot take its scheme, every rule that matches nothing, and every
+    tensor no rule covers. Without --model neither torch nor triton is imported.
+    """
+    if json_output and format not in (None, Format.json):
+        raise typer.BadParameter("--json conflicts with --format " + format.value, param_hint="--json")
+    chosen = Format.json if json_output else format or Format.text
+    report = api.validate_scheme(recipes, model=model)
+    {Format.text: _text, Format.json: _json, Format.github: _github}[chosen](report)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _json(report: ValidateReport) -> None:
+    _output.print_json(report.to_json())
+
+
+def _names(tensors: tuple[str, ...] | list[str]) -> str:
+    shown = ", ".join(tensors[:MAX_NAMES])
+    return shown + (f" (+{len(tensors) - MAX_NAMES} more)" if len(tensors) > MAX_NAMES else "")
+
+
+def _names_missing(p: Any) -> bool:
+    """Whether the message leaves out the tensors it concerns (the plan's messages name the first)."""
+    return bool(p.tensors) and p.tensors[0] not in p.message
+
+
+def _text(report: ValidateReport) -> None:
+    lines = []
+    for p in report.problems:
+        where = problem_location(p)
+        lines.append(f"{where + ': ' if where else ''}{p.severity}: {p.message}")
+        if _names_missing(p):
+            lines.append(f"  tensors: {_names(p.tensors)}")
+        if p.hint:
+            lines.append(f"  hint: {p.hint}")
+    target = ", ".join(report.recipes) + (f" with {report.model}" if report.model else "")
+    if report.problems:
+        lines.append(f"{target}: {report.errors} error(s), {report.warnings} warning(s)")
+    else:
+        lines.append(f"{target}: no problems")
+    _output.stdout().print("\n".join(lines), markup=False, soft_wrap=True)
+
+
+def _escape_data(s: str) -> str:
+    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(s: str) -> str:
+    return _escape_data(s).replace(":", "%3A").replace(",", "%2C")
+
+
+def _github(report: ValidateReport) -> None:
+    """GitHub workflow commands: `::error file=F,line=N,title=T::message`, one per problem."""
+    lines = []
+    for p in report.problems:
+        props: list[tuple[str, Any]] = [("file", p.file), ("line", p.line), ("title", f"qcli {p.kind}")]
+        rendered = ",".join(f"{k}={_escape_property(str(v))}" for k, v in props if v)
+        message = p.message + (f" (tensors: {_names(p.tensors)})" if _names_missing(p) else "")
+        message += f". hint: {p.hint}" if p.hint else ""
+        level = "error" if p.severity == "error" else "warning"
+        lines.append(f"::{level} {rendered}::{_escape_data(message)}")
+    checked = " ".join(report.recipes)
+    lines.append(f"qcli validate-scheme {checked}: {report.errors} error(s), {report.warnings} warning(s)")
+    print("\n".join(lines))

@@ -1,0 +1,251 @@
+"""The lazy safetensors source: one file, a directory, or a sharded checkpoint behind its index.
+
+Every header is read and checked by qcli itself first, so a corrupt or inconsistent checkpoint is
+refused, with the file and tensor named, before any weight is read. Tensors are then loaded one at a
+time through the `safetensors` library.
+
+```
+[ u64 LE header length n ][ n bytes of JSON: name -> {dtype, shape, data_offsets}, "__metadata__" ][ data ]
+```
+
+`data_offsets` are relative to the data section; the library requires the tensors to tile it exactly,
+in offset order, with nothing left over, so qcli refuses gaps and trailing bytes as it would.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qcli.errors import InputError
+from qcli.io.dtypes import SAFETENSORS_BITS
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["SafetensorsSource", "TensorInfo"]
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+MAX_HEADER_SIZE = 100_000_000  # the safetensors library refuses larger headers
+_CORRUPT_HINT = "the file is damaged or was not written as safetensors; download or export it again"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as its header describes it; reading this costs no weight bytes."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    file: Path
+
+
+class SafetensorsSource:
+    """A checkpoint's headers, checked on `open`, and its tensors, loaded one at a time by `load`."""
+
+    def __init__(self, files: list[Path], infos: list[TensorInfo]) -> None:
+        self.files = files
+        self._infos = infos
+        self._by_name = {info.name: info for info in infos}
+        self._handles: dict[Path, Any] = {}
+
+    @staticmethod
+    def open(path: Path | str) -> SafetensorsSource:
+        """A `.safetensors` file, a directory with `model.safetensors` or its index, or the index itself."""
+        path = Path(path)
+        if path.is_dir():
+            single, index = path / SINGLE_FILE, path / INDEX_FILE
+            if single.is_file() and index.is_file():
+                raise InputError(f"{path} holds both {SINGLE_FILE} and {INDEX_FILE}",
+                                 hint="give the path of the one to read")
+            if index.is_file():
+                return _open_index(index)
+            if single.is_file():
+                return _open_files([single])
+            found = ", ".join(sorted(p.name for p in path.glob("*.safetensors")))
+            raise InputError(f"{path} holds neither {SINGLE_FILE} nor {INDEX_FILE}",
+                             hint=f"give the .safetensors file itself (found here: {found})" if found
+                             else "give a .safetensors file or a directory that holds one")
+        if path.name.endswith(".index.json"):
+            return _open_index(path)
+        return _open_files([path])
+
+    def __enter__(self) -> SafetensorsSource:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the open files and their memory maps."""
+        for handle in self._handles.values():
+            handle.__exit__(None, None, None)
+        self._handles.clear()
+
+    def infos(self) -> list[TensorInfo]:
+        """Every tensor, file by file in data order; no weight is read."""
+        return list(self._infos)
+
+    def load(self, name: str) -> torch.Tensor:
+        """One tensor in its own dtype, on the CPU."""
+        info = self._by_name[name]
+        try:
+            handle = self._handles.get(info.file)
+            if handle is None:
+                from safetensors import safe_open
+
+                handle = self._handles[info.file] = safe_open(str(info.file), framework="pt")
+            return handle.get_tensor(name)
+        except Exception as exc:  # noqa: BLE001 - the library's own errors and OS errors all mean unreadable
+            raise InputError(
+                f"{info.file}: cannot load tensor '{name}' ({info.dtype} {list(info.shape)}): {exc}",
+                hint="the file changed since it was opened, or torch has no type for this dtype; "
+                "keep the tensor out of the recipe or export it in another dtype",
+            ) from exc
+
+
+def _open_files(files: list[Path]) -> SafetensorsSource:
+    return SafetensorsSource(files, [info for file in files for info in read_header(file)])
+
+
+def _fail(path: Path, message: str, hint: str = _CORRUPT_HINT) -> InputError:
+    return InputError(f"{path}: {message}", hint=hint)
+
+
+def _unreadable(path: Path, exc: OSError) -> InputError:
+    return InputError(f"cannot read {path}: {exc.strerror or exc}", hint="check the path and its permissions")
+
+
+def _unique_keys(path: Path):
+    """A JSON `object_pairs_hook` that refuses a key given twice (json keeps the last silently)."""
+
+    def hook(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        result: dict[str, object] = {}
+        for key, value in pairs:
+            if key in result:
+                raise _fail(path, f"'{key}' appears twice in the JSON")
+            result[key] = value
+        return result
+
+    return hook
+
+
+def _read_json(path: Path, data: bytes) -> object:
+    try:
+        return json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys(path))
+    except UnicodeDecodeError as exc:
+        raise _fail(path, f"the JSON header is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise _fail(path, f"the JSON header does not parse: {exc}") from None
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def read_header(path: Path) -> list[TensorInfo]:
+    """The tensors of one safetensors file in data order, after checking the header against the file."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as file:
+            prefix = file.read(8)
+            if len(prefix) < 8:
+                raise _fail(path, f"not a safetensors file: {size} bytes, shorter than the 8-byte length")
+            (header_size,) = struct.unpack("<Q", prefix)
+            if header_size > size - 8:
+                raise _fail(path, f"the header length {header_size} is larger than the file ({size} bytes)",
+                            hint="the file is cut short or is not safetensors; download or export it again")
+            if header_size > MAX_HEADER_SIZE:
+                raise _fail(path, f"the header length {header_size} exceeds the maximum of {MAX_HEADER_SIZE}")
+            header = _read_json(path, file.read(header_size))
+    except OSError as exc:
+        raise _unreadable(path, exc) from exc
+    if not isinstance(header, dict):
+        raise _fail(path, "the JSON header is not an object")
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise _fail(path, "__metadata__ is not a map of strings")
+    data_size = size - 8 - header_size
+    placed = []
+    for name, descriptor in header.items():
+        info, (begin, end) = _tensor_info(path, name, descriptor)
+        if end > data_size:
+            raise _fail(path, f"truncated: tensor '{name}' ends at byte {8 + header_size + end} but the file "
+                        f"has {size} bytes", hint="the file is cut short; download or export it again")
+        placed.append((begin, end, info))
+    placed.sort(key=lambda item: (item[0], item[1]))
+    expected = 0
+    for begin, end, info in placed:
+        if begin != expected:
+            gap = begin - expected
+            what = "overlaps the tensor before it" if gap < 0 else f"follows a gap of {gap} bytes"
+            raise _fail(path, f"tensor '{info.name}' at data bytes {begin}..{end} {what}")
+        expected = end
+    if expected != data_size:
+        raise _fail(path, f"{data_size - expected} bytes follow the last tensor")
+    return [info for _, _, info in placed]
+
+
+def _tensor_info(path: Path, name: str, descriptor: object) -> tuple[TensorInfo, tuple[int, int]]:
+    if not name:
+        raise _fail(path, "a tensor has an empty name")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _fail(path, f"tensor name {name!r} is not valid UTF-8") from None
+    if not isinstance(descriptor, dict) or not {"dtype", "shape", "data_offsets"} <= descriptor.keys():
+        raise _fail(path, f"tensor '{name}' lacks dtype, shape or data_offsets")
+    dtype, shape, offsets = descriptor["dtype"], descriptor["shape"], descriptor["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in SAFETENSORS_BITS:
+        raise _fail(path, f"tensor '{name}' has the unknown dtype {dtype!r}",
+                    hint=f"safetensors dtypes are {', '.join(SAFETENSORS_BITS)}")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise _fail(path, f"tensor '{name}': shape {shape!r} is not a list of sizes")
+    pair = isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
+    if not pair or offsets[1] < offsets[0]:
+        raise _fail(path, f"tensor '{name}': data_offsets {offsets!r} is not [begin, end] with begin <= end")
+    bits = math.prod(shape) * SAFETENSORS_BITS[dtype]
+    if bits % 8 or offsets[1] - offsets[0] != bits // 8:
+        raise _fail(path, f"tensor '{name}' spans {offsets[1] - offsets[0]} bytes but its shape {shape} and "
+                    f"dtype {dtype} need {bits / 8:g}")
+    return TensorInfo(name, dtype, tuple(shape), bits // 8, path), (offsets[0], offsets[1])
+
+
+def _open_index(index: Path) -> SafetensorsSource:
+    """A sharded checkpoint: every tensor the index names must be in exactly its shard, and nothing else."""
+    try:
+        if index.stat().st_size > MAX_HEADER_SIZE:
+            raise _fail(index, f"the index is larger than {MAX_HEADER_SIZE} bytes")
+        document = _read_json(index, index.read_bytes())
+    except OSError as exc:
+        raise _unreadable(index, exc) from exc
+    weight_map = document.get("weight_map") if isinstance(document, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise _fail(index, "no 'weight_map' of tensor names to shard files",
+                    hint="a sharded checkpoint's index maps each tensor name to its .safetensors shard")
+    shards = sorted(set(weight_map.values()))
+    for shard in shards:
+        if Path(shard).name != shard or shard in ("", ".", ".."):
+            raise _fail(index, f"shard '{shard}' is not a file name beside the index")
+        if not (index.parent / shard).is_file():
+            raise _fail(index, f"shard '{shard}' is missing", hint="download every shard the index lists")
+    files = [index.parent / shard for shard in shards]
+    source = _open_files(files)
+    held: dict[str, Path] = {}
+    for info in source.infos():
+        if info.name in held:
+            raise _fail(index, f"tensor '{info.name}' is in both {held[info.name].name} and {info.file.name}")
+        held[info.name] = info.file
+    for name, shard in weight_map.items():
+        if held.get(name) != index.parent / shard:
+            raise _fail(index, f"tensor '{name}' is listed in {shard} but that file does not hold it")
+    for name, file in held.items():
+        if name not in weight_map:
+            raise _fail(index, f"tensor '{name}' in {file.name} is not listed in the index")
+    return source

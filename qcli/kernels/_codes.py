@@ -1,0 +1,108 @@
+"""Element-wise pieces shared by the kernels: rounding, value fields, scale rounding and scale bits.
+
+Everything here is plain arithmetic, bit operations and `tl.math.div_rn`, so the same code runs compiled
+on a GPU and under TRITON_INTERPRET=1 (libdevice is not available to the interpreter).
+"""
+
+import triton
+import triton.language as tl
+
+MIN_POSITIVE = tl.constexpr(1.1754943508222875e-38) # f32::MIN_POSITIVE, the floor of every scale
+
+
+@triton.jit
+def _rint(v):
+    """Round half to even, for |v| < 2^22: adding 1.5 * 2^23 leaves no fraction bits (IEEE rounds to even)."""
+    return (v + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def _minifloat_code(v, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, MAXV: tl.constexpr):
+    """The nearest code (ties to even mantissa) of `v` clamped to [-MAXV, MAXV]; the sign is kept, -0 too."""
+    vc = tl.minimum(tl.maximum(v, -MAXV), MAXV)
+    bits = vc.to(tl.int32, bitcast=True)
+    sign = (bits >> 31) & 1
+    mag = bits & 0x7FFFFFFF
+    SHIFT: tl.constexpr = 23 - MBITS
+    # Normal range: round the f32 mantissa to MBITS bits on the bit pattern, then rebias the exponent.
+    rounded = mag + ((1 << (SHIFT - 1)) - 1) + ((mag >> SHIFT) & 1)
+    normal = (rounded >> SHIFT) - ((127 - BIAS) << MBITS)
+    # Subnormal range: multiples of 2^(1 - BIAS - MBITS); scaling by a power of two is exact.
+    MIN_NORMAL: tl.constexpr = 2.0 ** (1 - BIAS)
+    SUB_INV: tl.constexpr = 2.0 ** (BIAS - 1 + MBITS)
+    a = mag.to(tl.float32, bitcast=True)
+    sub = _rint(a * SUB_INV).to(tl.int32)
+    code = tl.where(a < MIN_NORMAL, sub, normal)
+    return code | (sign << (EBITS + MBITS))
+
+
+@triton.jit
+def _value_field(x, s_eff, IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr,
+                 EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
+    """The stored field (low BITS bits, as int32) of x / s_eff; an exact zero stays zero whatever s_eff is."""
+    v = tl.where(x == 0, x, tl.math.div_rn(x, s_eff))
+    if IS_FLOAT:
+        field = _minifloat_code(v, EBITS, MBITS, BIAS, HI)
+    else:
+        field = _rint(tl.minimum(tl.maximum(v, LO), HI)).to(tl.int32)
+    return field & ((1 << BITS) - 1)
+
+
+@triton.jit
+def _round_up(s, KIND: tl.constexpr):
+    """Round a positive f32 scale up onto its dtype (KIND 0 F32, 1 F16, 2 BF16, 3 UE4M3), saturating."""
+    if KIND == 0:
+        return s
+    else:
+        if KIND == 1:
+            MAXR: tl.constexpr = 65504.0
+            STEP: tl.constexpr = 1 << 13
+            SUB_LIMIT: tl.constexpr = 2.0**-14
+            SUB_INV: tl.constexpr = 2.0**24
+        elif KIND == 2:
+            MAXR: tl.constexpr = 3.3895313892515355e38
+            STEP: tl.constexpr = 1 << 16
+            SUB_LIMIT: tl.constexpr = 0.0
+            SUB_INV: tl.constexpr = 1.0
+        else:
+            MAXR: tl.constexpr = 448.0
+            STEP: tl.constexpr = 1 << 20
+            SUB_LIMIT: tl.constexpr = 2.0**-6
+            SUB_INV: tl.constexpr = 2.0**9
+        bits = s.to(tl.int32, bitcast=True)
+        up = ((bits + (STEP - 1)) & ~(STEP - 1)).to(tl.float32, bitcast=True)
+        if SUB_LIMIT > 0:
+            # ceil(s / spacing) * spacing; s / spacing < 2^10 is exact and fits an int32.
+            t = s * SUB_INV
+            ti = t.to(tl.int32)
+            ceil = tl.where(ti.to(tl.float32) < t, ti + 1, ti).to(tl.float32)
+            up = tl.where(s < SUB_LIMIT, ceil * (1.0 / SUB_INV), up)
+        return tl.where(s >= MAXR, MAXR, up)
+
+
+@triton.jit
+def _scale_bits(stored, KIND: tl.constexpr):
+    """The little-endian storage bits of a scale already on its dtype's grid."""
+    bits = stored.to(tl.int32, bitcast=True)
+    if KIND == 0:
+        return bits
+    elif KIND == 1:
+        return stored.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    elif KIND == 2:
+        return (bits >> 16) & 0xFFFF
+    else:
+        return _minifloat_code(stored, 4, 3, 7, 448.0)
+
+
+@triton.jit
+def _store_scale(ptr, index, bits, mask, SIZE: tl.constexpr):
+    """Write SIZE little-endian bytes of `bits` at byte `index * SIZE` (scales need not be aligned)."""
+    for b in tl.static_range(SIZE):
+        tl.store(ptr + index * SIZE + b, ((bits >> (8 * b)) & 0xFF).to(tl.uint8), mask=mask)
+
+
+@triton.jit
+def _one_level_scale(alpha, HALF_RANGE: tl.constexpr, KIND: tl.constexpr):
+    """The stored scale of one level: round_up(alpha / h), with MIN_POSITIVE for an all-zero block."""
+    raw = tl.math.div_rn(alpha, HALF_RANGE)
+    return _round_up(tl.where(raw > 0, raw, MIN_POSITIVE), KIND)

@@ -1,0 +1,262 @@
+"""Launch wrappers: check the arguments, allocate, and run the Triton kernels for one scheme.
+
+`encode` returns the same bytes as `qcli.codec.encode` (docs/arithmetic.md). `enqueue` is its
+asynchronous core for the pipeline: it writes the payload into a given buffer on the current stream and
+raises a flag instead of an error, so no launch waits for the device. Tensors too large for the device
+are encoded in row chunks: `tensor_range` accumulates, over all chunks, what the scales of a per-tensor or
+two-level scheme depend on, and `enqueue(..., whole=...)` then encodes each chunk with it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from qcli import layout
+from qcli.errors import InputError, UsageError
+from qcli.kernels import _quantize as K
+from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue, ScaleDtype, check_accepted
+
+_KIND = {ScaleDtype.F32: 0, ScaleDtype.F16: 1, ScaleDtype.BF16: 2, ScaleDtype.UE4M3: 3}
+_MINIFLOAT = {QuantValue.E4M3: (4, 3, 7), QuantValue.E5M2: (5, 2, 15), QuantValue.E2M1: (2, 1, 1)}
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_TILE = 2048          # values per program of the quantize kernel
+_TENSOR_CHUNK = 4096  # values per partial range of a per-tensor scheme
+# No multiply-add contraction: every product must round on its own, as on the CPU.
+_OPTIONS = {"enable_fp_fusion": False}
+
+
+def interpreted() -> bool:
+    """Whether Triton runs kernels in its interpreter (TRITON_INTERPRET=1), on CPU tensors."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """How a tensor is cut: rows of the last axis, blocks, storage units, and the payload's regions."""
+
+    dims: list[int]       # the shape, [1] for a scalar
+    rows: int
+    cols: int
+    block: list[int]      # block extents on every axis (the whole tensor for a per-tensor scheme)
+    grid: list[int]       # blocks per axis
+    per_unit: int         # values per stored word or byte
+    unit_bytes: int
+    value_bytes: int
+    scale_offset: int
+    global_offset: int
+
+    @staticmethod
+    def of(scheme: QuantScheme, shape: tuple[int, ...]) -> _Geometry:
+        dims = list(shape) or [1]
+        cols = dims[-1]
+        rows = math.prod(dims[:-1])
+        block = scheme.block.size.to_dim_vec(len(dims)) if scheme.block else dims
+        grid = [math.ceil(d / b) for d, b in zip(dims, block, strict=True)]
+        per_unit = scheme.num_quants() if not isinstance(scheme.store, Native) else 1
+        value_bytes = layout.value_bytes(scheme, shape)
+        scale_offset = value_bytes
+        unit_bytes = 4 if isinstance(scheme.store, PackedU32) else 1
+        return _Geometry(dims, rows, cols, block, grid, per_unit, unit_bytes, value_bytes, scale_offset,
+                         scale_offset + layout.scale_bytes(scheme, shape))
+
+    def fused(self, scheme: QuantScheme, calibration: Calibration) -> bool:
+        """Whether each program can compute its own scales: one level, blocks along the last axis only,
+        a power-of-two block width holding whole storage units."""
+        width = self.block[-1]
+        one_level = scheme.block is not None and not scheme.is_two_level()
+        return (one_level and all(b == 1 for b in self.block[:-1]) and width & (width - 1) == 0
+                and width % self.per_unit == 0)
+
+
+def _value_constants(value: QuantValue) -> dict:
+    lo, hi = value.range()
+    ebits, mbits, bias = _MINIFLOAT.get(value, (0, 0, 0))
+    return dict(IS_FLOAT=value.is_minifloat(), BITS=value.size_bits(), LO=lo, HI=hi, EBITS=ebits, MBITS=mbits,
+                BIAS=bias)
+
+
+def _check_tensor(x: torch.Tensor, name: str) -> None:
+    if x.dtype not in _FLOAT_DTYPES:
+        raise UsageError(f"tensor {name!r} is {x.dtype}, the kernels quantize float32, float16 and bfloat16",
+                         hint="keep integer tensors unquantized (keep = true in the recipe)")
+    if not x.is_contiguous():
+        raise UsageError(f"tensor {name!r} is not contiguous", hint="pass x.contiguous()")
+    if x.device.type != "cuda" and not (interpreted() and x.device.type == "cpu"):
+        raise UsageError(f"tensor {name!r} is on {x.device}, the Triton kernels need a CUDA tensor",
+                         hint="move it with .cuda(), or set TRITON_INTERPRET=1 to run the kernels on the CPU")
+
+
+@dataclass
+class Range:
+    """What the scales of a per-tensor or two-level scheme depend on, accumulated over row chunks: the
+    largest |x| (or block range, for two levels) as an f32 device tensor, or for a per-tensor AbsMean the
+    float64 sum of |x| and the number of values summed."""
+
+    value: torch.Tensor
+    count: int
+
+    def add(self, other: Range, calibration: Calibration, scheme: QuantScheme) -> Range:
+        if calibration is Calibration.AbsMean and scheme.block is None:
+            return Range(self.value + other.value, self.count + other.count)
+        return Range(torch.maximum(self.value, other.value), self.count + other.count)
+
+    def alpha(self, calibration: Calibration, scheme: QuantScheme) -> torch.Tensor:
+        """The f32 range the scale kernel takes."""
+        if calibration is Calibration.AbsMean and scheme.block is None:
+            return (self.value / self.count).to(torch.float32)  # float64 division, IEEE on every device
+        return self.value
+
+
+def tensor_range(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration = Calibration.MinMax
+                 ) -> Range:
+    """The range of `x` (a tensor or a row chunk of it) that a per-tensor or two-level scheme needs."""
+    geo = _Geometry.of(scheme, tuple(x.shape))
+    if scheme.is_two_level():
+        return Range(_block_alpha(x, geo, calibration).amax().reshape(1), x.numel())
+    partial = _row_alpha(x.reshape(1, -1), 1, x.numel(), _TENSOR_CHUNK, calibration)
+    if calibration is Calibration.AbsMean:
+        return Range(partial.sum().reshape(1), x.numel())
+    return Range(partial.amax().reshape(1), x.numel())
+
+
+def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out: torch.Tensor,
+            bad: torch.Tensor, whole: Range | None = None) -> None:
+    """Write the payload of `x` into `out` (uint8, 1-D) on the current stream; set `bad[0]` on NaN or inf.
+
+    `whole` is the range of the whole tensor when `x` is one row chunk of it (per-tensor and two-level
+    schemes); other schemes need only the chunk, whose blocks must not straddle chunks.
+    """
+    geo = _Geometry.of(scheme, tuple(x.shape))
+    values = out[: geo.value_bytes]
+    values = values.view(torch.int32) if geo.unit_bytes == 4 else values
+    scales = out[geo.scale_offset :]
+    dummy = out  # pointer arguments a mode does not read
+    units_per_row = math.ceil(geo.cols / geo.per_unit)
+    n_scales = math.prod(geo.grid)
+    const = dict(_value_constants(scheme.value), HALF_RANGE=scheme.value.half_range(),
+                 KIND=_KIND[scheme.scale_dtype()], SCALE_SIZE=scheme.scale_dtype().scale_size(),
+                 CAL=_cal(calibration))
+    rows, cols = geo.rows, geo.cols
+    if geo.fused(scheme, calibration):
+        width = geo.block[-1]
+        if cols % width == 0:  # no partial block and no row padding: the tensor is one long row
+            rows, cols, units_per_row = 1, x.numel(), x.numel() // geo.per_unit
+        blocks_per_row = math.ceil(cols / width)
+        u = width // geo.per_unit
+        g = max(1, _TILE // width)
+        chunks = triton.cdiv(blocks_per_row, g)
+        K._quantize_kernel[(rows * chunks,)](
+            x, values, scales, dummy, dummy, bad, cols, units_per_row, chunks, width, blocks_per_row,
+            G=g, U=u, N=geo.per_unit, MODE=K.MODE_FUSED.value, **const, **_OPTIONS)
+        return
+    s_eff = torch.empty(n_scales, dtype=torch.float32, device=x.device)
+    _scales(x, scheme, calibration, geo, out, s_eff, whole)
+    u = max(1, 64 // geo.per_unit)
+    g = _TILE // (u * geo.per_unit)
+    if scheme.block is None:
+        if cols % geo.per_unit == 0:
+            rows, cols, units_per_row = 1, x.numel(), x.numel() // geo.per_unit
+        chunks = triton.cdiv(units_per_row, g * u)
+        K._quantize_kernel[(rows * chunks,)](
+            x, values, dummy, s_eff, dummy, bad, cols, units_per_row, chunks, cols, 1,
+            G=g, U=u, N=geo.per_unit, MODE=K.MODE_TENSOR.value, **const, **_OPTIONS)
+        return
+    chunks = triton.cdiv(units_per_row, g * u)
+    K._quantize_kernel[(rows * chunks,)](
+        x, values, dummy, s_eff, _row_base(geo, x.device), bad, cols, units_per_row, chunks, geo.block[-1], 1,
+        G=g, U=u, N=geo.per_unit, MODE=K.MODE_BLOCKS.value, **const, **_OPTIONS)
+
+
+def _scales(x, scheme: QuantScheme, calibration: Calibration, geo: _Geometry, out, s_eff,
+            whole: Range | None) -> None:
+    """Run the range and scale kernels: stored scales (and the global) into `out`, effective ones to s_eff."""
+    if scheme.block is None:
+        alpha = (whole or tensor_range(x, scheme, calibration)).alpha(calibration, scheme)
+    else:
+        alpha = _block_alpha(x, geo, calibration)
+        if scheme.is_two_level() and whole is None:
+            whole = Range(alpha.amax().reshape(1), x.numel())
+    n = alpha.numel()
+    dtype = scheme.scale_dtype()
+    block = 1024
+    K._scales_kernel[(triton.cdiv(n, block),)](
+        alpha, whole.value if scheme.is_two_level() else alpha, out[geo.scale_offset :],
+        out[geo.global_offset :], s_eff, n, BLOCK=block, TWO_LEVEL=scheme.is_two_level(),
+        HALF_RANGE=scheme.value.half_range(), KIND=_KIND[dtype], SCALE_SIZE=dtype.scale_size(),
+        DTYPE_MAX=dtype.max_representable(), **_OPTIONS)
+
+
+def _row_alpha(x, rows: int, cols: int, width: int, calibration: Calibration) -> torch.Tensor:
+    """Per row and block of `width` values along it: max |x| (f32) or the f64 sum of |x|."""
+    blocks_per_row = math.ceil(cols / width)
+    dtype = torch.float64 if calibration is Calibration.AbsMean else torch.float32
+    out = torch.empty(rows * blocks_per_row, dtype=dtype, device=x.device)
+    bp = triton.next_power_of_2(width)
+    g = max(1, _TILE // bp)
+    chunks = triton.cdiv(blocks_per_row, g)
+    K._alpha_kernel[(rows * chunks,)](
+        x, out, cols, width, blocks_per_row, chunks, G=g, BP=bp,
+        CAL=_cal(calibration), **_OPTIONS)
+    return out
+
+
+def _block_alpha(x, geo: _Geometry, calibration: Calibration) -> torch.Tensor:
+    """f32 range per block of the grid, row-major: max |x|, or f32(f64 sum |x| / count) for AbsMean.
+    A kernel reduces along the last axis, torch over the leading axes."""
+    alpha = _row_alpha(x, geo.rows, geo.cols, geo.block[-1], calibration)
+    alpha = alpha.reshape(*geo.dims[:-1], geo.grid[-1])
+    for axis, b in enumerate(geo.block[:-1]):
+        if b == 1:
+            continue
+        pad = geo.grid[axis] * b - geo.dims[axis]
+        if pad:  # zeros change neither a max of |x| nor a sum
+            zeros = alpha.new_zeros(*alpha.shape[:axis], pad, *alpha.shape[axis + 1 :])
+            alpha = torch.cat([alpha, zeros], axis)
+        alpha = alpha.unflatten(axis, (geo.grid[axis], b))
+        alpha = alpha.sum(axis + 1) if calibration is Calibration.AbsMean else alpha.amax(axis + 1)
+    alpha = alpha.reshape(-1)
+    if calibration is Calibration.AbsMean:  # float64 division, IEEE on every device
+        alpha = (alpha / _block_counts(geo, x.device)).to(torch.float32)
+    return alpha.contiguous()
+
+
+def _block_counts(geo: _Geometry, device) -> torch.Tensor:
+    """Elements in each block (a partial edge block counts only its own), row-major over the grid, as f64."""
+    counts = torch.ones(1, dtype=torch.float64, device=device)
+    for d, b, g in zip(geo.dims, geo.block, geo.grid, strict=True):
+        extent = torch.clamp(d - torch.arange(g, device=device, dtype=torch.float64) * b, max=b)
+        counts = (counts[:, None] * extent[None, :]).reshape(-1)
+    return counts
+
+
+def _row_base(geo: _Geometry, device) -> torch.Tensor:
+    """For each row of the last axis, the index of its first block's scale in the row-major grid."""
+    base = torch.zeros(1, dtype=torch.int64, device=device)
+    for d, b, g in zip(geo.dims[:-1], geo.block[:-1], geo.grid[:-1], strict=True):
+        base = (base[:, None] * g + torch.arange(d, device=device) // b).reshape(-1)
+    return base * geo.grid[-1]
+
+
+def encode(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration = Calibration.MinMax,
+           *, name: str = "tensor") -> torch.Tensor:
+    """The payload of `x` (uint8, 1-D, `quantized_data_len` bytes) on x's device, as `qcli.codec.encode`."""
+    check_accepted(scheme, calibration)
+    _check_tensor(x, name)
+    out = torch.empty(layout.quantized_data_len(scheme, tuple(x.shape)), dtype=torch.uint8, device=x.device)
+    bad = torch.zeros(1, dtype=torch.int32, device=x.device)
+    enqueue(x, scheme, calibration, out, bad)
+    if bad.item():
+        raise InputError(f"tensor {name!r} holds NaN or Inf", hint=NON_FINITE_HINT)
+    return out
+
+
+NON_FINITE_HINT = "fix or drop the non-finite values, or keep the tensor unquantized (keep = true)"
+
+
+def _cal(calibration: Calibration) -> int:
+    return (K.CAL_ABSMEAN if calibration is Calibration.AbsMean else K.CAL_MINMAX).value

@@ -1,0 +1,385 @@
+"""The plan: one decision per tensor (a scheme, or keep) with its reason, and every problem, from headers.
+
+A tensor takes the first recipe rule that matches its name; tensors no rule matches follow the default
+policy with the preset (docs/recipes.md): quantize floating tensors of rank >= 2 whose shape can take
+the scheme, keep everything else with the reason. Nothing here reads a weight, so a plan is checked in
+full (and `--dry-run` printed) before the first tensor is loaded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from qcli import layout
+from qcli.errors import PlanError
+from qcli.io.burnpack import ALIGNMENT, MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE
+from qcli.io.dtypes import burn_dtype
+from qcli.io.safetensors import TensorInfo
+from qcli.presets import DEFAULT_PRESET, PRESETS, Preset
+from qcli.recipe import Recipe, Rule
+from qcli.scheme import (
+    Calibration,
+    PackedNative,
+    PackedU32,
+    QuantMode,
+    QuantScheme,
+    QuantValue,
+    accept_problems,
+)
+
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+# Already quantized by another tool: 8-bit integers and the sub-16-bit float formats (F8_E4M3, F8_E5M2,
+# F8_E8M0, F6_*, F4) of newer safetensors.
+QUANTIZED_DTYPES = ("I8", "U8")
+QUANTIZED_PREFIXES = ("F8_", "F6_", "F4")
+SCALE_SUFFIXES = ("_scale_inv", "_scale", ".scale")
+FIRST_NAMES = 3
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What happens to one tensor: quantized with `scheme`, or kept (`scheme is None`), and why."""
+
+    scheme: QuantScheme | None
+    calibration: Calibration
+    transpose: bool
+    reason: str
+    rule: Rule | None
+
+    @property
+    def keep(self) -> bool:
+        return self.scheme is None
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    info: TensorInfo
+    decision: Decision
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        """The shape written: the source shape, reversed when the tensor is transposed."""
+        shape = tuple(self.info.shape)
+        return shape[::-1] if self.decision.transpose and len(shape) == 2 else shape
+
+    @property
+    def out_dtype(self) -> object:
+        """Burn's DType serde: the source dtype for a kept tensor, else `{"QFloat": scheme}`."""
+        if self.decision.scheme is None:
+            return burn_dtype(self.info.dtype)
+        return {"QFloat": self.decision.scheme.to_serde()}
+
+    @property
+    def out_nbytes(self) -> int:
+        if self.decision.scheme is None:
+            return self.info.nbytes
+        return layout.quantized_data_len(self.decision.scheme, self.out_shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.info.shape)
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.out_nbytes / self.numel if self.numel else 0.0
+
+    @property
+    def peak_bytes(self) -> int:
+        """Host memory while this tensor is processed: the source, its f32 working copy, the payload."""
+        if self.decision.scheme is None:
+            return self.info.nbytes * (2 if self.decision.transpose else 1)
+        return self.info.nbytes + 4 * self.numel + self.out_nbytes
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something that stops the plan (`severity == "error"`) or deserves a look ("warning")."""
+
+    kind: str
+    message: str
+    hint: str
+    file: str | None
+    line: int | None
+    tensors: tuple[str, ...]
+    severity: str
+
+    @property
+    def location(self) -> str | None:
+        if self.file is None:
+            return None
+        return f"{self.file}:{self.line}" if self.line is not None else self.file
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.message}" if self.location else self.message
+
+
+@dataclass(frozen=True)
+class Totals:
+    tensors: int
+    quantized: int
+    kept: int
+    transposed: int
+    bytes_in: int
+    bytes_out: int
+    peak_bytes: int
+
+    @property
+    def ratio(self) -> float:
+        """Input bytes per output byte: how many times smaller the output is."""
+        return self.bytes_in / self.bytes_out if self.bytes_out else 0.0
+
+
+@dataclass
+class Plan:
+    entries: list[PlanEntry]
+    problems: list[Problem]
+    preset: Preset | None = None
+    recipe: Recipe | None = None
+
+    def totals(self) -> Totals:
+        quantized = [e for e in self.entries if e.decision.scheme is not None]
+        return Totals(
+            tensors=len(self.entries),
+            quantized=len(quantized),
+            kept=len(self.entries) - len(quantized),
+            transposed=sum(e.decision.transpose for e in self.entries),
+            bytes_in=sum(e.info.nbytes for e in self.entries),
+            bytes_out=sum(e.out_nbytes for e in self.entries),
+            peak_bytes=max((e.peak_bytes for e in self.entries), default=0),
+        )
+
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "error"]
+
+    def warnings(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "warning"]
+
+    def raise_if_errors(self) -> None:
+        """`PlanError` listing every error-severity problem, each with its hint."""
+        errors = self.errors()
+        if not errors:
+            return
+        noun = "problem" if len(errors) == 1 else "problems"
+        raise PlanError(
+            f"the plan has {len(errors)} {noun}; no weight was read and nothing was written",
+            hint=errors[0].hint if len(errors) == 1 else "each problem above says what to do",
+            problems=[f"{p} (hint: {p.hint})" for p in errors],
+        )
+
+
+def is_quantized(dtype: str) -> bool:
+    """Whether a safetensors dtype holds values another tool already quantized."""
+    return dtype in QUANTIZED_DTYPES or dtype.startswith(QUANTIZED_PREFIXES)
+
+
+def shape_problem(scheme: QuantScheme, shape: Sequence[int]) -> str | None:
+    """Why a tensor of `shape` cannot take `scheme` at Burn 0.22.0-pre.2, or None when it can."""
+    rank = len(shape)
+    if rank == 0:
+        return "a 0-D tensor (scalar) has no axis to quantize along"
+    block = scheme.block.size if scheme.block is not None else None
+    if block is not None:
+        if block.len > rank:
+            return f"block {block} has {block.len} axes but the tensor has {rank}"
+        for axis, (dim, extent) in enumerate(zip(shape, block.to_dim_vec(rank), strict=True)):
+            if dim % extent:
+                where = f"last dim {dim}" if axis == rank - 1 else f"dim {axis} (size {dim})"
+                return f"{where} is not a multiple of {extent} (block {block})"
+    per_word = scheme.num_quants()
+    if isinstance(scheme.store, PackedU32) and shape[-1] % per_word:
+        return (f"last dim {shape[-1]} is not a multiple of {per_word} "
+                f"(PackedU32 holds {per_word} {scheme.value.value} values per word)")
+    if isinstance(scheme.store, PackedNative) and scheme.value is QuantValue.E2M1 and shape[-1] % 2:
+        return f"last dim {shape[-1]} is odd (PackedNative stores E2M1 values in pairs)"
+    nbytes = layout.quantized_data_len(scheme, shape)
+    if nbytes > MAX_TENSOR_SIZE:
+        return f"its payload of {nbytes / 1024**3:.1f} GiB exceeds Burn's 10 GiB per-tensor reader limit"
+    return None
+
+
+def make_plan(
+    infos: Iterable[TensorInfo], recipe: Recipe | None = None, preset: Preset | None = None
+) -> Plan:
+    """One decision per tensor and every problem found from the headers (see the module docstring)."""
+    return _Planner(list(infos), recipe, preset or PRESETS[DEFAULT_PRESET]).plan()
+
+
+class _Planner:
+    def __init__(self, infos: list[TensorInfo], recipe: Recipe | None, preset: Preset) -> None:
+        self.infos = infos
+        self.recipe = recipe
+        self.preset = preset
+        self.problems: list[Problem] = []
+        self.quantized_sources = {i.name for i in infos if is_quantized(i.dtype)}
+        self.quantized_modules: dict[str, str] = {}
+        for name in sorted(self.quantized_sources):
+            self.quantized_modules.setdefault(name.rpartition(".")[0], name)
+        self.not_2d: dict[int, list[str]] = {}  # id(rule) -> tensors it asks to transpose that are not 2-D
+
+    def plan(self) -> Plan:
+        rules = self.recipe.rules if self.recipe else []
+        covered: dict[int, list[str]] = {id(r): [] for r in rules}
+        entries = []
+        for info in self.infos:
+            rule = next((r for r in rules if r.matches(info.name)), None)
+            if rule is not None:
+                covered[id(rule)].append(info.name)
+            entries.append(PlanEntry(info, self.by_rule(info, rule) if rule else self.by_default(info)))
+        for rule in rules:
+            self.rule_problems(rule, covered[id(rule)])
+        self.default_problems([e.info.name for e in entries if e.decision.rule is None])
+        for entry in entries:
+            self.output_problems(entry)
+        plan = Plan(entries, self.problems, self.preset, self.recipe)
+        self.file_problems(plan)
+        return plan
+
+    def problem(self, kind: str, message: str, hint: str, tensors: Sequence[str] = (),
+                severity: str = "error", rule: Rule | None = None) -> None:
+        self.problems.append(Problem(kind, message, hint, rule.file if rule else None,
+                                     rule.line if rule else None, tuple(tensors), severity))
+
+    def by_default(self, info: TensorInfo) -> Decision:
+        def keep(reason: str) -> Decision:
+            return Decision(None, Calibration.MinMax, False, f"default: keep, {reason}", None)
+
+        rank = len(info.shape)
+        if is_quantized(info.dtype):
+            return keep(f"already quantized ({info.dtype})")
+        companion = self.scale_companion_of(info.name)
+        if companion is not None:
+            return keep(f"scale of the already-quantized tensor {companion}")
+        if info.dtype not in FLOAT_DTYPES:
+            kind = {"B": "bool", "I": "integer", "U": "integer"}.get(info.dtype[:1], "non-floating")
+            return keep(f"{kind} tensor ({info.dtype})")
+        if rank < 2:
+            return keep("0-D tensor (scalar)" if rank == 0 else "1-D tensor (norm/bias)")
+        scheme = self.preset.scheme
+        why_not = shape_problem(scheme, info.shape)
+        if why_not is not None:
+            return keep(f"cannot take {self.preset.name}: {why_not}")
+        return Decision(scheme, self.preset.calibration, False,
+                        f"default: {info.dtype} tensor of rank {rank} -> {self.preset.name}", None)
+
+    def by_rule(self, info: TensorInfo, rule: Rule) -> Decision:
+        where = f"rule {rule.location}"
+        if rule.refusals:
+            reason = f"refused: {where} asks for {rule.describe()}"
+            return Decision(None, rule.calibration, False, reason, rule)
+        transpose = rule.transpose and len(info.shape) == 2
+        if rule.transpose and not transpose:
+            self.not_2d.setdefault(id(rule), []).append(info.name)
+        if rule.keep:
+            return Decision(None, rule.calibration, transpose, f"{where}: keep", rule)
+        assert rule.scheme is not None
+        shape = info.shape[::-1] if transpose else info.shape
+        why_not = self.cannot_take(info, rule.scheme, shape)
+        if why_not is None:
+            asked = rule.preset or str(rule.scheme)
+            return Decision(rule.scheme, rule.calibration, transpose, f"{where} -> {asked}", rule)
+        if self.recipe is not None and self.recipe.on_indivisible == "error":
+            self.problem(
+                "shape", f"{info.name} {list(info.shape)}{' transposed' if transpose else ''} cannot take "
+                f"{rule.describe()}: {why_not}",
+                "change the rule's block or store, add a keep rule for it, or set on_indivisible = \"keep\"",
+                [info.name], rule=rule,
+            )
+        reason = f"{where}: keep, cannot take the scheme: {why_not}"
+        return Decision(None, rule.calibration, transpose, reason, rule)
+
+    def cannot_take(self, info: TensorInfo, scheme: QuantScheme, shape: Sequence[int]) -> str | None:
+        if is_quantized(info.dtype):
+            return f"{info.dtype} is already quantized; qcli does not requantize"
+        if info.dtype not in FLOAT_DTYPES:
+            return f"{info.dtype} is not a floating dtype"
+        return shape_problem(scheme, shape)
+
+    def scale_companion_of(self, name: str) -> str | None:
+        """The already-quantized tensor `name` holds the scale of (`w_scale`, `w_scale_inv`, `w.scale`,
+        `m.weight_scale`, `m.input_scale`), or None."""
+        for suffix in SCALE_SUFFIXES:
+            if name.endswith(suffix) and name[: -len(suffix)] in self.quantized_sources:
+                return name[: -len(suffix)]
+        module, _, leaf = name.rpartition(".")
+        return self.quantized_modules.get(module) if "scale" in leaf else None
+
+    def rule_problems(self, rule: Rule, names: list[str]) -> None:
+        refused = rule_refusal(rule, names)
+        if refused is not None:
+            self.problems.append(refused)
+        not_2d = self.not_2d.get(id(rule), [])
+        if not_2d:
+            self.problem(
+                "transpose", f"rule (match {rule.match!r}) asks to transpose "
+                f"{count_and_first(not_2d)} that are not 2-D; transpose = true needs a 2-D tensor",
+                "narrow the match to 2-D weights (a rule before it can keep the others), or drop transpose",
+                not_2d, rule=rule,
+            )
+        if not names:
+            self.problem(
+                "unmatched-rule", f"rule (match {rule.match!r}) matches no tensor",
+                "check the pattern against `qcli inspect` names (a glob matches the full name), or remove it",
+                severity="warning", rule=rule,
+            )
+
+    def default_problems(self, names: list[str]) -> None:
+        """A preset Burn refuses is reported once, like a rule (the CLI only offers accepted presets)."""
+        refusals = accept_problems(self.preset.scheme, self.preset.calibration)
+        if refusals and names:
+            self.problem(
+                "lookup" if self.preset.scheme.mode is QuantMode.Lookup else "scheme",
+                f"preset {self.preset.name} ({self.preset.scheme}) is refused by Burn: "
+                f"{'; and '.join(r.why for r in refusals)}; it would have covered {count_and_first(names)}",
+                refusals[0].instead, names,
+            )
+
+    def output_problems(self, entry: PlanEntry) -> None:
+        """What Burn cannot load whatever the decision: an unrepresentable kept dtype, an oversized tensor."""
+        info = entry.info
+        if entry.decision.scheme is None and entry.out_dtype is None:
+            self.problem(
+                "dtype", f"{info.name} ({info.dtype}) cannot be kept: Burn has no {info.dtype} dtype",
+                "dequantize the checkpoint to BF16 or F32 (with its scale tensors) first, then run qcli",
+                [info.name], rule=entry.decision.rule,
+            )
+        if entry.decision.scheme is None and info.nbytes > MAX_TENSOR_SIZE:
+            self.problem(
+                "size", f"{info.name} is {info.nbytes / 1024**3:.1f} GiB, over Burn's 10 GiB tensor limit",
+                "quantize it (a rule with a scheme) so its payload fits under 10 GiB",
+                [info.name], rule=entry.decision.rule,
+            )
+
+    def file_problems(self, plan: Plan) -> None:
+        """Burn's per-file reader limits: the tensor count and the file size (data alone, aligned)."""
+        count = len(plan.entries)
+        if count > MAX_TENSOR_COUNT:
+            self.problem("size", f"the output would hold {count} tensors; Burn's reader refuses more than "
+                         f"{MAX_TENSOR_COUNT}", "split the checkpoint and quantize each part on its own")
+        data = sum(-(-e.out_nbytes // ALIGNMENT) * ALIGNMENT for e in plan.entries)
+        if data > MAX_FILE_SIZE:
+            self.problem("size", f"the output would take at least {data / 1024**3:.1f} GiB; Burn's reader "
+                         "refuses a file over 100 GiB", "quantize more tensors, or use a smaller scheme")
+
+
+def rule_refusal(rule: Rule, covered: Sequence[str] | None = None) -> Problem | None:
+    """The Problem for a rule asking for what Burn refuses (Lookup, a zero point, a refused scheme), naming
+    the tensors it would have `covered` when a model is known; None for a rule the plan can carry out."""
+    if not rule.refusals:
+        return None
+    message = (f"rule (match {rule.match!r}) asks for {rule.describe()}, which Burn "
+               f"refuses: {'; and '.join(r.why for r in rule.refusals)}")
+    if covered is not None:
+        message += f"; it would have covered {count_and_first(covered)}"
+    kind = "lookup" if rule.mode == QuantMode.Lookup.value else "scheme"
+    hint = rule.refusals[0].instead
+    return Problem(kind, message, hint, rule.file, rule.line, tuple(covered or ()), "error")
+
+
+def count_and_first(names: Sequence[str]) -> str:
+    """`3 tensors (a, b, c)`, naming at most the first FIRST_NAMES."""
+    if not names:
+        return "no tensor"
+    first = ", ".join(names[:FIRST_NAMES]) + (", ..." if len(names) > FIRST_NAMES else "")
+    return f"{len(names)} tensor{'s' if len(names) > 1 else ''} ({first})"

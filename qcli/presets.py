@@ -1,0 +1,101 @@
+"""Named quantization schemes: what `--scheme NAME` and a recipe's `preset = "NAME"` stand for.
+
+Each preset is a `QuantScheme` Burn 0.22.0-pre.2 accepts (`scheme.accept_problems` is empty) plus the
+calibration qcli measures its scales with. docs/presets.md tabulates them with the Burn backends that
+load each one. Names are matched case-insensitively; the canonical spelling is lower case.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from qcli.errors import SchemeError, UsageError
+from qcli.scheme import (
+    LOOKUP_WHY,
+    Calibration,
+    Native,
+    PackedU32,
+    QuantScheme,
+    QuantValue,
+    ScaleDtype,
+)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named scheme and the calibration its scales are measured with."""
+
+    name: str
+    scheme: QuantScheme
+    calibration: Calibration
+    description: str
+
+
+def _blocked(value: QuantValue, block: int) -> QuantScheme:
+    """`value` packed in u32 words, one F16 scale per `block` consecutive values of a row."""
+    return QuantScheme().with_value(value).with_store(PackedU32(0)).per_block([block], ScaleDtype.F16)
+
+
+def _per_tensor(value: QuantValue) -> QuantScheme:
+    return QuantScheme().with_value(value).with_store(PackedU32(0)).per_tensor(ScaleDtype.F32)
+
+
+_MINMAX = Calibration.MinMax
+_PRESET_LIST = [
+    Preset("nvfp4", QuantScheme.nvfp4(), _MINMAX,
+           "Burn's QuantScheme::nvfp4(): E2M1 pairs, blocks of 16 with UE4M3 scales under an F32 global"),
+    Preset("nvfp4-u32", QuantScheme.nvfp4().with_store(PackedU32(0)), _MINMAX,
+           "nvfp4 with values in u32 words, which Burn 0.22.0-pre.2 loads more reliably than PackedNative"),
+    Preset("q8s", _per_tensor(QuantValue.Q8S), _MINMAX,
+           "8-bit integers, one F32 scale per tensor: smallest error, half of BF16's size"),
+    Preset("q8s-native", _per_tensor(QuantValue.Q8S).with_store(Native()), _MINMAX,
+           "q8s with one byte per value: the only layout Burn's NdArray backend loads"),
+    Preset("q8s-b32", _blocked(QuantValue.Q8S, 32), _MINMAX,
+           "8-bit integers, one F16 scale per 32 values: robust to outliers"),
+    Preset("q4s-b32", _blocked(QuantValue.Q4S, 32), _MINMAX,
+           "4-bit integers, one F16 scale per 32 values: the default, about 4.5 bits per weight"),
+    Preset("q4s-b64", _blocked(QuantValue.Q4S, 64), _MINMAX,
+           "4-bit integers, one F16 scale per 64 values: smaller, a little more error"),
+    Preset("q4s-b128", _blocked(QuantValue.Q4S, 128), _MINMAX,
+           "4-bit integers, one F16 scale per 128 values: smallest 4-bit preset"),
+    Preset("q4f-b32", _blocked(QuantValue.Q4F, 32), _MINMAX,
+           "4-bit integers over the full range [-8, 7], one F16 scale per 32 values"),
+    Preset("q2s-b32", _blocked(QuantValue.Q2S, 32), _MINMAX,
+           "2-bit integers {-1, 0, 1}, one F16 scale per 32 values: ternary weights"),
+    Preset("e4m3", _per_tensor(QuantValue.E4M3), _MINMAX,
+           "FP8 E4M3 codes, one F32 scale per tensor"),
+    Preset("e5m2", _per_tensor(QuantValue.E5M2), _MINMAX,
+           "FP8 E5M2 codes (wider range, fewer mantissa bits), one F32 scale per tensor"),
+    Preset("e4m3-b32", _blocked(QuantValue.E4M3, 32), _MINMAX,
+           "FP8 E4M3 codes, one F16 scale per 32 values"),
+]
+PRESETS: dict[str, Preset] = {p.name: p for p in _PRESET_LIST}
+DEFAULT_PRESET = "q4s-b32"
+
+# Names other quantizers use for schemes Burn has no QFloat form for, so asking for one gets the reason
+# rather than "unknown preset". Codebooks need mode Lookup; the others a zero point.
+LOOKUP_NAMES = ("nf4", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq2_xs", "iq3_xs", "iq4_nl", "iq4_xs")
+ZERO_POINT_NAMES = ("q4_1", "q5_1", "w4a16_asym", "affine", "asym", "asymmetric", "hqq")
+ZERO_POINT_WHY = (
+    "Burn has no zero point: every QuantScheme is symmetric around 0, so an asymmetric "
+    "(zero-point, affine) scheme has no QFloat form"
+)
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called `name` (any case).
+
+    `SchemeError` for a codebook or zero-point scheme Burn cannot hold, `UsageError` for any other name.
+    """
+    key = name.strip().lower()
+    if key in PRESETS:
+        return PRESETS[key]
+    instead = f"use a Symmetric scheme of the same width, e.g. --scheme {DEFAULT_PRESET}, or keep the tensor"
+    if key in LOOKUP_NAMES:
+        raise SchemeError(f"{name} is a codebook scheme (mode Lookup), refused: {LOOKUP_WHY}", instead)
+    if key in ZERO_POINT_NAMES:
+        raise SchemeError(f"{name} is an asymmetric scheme: {ZERO_POINT_WHY}", instead)
+    close = difflib.get_close_matches(key, PRESETS, n=1, cutoff=0.5)
+    suggestion = f"did you mean {close[0]!r}? " if close else ""
+    raise UsageError(f"unknown preset {name!r}", hint=f"{suggestion}known presets: {', '.join(PRESETS)}")

@@ -1,0 +1,497 @@
+"""TOML recipes: ordered rules that pick a scheme, or keep, per tensor name (docs/recipes.md).
+
+A recipe is checked in full when it is read: every fault is collected with its file and line, so
+`validate-scheme` can report them all at once and `load_recipe` can name the first with a count of the
+rest. tomllib reports no positions for valid TOML, so lines are found by scanning the text: the N-th
+`[[rule]]` header, then the key's own line inside that table.
+
+Requests Burn cannot honour but that are well formed (mode Lookup, a zero point, a scheme
+`accept_problems` refuses) parse into a `Rule` carrying its `refusals`: the plan then reports which
+tensors the rule would have covered before refusing it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import re
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+from qcli.errors import RecipeError, SchemeError
+from qcli.presets import DEFAULT_PRESET, LOOKUP_NAMES, PRESETS, ZERO_POINT_NAMES, ZERO_POINT_WHY
+from qcli.scheme import (
+    LOOKUP_WHY,
+    BlockSize,
+    Calibration,
+    Native,
+    PackedNative,
+    PackedU32,
+    QuantMode,
+    QuantScheme,
+    QuantStore,
+    QuantValue,
+    Refusal,
+    ScaleDtype,
+    accept_problems,
+)
+
+RECIPE_VERSION = 1
+ON_INDIVISIBLE = ("keep", "error")
+TOP_KEYS = ("version", "defaults", "rule")
+DEFAULTS_KEYS = ("on_indivisible",)
+SCHEME_KEYS = ("value", "store", "mode", "block", "block_scale", "tensor_scale", "calibration")
+ZERO_POINT_KEYS = ("zero_point", "asymmetric", "symmetric")
+DOCUMENTED_RULE_KEYS = ("match", "keep", *SCHEME_KEYS, "transpose", "preset")
+RULE_KEYS = (*DOCUMENTED_RULE_KEYS, *ZERO_POINT_KEYS)  # zero-point keys are read only to be refused
+STORES = {"PackedU32": PackedU32, "Native": Native, "PackedNative": PackedNative}
+ZERO_POINT_MODES = ("Asymmetric", "Affine")
+REGEX_PREFIX = "re:"
+LineOf = Callable[[str], int]  # the line of a key in the table being read
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One `[[rule]]`: which tensors it matches and what it decides for them.
+
+    `mode` is the mode as asked ("Symmetric", "Lookup", "Asymmetric", ...); `refusals` lists every
+    reason Burn cannot hold what the rule asks for (empty for a rule the plan can carry out).
+    """
+
+    match: str
+    file: str
+    line: int
+    keep: bool
+    scheme: QuantScheme | None
+    calibration: Calibration
+    transpose: bool
+    preset: str | None
+    mode: str = QuantMode.Symmetric.value
+    refusals: tuple[Refusal, ...] = ()
+
+    def matches(self, name: str) -> bool:
+        """Glob on the full name (`fnmatchcase`), or a full regex match after `re:`."""
+        if self.match.startswith(REGEX_PREFIX):
+            return re.fullmatch(self.match[len(REGEX_PREFIX) :], name) is not None
+        return fnmatchcase(name, self.match)
+
+    @property
+    def location(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    def describe(self) -> str:
+        """What the rule asks for, in one phrase: `keep`, a preset name, or the scheme."""
+        if self.keep:
+            return "keep"
+        if self.preset is not None:
+            return f"preset {self.preset}"
+        if self.scheme is not None and self.mode in (QuantMode.Symmetric.value, QuantMode.Lookup.value):
+            return str(self.scheme)  # a Lookup scheme names its mode itself
+        return f"{self.scheme or ''} (mode {self.mode})".lstrip()
+
+
+@dataclass(frozen=True)
+class Recipe:
+    path: Path | None
+    on_indivisible: str
+    rules: list[Rule]
+    sha256: str
+
+
+@dataclass(frozen=True)
+class RecipeFault:
+    """A recipe error found while reading, kept as data so that every one can be reported."""
+
+    file: str
+    line: int
+    message: str
+    hint: str
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read a recipe; `RecipeError` with file:line and a suggestion for the first fault found."""
+    recipe, faults = read_recipe(path)
+    if not faults:
+        return recipe
+    first, more = faults[0], len(faults) - 1
+    hint = first.hint + (f" ({more} more problem{'s' if more > 1 else ''}: run qcli validate-scheme {path})"
+                         if more else "")
+    raise RecipeError(f"{first.file}:{first.line}: {first.message}", hint)
+
+
+def read_recipe(path: str | Path) -> tuple[Recipe, list[RecipeFault]]:
+    """Read a recipe, collecting every fault; the recipe holds the rules that parsed."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RecipeError(
+            f"cannot read recipe {path}: {exc.strerror or exc}", hint="check the path given to --recipe"
+        ) from None
+    return parse_recipe(data, str(path), path)
+
+
+def parse_recipe(
+    data: bytes, file: str = "<recipe>", path: Path | None = None
+) -> tuple[Recipe, list[RecipeFault]]:
+    """Parse recipe bytes named `file` in messages; returns the recipe and every fault found."""
+    sha256 = hashlib.sha256(data).hexdigest()
+    empty = Recipe(path, "keep", [], sha256)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        return empty, [RecipeFault(file, line, "the recipe is not UTF-8 text", "save the recipe as UTF-8")]
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        return empty, [_syntax_fault(file, exc)]
+    parser = _Parser(file, text)
+    on_indivisible, rules = parser.recipe(doc)
+    return Recipe(path, on_indivisible, rules, sha256), parser.faults
+
+
+_TOML_POSITION = re.compile(r"\s*\(at line (\d+), column \d+\)\s*$")
+
+
+def _syntax_fault(file: str, exc: tomllib.TOMLDecodeError) -> RecipeFault:
+    message = str(exc)
+    position = _TOML_POSITION.search(message)
+    line = int(position.group(1)) if position else 1
+    return RecipeFault(
+        file, line, f"invalid TOML: {_TOML_POSITION.sub('', message)}",
+        "fix the TOML syntax; docs/recipes.md shows a complete recipe",
+    )
+
+
+class _Lines:
+    """Where tables and keys sit in the recipe text, found by scanning (tomllib reports no positions)."""
+
+    _HEADER = re.compile(r"^\s*\[\[?\s*([\w.\-\"' ]+?)\s*\]\]?\s*(?:#.*)?$")
+
+    def __init__(self, text: str) -> None:
+        self.lines = text.splitlines()
+        # (name, line) of every table header (`[name]` or `[[name]]`), lines counted from 1
+        self.headers: list[tuple[str, int]] = []
+        for number, line in enumerate(self.lines, 1):
+            header = self._HEADER.match(line)
+            if header:
+                self.headers.append((header.group(1).strip("\"'"), number))
+
+    def table(self, name: str, index: int = 0) -> tuple[int, int] | None:
+        """The 1-based line span (header, last line) of the `index`-th table called `name`."""
+        found = [i for i, (n, _) in enumerate(self.headers) if n == name]
+        if index >= len(found):
+            return None
+        i = found[index]
+        end = self.headers[i + 1][1] - 1 if i + 1 < len(self.headers) else len(self.lines)
+        return self.headers[i][1], end
+
+    def key(self, key: str, span: tuple[int, int] | None) -> int:
+        """The line of `key = ...` in `span` (the top level when None), else the span's first line."""
+        start, end = span or (1, self.headers[0][1] - 1 if self.headers else len(self.lines))
+        pattern = re.compile(rf"^\s*(?:{re.escape(key)}|\"{re.escape(key)}\"|'{re.escape(key)}')\s*[=.]")
+        for number in range(start, end + 1):
+            if pattern.match(self.lines[number - 1]):
+                return number
+        if span is None:  # a top-level key may be a table: its header is its line
+            return next((line for name, line in self.headers if name.split(".")[0] == key), 1)
+        return max(start, 1)
+
+
+def _suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6) or difflib.get_close_matches(
+        word.lower(), [c.lower() for c in choices], n=1, cutoff=0.6
+    )
+    if close:
+        canonical = next(c for c in choices if c.lower() == close[0].lower())
+        return f"did you mean {canonical!r}? "
+    return ""
+
+
+def _type_name(value: object) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+            dict: "a table"}.get(type(value), type(value).__name__)
+
+
+class _Parser:
+    """Turns a parsed TOML document into rules, recording a fault with its line for every error."""
+
+    def __init__(self, file: str, text: str) -> None:
+        self.file = file
+        self.lines = _Lines(text)
+        self.faults: list[RecipeFault] = []
+
+    def fault(self, line: int, message: str, hint: str) -> None:
+        self.faults.append(RecipeFault(self.file, line, message, hint))
+
+    def unknown_keys(self, table: dict, known: tuple[str, ...], where: str, span: tuple[int, int] | None,
+                     shown: tuple[str, ...] | None = None) -> None:
+        for key in table:
+            if key not in known:
+                self.fault(
+                    self.lines.key(key, span), f"unknown key {key!r} in {where}",
+                    f"{_suggest(key, known)}known keys: {', '.join(shown or known)}",
+                )
+
+    def recipe(self, doc: dict) -> tuple[str, list[Rule]]:
+        self.unknown_keys(doc, TOP_KEYS, "the recipe", None)
+        version = doc.get("version")
+        if version is None:
+            self.fault(1, "the recipe has no version", f"add `version = {RECIPE_VERSION}` as its first line")
+        elif type(version) is not int or version != RECIPE_VERSION:
+            self.fault(
+                self.lines.key("version", None), f"unsupported recipe version {version!r}",
+                f"this qcli reads version = {RECIPE_VERSION}",
+            )
+        on_indivisible = self.defaults(doc.get("defaults", {}))
+        rules_doc = doc.get("rule", [])
+        if not isinstance(rules_doc, list) or not all(isinstance(r, dict) for r in rules_doc):
+            self.fault(
+                self.lines.key("rule", None), "`rule` must be an array of tables",
+                "write each rule under its own [[rule]] header",
+            )
+            return on_indivisible, []
+        rules = [rule for i, table in enumerate(rules_doc) if (rule := self.rule(table, i)) is not None]
+        return on_indivisible, rules
+
+    def defaults(self, table: object) -> str:
+        span = self.lines.table("defaults")
+        if not isinstance(table, dict):
+            self.fault(self.lines.key("defaults", None), "defaults must be a table", "write it as [defaults]")
+            return "keep"
+        self.unknown_keys(table, DEFAULTS_KEYS, "[defaults]", span)
+        value = table.get("on_indivisible", "keep")
+        if value not in ON_INDIVISIBLE:
+            self.fault(
+                self.lines.key("on_indivisible", span),
+                f"on_indivisible must be \"keep\" or \"error\", got {value!r}",
+                "\"keep\" keeps a tensor whose shape cannot take its scheme; \"error\" stops the plan",
+            )
+            return "keep"
+        return value
+
+    def rule(self, table: dict, index: int) -> Rule | None:
+        """One rule, or None when it has faults (each one recorded)."""
+        span = self.lines.table("rule", index)
+        header = span[0] if span else self.lines.key("rule", None)
+        before = len(self.faults)
+
+        def line(key: str) -> int:
+            return self.lines.key(key, span)
+
+        self.unknown_keys(table, RULE_KEYS, f"rule {index + 1}", span, DOCUMENTED_RULE_KEYS)
+        misspelt = len(self.faults) > before  # a misspelt keep/value/preset: don't also say it is missing
+        match = self.pattern(table.get("match"), line("match") if "match" in table else header)
+        keep = self.boolean(table, "keep", line)
+        transpose = self.boolean(table, "transpose", line)
+        scheme_keys = [k for k in SCHEME_KEYS if k in table]
+        preset_name = table.get("preset")
+        mode = self.mode(table, line)
+        conflicts = scheme_keys + (["preset"] if "preset" in table else []) + [
+            k for k in ZERO_POINT_KEYS if k in table and mode != QuantMode.Symmetric.value
+        ]
+        if keep and conflicts:
+            self.fault(
+                line(conflicts[0]), f"keep = true cannot be combined with {', '.join(conflicts)}",
+                "a kept tensor is written unchanged; remove keep, or the scheme keys",
+            )
+        if preset_name is not None and scheme_keys:
+            self.fault(
+                line(scheme_keys[0]), f"preset cannot be combined with {', '.join(scheme_keys)}",
+                "a preset is a whole scheme: use either preset = \"...\" or value/store/block/... keys",
+            )
+        keep_invalid = "keep" in table and not isinstance(table["keep"], bool)  # already a fault
+        asks = keep or keep_invalid or misspelt or "preset" in table or "value" in table
+        if not asks and mode == QuantMode.Symmetric.value:
+            self.fault(
+                header, "the rule says neither keep = true, a preset, nor a value",
+                f"add keep = true, preset = \"{DEFAULT_PRESET}\", or value = \"Q4S\" with its scale keys",
+            )
+        scheme = calibration = preset = None
+        refusals: tuple[Refusal, ...] = ()
+        if not keep and preset_name is not None and not scheme_keys:
+            preset, scheme, calibration, refusals = self.preset(preset_name, line("preset"))
+            if refusals:
+                mode = QuantMode.Lookup.value if preset_name.strip().lower() in LOOKUP_NAMES else "Asymmetric"
+        elif not keep and "value" in table:
+            scheme, calibration = self.scheme(table, line, mode)
+        if len(self.faults) > before or match is None:
+            return None
+        if mode in ZERO_POINT_MODES and not refusals:
+            refusals = (_zero_point_refusal(table.get("value")),)
+        elif mode == QuantMode.Lookup.value and scheme is None and not refusals:
+            refusals = (_lookup_refusal(None),)
+        if scheme is not None and calibration is not None:
+            refusals = refusals + tuple(accept_problems(scheme, calibration))
+        return Rule(
+            match=match, file=self.file, line=header, keep=keep, scheme=scheme,
+            calibration=calibration or Calibration.MinMax, transpose=transpose, preset=preset,
+            mode=mode, refusals=refusals,
+        )
+
+    def pattern(self, match: object, line: int) -> str | None:
+        if match is None:
+            self.fault(line, "the rule has no match", "add match = \"*.weight\" (a glob) or \"re:<regex>\"")
+            return None
+        if not isinstance(match, str) or not match:
+            self.fault(line, f"match must be a non-empty string, got {match!r}", "e.g. match = \"*.weight\"")
+            return None
+        if match.startswith(REGEX_PREFIX):
+            try:
+                re.compile(match[len(REGEX_PREFIX) :])
+            except re.error as exc:
+                self.fault(line, f"invalid regular expression {match!r}: {exc}",
+                           "fix the pattern after re:, or use a shell glob without the re: prefix")
+                return None
+        return match
+
+    def boolean(self, table: dict, key: str, line: LineOf) -> bool:
+        value = table.get(key, False)
+        if not isinstance(value, bool):
+            self.fault(line(key), f"{key} must be true or false, got {_type_name(value)} {value!r}",
+                       f"write {key} = true or {key} = false")
+            return False
+        return value
+
+    def string(self, table: dict, key: str, line: LineOf) -> str | None:
+        value = table.get(key)
+        if value is not None and not isinstance(value, str):
+            self.fault(line(key), f"{key} must be a string, got {_type_name(value)} {value!r}",
+                       f"write {key} = \"...\" with quotes")
+            return None
+        return value
+
+    def enum(self, table: dict, key: str, enum: type[Enum], line: LineOf) -> Enum | None:
+        """An enum member by name, any case; None (with a fault) for an unknown name."""
+        name = self.string(table, key, line)
+        if name is None:
+            return None
+        for member in enum:
+            if member.name.lower() == name.lower():
+                return member
+        names = [m.name for m in enum]
+        self.fault(line(key), f"unknown {key} {name!r}", f"{_suggest(name, names)}one of {', '.join(names)}")
+        return None
+
+    def mode(self, table: dict, line: LineOf) -> str:
+        """The mode as asked: Symmetric, Lookup, or a zero-point mode (`mode = "Asymmetric"`, `zero_point`,
+        `asymmetric = true`, `symmetric = false`), which Burn has no form for."""
+        for key in ("asymmetric", "symmetric"):
+            if key in table and not isinstance(table[key], bool):
+                self.fault(line(key), f"{key} must be true or false, got {table[key]!r}",
+                           "Burn's schemes are all symmetric; remove the key")
+        name = self.string(table, "mode", line)
+        if name is not None:
+            zero_point = next((m for m in ZERO_POINT_MODES if m.lower() == name.lower()), None)
+            if zero_point:
+                return zero_point
+            mode = self.enum(table, "mode", QuantMode, line)
+            if mode is QuantMode.Lookup:
+                return mode.value
+        if "zero_point" in table or table.get("asymmetric") is True or table.get("symmetric") is False:
+            return "Asymmetric"
+        return QuantMode.Symmetric.value
+
+    def preset(
+        self, name: object, line: int
+    ) -> tuple[str | None, QuantScheme | None, Calibration | None, tuple[Refusal, ...]]:
+        """(canonical name, scheme, calibration, refusals) of a preset; Nones and a fault when unknown."""
+        if not isinstance(name, str):
+            self.fault(line, f"preset must be a string, got {name!r}", f"e.g. preset = \"{DEFAULT_PRESET}\"")
+            return None, None, None, ()
+        key = name.strip().lower()
+        if key in PRESETS:
+            preset = PRESETS[key]
+            return preset.name, preset.scheme, preset.calibration, ()
+        if key in LOOKUP_NAMES:
+            return name, None, None, (_lookup_refusal(name),)
+        if key in ZERO_POINT_NAMES:
+            return name, None, None, (_zero_point_refusal(None, name),)
+        self.fault(line, f"unknown preset {name!r}", f"{_suggest(key, list(PRESETS))}known presets: "
+                   f"{', '.join(PRESETS)} (docs/presets.md)")
+        return None, None, None, ()
+
+    def scheme(self, table: dict, line: LineOf, mode: str) -> tuple[QuantScheme | None, Calibration | None]:
+        """The scheme the value/store/block/... keys spell; a zero-point mode builds its Symmetric twin."""
+        value = self.enum(table, "value", QuantValue, line)
+        store = self.store(table, line)
+        quant_mode = QuantMode.Lookup if mode == QuantMode.Lookup.value else QuantMode.Symmetric
+        block = self.block(table, line)
+        block_scale = self.enum(table, "block_scale", ScaleDtype, line)
+        tensor_scale = self.enum(table, "tensor_scale", ScaleDtype, line)
+        calibration = self.enum(table, "calibration", Calibration, line) or Calibration.MinMax
+        if "block" in table and "block_scale" not in table:
+            self.fault(line("block"), "block needs block_scale, the dtype of its scales",
+                       "add block_scale = \"F16\" (or \"UE4M3\", \"BF16\", \"F32\")")
+        if "block_scale" in table and "block" not in table:
+            self.fault(line("block_scale"), "block_scale needs block, the extents of a block",
+                       "add block = [32], or use tensor_scale for one scale per tensor")
+        if value is None or store is None:
+            return None, None
+        scheme = QuantScheme().with_value(value).with_store(store).with_mode(quant_mode)
+        if block is not None and block_scale is not None:
+            scheme = scheme.per_block(block, block_scale)
+        if tensor_scale is not None or block is None:
+            scheme = scheme.per_tensor(tensor_scale or ScaleDtype.F32)
+        return scheme, calibration
+
+    def store(self, table: dict, line: LineOf) -> QuantStore | None:
+        """`PackedU32`, `Native`, `PackedNative` (dim 0), or `PackedU32(d)` with an explicit dim."""
+        name = self.string(table, "store", line) if "store" in table else "PackedU32"
+        if name is None:
+            return None
+        parsed = re.fullmatch(r"\s*(\w+)\s*(?:\(\s*(\d+)\s*\))?\s*", name)
+        kind = parsed and next((k for k in STORES if k.lower() == parsed.group(1).lower()), None)
+        if not kind or (kind == "Native" and parsed.group(2)):
+            self.fault(line("store"), f"unknown store {name!r}",
+                       f"{_suggest(name, list(STORES))}one of {', '.join(STORES)}")
+            return None
+        return Native() if kind == "Native" else STORES[kind](int(parsed.group(2) or 0))
+
+    def block(self, table: dict, line: LineOf) -> list[int] | None:
+        if "block" not in table:
+            return None
+        raw = table["block"]
+        dims = [raw] if isinstance(raw, int) and not isinstance(raw, bool) else raw
+        if not isinstance(dims, list) or not dims or not all(
+            isinstance(d, int) and not isinstance(d, bool) for d in dims
+        ):
+            self.fault(line("block"), f"block must be an integer or an array of integers, got {raw!r}",
+                       "e.g. block = [32], or block = [4, 32] for 4x32 tiles")
+            return None
+        try:
+            BlockSize.new(dims)
+        except SchemeError as exc:
+            self.fault(line("block"), exc.message, exc.hint)
+            return None
+        return dims
+
+
+def _symmetric_of_width(value: object) -> str:
+    """A Symmetric value of the same width as `value` (Q4S when unknown)."""
+    named = [v for v in QuantValue if isinstance(value, str) and v.name.lower() == value.lower()]
+    bits = named[0].size_bits() if named else 4
+    return next(v.value for v in QuantValue if v.is_symmetric() and v.size_bits() == bits)
+
+
+def _lookup_refusal(name: str | None) -> Refusal:
+    return Refusal(
+        f"mode Lookup{f' ({name} is a codebook)' if name else ''}: {LOOKUP_WHY}",
+        "use a Symmetric scheme of the same width (e.g. Q4S with block [32] and F16 scales, preset "
+        f"\"{DEFAULT_PRESET}\"), or keep the tensor unquantized (keep = true)",
+    )
+
+
+def _zero_point_refusal(value: object, name: str | None = None) -> Refusal:
+    asked = f"{name} is asymmetric" if name else "a zero point (asymmetric quantization)"
+    return Refusal(
+        f"mode Asymmetric: {asked}: {ZERO_POINT_WHY}",
+        f"use a Symmetric scheme of the same width (e.g. {_symmetric_of_width(value)} with block [32] and "
+        "F16 scales), or keep the tensor unquantized (keep = true)",
+    )
+

@@ -1,0 +1,449 @@
+"""What a command found, as data: per-tensor rows, totals, timings, and the `--json` documents.
+
+The CLI renders these as tables; `to_json()` gives the documents `docs/json-schema.json` describes.
+Nothing here touches arrays except `value_stats`, which imports torch inside the function.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from qcli import BURN_LAYOUT_PIN, __version__
+
+JSON_SCHEMA_VERSION = 1
+
+
+def _finite(x: float | None) -> float | None:
+    """JSON has no infinity: an exact tensor's SQNR (inf) is written as null."""
+    return None if x is None or not math.isfinite(x) else x
+
+
+@dataclass(frozen=True)
+class ErrorRow:
+    """Error of a decoded tensor against its source (relative RMS, SQNR in dB, max abs)."""
+
+    rel_rms: float
+    sqnr_db: float
+    max_abs: float
+
+    @staticmethod
+    def of(stats: Any) -> ErrorRow:
+        """From `qcli.codec.ErrorStats` (or anything with the same three fields)."""
+        return ErrorRow(float(stats.rel_rms), float(stats.sqnr_db), float(stats.max_abs))
+
+    def to_json(self) -> dict:
+        return {"rel_rms": self.rel_rms, "sqnr_db": _finite(self.sqnr_db), "max_abs": self.max_abs}
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    """One tensor of a quantize plan: its decision, sizes and, once written, its error."""
+
+    name: str
+    shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    dtype: str
+    scheme: Any  # QuantScheme, or None for keep
+    reason: str
+    transposed: bool
+    bytes_in: int
+    bytes_out: int
+    bits_per_weight: float
+    peak_bytes: int
+    error: ErrorRow | None = None
+
+    @property
+    def decision(self) -> str:
+        return "keep" if self.scheme is None else "quantize"
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @staticmethod
+    def of(entry: Any, error: ErrorRow | None = None) -> TensorRow:
+        """From a `qcli.plan.PlanEntry`."""
+        info, decision = entry.info, entry.decision
+        return TensorRow(
+            name=info.name,
+            shape=tuple(info.shape),
+            out_shape=tuple(entry.out_shape),
+            dtype=info.dtype,
+            scheme=decision.scheme,
+            reason=decision.reason,
+            transposed=bool(decision.transpose),
+            bytes_in=info.nbytes,
+            bytes_out=entry.out_nbytes,
+            bits_per_weight=float(entry.bits_per_weight),
+            peak_bytes=entry.peak_bytes,
+            error=error,
+        )
+
+    def to_json(self) -> dict:
+        err = self.error.to_json() if self.error else {"rel_rms": None, "sqnr_db": None, "max_abs": None}
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "out_shape": list(self.out_shape),
+            "dtype": self.dtype,
+            "decision": self.decision,
+            "reason": self.reason,
+            "scheme": None if self.scheme is None else self.scheme.to_serde(),
+            "scheme_text": None if self.scheme is None else str(self.scheme),
+            "transposed": self.transposed,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "bits_per_weight": self.bits_per_weight,
+            **err,
+        }
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Sums over a plan; `peak_memory` estimates the working set of the largest tensor."""
+
+    tensors: int
+    quantized: int
+    kept: int
+    transposed: int
+    params: int
+    bytes_in: int
+    bytes_out: int
+    peak_memory: int
+
+    @property
+    def ratio(self) -> float:
+        """Input bytes per output byte (how many times smaller the output is)."""
+        return self.bytes_in / self.bytes_out if self.bytes_out else 0.0
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.bytes_out / self.params if self.params else 0.0
+
+    @staticmethod
+    def of(rows: list[TensorRow]) -> Totals:
+        return Totals(
+            tensors=len(rows),
+            quantized=sum(r.scheme is not None for r in rows),
+            kept=sum(r.scheme is None for r in rows),
+            transposed=sum(r.transposed for r in rows),
+            params=sum(r.numel for r in rows),
+            bytes_in=sum(r.bytes_in for r in rows),
+            bytes_out=sum(r.bytes_out for r in rows),
+            peak_memory=max((working_set(r) for r in rows), default=0),
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "tensors": self.tensors,
+            "quantized": self.quantized,
+            "kept": self.kept,
+            "transposed": self.transposed,
+            "params": self.params,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "ratio": self.ratio,
+            "bits_per_weight": self.bits_per_weight,
+            "peak_memory_bytes": self.peak_memory,
+        }
+
+
+def working_set(row: TensorRow) -> int:
+    """Host bytes one tensor holds at once: the plan's estimate for the pipeline (`PlanEntry.peak_bytes`)
+    plus, for a quantized tensor, the f32 decode its error statistics are measured on."""
+    return row.peak_bytes + (4 * row.numel if row.scheme is not None else 0)
+
+
+@dataclass
+class Phase:
+    """Time spent in one phase and the bytes it moved."""
+
+    seconds: float = 0.0
+    bytes: int = 0
+
+    @property
+    def gb_per_s(self) -> float | None:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else None
+
+    def to_json(self) -> dict:
+        return {"seconds": self.seconds, "bytes": self.bytes, "gb_per_s": self.gb_per_s}
+
+
+@dataclass
+class Timings:
+    """read: loading source tensors; quantize: encoding (and transposing); stats: decoding for the
+    error columns; write: handing payloads to the container and committing it."""
+
+    read: Phase = field(default_factory=Phase)
+    quantize: Phase = field(default_factory=Phase)
+    stats: Phase = field(default_factory=Phase)
+    write: Phase = field(default_factory=Phase)
+    total_seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "read": self.read.to_json(),
+            "quantize": self.quantize.to_json(),
+            "stats": self.stats.to_json(),
+            "write": self.write.to_json(),
+            "total_seconds": self.total_seconds,
+        }
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    name: str
+    bytes: int
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "bytes": self.bytes}
+
+
+@dataclass
+class QuantizeReport:
+    """The result of `qcli.api.quantize_file`: the plan, and for a real run the errors and timings."""
+
+    input: str
+    output: str
+    device: str | None
+    dry_run: bool
+    preset: str
+    recipe: str | None
+    recipe_sha256: str | None
+    source_files: list[SourceFile]
+    tensors: list[TensorRow]
+    warnings: list[Any] = field(default_factory=list)  # qcli.plan.Problem of severity "warning"
+    timings: Timings | None = None
+
+    @property
+    def totals(self) -> Totals:
+        return Totals.of(self.tensors)
+
+    def to_json(self) -> dict:
+        return {
+            "command": "quantize",
+            "schema_version": JSON_SCHEMA_VERSION,
+            "qcli_version": __version__,
+            "burn_layout": BURN_LAYOUT_PIN,
+            "input": self.input,
+            "output": self.output,
+            "device": self.device,
+            "dry_run": self.dry_run,
+            "preset": self.preset,
+            "recipe": self.recipe,
+            "recipe_sha256": self.recipe_sha256,
+            "source_files": [f.to_json() for f in self.source_files],
+            "tensors": [t.to_json() for t in self.tensors],
+            "warnings": [problem_json(p) for p in self.warnings],
+            "totals": self.totals.to_json(),
+            "timings": None if self.timings is None else self.timings.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class ValueStats:
+    """Summary of a tensor's values, computed in float64."""
+
+    min: float
+    max: float
+    mean: float
+    std: float
+    rms: float
+
+    def to_json(self) -> dict:
+        return {"min": self.min, "max": self.max, "mean": self.mean, "std": self.std, "rms": self.rms}
+
+
+def value_stats(t: Any) -> ValueStats:
+    """min/max/mean/std (population)/rms of a torch tensor of any real dtype."""
+    x = t.reshape(-1).double()
+    if x.numel() == 0:
+        return ValueStats(0.0, 0.0, 0.0, 0.0, 0.0)
+    return ValueStats(
+        min=float(x.min()),
+        max=float(x.max()),
+        mean=float(x.mean()),
+        std=float(x.std(correction=0)),
+        rms=float(x.square().mean().sqrt()),
+    )
+
+
+@dataclass(frozen=True)
+class ListedTensor:
+    """One tensor as a file holds it: `dtype` is readable (a QFloat as its scheme's short form)."""
+
+    name: str
+    dtype: str
+    dtype_serde: Any
+    shape: tuple[int, ...]
+    nbytes: int
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "dtype_serde": self.dtype_serde,
+            "shape": list(self.shape),
+            "bytes": self.nbytes,
+        }
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """`inspect --tensor`: statistics of the decoded values and, for a QFloat tensor, of its stored scales."""
+
+    name: str
+    values: ValueStats
+    scales: ValueStats | None
+    global_scale: float | None
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "values": self.values.to_json(),
+            "scales": None if self.scales is None else self.scales.to_json(),
+            "global_scale": self.global_scale,
+        }
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    """One tensor of `inspect --compare`: the written tensor against its (transposed, if recorded) source."""
+
+    name: str
+    dtype: str
+    transposed: bool
+    exact: bool
+    error: ErrorRow | None
+    problem: str | None = None
+
+    def to_json(self) -> dict:
+        err = self.error.to_json() if self.error else {"rel_rms": None, "sqnr_db": None, "max_abs": None}
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "transposed": self.transposed,
+            "exact": self.exact,
+            "problem": self.problem,
+            **err,
+        }
+
+
+@dataclass(frozen=True)
+class CompareReport:
+    source: str
+    rows: list[CompareRow]
+    missing: list[str]  # in the source, not in the .bpk
+    extra: list[str]  # in the .bpk, not in the source
+
+    @property
+    def mismatched(self) -> list[str]:
+        return [r.name for r in self.rows if r.problem is not None]
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.extra or self.mismatched)
+
+    def to_json(self) -> dict:
+        return {
+            "source": self.source,
+            "ok": self.ok,
+            "tensors": [r.to_json() for r in self.rows],
+            "missing": self.missing,
+            "extra": self.extra,
+            "mismatched": self.mismatched,
+        }
+
+
+@dataclass
+class InspectReport:
+    """The result of `qcli.api.inspect_file`."""
+
+    path: str
+    format: str  # "safetensors" | "burnpack"
+    files: list[SourceFile]
+    tensors: list[ListedTensor]
+    version: int | None = None
+    metadata: dict[str, str] | None = None
+    tensor_stats: TensorStats | None = None
+    compare: CompareReport | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "command": "inspect",
+            "schema_version": JSON_SCHEMA_VERSION,
+            "qcli_version": __version__,
+            "path": self.path,
+            "format": self.format,
+            "files": [f.to_json() for f in self.files],
+            "version": self.version,
+            "metadata": self.metadata,
+            "tensors": [t.to_json() for t in self.tensors],
+            "totals": {
+                "tensors": len(self.tensors),
+                "bytes": sum(t.nbytes for t in self.tensors),
+                "params": sum(math.prod(t.shape) for t in self.tensors),
+            },
+            "tensor_stats": None if self.tensor_stats is None else self.tensor_stats.to_json(),
+            "compare": None if self.compare is None else self.compare.to_json(),
+        }
+
+
+def problem_json(p: Any) -> dict:
+    """A `qcli.plan.Problem` as JSON (file and line for annotations, the tensors it concerns)."""
+    return {
+        "severity": p.severity,
+        "kind": p.kind,
+        "message": p.message,
+        "hint": p.hint,
+        "file": p.file,
+        "line": p.line,
+        "tensors": list(p.tensors),
+    }
+
+
+@dataclass
+class ValidateReport:
+    """The result of `qcli.api.validate_scheme`: every problem in the recipes (and plans, with a model)."""
+
+    recipes: list[str]
+    model: str | None
+    problems: list[Any]  # qcli.plan.Problem
+
+    @property
+    def errors(self) -> int:
+        return sum(p.severity == "error" for p in self.problems)
+
+    @property
+    def warnings(self) -> int:
+        return sum(p.severity != "error" for p in self.problems)
+
+    @property
+    def ok(self) -> bool:
+        return self.errors == 0
+
+    def to_json(self) -> dict:
+        return {
+            "command": "validate-scheme",
+            "schema_version": JSON_SCHEMA_VERSION,
+            "qcli_version": __version__,
+            "recipes": self.recipes,
+            "model": self.model,
+            "ok": self.ok,
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "problems": [problem_json(p) for p in self.problems],
+        }
+
+
+def problem_location(p: Any) -> str:
+    """`file:line`, `file`, or empty: as far as the problem's location is known."""
+    return f"{p.file}:{p.line}" if p.file and p.line else p.file or ""
+
+
+def problem_text(p: Any) -> str:
+    """One line: `file:line: message`."""
+    where = problem_location(p)
+    return f"{where}: {p.message}" if where else p.message

@@ -1,0 +1,45 @@
+"""validate-scheme: every problem a recipe has, alone or against a model's headers, as `Problem`s.
+
+Unlike `load_recipe`, nothing is raised for a faulty recipe: parse errors, schemes Burn refuses and
+Lookup or zero-point requests all come back together, each with its file and line so CI can annotate
+the recipe. With the model's `TensorInfo`s the plan is resolved from the headers too: tensors that
+cannot take their scheme, rules that match nothing (an error here, a warning in `make_plan`) and
+tensors no rule covers (a warning: they follow the default policy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+
+from qcli.io.safetensors import TensorInfo
+from qcli.plan import Problem, count_and_first, make_plan, rule_refusal
+from qcli.presets import Preset
+from qcli.recipe import read_recipe
+
+
+def validate_scheme(
+    recipe_path: str | Path, infos: Iterable[TensorInfo] | None = None, preset: Preset | None = None
+) -> list[Problem]:
+    """Every problem of the recipe at `recipe_path`, and of its plan for `infos` when given.
+
+    An unreadable recipe file raises `RecipeError`; everything wrong inside it is returned.
+    """
+    recipe, faults = read_recipe(recipe_path)
+    problems = [Problem("recipe", f.message, f.hint, f.file, f.line, (), "error") for f in faults]
+    if infos is None:
+        return problems + [p for rule in recipe.rules if (p := rule_refusal(rule)) is not None]
+    plan = make_plan(infos, recipe, preset)
+    for problem in plan.problems:
+        problems.append(replace(problem, severity="error") if problem.kind == "unmatched-rule" else problem)
+    uncovered = [e.info.name for e in plan.entries if e.decision.rule is None]
+    if uncovered:
+        problems.append(Problem(
+            "uncovered", f"no rule covers {count_and_first(uncovered)}; they follow the default policy "
+            f"({plan.preset.name if plan.preset else 'default'} where the shape takes it, else keep)",
+            "add a rule for them (match = \"*\" as the last rule catches everything), or accept the default",
+            str(recipe_path), None, tuple(uncovered), "warning",
+        ))
+    return problems
+

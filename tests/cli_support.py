@@ -1,0 +1,138 @@
+"""Shared helpers for the CLI tests: run the real entry point, and read QFloat bytes by hand.
+
+The hand decoder is written from qfloat-spec (PackedU32: first value in the least significant bits,
+rows padded on their own, then row-major F16 block scales), with numpy only, so the tests do not
+check qcli's codec against itself.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_weights"
+SINGLE = SAMPLES / "tiny-llama.safetensors"
+SHARDED = SAMPLES / "tiny-llama-sharded"
+SHARED = ROOT / ".." / "shared"
+SCHEMA = json.loads((ROOT / "docs" / "json-schema.json").read_text())
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def json(self) -> dict:
+        return json.loads(self.out)
+
+
+def cli(*args: str | Path) -> Result:
+    """Run `qcli ARGS` in this process through `qcli.cli.run` (what the console script calls)."""
+    from qcli.cli import run
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = run([str(a) for a in args])
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def cli_subprocess(*args: str | Path, env: dict[str, str] | None = None) -> Result:
+    """Run `python -m qcli ARGS` in a fresh interpreter from the repository root."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "qcli", *map(str, args)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def validate_json(doc: dict) -> None:
+    import jsonschema
+
+    jsonschema.validate(doc, SCHEMA)
+
+
+def assert_user_error(result: Result, code: int) -> list[str]:
+    """Exit `code`, `error:` first and `hint:` last on stderr, no traceback; returns the lines."""
+    assert result.code == code, (result.code, result.err)
+    lines = result.err.strip().splitlines()
+    assert lines[0].startswith("error: "), result.err
+    assert lines[-1].startswith("hint: "), result.err
+    assert "Traceback" not in result.err
+    return lines
+
+
+def source_tensors(path: Path = SINGLE) -> dict[str, np.ndarray]:
+    """The sample's tensors as float32 numpy arrays (bf16 widens exactly)."""
+    from safetensors.torch import load_file
+
+    return {k: v.float().numpy() for k, v in load_file(path).items()}
+
+
+def source_bytes(path: Path = SINGLE) -> dict[str, bytes]:
+    """Each tensor's raw bytes, read from the safetensors header and data section by hand."""
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    header.pop("__metadata__", None)
+    return {k: data[8 + n + v["data_offsets"][0] : 8 + n + v["data_offsets"][1]] for k, v in header.items()}
+
+
+def q_serde(value: str, block: int) -> dict:
+    """Burn's serde form of `value` in PackedU32(0), one F16 scale per `block` values (qfloat-spec §1.8)."""
+    return {
+        "value": value,
+        "store": {"PackedU32": 0},
+        "mode": "Symmetric",
+        "tensor": None,
+        "block": {"size": {"storage": [block, 1, 1, 1, 1], "len": 1}, "dtype": "F16"},
+    }
+
+
+def packed_len(shape: tuple[int, int], bits: int, block: int) -> int:
+    rows, cols = shape
+    return rows * math.ceil(cols * bits / 32) * 4 + rows * math.ceil(cols / block) * 2
+
+
+def decode_packed(
+    payload: bytes, shape: tuple[int, int], bits: int, block: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(values, scales) of a 2-D symmetric-integer PackedU32(0) tensor with F16 block scales [block]."""
+    rows, cols = shape
+    per_word = 32 // bits
+    words_per_row = math.ceil(cols / per_word)
+    value_bytes = rows * words_per_row * 4
+    blocks = math.ceil(cols / block)
+    assert len(payload) == value_bytes + rows * blocks * 2
+    words = np.frombuffer(payload[:value_bytes], dtype="<u4").reshape(rows, words_per_row)
+    shifts = (np.arange(per_word) * bits).astype(np.uint32)
+    fields = ((words[:, :, None] >> shifts) & ((1 << bits) - 1)).reshape(rows, -1)[:, :cols].astype(np.int64)
+    q = np.where(fields >= 1 << (bits - 1), fields - (1 << bits), fields)
+    scales = np.frombuffer(payload[value_bytes:], dtype="<f2").astype(np.float32).reshape(rows, blocks)
+    return (q * np.repeat(scales, block, axis=1)[:, :cols]).astype(np.float32), scales
+
+
+def half_step_bound(x: np.ndarray, half_range: float, block: int) -> np.ndarray:
+    """Per element, half the quantization step of its block: max|x| / h / 2, with room for the scale's
+    rounding up onto f16 (a relative 2^-10 at most for normal f16 scales)."""
+    rows, cols = x.shape
+    blocks = math.ceil(cols / block)
+    padded = np.zeros((rows, blocks * block), dtype=np.float64)
+    padded[:, :cols] = np.abs(x)
+    alpha = padded.reshape(rows, blocks, block).max(axis=2)
+    return np.repeat(alpha / half_range * (1 + 2.0**-10) / 2, block, axis=1)[:, :cols] + 1e-12

@@ -1,0 +1,376 @@
+"""The plan: decisions, reasons, sizes and problems for a Llama-like checkpoint, worked out by hand."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from qcli.errors import PlanError
+from qcli.io.safetensors import TensorInfo
+from qcli.plan import make_plan, shape_problem
+from qcli.presets import PRESETS
+from qcli.recipe import load_recipe
+from qcli.scheme import QuantScheme, QuantValue, ScaleDtype
+
+ITEM = {"F32": 4, "BF16": 2, "F16": 2, "I64": 8, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1}
+SOURCE = Path("model.safetensors")
+
+
+def info(name: str, dtype: str, shape: list[int]) -> TensorInfo:
+    return TensorInfo(name, dtype, tuple(shape), math.prod(shape) * ITEM[dtype], SOURCE)
+
+
+LAYER = "model.layers.0"
+LLAMA = [
+    info("model.embed_tokens.weight", "BF16", [32000, 4096]),
+    info(f"{LAYER}.self_attn.q_proj.weight", "BF16", [4096, 4096]),
+    info(f"{LAYER}.self_attn.k_proj.weight", "BF16", [1024, 4096]),
+    info(f"{LAYER}.mlp.up_proj.weight", "BF16", [11008, 4096]),
+    info(f"{LAYER}.mlp.down_proj.weight", "BF16", [4096, 11008]),
+    info(f"{LAYER}.input_layernorm.weight", "BF16", [4096]),
+    info("model.norm.weight", "BF16", [4096]),
+    info("lm_head.weight", "BF16", [32000, 4096]),
+    info("model.rotary.position_ids", "I64", [1, 2048]),
+]
+FP8 = [
+    info("model.layers.1.mlp.gate_proj.weight", "F8_E4M3", [11008, 4096]),
+    info("model.layers.1.mlp.gate_proj.weight_scale", "F32", [86, 32]),
+    info("model.layers.1.mlp.gate_proj.input_scale", "F32", []),
+    info("model.layers.1.self_attn.o_proj.weight", "F8_E5M2", [4096, 4096]),
+    info("model.layers.1.self_attn.o_proj.weight_scale_inv", "F32", [32, 32]),
+]
+Q4S_B32 = {
+    "value": "Q4S",
+    "store": {"PackedU32": 0},
+    "mode": "Symmetric",
+    "tensor": None,
+    "block": {"size": {"storage": [32, 1, 1, 1, 1], "len": 1}, "dtype": "F16"},
+}
+
+
+def recipe(tmp_path: Path, text: str):
+    path = tmp_path / "recipe.toml"
+    path.write_text("version = 1\n" + text)
+    return load_recipe(path)
+
+
+def by_name(plan) -> dict:
+    return {e.info.name: e for e in plan.entries}
+
+
+def test_default_policy_on_a_llama_checkpoint() -> None:
+    plan = make_plan(LLAMA)
+    assert [e.info.name for e in plan.entries] == [i.name for i in LLAMA]
+    entries = by_name(plan)
+    for name in ("model.embed_tokens.weight", f"{LAYER}.self_attn.q_proj.weight", "lm_head.weight"):
+        assert entries[name].decision.scheme.to_serde() == Q4S_B32
+        assert entries[name].decision.reason == "default: BF16 tensor of rank 2 -> q4s-b32"
+        assert entries[name].out_dtype == {"QFloat": Q4S_B32}
+    norm = entries[f"{LAYER}.input_layernorm.weight"]
+    assert norm.decision.scheme is None
+    assert norm.decision.reason == "default: keep, 1-D tensor (norm/bias)"
+    assert (norm.out_dtype, norm.out_nbytes, norm.bits_per_weight) == ("BF16", 8192, 16.0)
+    ids = entries["model.rotary.position_ids"]
+    assert (ids.decision.reason, ids.out_dtype) == ("default: keep, integer tensor (I64)", "I64")
+    assert plan.problems == []
+    assert plan.preset is PRESETS["q4s-b32"]
+
+
+def test_quantized_sizes_worked_by_hand() -> None:
+    entries = by_name(make_plan(LLAMA))
+    q = entries[f"{LAYER}.self_attn.q_proj.weight"]
+    # Q4S in u32 words: 4096 rows of 4096/8 words; one F16 scale per 32 values: 4096 * 128 scales.
+    assert q.out_nbytes == 4096 * 512 * 4 + 4096 * 128 * 2 == 9_437_184
+    assert q.bits_per_weight == 4.5
+    assert q.out_shape == (4096, 4096)
+    down = entries[f"{LAYER}.mlp.down_proj.weight"]
+    assert down.out_nbytes == 4096 * (11008 // 8) * 4 + 4096 * (11008 // 32) * 2
+
+
+def test_totals() -> None:
+    plan = make_plan(LLAMA)
+    totals = plan.totals()
+    assert (totals.tensors, totals.quantized, totals.kept, totals.transposed) == (9, 6, 3, 0)
+    assert totals.bytes_in == sum(i.nbytes for i in LLAMA)
+    kept = 4096 * 2 * 2 + 2048 * 8
+    quantized = sum(math.prod(i.shape) for i in LLAMA if len(i.shape) == 2 and i.dtype == "BF16") * 9 // 16
+    assert totals.bytes_out == kept + quantized
+    assert totals.ratio == pytest.approx(totals.bytes_in / totals.bytes_out)
+    # The largest tensor, embed_tokens: its BF16 source, an f32 working copy, its payload.
+    numel = 32000 * 4096
+    assert totals.peak_bytes == numel * 2 + numel * 4 + numel * 9 // 16
+
+
+def test_already_quantized_tensors_and_their_scale_companions_are_kept() -> None:
+    plan = make_plan(LLAMA + FP8)
+    entries = by_name(plan)
+    gate = "model.layers.1.mlp.gate_proj.weight"
+    o_proj = "model.layers.1.self_attn.o_proj.weight"
+    assert entries[gate].decision.reason == "default: keep, already quantized (F8_E4M3)"
+    for scale in (f"{gate}_scale", "model.layers.1.mlp.gate_proj.input_scale"):
+        assert (
+            entries[scale].decision.reason == f"default: keep, scale of the already-quantized tensor {gate}"
+        )
+    # A 2-D F32 scale_inv would take q4s-b32 by shape; it is kept because it belongs to o_proj.
+    assert entries[f"{o_proj}_scale_inv"].decision.reason == (
+        f"default: keep, scale of the already-quantized tensor {o_proj}"
+    )
+    # Burn has no F8 dtype: keeping them is an error, one per tensor, with what to do.
+    errors = plan.errors()
+    assert [(p.kind, p.tensors) for p in errors] == [("dtype", (gate,)), ("dtype", (o_proj,))]
+    assert "Burn has no F8_E4M3 dtype" in errors[0].message
+    assert "dequantize" in errors[0].hint
+
+
+def test_int8_is_kept_as_already_quantized_and_burn_can_hold_it() -> None:
+    plan = make_plan([info("w", "I8", [64, 64]), info("w_scale", "F32", [64, 2])])
+    entries = by_name(plan)
+    assert entries["w"].decision.reason == "default: keep, already quantized (I8)"
+    assert entries["w"].out_dtype == "I8"
+    assert entries["w_scale"].decision.reason == "default: keep, scale of the already-quantized tensor w"
+    assert plan.problems == []
+
+
+@pytest.mark.parametrize(
+    ("preset", "shape", "why"),
+    [
+        ("q4s-b32", [10, 33], "last dim 33 is not a multiple of 32 (block [32])"),
+        ("q4s-b128", [8, 64], "last dim 64 is not a multiple of 128 (block [128])"),
+        ("nvfp4", [8, 24], "last dim 24 is not a multiple of 16 (block [16])"),
+        ("q8s", [8, 6], "last dim 6 is not a multiple of 4 (PackedU32 holds 4 Q8S values per word)"),
+        ("e4m3", [3, 3], "last dim 3 is not a multiple of 4 (PackedU32 holds 4 E4M3 values per word)"),
+    ],
+)
+def test_default_policy_keeps_a_shape_that_cannot_take_the_preset(
+    preset: str, shape: list[int], why: str
+) -> None:
+    plan = make_plan([info("w", "F32", shape)], preset=PRESETS[preset])
+    assert plan.entries[0].decision.scheme is None
+    assert plan.entries[0].decision.reason == f"default: keep, cannot take {preset}: {why}"
+    assert plan.problems == []
+
+
+def test_native_q8_takes_any_last_dim() -> None:
+    entry = make_plan([info("w", "F16", [3, 5])], preset=PRESETS["q8s-native"]).entries[0]
+    assert entry.decision.scheme is PRESETS["q8s-native"].scheme
+    assert entry.out_nbytes == 15 + 4
+
+
+@pytest.mark.parametrize(
+    ("scheme", "shape", "why"),
+    [
+        (
+            QuantScheme().with_value(QuantValue.Q8S).per_block([2, 16], ScaleDtype.F16),
+            (32,),
+            "block [2, 16] has 2 axes but the tensor has 1",
+        ),
+        (
+            QuantScheme().with_value(QuantValue.Q8S).per_block([4, 32], ScaleDtype.F16),
+            (6, 64),
+            "dim 0 (size 6) is not a multiple of 4 (block [4, 32])",
+        ),
+        (
+            QuantScheme.nvfp4().per_block([2], ScaleDtype.UE4M3),
+            (4, 7),
+            "last dim 7 is not a multiple of 2 (block [2])",
+        ),
+        (
+            QuantScheme().with_value(QuantValue.E2M1).with_store(QuantScheme.nvfp4().store),
+            (4, 7),
+            "last dim 7 is odd (PackedNative stores E2M1 values in pairs)",
+        ),
+        (QuantScheme().with_value(QuantValue.Q8S), (), "a 0-D tensor (scalar) has no axis to quantize along"),
+        (QuantScheme().with_value(QuantValue.Q8S), (4, 8), None),
+    ],
+)
+def test_shape_problem(scheme: QuantScheme, shape: tuple[int, ...], why: str | None) -> None:
+    assert shape_problem(scheme, shape) == why
+
+
+def test_burns_10_gib_tensor_limit() -> None:
+    huge = info("huge", "F32", [200_000, 65_536])  # 13.1e9 values: even Q8 is over 10 GiB
+    assert "10 GiB" in shape_problem(PRESETS["q8s"].scheme, huge.shape)
+    assert shape_problem(PRESETS["q4s-b32"].scheme, huge.shape) is None  # 7.4 GB fits
+    plan = make_plan([huge], preset=PRESETS["q8s"])
+    assert "exceeds Burn's 10 GiB per-tensor reader limit" in plan.entries[0].decision.reason
+    assert [(p.kind, p.tensors) for p in plan.errors()] == [("size", ("huge",))]
+
+
+def test_first_matching_rule_wins_and_the_rest_follow_the_default(tmp_path: Path) -> None:
+    plan = make_plan(
+        LLAMA,
+        recipe(
+            tmp_path,
+            '[[rule]]\nmatch = "*norm*"\nkeep = true\n'
+            '[[rule]]\nmatch = "re:.*\\\\.mlp\\\\..*"\npreset = "q8s"\n'
+            '[[rule]]\nmatch = "*.weight"\nvalue = "Q4S"\nblock = [64]\nblock_scale = "F16"\n',
+        ),
+        PRESETS["q8s"],
+    )
+    entries = by_name(plan)
+    file = str(tmp_path / "recipe.toml")
+    norm = entries[f"{LAYER}.input_layernorm.weight"].decision
+    assert (norm.scheme, norm.reason, norm.rule.line) == (None, f"rule {file}:2: keep", 2)
+    up = entries[f"{LAYER}.mlp.up_proj.weight"].decision
+    assert (up.scheme, up.reason) == (PRESETS["q8s"].scheme, f"rule {file}:5 -> q8s")
+    q = entries[f"{LAYER}.self_attn.q_proj.weight"].decision
+    assert q.scheme.to_serde()["block"]["size"]["storage"] == [64, 1, 1, 1, 1]
+    assert q.reason == f"rule {file}:8 -> Q4S PackedU32(0) block [64] F16"
+    ids = entries["model.rotary.position_ids"].decision
+    assert (ids.rule, ids.reason) == (None, "default: keep, integer tensor (I64)")
+    assert plan.problems == []
+
+
+def test_transpose_reverses_a_2d_shape_and_checks_the_scheme_on_it(tmp_path: Path) -> None:
+    tensors = [info("a.weight", "F32", [64, 48]), info("b.weight", "BF16", [8, 32])]
+    plan = make_plan(
+        tensors,
+        recipe(
+            tmp_path,
+            '[[rule]]\nmatch = "a.*"\nvalue = "Q8S"\nblock = [64]\nblock_scale = "F16"\ntranspose = true\n'
+            '[[rule]]\nmatch = "b.*"\nkeep = true\ntranspose = true\n',
+        ),
+    )
+    a, b = plan.entries
+    # [64, 48] written as [48, 64]: 64 divides the new last dim (it would not divide 48).
+    assert (a.decision.transpose, a.out_shape, a.decision.scheme is not None) == (True, (48, 64), True)
+    assert a.out_nbytes == 48 * 64 + 48 * 2
+    assert (b.decision.transpose, b.out_shape, b.out_dtype, b.out_nbytes) == (True, (32, 8), "BF16", 512)
+    assert plan.totals().transposed == 2
+    assert plan.problems == []
+
+
+def test_transpose_of_a_tensor_that_is_not_2d_is_a_problem(tmp_path: Path) -> None:
+    plan = make_plan(LLAMA, recipe(tmp_path, '[[rule]]\nmatch = "*"\npreset = "q4s-b32"\ntranspose = true\n'))
+    (problem,) = plan.errors()
+    assert problem.kind == "transpose"
+    assert problem.tensors == (f"{LAYER}.input_layernorm.weight", "model.norm.weight")
+    assert (problem.file, problem.line) == (str(tmp_path / "recipe.toml"), 2)
+    assert "2 tensors" in problem.message and "needs a 2-D tensor" in problem.message
+
+
+def test_on_indivisible_keep_keeps_with_the_reason(tmp_path: Path) -> None:
+    plan = make_plan(
+        [info("odd.weight", "F32", [10, 33])], recipe(tmp_path, '[[rule]]\nmatch = "*"\npreset = "q4s-b32"\n')
+    )
+    assert plan.entries[0].decision.scheme is None
+    assert plan.entries[0].decision.reason.endswith(
+        "keep, cannot take the scheme: last dim 33 is not a multiple of 32 (block [32])"
+    )
+    assert plan.problems == []
+
+
+def test_on_indivisible_error_reports_every_tensor(tmp_path: Path) -> None:
+    plan = make_plan(
+        [info("odd.weight", "F32", [10, 33]), info("ok.weight", "F32", [2, 32]), info("ids", "I64", [4, 32])],
+        recipe(tmp_path, '[defaults]\non_indivisible = "error"\n[[rule]]\nmatch = "*"\npreset = "q4s-b32"\n'),
+    )
+    errors = plan.errors()
+    assert [(p.kind, p.tensors, p.line) for p in errors] == [
+        ("shape", ("odd.weight",), 4),
+        ("shape", ("ids",), 4),
+    ]
+    assert "last dim 33 is not a multiple of 32 (block [32])" in errors[0].message
+    assert "I64 is not a floating dtype" in errors[1].message
+    with pytest.raises(PlanError) as raised:
+        plan.raise_if_errors()
+    assert raised.value.message.startswith("the plan has 2 problems")
+    assert len(raised.value.problems) == 2
+    assert raised.value.problems[0].startswith(
+        f"{tmp_path / 'recipe.toml'}:4: odd.weight [10, 33] cannot take"
+    )
+
+
+def test_a_lookup_rule_is_refused_naming_the_tensors_it_would_cover(tmp_path: Path) -> None:
+    plan = make_plan(
+        LLAMA,
+        recipe(
+            tmp_path,
+            '[[rule]]\nmatch = "*norm*"\nkeep = true\n\n[[rule]]\nmatch = "*proj.weight"\n'
+            'value = "Q4S"\nmode = "Lookup"\n',
+        ),
+    )
+    (problem,) = plan.errors()
+    assert (problem.kind, problem.file, problem.line) == ("lookup", str(tmp_path / "recipe.toml"), 6)
+    assert problem.tensors == tuple(i.name for i in LLAMA if i.name.endswith("proj.weight"))
+    assert "mode Lookup" in problem.message
+    assert "lookup quantization does not travel as a QFloat tensor" in problem.message
+    assert f"4 tensors ({LAYER}.self_attn.q_proj.weight, {LAYER}.self_attn.k_proj.weight, " in problem.message
+    assert "Symmetric scheme of the same width" in problem.hint and "keep = true" in problem.hint
+    up = by_name(plan)[f"{LAYER}.mlp.up_proj.weight"].decision
+    assert up.scheme is None and up.reason.startswith("refused: rule")
+    with pytest.raises(PlanError):
+        plan.raise_if_errors()
+
+
+def test_zero_point_and_refused_schemes_are_reported_once_per_rule(tmp_path: Path) -> None:
+    plan = make_plan(
+        LLAMA,
+        recipe(
+            tmp_path,
+            '[[rule]]\nmatch = "*proj*"\nvalue = "Q4F"\nzero_point = 8\n'
+            '[[rule]]\nmatch = "lm_head*"\nvalue = "Q4S"\nstore = "Native"\n',
+        ),
+    )
+    zero, native = plan.errors()
+    assert (zero.kind, zero.line, len(zero.tensors)) == ("scheme", 2, 4)
+    assert "Burn has no zero point" in zero.message and "Q4S" in zero.hint
+    assert (native.kind, native.line, native.tensors) == ("scheme", 6, ("lm_head.weight",))
+    assert "Can't store native sub-byte values" in native.message
+
+
+def test_a_rule_that_matches_nothing_is_a_warning(tmp_path: Path) -> None:
+    plan = make_plan(LLAMA, recipe(tmp_path, '[[rule]]\nmatch = "*.bias"\nkeep = true\n'))
+    (problem,) = plan.problems
+    assert (problem.kind, problem.severity, problem.line) == ("unmatched-rule", "warning", 2)
+    assert "matches no tensor" in problem.message
+    plan.raise_if_errors()  # warnings do not stop the plan
+
+
+def test_a_rule_cannot_requantize_an_fp8_tensor(tmp_path: Path) -> None:
+    plan = make_plan(FP8[:1], recipe(tmp_path, '[[rule]]\nmatch = "*"\npreset = "q8s"\n'))
+    entry = plan.entries[0]
+    assert entry.decision.scheme is None
+    assert "F8_E4M3 is already quantized; qcli does not requantize" in entry.decision.reason
+    assert [p.kind for p in plan.errors()] == ["dtype"]
+
+
+def test_problem_str_carries_its_location(tmp_path: Path) -> None:
+    plan = make_plan(LLAMA, recipe(tmp_path, '[[rule]]\nmatch = "nothing"\nkeep = true\n'))
+    assert str(plan.problems[0]) == f"{tmp_path / 'recipe.toml'}:2: rule (match 'nothing') matches no tensor"
+
+
+def test_an_empty_model_makes_an_empty_plan() -> None:
+    plan = make_plan([])
+    assert (plan.entries, plan.problems, plan.totals().peak_bytes, plan.totals().ratio) == ([], [], 0, 0.0)
+
+
+def test_newer_safetensors_dtypes_are_classified_not_guessed() -> None:
+    tensors = [
+        TensorInfo("fp4.weight", "F4", (64, 64), 64 * 32, SOURCE),
+        TensorInfo("fp4.weight_scale", "F8_E8M0", (64, 2), 128, SOURCE),
+        TensorInfo("mask", "BOOL", (8, 8), 64, SOURCE),
+        TensorInfo("freqs", "C64", (8, 8), 512, SOURCE),
+    ]
+    plan = make_plan(tensors)
+    assert [e.decision.reason for e in plan.entries] == [
+        "default: keep, already quantized (F4)",
+        "default: keep, already quantized (F8_E8M0)",
+        "default: keep, bool tensor (BOOL)",
+        "default: keep, non-floating tensor (C64)",
+    ]
+    assert plan.entries[2].out_dtype == {"Bool": "Native"}
+    assert [p.tensors for p in plan.errors()] == [("fp4.weight",), ("fp4.weight_scale",), ("freqs",)]
+
+
+def test_burns_per_file_limits() -> None:
+    # Eleven kept 1-D F32 tensors of 9.7 GiB each: each fits Burn's 10 GiB, the file does not fit 100 GiB.
+    big = [info(f"t{i}", "F32", [2_600_000_000]) for i in range(11)]
+    (problem,) = make_plan(big).errors()
+    assert problem.kind == "size"
+    assert "106.5 GiB" in problem.message and "100 GiB" in problem.message
+    many = [TensorInfo(f"b{i}", "F32", (1,), 4, SOURCE) for i in range(100_001)]
+    (problem,) = make_plan(many).errors()
+    assert "100001 tensors" in problem.message and "100000" in problem.message

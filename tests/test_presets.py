@@ -1,0 +1,95 @@
+"""Presets: each is the Burn scheme its name promises, written out here in Burn's serde form."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qcli import layout
+from qcli.errors import SchemeError, UsageError
+from qcli.presets import DEFAULT_PRESET, PRESETS, get_preset
+from qcli.scheme import Calibration, accept_problems
+
+
+def _block(n: int, dtype: str) -> dict:
+    return {"size": {"storage": [n, 1, 1, 1, 1], "len": 1}, "dtype": dtype}
+
+
+def _serde(value: str, store: object, tensor: str | None, block: dict | None) -> dict:
+    return {"value": value, "store": store, "mode": "Symmetric", "tensor": tensor, "block": block}
+
+
+U32 = {"PackedU32": 0}
+EXPECTED = {
+    # Burn's QuantScheme::nvfp4() (cubecl presets.rs): E2M1, PackedNative(0), block [16] UE4M3, F32 global.
+    "nvfp4": _serde("E2M1", {"PackedNative": 0}, "F32", _block(16, "UE4M3")),
+    "nvfp4-u32": _serde("E2M1", U32, "F32", _block(16, "UE4M3")),
+    "q8s": _serde("Q8S", U32, "F32", None),
+    "q8s-native": _serde("Q8S", "Native", "F32", None),
+    "q8s-b32": _serde("Q8S", U32, None, _block(32, "F16")),
+    "q4s-b32": _serde("Q4S", U32, None, _block(32, "F16")),
+    "q4s-b64": _serde("Q4S", U32, None, _block(64, "F16")),
+    "q4s-b128": _serde("Q4S", U32, None, _block(128, "F16")),
+    "q4f-b32": _serde("Q4F", U32, None, _block(32, "F16")),
+    "q2s-b32": _serde("Q2S", U32, None, _block(32, "F16")),
+    "e4m3": _serde("E4M3", U32, "F32", None),
+    "e5m2": _serde("E5M2", U32, "F32", None),
+    "e4m3-b32": _serde("E4M3", U32, None, _block(32, "F16")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_preset_is_the_scheme_its_name_promises(name: str) -> None:
+    preset = PRESETS[name]
+    assert preset.name == name
+    assert preset.scheme.to_serde() == EXPECTED[name]
+    assert preset.calibration is Calibration.MinMax
+    assert preset.description
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_is_accepted_by_burn(name: str) -> None:
+    assert accept_problems(PRESETS[name].scheme, PRESETS[name].calibration) == []
+
+
+def test_default_preset_is_q4s_b32() -> None:
+    assert DEFAULT_PRESET == "q4s-b32"
+    assert DEFAULT_PRESET in PRESETS
+
+
+def test_get_preset_is_case_insensitive() -> None:
+    assert get_preset("NVFP4") is PRESETS["nvfp4"]
+    assert get_preset(" Q4S-B32 ") is PRESETS["q4s-b32"]
+
+
+def test_unknown_preset_suggests_the_closest_name() -> None:
+    with pytest.raises(UsageError) as info:
+        get_preset("q4s-b23")
+    assert "unknown preset 'q4s-b23'" in info.value.message
+    assert "did you mean 'q4s-b32'" in info.value.hint
+
+
+def test_codebook_preset_names_get_the_lookup_refusal() -> None:
+    with pytest.raises(SchemeError) as info:
+        get_preset("nf4")
+    assert "Lookup" in info.value.message
+    assert "lookup quantization does not travel as a QFloat tensor" in info.value.message
+    assert "Symmetric" in info.value.hint
+
+
+def test_zero_point_preset_names_are_refused() -> None:
+    with pytest.raises(SchemeError) as info:
+        get_preset("q4_1")
+    assert "zero point" in info.value.message
+
+
+def test_docs_presets_lists_every_preset_with_its_scheme() -> None:
+    docs = (Path(__file__).parents[1] / "docs" / "presets.md").read_text()
+    rows = {row.split("|")[1].strip(" `"): row for row in docs.splitlines() if row.startswith("| `")}
+    assert set(rows) == set(PRESETS)
+    for name, preset in PRESETS.items():
+        bits = layout.bits_per_weight(preset.scheme, (4096, 4096))
+        assert f"| {bits:.4g} |" in rows[name].replace(".0 |", " |"), name
+        # The scheme column spells the scheme the way `str(QuantScheme)` does (nvfp4 after Burn's name).
+        assert str(preset.scheme) in rows[name], name

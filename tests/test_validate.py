@@ -1,0 +1,107 @@
+"""validate-scheme: every problem of a recipe, alone and against a model, each with its file and line."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from qcli.errors import RecipeError
+from qcli.io.safetensors import TensorInfo
+from qcli.validate import validate_scheme
+
+MODEL = [
+    TensorInfo(name, "BF16", shape, math.prod(shape) * 2, Path("model.safetensors"))
+    for name, shape in [
+        ("model.embed_tokens.weight", (1000, 128)),
+        ("model.layers.0.self_attn.q_proj.weight", (128, 128)),
+        ("model.layers.0.mlp.down_proj.weight", (128, 352)),
+        ("model.layers.0.input_layernorm.weight", (128,)),
+        ("model.odd.weight", (4, 36)),
+        ("lm_head.weight", (1000, 128)),
+    ]
+]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "recipe.toml"
+    path.write_text(text)
+    return path
+
+
+def summary(problems) -> list[tuple[str, str, int | None]]:
+    return [(p.severity, p.kind, p.line) for p in problems]
+
+
+def test_a_good_recipe_has_no_problems(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        'version = 1\n[[rule]]\nmatch = "*norm*"\nkeep = true\n[[rule]]\nmatch = "*"\npreset = "q4s-b32"\n',
+    )
+    assert validate_scheme(path) == []
+    assert validate_scheme(path, MODEL) == []  # model.odd.weight is kept: on_indivisible defaults to keep
+
+
+def test_every_fault_is_reported_at_once_with_its_line(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "version = 1\n"
+        '[[rule]]\nmatch = "*norm*"\nkep = true\n'  # 2, 4: unknown key
+        '[[rule]]\nmatch = "*proj*"\nvalue = "Q4S"\nmode = "Lookup"\n'  # 5: a Lookup refusal
+        '[[rule]]\nmatch = "lm_head*"\nvalue = "Q4S"\nblock = [32]\n'  # 9, 12: block without block_scale
+        '[[rule]]\nmatch = "*embed*"\nvalue = "Q4S"\nblock = [32]\nblock_scale = "UE8M0"\n',  # 13: refused
+    )
+    problems = validate_scheme(path)
+    assert summary(problems) == [
+        ("error", "recipe", 4),
+        ("error", "recipe", 12),
+        ("error", "lookup", 5),
+        ("error", "scheme", 13),
+    ]
+    assert all(p.file == str(path) for p in problems)
+    assert problems[0].message == "unknown key 'kep' in rule 1"
+    assert "did you mean 'keep'?" in problems[0].hint
+    assert "lookup quantization does not travel as a QFloat tensor" in problems[2].message
+    assert "would have covered" not in problems[2].message  # no model: no tensors to name
+    assert "UE8M0" in problems[3].message
+
+
+def test_a_syntax_error_is_one_problem_at_tomls_line(tmp_path: Path) -> None:
+    problems = validate_scheme(write(tmp_path, 'version = 1\n[[rule]]\nmatch = "*\n'))
+    assert summary(problems) == [("error", "recipe", 3)]
+    assert problems[0].message.startswith("invalid TOML")
+
+
+def test_with_a_model_unmatched_rules_are_errors_and_uncovered_tensors_warnings(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        'version = 1\n[defaults]\non_indivisible = "error"\n'
+        '[[rule]]\nmatch = "*.bias"\nkeep = true\n'  # 4: matches nothing
+        '[[rule]]\nmatch = "model.*.weight"\npreset = "q4s-b32"\n',  # 7: model.odd.weight [4, 36] cannot
+    )
+    problems = validate_scheme(path, MODEL)
+    assert summary(problems) == [
+        ("error", "shape", 7),
+        ("error", "unmatched-rule", 4),
+        ("warning", "uncovered", None),
+    ]
+    shape, unmatched, uncovered = problems
+    assert shape.tensors == ("model.odd.weight",)
+    assert "last dim 36 is not a multiple of 32 (block [32])" in shape.message
+    assert "matches no tensor" in unmatched.message
+    assert uncovered.tensors == ("lm_head.weight",)
+    assert uncovered.file == str(path)
+    assert "no rule covers 1 tensor (lm_head.weight)" in uncovered.message
+
+
+def test_with_a_model_a_lookup_refusal_names_the_tensors(tmp_path: Path) -> None:
+    path = write(tmp_path, 'version = 1\n[[rule]]\nmatch = "*"\npreset = "nf4"\n')
+    (problem,) = validate_scheme(path, MODEL)
+    assert (problem.kind, problem.line, len(problem.tensors)) == ("lookup", 2, 6)
+    assert "it would have covered 6 tensors (model.embed_tokens.weight, " in problem.message
+
+
+def test_an_unreadable_recipe_is_raised(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError):
+        validate_scheme(tmp_path / "missing.toml")
