@@ -167,9 +167,7 @@ def test_row_chunks_give_the_same_bytes(monkeypatch, block, dtype, two_level, ca
     monkeypatch.setattr(quantize, "CHUNK_ELEMENTS", 100)
     shape = [13, 40]
     scheme = QuantScheme().with_value(QuantValue.Q4S)
-    scheme = (
-        scheme.per_tensor(ScaleDtype(dtype)) if block is None else scheme.per_block(block, ScaleDtype(dtype))
-    )
+    scheme = scheme.per_tensor(ScaleDtype(dtype)) if block is None else scheme.per_block(block, ScaleDtype(dtype))
     if two_level:
         scheme = scheme.per_tensor(ScaleDtype.F32)
     xs = data(shape, seed=3)

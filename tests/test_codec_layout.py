@@ -65,9 +65,7 @@ def sample(n: int, seed: int) -> list[float]:
 
 
 CASES = [
-    pytest.param(
-        value, store, level, shape, id=f"{value.value}-{store}-{level[0]}-{'x'.join(map(str, shape))}"
-    )
+    pytest.param(value, store, level, shape, id=f"{value.value}-{store}-{level[0]}-{'x'.join(map(str, shape))}")
     for value, stores in STORES.items()
     for store in stores
     for level in LEVELS

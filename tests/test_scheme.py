@@ -81,10 +81,7 @@ def test_cbor_of_the_spec_example_is_byte_exact():
         QuantScheme(),
         QuantScheme.nvfp4(),
         QuantScheme().with_value(QuantValue.E5M2).with_store(Native()).per_tensor(ScaleDtype.BF16),
-        QuantScheme()
-        .with_value(QuantValue.Q2F)
-        .with_mode(QuantMode.Lookup)
-        .per_block([2, 3, 16], ScaleDtype.F16),
+        QuantScheme().with_value(QuantValue.Q2F).with_mode(QuantMode.Lookup).per_block([2, 3, 16], ScaleDtype.F16),
     ],
     ids=str,
 )

@@ -48,9 +48,7 @@ def quantize_parts(
     work, chunks, scales = _prepare(x, scheme, calibration, name)
     pieces = [f.to(torch.int32) for f in _chunk_fields(work, chunks, scales, scheme)]
     fields = torch.cat(pieces).reshape(x.shape)
-    return QuantizedParts(
-        fields, scales.stored.reshape(layout.params_shape(scheme, x.shape)), scales.global_scale
-    )
+    return QuantizedParts(fields, scales.stored.reshape(layout.params_shape(scheme, x.shape)), scales.global_scale)
 
 
 def encode(
@@ -84,9 +82,7 @@ def pack(parts: QuantizedParts, scheme: QuantScheme, shape: Sequence[int]) -> to
     return torch.cat(regions)
 
 
-def _scale_regions(
-    stored: torch.Tensor, global_scale: float | None, scheme: QuantScheme
-) -> list[torch.Tensor]:
+def _scale_regions(stored: torch.Tensor, global_scale: float | None, scheme: QuantScheme) -> list[torch.Tensor]:
     regions = [pack_scales(stored, scheme.scale_dtype())]
     if global_scale is not None:
         regions.append(pack_global(global_scale))

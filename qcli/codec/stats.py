@@ -36,6 +36,4 @@ def error_stats(source: torch.Tensor, decoded: torch.Tensor) -> ErrorStats:
         return ErrorStats(0.0, math.inf, max_abs)
     if signal_energy == 0:
         return ErrorStats(math.inf, -math.inf, max_abs)
-    return ErrorStats(
-        math.sqrt(error_energy / signal_energy), 10 * math.log10(signal_energy / error_energy), max_abs
-    )
+    return ErrorStats(math.sqrt(error_energy / signal_energy), 10 * math.log10(signal_energy / error_energy), max_abs)
