@@ -11,7 +11,7 @@ from qcli.codec.blocks import BlockGrid
 from qcli.codec.pack import unpack_fields, unpack_scales
 from qcli.codec.values import from_fields
 from qcli.errors import InputError, SchemeError
-from qcli.scheme import LOOKUP_WHY, QuantMode, QuantScheme, ScaleDtype
+from qcli.scheme import LOOKUP_WHY, Native, QuantMode, QuantScheme, ScaleDtype
 
 
 def as_bytes(payload: object) -> torch.Tensor:
@@ -57,7 +57,7 @@ def _check_decodable(scheme: QuantScheme) -> None:
             f"cannot decode {scheme}: UE8M0 scales have no encoding at Burn 0.22.0-pre.2",
             hint="use UE4M3 or F16 scales",
         )
-    if scheme.num_quants() > 1 and getattr(scheme.store, "dim", 0) != 0:
+    if not isinstance(scheme.store, Native) and scheme.num_quants() > 1 and scheme.store.dim != 0:
         raise SchemeError(
             f"cannot decode {scheme}: values packed along an outer axis have no layout at Burn 0.22.0-pre.2",
             hint="pack along the last axis (dim 0)",

@@ -10,6 +10,7 @@ Only integer ops and one exact multiply, so a Triton kernel can mirror it line f
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -73,8 +74,11 @@ def encode(v: torch.Tensor, fmt: MinifloatFormat) -> torch.Tensor:
     return code
 
 
+@functools.cache
 def table(fmt: MinifloatFormat) -> torch.Tensor:
-    """f32 value of every code `0 .. 2^(1+e+m) - 1`, from the format's definition (NaN/inf codes included)."""
+    """f32 value of every code `0 .. 2^(1+e+m) - 1`, from the format's definition (NaN/inf codes included).
+
+    Cached: callers must not modify it."""
     codes = torch.arange(2 * fmt.sign_bit, dtype=torch.int64)
     exponent = (codes >> fmt.mantissa_bits) & ((1 << fmt.exponent_bits) - 1)
     mantissa = (codes & ((1 << fmt.mantissa_bits) - 1)).to(torch.float64)
