@@ -15,6 +15,7 @@ import torch
 
 from qcli import layout
 from qcli.codec import decode, encode, error_stats, quantize, quantize_parts
+from qcli.codec.blocks import BlockGrid
 from qcli.errors import InputError, SchemeError
 from qcli.scheme import (
     Calibration,
@@ -162,10 +163,10 @@ def test_empty_tensors(scheme, shape):
         ([3, 16], "BF16", False, "AbsMean"),
     ],
 )
-def test_row_chunks_give_the_same_bytes(monkeypatch, block, dtype, two_level, calibration):
+@pytest.mark.parametrize("shape", [[13, 40], [517]], ids=["rows", "rank1"])
+def test_row_chunks_give_the_same_bytes(monkeypatch, shape, block, dtype, two_level, calibration):
     """Tiny chunks (a few rows) exercise the chunk seams: scales from every chunk, values packed per chunk."""
     monkeypatch.setattr(quantize, "CHUNK_ELEMENTS", 100)
-    shape = [13, 40]
     scheme = QuantScheme().with_value(QuantValue.Q4S)
     scheme = scheme.per_tensor(ScaleDtype(dtype)) if block is None else scheme.per_block(block, ScaleDtype(dtype))
     if two_level:
@@ -174,6 +175,7 @@ def test_row_chunks_give_the_same_bytes(monkeypatch, block, dtype, two_level, ca
     expected, *_ = ref.quantize(xs, shape, "Q4S", "PackedU32", block, dtype, two_level, calibration)
     x = torch.tensor(xs).reshape(shape)
     assert encode(x, scheme, Calibration(calibration)).numpy().tobytes() == expected
+    assert len(quantize._row_chunks(BlockGrid.of(scheme, shape), scheme)) > 1
 
 
 def test_decode_takes_any_bytes_like_payload():

@@ -100,7 +100,7 @@ def _prepare(
         )
     grid = BlockGrid.of(scheme, x.shape)
     work = x.detach().to(device="cpu", dtype=torch.float32).contiguous().reshape(grid.shape)
-    chunks = _row_chunks(grid, per_tensor=scheme.block is None)
+    chunks = _row_chunks(grid, scheme)
     pieces = [work[rows] for rows, _ in chunks]
     reduced = [block_reduce(p, BlockGrid.of(scheme, p.shape), calibration) for p in pieces]
     if scheme.block is None:  # one block over every chunk
@@ -115,23 +115,26 @@ def _prepare(
     return work, chunks, scales_from_alpha(alpha, scheme)
 
 
-def _row_chunks(grid: BlockGrid, *, per_tensor: bool) -> list[tuple[slice, slice]]:
+def _row_chunks(grid: BlockGrid, scheme: QuantScheme) -> list[tuple[slice, slice]]:
     """(rows of the tensor, rows of the scale grid) along axis 0, in whole blocks, about CHUNK_ELEMENTS each.
 
-    A rank-1 tensor is one packed row and stays whole.
+    A rank-1 tensor is one packed row, cut only where a storage element ends.
     """
     rows = grid.shape[0]
-    unit = 1 if per_tensor else grid.block[0]
-    row_elements = math.prod(grid.shape[1:])
-    if len(grid.shape) < 2 or row_elements == 0:
+    block_rows = 1 if scheme.block is None else grid.block[0]
+    if len(grid.shape) == 1:
+        unit, row_elements = math.lcm(block_rows, scheme.num_quants()), 1
+    else:
+        unit, row_elements = block_rows, math.prod(grid.shape[1:])
+    if row_elements == 0 or rows == 0:
         return [(slice(0, rows), slice(0, grid.grid[0]))]
     step = max(1, CHUNK_ELEMENTS // (row_elements * unit)) * unit
     chunks = []
     for start in range(0, rows, step):
         stop = min(rows, start + step)
-        grid_rows = slice(0, 1) if per_tensor else slice(start // unit, math.ceil(stop / unit))
+        grid_rows = slice(0, 1) if scheme.block is None else slice(start // block_rows, math.ceil(stop / block_rows))
         chunks.append((slice(start, stop), grid_rows))
-    return chunks or [(slice(0, 0), slice(0, 0))]
+    return chunks
 
 
 def _chunk_fields(
