@@ -72,6 +72,7 @@ def encode(
     for region in _scale_regions(scales.stored, scales.global_scale, scheme):
         out[offset : offset + region.numel()] = region
         offset += region.numel()
+    assert offset == out.numel(), f"wrote {offset} of {out.numel()} payload bytes for {scheme} {list(x.shape)}"
     return out
 
 
