@@ -5,7 +5,8 @@
   (the step is s_eff for integers, s_eff times the local minifloat spacing for minifloats), and
   saturates outside it;
 - values already on the grid (every block's maximum h * 2^k, the rest grid values times 2^k) come back
-  bit-exact under one-level schemes, and as the same fields under two-level ones.
+  bit-exact under one-level schemes, and as the same fields under two-level ones;
+- any byte string of the right length decodes, and encoding never writes into its input.
 """
 
 from __future__ import annotations
@@ -146,3 +147,27 @@ def test_values_on_the_grid_come_back_exactly(data):
     assert torch.equal(from_fields(quantize_parts(x, scheme).fields, value), q)
     if not scheme.is_two_level():  # under a global, s_eff = global * stored is not 2^k
         assert torch.equal(decode(encode(x, scheme), scheme, shape), x)
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_any_payload_of_the_right_length_decodes(data):
+    """A decoder reads foreign files: every byte string of the right length gives an f32 tensor (NaN codes
+    and all), never an exception."""
+    scheme = data.draw(schemes())
+    shape = data.draw(shapes)
+    payload = data.draw(st.binary(min_size=(n := layout.quantized_data_len(scheme, shape)), max_size=n))
+    back = decode(payload, scheme, shape)
+    assert back.dtype == torch.float32 and list(back.shape) == shape
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_encode_leaves_its_input_alone(data):
+    scheme = data.draw(schemes())
+    shape = data.draw(shapes)
+    x = data.draw(tensors(shape))
+    before = x.clone()
+    encode(x, scheme)
+    quantize_parts(x, scheme)
+    assert torch.equal(x, before)
