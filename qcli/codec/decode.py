@@ -17,7 +17,7 @@ from qcli.scheme import LOOKUP_WHY, Native, QuantMode, QuantScheme, ScaleDtype
 def as_bytes(payload: object) -> torch.Tensor:
     """A 1-D uint8 tensor over bytes-like `payload` or a tensor's raw bytes."""
     if isinstance(payload, torch.Tensor):
-        return payload.detach().contiguous().reshape(-1).view(torch.uint8)
+        return payload.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
     return torch.frombuffer(bytearray(payload), dtype=torch.uint8)
 
 
