@@ -13,6 +13,7 @@ import os
 import struct
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from qcli.report import (
     ErrorRow,
     InspectReport,
     ListedTensor,
+    Phase,
     QuantizeReport,
     SourceFile,
     TensorRow,
@@ -141,12 +143,16 @@ def quantize_file(
     dry_run: bool = False,
     force: bool = False,
     progress: ProgressHook | None = None,
+    verify: bool = True,
+    max_shard_size: int | None = None,
 ) -> QuantizeReport:
     """Quantize a safetensors checkpoint into a burnpack file (or, with `dry_run`, only plan it).
 
     The plan is made from the headers and checked in full before any weight is read. Tensors are then
     streamed one at a time through the pipeline into the container, which is renamed onto `output` only
-    once complete; an interruption or failure leaves `output` as it was.
+    once complete; an interruption or failure leaves `output` as it was. With `verify`, the written file
+    is then read back and checked (`qcli.verify`); a file that fails is removed. With `max_shard_size`,
+    the output is split into `NAME-00001-of-0000N.bpk` files of at most that many bytes each.
     """
     from qcli.io.safetensors import SafetensorsSource
     from qcli.recipe import load_recipe
@@ -173,11 +179,84 @@ def quantize_file(
             tensors=[TensorRow.of(e) for e in plan.entries],
             warnings=[p for p in plan.problems if p.severity != "error"],
         )
+        metadata = _metadata(report)
+        shards = _shards(plan, target, max_shard_size, metadata)
+        report.outputs = [str(path) for path, _ in shards]
         if dry_run:
             return report
+        taken = [path for path, _ in shards if path.exists()] if len(shards) > 1 and not force else []
+        if taken:
+            raise UsageError(f"{taken[0]} already exists", hint="pass --force to replace the files, or -o "
+                             "to write somewhere else")
         report.device, run = select_pipeline(device)
-        report.tensors, report.timings = _write(plan, source, run, target, _metadata(report), progress)
+        report.tensors, report.timings = _write(plan, source, run, shards, metadata, progress)
+        if verify:
+            report.timings.verify = _verify([path for path, _ in shards], plan, source)
+            report.timings.total_seconds += report.timings.verify.seconds
     return report
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `50GB`, `500MiB`, `1.5TB` or a plain count (decimal units, binary with `i`)."""
+    number = text.strip().upper().removesuffix("B")
+    scale = 1
+    for i, prefix in enumerate("KMGT", start=1):
+        if number.endswith(prefix + "I"):
+            number, scale = number[:-2], 1024**i
+        elif number.endswith(prefix):
+            number, scale = number[:-1], 1000**i
+    try:
+        size = int(float(number) * scale)
+    except ValueError:
+        size = 0
+    if size <= 0:
+        raise UsageError(f"--max-shard-size {text!r} is not a size",
+                         hint="give a byte count, e.g. 50GB, 500MiB or 2e9")
+    return size
+
+
+def shard_paths(target: Path, count: int) -> list[Path]:
+    """`target` itself for one file, else `NAME-00001-of-0000N.bpk` beside it."""
+    if count == 1:
+        return [target]
+    name = f"{target.stem}-{{:05d}}-of-{count:05d}{target.suffix}"
+    return [target.with_name(name.format(i)) for i in range(1, count + 1)]
+
+
+def _shards(plan: Plan, target: Path, max_shard_size: int | None, metadata: dict[str, str]) -> list[tuple]:
+    """`(path, entries)` per output file: one file under Burn's 100 GiB limit, or the split asked for."""
+    from qcli.io.burnpack import MAX_FILE_SIZE, TensorEntry, size_bound, split
+
+    entries = [TensorEntry(e.info.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in plan.entries]
+    limit = f"Burn's reader refuses files over {MAX_FILE_SIZE} bytes (100 GiB)"
+    if max_shard_size is None:
+        size = size_bound(entries, metadata)
+        if size > MAX_FILE_SIZE:
+            raise PlanError(f"the output would take up to {size / 1024**3:.1f} GiB, over Burn's 100 GiB "
+                            "file limit", hint=f"{limit}; split it with --max-shard-size 50GB")
+        return [(target, entries)]
+    if max_shard_size > MAX_FILE_SIZE:
+        raise UsageError(f"--max-shard-size {max_shard_size} is over Burn's 100 GiB file limit",
+                         hint=f"{limit}; give at most 100GiB")
+    try:
+        packs = split(entries, max_shard_size, metadata)
+    except ValueError as exc:
+        raise UsageError(f"--max-shard-size {max_shard_size}: {exc}",
+                         hint="every tensor is written whole; give a larger size") from None
+    return list(zip(shard_paths(target, len(packs)), packs, strict=True))
+
+
+def _verify(paths: list[Path], plan: Plan, source: Any) -> Phase:
+    """Read the output back and check it; any failure, an interrupt included, removes every file."""
+    from qcli.verify import verify_output
+
+    try:
+        verified = verify_output(paths, plan, source)
+    except BaseException:
+        for path in paths:
+            path.unlink(missing_ok=True)
+        raise
+    return Phase(verified.seconds, verified.bytes)
 
 
 def _metadata(report: QuantizeReport) -> dict[str, str]:
@@ -200,21 +279,22 @@ def _write(
     plan: Plan,
     source: Any,
     run: Callable[..., Iterator],
-    target: Path,
+    shards: list[tuple],
     metadata: dict[str, str],
     progress: ProgressHook | None,
 ) -> tuple[list[TensorRow], Timings]:
-    """Stream the pipeline's payloads into the container; time each phase; measure each tensor's error."""
-    from qcli.io.burnpack import BurnpackWriter, TensorEntry
+    """Stream the pipeline's payloads into the containers; time each phase; measure each tensor's error."""
+    from qcli.io.burnpack import BurnpackWriter
 
-    entries = [TensorEntry(e.info.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in plan.entries]
+    shard_of = {entry.name: i for i, (_, entries) in enumerate(shards) for entry in entries}
     total = sum(e.info.nbytes for e in plan.entries)
     load_seconds: dict[str, float] = {}
     timings, rows, done = Timings(), [], 0
     started = time.perf_counter()
     if progress:
         progress(plan.entries[0].info.name if plan.entries else None, 0, total)
-    with BurnpackWriter(target, entries, metadata) as writer:
+    with ExitStack() as stack:
+        writers = [stack.enter_context(BurnpackWriter(path, entries, metadata)) for path, entries in shards]
         tick = time.perf_counter()
         for i, (entry, payload) in enumerate(run(plan, _TimedSource(source, load_seconds))):
             name = entry.info.name
@@ -226,7 +306,7 @@ def _write(
             timings.quantize.bytes += entry.info.nbytes
 
             tick = time.perf_counter()
-            writer.write(name, payload)
+            writers[shard_of[name]].write(name, payload)
             timings.write.seconds += time.perf_counter() - tick
             timings.write.bytes += entry.out_nbytes
 
@@ -243,10 +323,23 @@ def _write(
                 progress(following, done, total)
             tick = time.perf_counter()
         tick = time.perf_counter()
-        writer.commit()
+        _commit_all(writers)
         timings.write.seconds += time.perf_counter() - tick
     timings.total_seconds = time.perf_counter() - started
     return rows, timings
+
+
+def _commit_all(writers: list) -> None:
+    """Rename every file into place; if one fails, the ones already renamed are removed again."""
+    done = []
+    try:
+        for writer in writers:
+            writer.commit()
+            done.append(writer.target)
+    except BaseException:
+        for path in done:
+            path.unlink(missing_ok=True)
+        raise
 
 
 def _error_of(entry: Any, payload: Any, source: Any) -> ErrorRow:

@@ -19,7 +19,15 @@ import pytest
 import torch
 
 from qcli.errors import InputError, OutputError
-from qcli.io.burnpack import BurnpackReader, BurnpackWriter, TensorEntry, data_section_start, header_bytes
+from qcli.io.burnpack import (
+    BurnpackReader,
+    BurnpackWriter,
+    TensorEntry,
+    data_section_start,
+    header_bytes,
+    size_bound,
+    split,
+)
 from qcli.io.dtypes import parse_dtype
 from qcli.layout import quantized_data_len
 from qcli.scheme import QuantScheme
@@ -461,3 +469,33 @@ def test_missing_file_and_directory(tmp_path: Path) -> None:
         BurnpackReader.open(tmp_path / "nothing.bpk")
     with pytest.raises(InputError, match="is a directory"):
         BurnpackReader.open(tmp_path)
+
+
+# -- Splitting into several files ------------------------------------------------------------------
+
+
+def test_size_bound_covers_the_written_size(tmp_path: Path) -> None:
+    reader = BurnpackReader.open(MODEL_BPK)
+    entries = reader.entries()
+    assert 1044776 <= size_bound(entries) <= 1044776 + 18 * (255 + 20) + 300
+    metadata = {"producer": "qcli", "format": "burnpack"}
+    out = write_pack(tmp_path / "m.bpk", entries[:3], [reader.read(e.name) for e in entries[:3]],
+                     metadata=metadata)
+    assert len(out) <= size_bound(entries[:3], metadata)
+
+
+def test_split_keeps_order_and_every_file_under_the_limit(tmp_path: Path) -> None:
+    reader = BurnpackReader.open(MODEL_BPK)
+    entries = reader.entries()
+    packs = split(entries, 900_000)
+    assert len(packs) >= 2
+    assert [e for pack in packs for e in pack] == entries  # every tensor whole, once, in order
+    for i, pack in enumerate(packs):
+        out = write_pack(tmp_path / f"{i}.bpk", pack, [reader.read(e.name) for e in pack])
+        assert len(out) <= 900_000
+
+
+def test_split_refuses_a_tensor_larger_than_a_file() -> None:
+    entries = BurnpackReader.open(MODEL_BPK).entries()
+    with pytest.raises(ValueError, match="tensor 'fc1.weight' takes 819200 bytes"):
+        split(entries, 300_000)

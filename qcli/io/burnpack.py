@@ -113,6 +113,55 @@ def _bytewise(mapping: Mapping[str, object]) -> dict[str, object]:
     return {key: mapping[key] for key in sorted(mapping, key=lambda k: k.encode("utf-8"))}
 
 
+def _descriptor(entry: TensorEntry, span: tuple[int, int]) -> dict[str, object]:
+    """A `TensorDescriptor`: dtype, shape, data_offsets and, when set, param_id, in that order."""
+    descriptor: dict[str, object] = {
+        "dtype": entry.dtype, "shape": list(entry.shape), "data_offsets": list(span)
+    }
+    if entry.param_id is not None:
+        descriptor["param_id"] = entry.param_id
+    return descriptor
+
+
+def size_bound(entries: Sequence[TensorEntry], metadata: Mapping[str, str] | None = None) -> int:
+    """An upper bound on the size of the pack of `entries`, without encoding it (`split` sums these)."""
+    return _fixed_bound(metadata) + sum(_entry_bound(entry) for entry in entries)
+
+
+def split(
+    entries: Sequence[TensorEntry], max_size: int, metadata: Mapping[str, str] | None = None
+) -> list[list[TensorEntry]]:
+    """The entries, in order, cut into consecutive packs of at most `max_size` bytes each.
+
+    ValueError names a tensor too large to fit a pack of its own.
+    """
+    packs: list[list[TensorEntry]] = [[]]
+    size = fixed = _fixed_bound(metadata)
+    for entry in entries:
+        cost = _entry_bound(entry)
+        if fixed + cost > max_size:
+            raise ValueError(f"tensor '{entry.name}' takes {entry.nbytes} bytes, more than fits a file of "
+                             f"{max_size} bytes")
+        if size + cost > max_size and packs[-1]:
+            packs.append([])
+            size = fixed
+        packs[-1].append(entry)
+        size += cost
+    return packs
+
+
+def _entry_bound(entry: TensorEntry) -> int:
+    """Its bytes rounded up to the alignment, and its descriptor with the widest possible offsets."""
+    metadata = len(cbor2.dumps(entry.name)) + len(cbor2.dumps(_descriptor(entry, (U64_MAX, U64_MAX))))
+    return align(entry.nbytes) + metadata
+
+
+def _fixed_bound(metadata: Mapping[str, str] | None) -> int:
+    """Header, the top-level map and its longest possible headers, user metadata, the padding to D."""
+    user = len(cbor2.dumps({"metadata": _bytewise(metadata)})) if metadata else 0
+    return HEADER_SIZE + len(cbor2.dumps({"tensors": None})) + 9 + user + ALIGNMENT - 1
+
+
 def encode_metadata(
     entries: Sequence[TensorEntry],
     offsets: Sequence[tuple[int, int]],
@@ -120,14 +169,7 @@ def encode_metadata(
     scalars: Mapping[str, Mapping[str, object]] | None = None,
 ) -> bytes:
     """The CBOR metadata blob: `tensors`, then `metadata` and `scalars` when not empty."""
-    tensors = {}
-    for entry, (start, end) in zip(entries, offsets, strict=True):
-        descriptor: dict[str, object] = {
-            "dtype": entry.dtype, "shape": list(entry.shape), "data_offsets": [start, end]
-        }
-        if entry.param_id is not None:
-            descriptor["param_id"] = entry.param_id
-        tensors[entry.name] = descriptor
+    tensors = {entry.name: _descriptor(entry, span) for entry, span in zip(entries, offsets, strict=True)}
     top: dict[str, object] = {"tensors": _bytewise(tensors)}
     if metadata:
         top["metadata"] = _bytewise(metadata)
