@@ -189,10 +189,7 @@ def quantize_file(
             raise UsageError(f"{taken[0]} already exists", hint="pass --force to replace the files, or -o "
                              "to write somewhere else")
         report.device, run = select_pipeline(device)
-        report.tensors, report.timings = _write(plan, source, run, shards, metadata, progress)
-        if verify:
-            report.timings.verify = _verify([path for path, _ in shards], plan, source)
-            report.timings.total_seconds += report.timings.verify.seconds
+        report.tensors, report.timings = _write(plan, source, run, shards, metadata, progress, verify)
     return report
 
 
@@ -246,19 +243,6 @@ def _shards(plan: Plan, target: Path, max_shard_size: int | None, metadata: dict
     return list(zip(shard_paths(target, len(packs)), packs, strict=True))
 
 
-def _verify(paths: list[Path], plan: Plan, source: Any) -> Phase:
-    """Read the output back and check it; any failure, an interrupt included, removes every file."""
-    from qcli.verify import verify_output
-
-    try:
-        verified = verify_output(paths, plan, source)
-    except BaseException:
-        for path in paths:
-            path.unlink(missing_ok=True)
-        raise
-    return Phase(verified.seconds, verified.bytes)
-
-
 def _metadata(report: QuantizeReport) -> dict[str, str]:
     """The burnpack metadata map (docs/output.md)."""
     meta = {
@@ -282,8 +266,12 @@ def _write(
     shards: list[tuple],
     metadata: dict[str, str],
     progress: ProgressHook | None,
+    verify: bool,
 ) -> tuple[list[TensorRow], Timings]:
-    """Stream the pipeline's payloads into the containers; time each phase; measure each tensor's error."""
+    """Stream the pipeline's payloads into the containers; time each phase; measure each tensor's error.
+
+    With `verify`, the complete files are read back and checked before they are renamed into place.
+    """
     from qcli.io.burnpack import BurnpackWriter
 
     shard_of = {entry.name: i for i, (_, entries) in enumerate(shards) for entry in entries}
@@ -322,6 +310,14 @@ def _write(
                 following = plan.entries[i + 1].info.name if i + 1 < len(plan.entries) else None
                 progress(following, done, total)
             tick = time.perf_counter()
+        tick = time.perf_counter()
+        files = [writer.finish() for writer in writers]
+        timings.write.seconds += time.perf_counter() - tick
+        if verify:
+            from qcli.verify import verify_output
+
+            verified = verify_output(files, plan, source, [writer.target for writer in writers])
+            timings.verify = Phase(verified.seconds, verified.bytes)
         tick = time.perf_counter()
         _commit_all(writers)
         timings.write.seconds += time.perf_counter() - tick

@@ -1,10 +1,10 @@
 """Verified output: what was written, read back and checked against the plan and the source.
 
-After the rename, the output files are opened again with the bounded reader. Every tensor of the plan
-must be there exactly once, with the dtype, shape and length the plan gave it. A kept tensor's bytes
-must be its source's bytes (transposed where the plan says so). A quantized tensor must decode to
-within its scheme's error bound of its source (`error_bound`). Any failure is an `OutputError`; the
-caller removes the output, so a file that fails verification never stays at the target path.
+Before the rename, the complete output files are opened again with the bounded reader. Every tensor
+of the plan must be there exactly once, with the dtype, shape and length the plan gave it. A kept
+tensor's bytes must be its source's bytes (transposed where the plan says so). A quantized tensor must
+decode to within its scheme's error bound of its source (`error_bound`). Any failure is an `OutputError`; the
+caller then leaves the target untouched, so a file that fails verification never reaches it.
 """
 
 from __future__ import annotations
@@ -92,8 +92,14 @@ def block_errors(x: torch.Tensor, decoded: torch.Tensor, scheme: QuantScheme) ->
     return grid.to_blocks(difference).abs().amax(dim=grid.block_axes)
 
 
-def verify_output(paths: Sequence[Path], plan: Any, source: Any) -> Verified:
-    """Check the written files against `plan` and `source`; raises `OutputError` naming what is wrong."""
+def verify_output(
+    paths: Sequence[Path], plan: Any, source: Any, targets: Sequence[Path] | None = None
+) -> Verified:
+    """Check the written files against `plan` and `source`; raises `OutputError` naming what is wrong.
+
+    `targets` are the names the files will have, used in messages (the files themselves may still be
+    temporary ones).
+    """
     import torch
 
     from qcli.codec import decode
@@ -102,29 +108,29 @@ def verify_output(paths: Sequence[Path], plan: Any, source: Any) -> Verified:
 
     started = time.perf_counter()
     found: dict[str, tuple[Any, Any]] = {}
-    for path in paths:
+    for path, target in zip(paths, targets or paths, strict=True):
         try:
             reader = BurnpackReader.open(path)
         except InputError as exc:
-            raise _failed(path, f"it does not read back: {exc.message}") from None
+            raise _failed(target, f"it does not read back: {exc.message}") from None
         for written in reader.entries():
             if written.name in found:
-                raise _failed(path, f"tensor '{written.name}' is written twice")
-            found[written.name] = (reader, written)
+                raise _failed(target, f"tensor '{written.name}' is written twice")
+            found[written.name] = (reader, written, target)
     planned = {entry.info.name for entry in plan.entries}
     inputs = {info.name for info in source.infos()}
     for name in sorted(inputs | planned):
         if name not in found:
-            raise _failed(paths[0], f"input tensor '{name}' is missing from the output")
+            raise _failed((targets or paths)[0], f"input tensor '{name}' is missing from the output")
     for name in sorted(set(found) - inputs):
-        raise _failed(found[name][0].path, f"tensor '{name}' is not in the input")
+        raise _failed(found[name][2], f"tensor '{name}' is not in the input")
     checked = 0
     for entry in plan.entries:
         name, decision = entry.info.name, entry.decision
-        reader, written = found[name]
+        reader, written, target = found[name]
         expected = (parse_dtype(entry.out_dtype), tuple(entry.out_shape), entry.out_nbytes)
         if (written.dtype, written.shape, written.nbytes) != expected:
-            raise _failed(reader.path, f"tensor '{name}' is written as {written.dtype} {list(written.shape)} "
+            raise _failed(target, f"tensor '{name}' is written as {written.dtype} {list(written.shape)} "
                           f"in {written.nbytes} bytes; the plan says {expected[0]} {list(expected[1])} in "
                           f"{expected[2]} bytes")
         data = reader.read(name)
@@ -133,7 +139,7 @@ def verify_output(paths: Sequence[Path], plan: Any, source: Any) -> Verified:
             x = x.t()
         if decision.scheme is None:
             if bytes(data) != x.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes():
-                raise _failed(reader.path, f"kept tensor '{name}' differs from its source")
+                raise _failed(target, f"kept tensor '{name}' differs from its source")
         else:
             decoded = decode(data, decision.scheme, entry.out_shape)
             errors = block_errors(x, decoded, decision.scheme)
@@ -142,7 +148,7 @@ def verify_output(paths: Sequence[Path], plan: Any, source: Any) -> Verified:
             if bool(over.any()):
                 block = int(torch.nonzero(over.reshape(-1))[0])
                 error, bound = float(errors.reshape(-1)[block]), float(bounds.reshape(-1)[block])
-                raise _failed(reader.path, f"tensor '{name}' decodes {error:.6g} away from its source in "
+                raise _failed(target, f"tensor '{name}' decodes {error:.6g} away from its source in "
                               f"block {block}, over its scheme's bound {bound:.6g} ({decision.scheme})")
         checked += len(data)
     return Verified(len(plan.entries), checked, time.perf_counter() - started)
@@ -151,6 +157,6 @@ def verify_output(paths: Sequence[Path], plan: Any, source: Any) -> Verified:
 def _failed(path: Path, problem: str) -> OutputError:
     return OutputError(
         f"verification of {path} failed: {problem}",
-        hint="the output was removed; run again, and if it fails again report it with the command line "
-        "(--no-verify skips the check)",
+        hint="nothing was written at the target; run again, and if it fails again report it with the "
+        "command line (--no-verify skips the check)",
     )

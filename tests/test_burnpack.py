@@ -281,6 +281,21 @@ def test_leaving_without_commit_leaves_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_finish_completes_the_file_without_touching_the_target(tmp_path: Path) -> None:
+    target = tmp_path / "x.bpk"
+    target.write_bytes(b"old")
+    with BurnpackWriter(target, [TensorEntry("a", "U8", (2,), 2)]) as writer:
+        writer.write("a", b"\x05\x06")
+        done = writer.finish()
+        assert done.parent == tmp_path and done != target and target.read_bytes() == b"old"
+        assert bytes(BurnpackReader.open(done).read("a")) == b"\x05\x06"
+        writer.commit()
+        with pytest.raises(ValueError, match="twice"):
+            writer.commit()
+    assert bytes(BurnpackReader.open(target).read("a")) == b"\x05\x06"
+    assert [p.name for p in tmp_path.iterdir()] == ["x.bpk"]
+
+
 def test_commit_replaces_an_existing_target(tmp_path: Path) -> None:
     target = tmp_path / "x.bpk"
     target.write_bytes(b"old")

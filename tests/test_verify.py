@@ -220,12 +220,16 @@ def corrupt_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pipeline, "run", run)
 
 
-def test_cli_removes_an_output_that_fails_verification(tmp_path: Path, monkeypatch) -> None:
+def test_cli_never_puts_an_output_that_fails_verification_in_place(tmp_path: Path, monkeypatch) -> None:
     corrupt_pipeline(monkeypatch)
     out = tmp_path / "out.bpk"
     lines = assert_user_error(cli("quantize", SINGLE, "-o", out, "--device", "cpu"), 4)
     assert lines[0].startswith(f"error: verification of {out} failed: tensor '")
     assert list(tmp_path.iterdir()) == []
+    out.write_bytes(b"the previous output")
+    assert_user_error(cli("quantize", SINGLE, "-o", out, "--device", "cpu", "--force"), 4)
+    assert out.read_bytes() == b"the previous output"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.bpk"]
 
 
 def test_no_verify_skips_the_check(tmp_path: Path, monkeypatch) -> None:

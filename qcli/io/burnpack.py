@@ -238,7 +238,8 @@ class BurnpackWriter:
     All lengths are known up front, so the header and metadata are written first and each tensor is
     written as it is handed over, in the entries' order: only one tensor is ever held. Leaving the
     context without `commit()`, on an exception or an interrupt, removes the temporary file; the target
-    is replaced only by the rename, so it is either untouched or complete.
+    is replaced only by the rename, so it is either untouched or complete. `finish()` completes the
+    file without renaming it, so that it can be checked first.
     """
 
     def __init__(
@@ -269,6 +270,7 @@ class BurnpackWriter:
         self._file = None
         self._next = 0
         self._position = 0
+        self._finished = False
         self._committed = False
 
     def __enter__(self) -> BurnpackWriter:
@@ -314,19 +316,34 @@ class BurnpackWriter:
         self._position = start + entry.nbytes
         self._next += 1
 
-    def commit(self) -> None:
-        """Flush and fsync the temporary file, rename it onto the target, fsync the directory."""
+    def finish(self) -> Path:
+        """Flush, fsync and close the complete temporary file, and return its path, still beside the target.
+
+        What `finish` returns can be read back and checked before `commit` puts it in place.
+        """
         if self._file is None:
-            raise ValueError("BurnpackWriter.commit() outside its context or twice")
+            raise ValueError("BurnpackWriter.finish() outside its context or twice")
         if self._next != len(self._entries):
             missing = len(self._entries) - self._next
             first = self._entries[self._next].name
-            raise ValueError(f"commit() with {missing} tensors unwritten, from {first!r}")
+            raise ValueError(f"{missing} tensors unwritten, from {first!r}")
+        file, self._file = self._file, None
         with self._output_errors():
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
-            self._file = None
+            try:
+                file.flush()
+                os.fsync(file.fileno())
+            finally:
+                file.close()
+        self._finished = True
+        return self._tmp
+
+    def commit(self) -> None:
+        """`finish()` if not done yet, rename the file onto the target, fsync the directory."""
+        if not self._finished:
+            self.finish()
+        elif self._committed:
+            raise ValueError("BurnpackWriter.commit() twice")
+        with self._output_errors():
             os.replace(self._tmp, self.target)
         self._committed = True
         try:
