@@ -243,7 +243,7 @@ def test_verification_cost_is_reported(tmp_path: Path) -> None:
     result = cli("quantize", SINGLE, "-o", tmp_path / "out.bpk", "--device", "cpu", "--json")
     assert result.code == 0
     verify = result.json["timings"]["verify"]
-    assert verify["seconds"] > 0 and verify["bytes"] == sum(t["bytes_out"] for t in result.json["tensors"])
+    assert verify["seconds"] > 0 and verify["bytes"] == sum(t["bytes_in"] for t in result.json["tensors"])
     table = cli("quantize", SINGLE, "-o", tmp_path / "o2.bpk", "--device", "cpu")
     assert "verify " in table.out
     json.dumps(verify)
