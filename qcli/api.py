@@ -12,7 +12,7 @@ import math
 import os
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +32,6 @@ from qcli.report import (
     TensorStats,
     Timings,
     ValidateReport,
-    problem_text,
     value_stats,
 )
 from qcli.scheme import QuantScheme
@@ -68,23 +67,13 @@ def resolve_preset(name: str | None) -> Preset:
 
 
 def make_checked_plan(infos: list, recipe: Any, preset: Preset) -> Plan:
-    """The plan for `infos`, in name order; every error-severity problem is raised together as a PlanError."""
+    """The plan for `infos` in name order (so shards and one file give the same output); every error is
+    raised together as one PlanError."""
     from qcli.plan import make_plan
 
     plan = make_plan(sorted(infos, key=lambda i: i.name), recipe, preset)
-    errors = [p for p in plan.problems if p.severity == "error"]
-    if not errors:
-        return plan
-    hints = list(dict.fromkeys(p.hint for p in errors if p.hint))
-    lines = [problem_text(p) + (f" (fix: {p.hint})" if len(hints) > 1 and p.hint else "") for p in errors]
-    raise PlanError(
-        f"the plan has {len(errors)} error{'s' if len(errors) != 1 else ''}; nothing was read or written",
-        hint=hints[0]
-        if len(hints) == 1
-        else "fix the problems above; `qcli validate-scheme RECIPE --model INPUT` "
-        "lists them without quantizing",
-        problems=lines,
-    )
+    plan.raise_if_errors()
+    return plan
 
 
 def select_pipeline(device: str) -> tuple[str, Callable[..., Iterator]]:
@@ -150,8 +139,9 @@ def quantize_file(
 
     The plan is made from the headers and checked in full before any weight is read. Tensors are then
     streamed one at a time through the pipeline into the container, which is renamed onto `output` only
-    once complete; an interruption or failure leaves `output` as it was. With `verify`, the written file
-    is then read back and checked (`qcli.verify`); a file that fails is removed. With `max_shard_size`,
+    once complete; an interruption or failure leaves `output` as it was. With `verify`, the complete file
+    is read back and checked (`qcli.verify`) before the rename; one that fails never reaches `output`.
+    With `max_shard_size`,
     the output is split into `NAME-00001-of-0000N.bpk` files of at most that many bytes each.
     """
     from qcli.io.safetensors import SafetensorsSource
@@ -177,7 +167,7 @@ def quantize_file(
             recipe_sha256=None if loaded_recipe is None else loaded_recipe.sha256,
             source_files=[SourceFile(f.name, f.stat().st_size) for f in source.files],
             tensors=[TensorRow.of(e) for e in plan.entries],
-            warnings=[p for p in plan.problems if p.severity != "error"],
+            warnings=plan.warnings(),
         )
         metadata = _metadata(report)
         shards = _shards(plan, target, max_shard_size, metadata)
@@ -570,21 +560,24 @@ def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
 # ----------------------------------------------------------------------------- validate-scheme
 
 
-def validate_scheme(recipe: str | Path, *, model: str | Path | None = None) -> ValidateReport:
-    """Every problem in a recipe, and with `model` every problem of the plan it makes from the headers."""
+def validate_scheme(
+    recipes: str | Path | Sequence[str | Path], *, model: str | Path | None = None
+) -> ValidateReport:
+    """Every problem in each recipe, and with `model` every problem of the plan each makes from headers."""
     from qcli import validate
 
-    recipe = Path(recipe)
-    if not recipe.is_file():
-        raise UsageError(
-            f"cannot read recipe {recipe}: no such file",
-            hint="pass the path of a TOML recipe (docs/recipes.md)",
-        )
+    paths = [Path(recipes)] if isinstance(recipes, (str, Path)) else [Path(r) for r in recipes]
+    for path in paths:
+        if not path.is_file():
+            raise UsageError(
+                f"cannot read recipe {path}: no such file",
+                hint="pass the path of a TOML recipe (docs/recipes.md)",
+            )
     infos = None
     if model is not None:
         from qcli.io.safetensors import SafetensorsSource
 
         with SafetensorsSource.open(Path(model)) as source:
             infos = source.infos()
-    problems = validate.validate_scheme(recipe, infos)
-    return ValidateReport(str(recipe), None if model is None else str(model), list(problems))
+    problems = [p for path in paths for p in validate.validate_scheme(path, infos)]
+    return ValidateReport([str(p) for p in paths], None if model is None else str(model), problems)

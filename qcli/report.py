@@ -51,6 +51,7 @@ class TensorRow:
     bytes_in: int
     bytes_out: int
     bits_per_weight: float
+    peak_bytes: int
     error: ErrorRow | None = None
 
     @property
@@ -76,6 +77,7 @@ class TensorRow:
             bytes_in=info.nbytes,
             bytes_out=entry.out_nbytes,
             bits_per_weight=float(entry.bits_per_weight),
+            peak_bytes=entry.peak_bytes,
             error=error,
         )
 
@@ -149,14 +151,9 @@ class Totals:
 
 
 def working_set(row: TensorRow) -> int:
-    """Bytes one tensor holds at once on the CPU path.
-
-    A kept tensor: its source bytes. A quantized one: the source, an f32 working copy, the i32 fields,
-    the payload, and the source reloaded plus its f32 decode for the error statistics.
-    """
-    if row.scheme is None:
-        return row.bytes_in
-    return 2 * row.bytes_in + 4 * 4 * row.numel + row.bytes_out
+    """Host bytes one tensor holds at once: the plan's estimate for the pipeline (`PlanEntry.peak_bytes`)
+    plus, for a quantized tensor, the f32 decode its error statistics are measured on."""
+    return row.peak_bytes + (4 * row.numel if row.scheme is not None else 0)
 
 
 @dataclass
@@ -414,9 +411,9 @@ def problem_json(p: Any) -> dict:
 
 @dataclass
 class ValidateReport:
-    """The result of `qcli.api.validate_scheme`: every problem in the recipe (and plan, with a model)."""
+    """The result of `qcli.api.validate_scheme`: every problem in the recipes (and plans, with a model)."""
 
-    recipe: str
+    recipes: list[str]
     model: str | None
     problems: list[Any]  # qcli.plan.Problem
 
@@ -437,7 +434,7 @@ class ValidateReport:
             "command": "validate-scheme",
             "schema_version": JSON_SCHEMA_VERSION,
             "qcli_version": __version__,
-            "recipe": self.recipe,
+            "recipes": self.recipes,
             "model": self.model,
             "ok": self.ok,
             "errors": self.errors,

@@ -20,6 +20,7 @@ from cli_support import (
     SINGLE,
     assert_user_error,
     cli,
+    cli_subprocess,
     decode_packed,
     half_step_bound,
     packed_len,
@@ -238,7 +239,7 @@ block_scale = "F16"
     result = cli("quantize", SINGLE, "--dry-run", "--recipe", recipe)
     lines = assert_user_error(result, 2)
     # one Lookup rule, and 8 attention projections whose last dim (128) block [48] cannot split
-    assert "9 errors" in lines[0]
+    assert "9 problems" in lines[0]
     problems = lines[1:-1]
     assert len(problems) == 9
     assert sum("lookup quantization does not travel" in p for p in problems) == 1
@@ -373,3 +374,14 @@ def test_unexpected_errors_exit_70_and_qcli_debug_reraises(monkeypatch):
     monkeypatch.setenv("QCLI_DEBUG", "1")
     with pytest.raises(RuntimeError, match="boom"):
         cli("quantize", SINGLE)
+
+
+def test_console_entry_point_in_a_fresh_interpreter(tmp_path):
+    """`python -m qcli` goes through `main()`: JSON alone on stdout, errors as two lines and an exit code."""
+    out = tmp_path / "t.bpk"
+    result = cli_subprocess("quantize", SINGLE, "-o", out, "--device", "cpu", "--json")
+    assert result.code == 0 and result.err == ""
+    validate_json(json.loads(result.out))
+    again = cli_subprocess("quantize", SINGLE, "-o", out)
+    assert_user_error(again, 2)
+    assert len(again.err.strip().splitlines()) == 2 and again.out == ""

@@ -33,7 +33,10 @@ def quantize(
     output: Annotated[
         Path | None,
         typer.Option(
-            "--output", "-o", help="The .bpk to write. Default: the input's name with .bpk, beside it."
+            "--output",
+            "-o",
+            metavar="OUTPUT",
+            help="The .bpk to write. Default: the input's name with .bpk, beside it.",
         ),
     ] = None,
     scheme: Annotated[
