@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qcli import BURN_LAYOUT_PIN, __version__
-from qcli.errors import PlanError, UsageError
+from qcli.errors import InputError, PlanError, UsageError
 from qcli.report import (
     CompareReport,
     CompareRow,
@@ -274,7 +274,7 @@ def _write(
     with ExitStack() as stack:
         writers = [stack.enter_context(BurnpackWriter(path, entries, metadata)) for path, entries in shards]
         tick = time.perf_counter()
-        for i, (entry, payload) in enumerate(run(plan, _TimedSource(source, load_seconds))):
+        for i, (entry, payload) in enumerate(_naming_files(plan, run(plan, _TimedSource(source, load_seconds)))):
             name = entry.info.name
             produced = time.perf_counter() - tick
             read = load_seconds.get(name, 0.0)
@@ -313,6 +313,20 @@ def _write(
         timings.write.seconds += time.perf_counter() - tick
     timings.total_seconds = time.perf_counter() - started
     return rows, timings
+
+
+def _naming_files(plan: Plan, payloads: Iterator) -> Iterator:
+    """The pipeline's payloads; an InputError about a tensor's values (NaN, Inf) also names its file."""
+    done = 0
+    try:
+        for item in payloads:
+            yield item
+            done += 1
+    except InputError as exc:
+        file = plan.entries[done].info.file if done < len(plan.entries) else None
+        if file is None or str(file) in exc.message:
+            raise
+        raise InputError(f"{file}: {exc.message}", hint=exc.hint) from exc
 
 
 def _commit_all(writers: list) -> None:

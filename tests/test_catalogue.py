@@ -201,8 +201,8 @@ SAFETENSORS = [
         3,
         ("model.safetensors.index.json", "tensor 'a.weight' is in both s1.safetensors and s2.safetensors"),
     ),
-    Case("st-nan-values", nan_weights, 3, ("'layer.weight'", "NaN or Inf")),
-    Case("st-inf-values", inf_weights, 3, ("'layer.weight'", "NaN or Inf")),
+    Case("st-nan-values", nan_weights, 3, ("in.safetensors: tensor 'layer.weight'", "NaN or Inf")),
+    Case("st-inf-values", inf_weights, 3, ("in.safetensors: tensor 'layer.weight'", "NaN or Inf")),
 ]
 
 
