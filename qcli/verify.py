@@ -60,10 +60,10 @@ def error_bound(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration) 
     from qcli.codec.blocks import BlockGrid
 
     grid = BlockGrid.of(scheme, x.shape)
-    blocks = grid.to_blocks(x.to(torch.float64)).abs()
-    peak = blocks.amax(dim=grid.block_axes)
+    blocks = grid.to_blocks(x.to(torch.float32)).abs()  # in f32, as the codec measures it
+    peak = blocks.amax(dim=grid.block_axes).to(torch.float64)
     if calibration is Calibration.AbsMean:
-        alpha = blocks.sum(dim=grid.block_axes) / grid.counts()
+        alpha = blocks.sum(dim=grid.block_axes, dtype=torch.float64) / grid.counts()
     else:
         alpha = peak
     value, dtype = scheme.value, scheme.scale_dtype()
@@ -82,14 +82,14 @@ def error_bound(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration) 
 
 
 def block_errors(x: torch.Tensor, decoded: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
-    """max |x - decoded| per block, grid-shaped f64."""
+    """max |x - decoded| per block, grid-shaped f64 (the difference taken in f32: within the bound's slack)."""
     import torch
 
     from qcli.codec.blocks import BlockGrid
 
     grid = BlockGrid.of(scheme, x.shape)
-    difference = x.to(torch.float64) - decoded.to(torch.float64)
-    return grid.to_blocks(difference).abs().amax(dim=grid.block_axes)
+    difference = (x.to(torch.float32) - decoded.to(torch.float32)).abs_()
+    return grid.to_blocks(difference).amax(dim=grid.block_axes).to(torch.float64)
 
 
 def verify_output(
