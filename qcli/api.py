@@ -66,12 +66,12 @@ def resolve_preset(name: str | None) -> Preset:
     return get_preset(DEFAULT_PRESET if name is None else name)
 
 
-def make_checked_plan(infos: list, recipe: Any, preset: Preset) -> Plan:
+def make_checked_plan(infos: list, recipe: Any, preset: Preset, split: bool = False) -> Plan:
     """The plan for `infos` in name order (so shards and one file give the same output); every error is
-    raised together as one PlanError."""
+    raised together as one PlanError. `split`: the output will be cut into several files."""
     from qcli.plan import make_plan
 
-    plan = make_plan(sorted(infos, key=lambda i: i.name), recipe, preset)
+    plan = make_plan(sorted(infos, key=lambda i: i.name), recipe, preset, split=split)
     plan.raise_if_errors()
     return plan
 
@@ -156,7 +156,7 @@ def quantize_file(
             f"{target} already exists", hint="pass --force to replace it, or -o to write somewhere else"
         )
     with SafetensorsSource.open(input) as source:
-        plan = make_checked_plan(source.infos(), loaded_recipe, preset)
+        plan = make_checked_plan(source.infos(), loaded_recipe, preset, split=max_shard_size is not None)
         report = QuantizeReport(
             input=str(input),
             output=str(target),

@@ -514,3 +514,8 @@ def test_split_refuses_a_tensor_larger_than_a_file() -> None:
     entries = BurnpackReader.open(MODEL_BPK).entries()
     with pytest.raises(ValueError, match="tensor 'fc1.weight' takes 819200 bytes"):
         split(entries, 300_000)
+
+
+def test_split_keeps_burns_tensor_count_per_file() -> None:
+    entries = [TensorEntry(f"t{i}", "U8", (0,), 0) for i in range(100_001)]
+    assert [len(pack) for pack in split(entries, 10**12)] == [100_000, 1]

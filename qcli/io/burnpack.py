@@ -131,7 +131,7 @@ def size_bound(entries: Sequence[TensorEntry], metadata: Mapping[str, str] | Non
 def split(
     entries: Sequence[TensorEntry], max_size: int, metadata: Mapping[str, str] | None = None
 ) -> list[list[TensorEntry]]:
-    """The entries, in order, cut into consecutive packs of at most `max_size` bytes each.
+    """The entries, in order, cut into consecutive packs of at most `max_size` bytes and Burn's tensor count.
 
     ValueError names a tensor too large to fit a pack of its own.
     """
@@ -142,7 +142,7 @@ def split(
         if fixed + cost > max_size:
             raise ValueError(f"tensor '{entry.name}' takes {entry.nbytes} bytes, more than fits a file of "
                              f"{max_size} bytes")
-        if size + cost > max_size and packs[-1]:
+        if (size + cost > max_size and packs[-1]) or len(packs[-1]) == MAX_TENSOR_COUNT:
             packs.append([])
             size = fixed
         packs[-1].append(entry)
