@@ -13,17 +13,19 @@ import os
 import struct
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qcli import BURN_LAYOUT_PIN, __version__
-from qcli.errors import UsageError
+from qcli.errors import InputError, PlanError, UsageError
 from qcli.report import (
     CompareReport,
     CompareRow,
     ErrorRow,
     InspectReport,
     ListedTensor,
+    Phase,
     QuantizeReport,
     SourceFile,
     TensorRow,
@@ -64,12 +66,12 @@ def resolve_preset(name: str | None) -> Preset:
     return get_preset(DEFAULT_PRESET if name is None else name)
 
 
-def make_checked_plan(infos: list, recipe: Any, preset: Preset) -> Plan:
+def make_checked_plan(infos: list, recipe: Any, preset: Preset, split: bool = False) -> Plan:
     """The plan for `infos` in name order (so shards and one file give the same output); every error is
-    raised together as one PlanError."""
+    raised together as one PlanError. `split`: the output will be cut into several files."""
     from qcli.plan import make_plan
 
-    plan = make_plan(sorted(infos, key=lambda i: i.name), recipe, preset)
+    plan = make_plan(sorted(infos, key=lambda i: i.name), recipe, preset, split=split)
     plan.raise_if_errors()
     return plan
 
@@ -130,12 +132,17 @@ def quantize_file(
     dry_run: bool = False,
     force: bool = False,
     progress: ProgressHook | None = None,
+    verify: bool = True,
+    max_shard_size: int | None = None,
 ) -> QuantizeReport:
     """Quantize a safetensors checkpoint into a burnpack file (or, with `dry_run`, only plan it).
 
     The plan is made from the headers and checked in full before any weight is read. Tensors are then
     streamed one at a time through the pipeline into the container, which is renamed onto `output` only
-    once complete; an interruption or failure leaves `output` as it was.
+    once complete; an interruption or failure leaves `output` as it was. With `verify`, the complete file
+    is read back and checked (`qcli.verify`) before the rename; one that fails never reaches `output`.
+    With `max_shard_size`,
+    the output is split into `NAME-00001-of-0000N.bpk` files of at most that many bytes each.
     """
     from qcli.io.safetensors import SafetensorsSource
     from qcli.recipe import load_recipe
@@ -149,7 +156,7 @@ def quantize_file(
             f"{target} already exists", hint="pass --force to replace it, or -o to write somewhere else"
         )
     with SafetensorsSource.open(input) as source:
-        plan = make_checked_plan(source.infos(), loaded_recipe, preset)
+        plan = make_checked_plan(source.infos(), loaded_recipe, preset, split=max_shard_size is not None)
         report = QuantizeReport(
             input=str(input),
             output=str(target),
@@ -162,11 +169,68 @@ def quantize_file(
             tensors=[TensorRow.of(e) for e in plan.entries],
             warnings=plan.warnings(),
         )
+        metadata = _metadata(report)
+        shards = _shards(plan, target, max_shard_size, metadata)
+        report.outputs = [str(path) for path, _ in shards]
         if dry_run:
             return report
+        taken = [path for path, _ in shards if path.exists()] if len(shards) > 1 and not force else []
+        if taken:
+            raise UsageError(f"{taken[0]} already exists", hint="pass --force to replace the files, or -o "
+                             "to write somewhere else")
         report.device, run = select_pipeline(device)
-        report.tensors, report.timings = _write(plan, source, run, target, _metadata(report), progress)
+        report.tensors, report.timings = _write(plan, source, run, shards, metadata, progress, verify)
     return report
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `50GB`, `500MiB`, `1.5TB` or a plain count (decimal units, binary with `i`)."""
+    number = text.strip().upper().removesuffix("B")
+    scale = 1
+    for i, prefix in enumerate("KMGT", start=1):
+        if number.endswith(prefix + "I"):
+            number, scale = number[:-2], 1024**i
+        elif number.endswith(prefix):
+            number, scale = number[:-1], 1000**i
+    try:
+        size = int(float(number) * scale)
+    except ValueError:
+        size = 0
+    if size <= 0:
+        raise UsageError(f"--max-shard-size {text!r} is not a size",
+                         hint="give a byte count, e.g. 50GB, 500MiB or 2e9")
+    return size
+
+
+def shard_paths(target: Path, count: int) -> list[Path]:
+    """`target` itself for one file, else `NAME-00001-of-0000N.bpk` beside it."""
+    if count == 1:
+        return [target]
+    name = f"{target.stem}-{{:05d}}-of-{count:05d}{target.suffix}"
+    return [target.with_name(name.format(i)) for i in range(1, count + 1)]
+
+
+def _shards(plan: Plan, target: Path, max_shard_size: int | None, metadata: dict[str, str]) -> list[tuple]:
+    """`(path, entries)` per output file: one file under Burn's 100 GiB limit, or the split asked for."""
+    from qcli.io.burnpack import MAX_FILE_SIZE, TensorEntry, size_bound, split
+
+    entries = [TensorEntry(e.info.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in plan.entries]
+    limit = f"Burn's reader refuses files over {MAX_FILE_SIZE} bytes (100 GiB)"
+    if max_shard_size is None:
+        size = size_bound(entries, metadata)
+        if size > MAX_FILE_SIZE:
+            raise PlanError(f"the output would take up to {size / 1024**3:.1f} GiB, over Burn's 100 GiB "
+                            "file limit", hint=f"{limit}; split it with --max-shard-size 50GB")
+        return [(target, entries)]
+    if max_shard_size > MAX_FILE_SIZE:
+        raise UsageError(f"--max-shard-size {max_shard_size} is over Burn's 100 GiB file limit",
+                         hint=f"{limit}; give at most 100GiB")
+    try:
+        packs = split(entries, max_shard_size, metadata)
+    except ValueError as exc:
+        raise UsageError(f"--max-shard-size {max_shard_size}: {exc}",
+                         hint="every tensor is written whole; give a larger size") from None
+    return list(zip(shard_paths(target, len(packs)), packs, strict=True))
 
 
 def _metadata(report: QuantizeReport) -> dict[str, str]:
@@ -189,23 +253,28 @@ def _write(
     plan: Plan,
     source: Any,
     run: Callable[..., Iterator],
-    target: Path,
+    shards: list[tuple],
     metadata: dict[str, str],
     progress: ProgressHook | None,
+    verify: bool,
 ) -> tuple[list[TensorRow], Timings]:
-    """Stream the pipeline's payloads into the container; time each phase; measure each tensor's error."""
-    from qcli.io.burnpack import BurnpackWriter, TensorEntry
+    """Stream the pipeline's payloads into the containers; time each phase; measure each tensor's error.
 
-    entries = [TensorEntry(e.info.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in plan.entries]
+    With `verify`, the complete files are read back and checked before they are renamed into place.
+    """
+    from qcli.io.burnpack import BurnpackWriter
+
+    shard_of = {entry.name: i for i, (_, entries) in enumerate(shards) for entry in entries}
     total = sum(e.info.nbytes for e in plan.entries)
     load_seconds: dict[str, float] = {}
     timings, rows, done = Timings(), [], 0
     started = time.perf_counter()
     if progress:
         progress(plan.entries[0].info.name if plan.entries else None, 0, total)
-    with BurnpackWriter(target, entries, metadata) as writer:
+    with ExitStack() as stack:
+        writers = [stack.enter_context(BurnpackWriter(path, entries, metadata)) for path, entries in shards]
         tick = time.perf_counter()
-        for i, (entry, payload) in enumerate(run(plan, _TimedSource(source, load_seconds))):
+        for i, (entry, payload) in enumerate(_naming_files(plan, run(plan, _TimedSource(source, load_seconds)))):
             name = entry.info.name
             produced = time.perf_counter() - tick
             read = load_seconds.get(name, 0.0)
@@ -215,7 +284,7 @@ def _write(
             timings.quantize.bytes += entry.info.nbytes
 
             tick = time.perf_counter()
-            writer.write(name, payload)
+            writers[shard_of[name]].write(name, payload)
             timings.write.seconds += time.perf_counter() - tick
             timings.write.bytes += entry.out_nbytes
 
@@ -232,10 +301,45 @@ def _write(
                 progress(following, done, total)
             tick = time.perf_counter()
         tick = time.perf_counter()
-        writer.commit()
+        files = [writer.finish() for writer in writers]
+        timings.write.seconds += time.perf_counter() - tick
+        if verify:
+            from qcli.verify import verify_output
+
+            verified = verify_output(files, plan, source, [writer.target for writer in writers])
+            timings.verify = Phase(verified.seconds, verified.bytes)
+        tick = time.perf_counter()
+        _commit_all(writers)
         timings.write.seconds += time.perf_counter() - tick
     timings.total_seconds = time.perf_counter() - started
     return rows, timings
+
+
+def _naming_files(plan: Plan, payloads: Iterator) -> Iterator:
+    """The pipeline's payloads; an InputError about a tensor's values (NaN, Inf) also names its file."""
+    done = 0
+    try:
+        for item in payloads:
+            yield item
+            done += 1
+    except InputError as exc:
+        file = plan.entries[done].info.file if done < len(plan.entries) else None
+        if file is None or str(file) in exc.message:
+            raise
+        raise InputError(f"{file}: {exc.message}", hint=exc.hint) from exc
+
+
+def _commit_all(writers: list) -> None:
+    """Rename every file into place; if one fails, the ones already renamed are removed again."""
+    done = []
+    try:
+        for writer in writers:
+            writer.commit()
+            done.append(writer.target)
+    except BaseException:
+        for path in done:
+            path.unlink(missing_ok=True)
+        raise
 
 
 def _error_of(entry: Any, payload: Any, source: Any) -> ErrorRow:

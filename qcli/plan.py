@@ -200,15 +200,21 @@ def shape_problem(scheme: QuantScheme, shape: Sequence[int]) -> str | None:
 
 
 def make_plan(
-    infos: Iterable[TensorInfo], recipe: Recipe | None = None, preset: Preset | None = None
+    infos: Iterable[TensorInfo], recipe: Recipe | None = None, preset: Preset | None = None,
+    *, split: bool = False,
 ) -> Plan:
-    """One decision per tensor and every problem found from the headers (see the module docstring)."""
-    return _Planner(list(infos), recipe, preset or PRESETS[DEFAULT_PRESET]).plan()
+    """One decision per tensor and every problem found from the headers (see the module docstring).
+
+    `split`: the output is cut into several files (--max-shard-size), so Burn's per-file limits are
+    the split's to keep, not one file's.
+    """
+    return _Planner(list(infos), recipe, preset or PRESETS[DEFAULT_PRESET], split).plan()
 
 
 class _Planner:
-    def __init__(self, infos: list[TensorInfo], recipe: Recipe | None, preset: Preset) -> None:
+    def __init__(self, infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False) -> None:
         self.infos = infos
+        self.split = split
         self.recipe = recipe
         self.preset = preset
         self.problems: list[Problem] = []
@@ -233,7 +239,8 @@ class _Planner:
         for entry in entries:
             self.output_problems(entry)
         plan = Plan(entries, self.problems, self.preset, self.recipe)
-        self.file_problems(plan)
+        if not self.split:
+            self.file_problems(plan)
         return plan
 
     def problem(self, kind: str, message: str, hint: str, tensors: Sequence[str] = (),
@@ -356,11 +363,13 @@ class _Planner:
         count = len(plan.entries)
         if count > MAX_TENSOR_COUNT:
             self.problem("size", f"the output would hold {count} tensors; Burn's reader refuses more than "
-                         f"{MAX_TENSOR_COUNT}", "split the checkpoint and quantize each part on its own")
+                         f"{MAX_TENSOR_COUNT}", "split the output into several files with --max-shard-size")
         data = sum(-(-e.out_nbytes // ALIGNMENT) * ALIGNMENT for e in plan.entries)
         if data > MAX_FILE_SIZE:
             self.problem("size", f"the output would take at least {data / 1024**3:.1f} GiB; Burn's reader "
-                         "refuses a file over 100 GiB", "quantize more tensors, or use a smaller scheme")
+                         "refuses a file over 100 GiB",
+                         "split the output with --max-shard-size 50GB, quantize more tensors, or use a smaller "
+                         "scheme")
 
 
 def rule_refusal(rule: Rule, covered: Sequence[str] | None = None) -> Problem | None:

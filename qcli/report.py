@@ -174,12 +174,14 @@ class Phase:
 @dataclass
 class Timings:
     """read: loading source tensors; quantize: encoding (and transposing); stats: decoding for the
-    error columns; write: handing payloads to the container and committing it."""
+    error columns; write: handing payloads to the container and committing it; verify: reading the
+    output back and checking it (None with --no-verify)."""
 
     read: Phase = field(default_factory=Phase)
     quantize: Phase = field(default_factory=Phase)
     stats: Phase = field(default_factory=Phase)
     write: Phase = field(default_factory=Phase)
+    verify: Phase | None = None
     total_seconds: float = 0.0
 
     def to_json(self) -> dict:
@@ -188,6 +190,7 @@ class Timings:
             "quantize": self.quantize.to_json(),
             "stats": self.stats.to_json(),
             "write": self.write.to_json(),
+            "verify": None if self.verify is None else self.verify.to_json(),
             "total_seconds": self.total_seconds,
         }
 
@@ -216,6 +219,7 @@ class QuantizeReport:
     tensors: list[TensorRow]
     warnings: list[Any] = field(default_factory=list)  # qcli.plan.Problem of severity "warning"
     timings: Timings | None = None
+    outputs: list[str] = field(default_factory=list)  # the files written: `output`, or its shards
 
     @property
     def totals(self) -> Totals:
@@ -229,6 +233,7 @@ class QuantizeReport:
             "burn_layout": BURN_LAYOUT_PIN,
             "input": self.input,
             "output": self.output,
+            "outputs": self.outputs,
             "device": self.device,
             "dry_run": self.dry_run,
             "preset": self.preset,

@@ -64,6 +64,23 @@ def quantize(
         typer.Option("--json", help="Print one JSON document (docs/json-schema.json) instead of tables."),
     ] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output file.")] = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify/--no-verify",
+            help="Read the output back and check every tensor against the plan and its source"
+            " (on by default; its time is reported).",
+        ),
+    ] = True,
+    max_shard_size: Annotated[
+        str | None,
+        typer.Option(
+            "--max-shard-size",
+            metavar="SIZE",
+            help="Split the output into NAME-00001-of-0000N.bpk files of at most SIZE each (50GB, 500MiB);"
+            " every tensor stays whole in one file.",
+        ),
+    ] = None,
 ) -> None:
     """Quantize a safetensors checkpoint into a Burn burnpack (.bpk) file.
 
@@ -81,6 +98,8 @@ def quantize(
             dry_run=dry_run,
             force=force,
             progress=hook,
+            verify=verify,
+            max_shard_size=None if max_shard_size is None else api.parse_size(max_shard_size),
         )
     if json_output:
         _output.print_json(report.to_json())
@@ -148,8 +167,9 @@ def render(report: QuantizeReport) -> None:
             ("quantize", timings.quantize),
             ("stats", timings.stats),
             ("write", timings.write),
+            *((("verify", timings.verify),) if timings.verify is not None else ()),
         ):
             rate = f", {phase.gb_per_s:.2f} GB/s" if phase.gb_per_s is not None else ""
             phases.append(f"{name} {phase.seconds:.2f} s{rate}")
         out.print("; ".join(phases) + f"; total {timings.total_seconds:.2f} s on {report.device}")
-        out.print(f"wrote {report.output}")
+        out.print(f"wrote {', '.join(report.outputs)}")
