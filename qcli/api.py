@@ -129,13 +129,15 @@ def quantize_file(
     device: str = "auto",
     dry_run: bool = False,
     force: bool = False,
+    stats: bool = True,
     progress: ProgressHook | None = None,
 ) -> QuantizeReport:
     """Quantize a safetensors checkpoint into a burnpack file (or, with `dry_run`, only plan it).
 
     The plan is made from the headers and checked in full before any weight is read. Tensors are then
     streamed one at a time through the pipeline into the container, which is renamed onto `output` only
-    once complete; an interruption or failure leaves `output` as it was.
+    once complete; an interruption or failure leaves `output` as it was. With `stats`, each quantized
+    tensor is decoded on the CPU and measured against its source (about the cost of quantizing on the CPU).
     """
     from qcli.io.safetensors import SafetensorsSource
     from qcli.recipe import load_recipe
@@ -165,7 +167,7 @@ def quantize_file(
         if dry_run:
             return report
         report.device, run = select_pipeline(device)
-        report.tensors, report.timings = _write(plan, source, run, target, _metadata(report), progress)
+        report.tensors, report.timings = _write(plan, source, run, target, _metadata(report), stats, progress)
     return report
 
 
@@ -191,6 +193,7 @@ def _write(
     run: Callable[..., Iterator],
     target: Path,
     metadata: dict[str, str],
+    stats: bool,
     progress: ProgressHook | None,
 ) -> tuple[list[TensorRow], Timings]:
     """Stream the pipeline's payloads into the container; time each phase; measure each tensor's error."""
@@ -220,7 +223,8 @@ def _write(
             timings.write.bytes += entry.out_nbytes
 
             tick = time.perf_counter()
-            error = _error_of(entry, payload, source) if entry.decision.scheme is not None else None
+            measured = stats and entry.decision.scheme is not None
+            error = _error_of(entry, payload, source) if measured else None
             timings.stats.seconds += time.perf_counter() - tick
             timings.stats.bytes += entry.info.nbytes if error else 0
             rows.append(TensorRow.of(entry, error))

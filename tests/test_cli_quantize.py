@@ -385,3 +385,13 @@ def test_console_entry_point_in_a_fresh_interpreter(tmp_path):
     again = cli_subprocess("quantize", SINGLE, "-o", out)
     assert_user_error(again, 2)
     assert len(again.err.strip().splitlines()) == 2 and again.out == ""
+
+
+def test_no_stats_skips_the_error_columns_but_not_the_bytes(tmp_path, written):
+    one, _ = written
+    out = tmp_path / "t.bpk"
+    doc = cli("quantize", SINGLE, "-o", out, "--device", "cpu", "--no-stats", "--json").json
+    validate_json(doc)
+    assert all(t["rel_rms"] is None and t["sqnr_db"] is None for t in doc["tensors"])
+    assert doc["timings"]["stats"]["bytes"] == 0
+    assert out.read_bytes() == one.read_bytes()

@@ -64,6 +64,13 @@ def quantize(
         typer.Option("--json", help="Print one JSON document (docs/json-schema.json) instead of tables."),
     ] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output file.")] = False,
+    stats: Annotated[
+        bool,
+        typer.Option(
+            "--stats/--no-stats",
+            help="Measure each quantized tensor's error against its source (decodes on the CPU).",
+        ),
+    ] = True,
 ) -> None:
     """Quantize a safetensors checkpoint into a Burn burnpack (.bpk) file.
 
@@ -80,6 +87,7 @@ def quantize(
             device=device.value,
             dry_run=dry_run,
             force=force,
+            stats=stats,
             progress=hook,
         )
     if json_output:
