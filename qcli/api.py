@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from qcli import BURN_LAYOUT_PIN, __version__
 from qcli.errors import UsageError
+from qcli.io.dtypes import dtype_str
 from qcli.report import (
     CompareReport,
     CompareRow,
@@ -281,28 +282,16 @@ _SCALE_TORCH_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "
 
 
 def qfloat_scheme(dtype: Any) -> QuantScheme | None:
-    """The scheme of a `{"QFloat": …}` Burn DType; None for any other dtype."""
+    """The scheme of a `{"QFloat": …}` Burn DType (serde form, as the reader gives it); None otherwise."""
     if isinstance(dtype, dict) and "QFloat" in dtype:
-        s = dtype["QFloat"]
-        return s if isinstance(s, QuantScheme) else QuantScheme.from_serde(s)
+        return QuantScheme.from_serde(dtype["QFloat"])
     return None
-
-
-def dtype_text(dtype: Any) -> str:
-    """A Burn DType in readable form: `BF16`, `Bool(Native)`, `QFloat(Q4S PackedU32(0) block [32] F16)`."""
-    scheme = qfloat_scheme(dtype)
-    if scheme is not None:
-        return f"QFloat({scheme})"
-    if isinstance(dtype, dict) and len(dtype) == 1:
-        ((kind, arg),) = dtype.items()
-        return f"{kind}({arg})"
-    return str(dtype)
 
 
 def _dtype_key(dtype: Any) -> str:
     """The plain name of a non-QFloat dtype, Burn's or safetensors' spelling (`{"Bool": …}` -> BOOL)."""
     if isinstance(dtype, dict):
-        return "BOOL" if "Bool" in dtype else dtype_text(dtype)
+        return "BOOL" if "Bool" in dtype else dtype_str(dtype)
     return str(dtype).upper()
 
 
@@ -312,7 +301,7 @@ def _tensor_from_bytes(data: Any, dtype: Any, shape: tuple[int, ...]) -> torch.T
     key = _dtype_key(dtype)
     if key not in _TORCH_DTYPES:
         raise UsageError(
-            f"qcli cannot decode dtype {dtype_text(dtype)}", hint="inspect lists it without --tensor"
+            f"qcli cannot decode dtype {dtype_str(dtype)}", hint="inspect lists it without --tensor"
         )
     t = getattr(torch, _TORCH_DTYPES[key])
     if math.prod(shape) == 0:
@@ -353,12 +342,15 @@ def _suggest_tensor(name: str, names: list[str]) -> UsageError:
 
 
 def _is_burnpack(path: Path) -> bool:
-    if path.suffix == ".bpk":
+    """By its extension, or by burnpack's magic number at the start."""
+    from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER
+
+    if path.suffix == EXTENSION:
         return True
     if not path.is_file():
         return False
     with path.open("rb") as f:
-        return f.read(4) == b"NRUB"
+        return f.read(4) == struct.pack("<I", MAGIC_NUMBER)
 
 
 def inspect_file(
@@ -400,7 +392,7 @@ def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None
         format="burnpack",
         files=[SourceFile(path.name, path.stat().st_size)],
         tensors=[
-            ListedTensor(e.name, dtype_text(e.dtype), _serde(e.dtype), tuple(e.shape), e.nbytes)
+            ListedTensor(e.name, dtype_str(e.dtype), e.dtype, tuple(e.shape), e.nbytes)
             for e in entries
         ],
         version=reader.version,
@@ -419,11 +411,6 @@ def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None
     if compare is not None:
         report.compare = _compare(reader, entries, Path(compare))
     return report
-
-
-def _serde(dtype: Any) -> Any:
-    scheme = qfloat_scheme(dtype)
-    return {"QFloat": scheme.to_serde()} if scheme is not None else dtype
 
 
 def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
@@ -448,7 +435,7 @@ def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
             flip = e.name in transposed
             if flip:
                 x = x.t()
-            text = dtype_text(e.dtype)
+            text = dtype_str(e.dtype)
             if tuple(x.shape) != tuple(e.shape):
                 src = "the transposed source" if flip else "the source"
                 problem = f"shape {list(e.shape)} but {src} is {list(x.shape)}"
