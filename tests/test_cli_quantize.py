@@ -395,3 +395,39 @@ def test_no_stats_skips_the_error_columns_but_not_the_bytes(tmp_path, written):
     assert all(t["rel_rms"] is None and t["sqnr_db"] is None for t in doc["tensors"])
     assert doc["timings"]["stats"]["bytes"] == 0
     assert out.read_bytes() == one.read_bytes()
+
+
+def test_progress_reports_every_tensor_in_order(tmp_path):
+    from qcli import api
+
+    calls = []
+    hook = lambda *args: calls.append(args)  # noqa: E731
+    api.quantize_file(SINGLE, tmp_path / "p.bpk", device="cpu", stats=False, progress=hook)
+    names = sorted(source_bytes())
+    total = sum(len(b) for b in source_bytes().values())
+    assert calls[0] == (names[0], 0, total)
+    assert [c[0] for c in calls[1:]] == names[1:] + [None]
+    assert [c[1] for c in calls] == sorted(c[1] for c in calls) and calls[-1][1:] == (total, total)
+
+
+@pytest.mark.parametrize(
+    ("env", "json_output", "tty", "enabled"),
+    [
+        ({}, False, True, True),
+        ({}, True, True, False),
+        ({}, False, False, False),
+        ({"NO_COLOR": "1"}, False, True, False),
+        ({"QCLI_NO_PROGRESS": "1"}, False, True, False),
+    ],
+)
+def test_progress_draws_only_for_a_person(monkeypatch, env, json_output, tty, enabled):
+    import sys
+
+    from qcli.cli import _output
+
+    for key in ("NO_COLOR", "QCLI_NO_PROGRESS"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty, raising=False)
+    assert _output.progress_enabled(json_output) is enabled
