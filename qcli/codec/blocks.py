@@ -37,20 +37,26 @@ class BlockGrid:
         """The shape rounded up to whole blocks."""
         return tuple(g * b for g, b in zip(self.grid, self.block, strict=True))
 
-    @property
-    def _blocked(self) -> list[int]:
+    def _split(self, inner: int) -> list[int]:
         # Each axis splits into (blocks, extent); an axis of extent 1 stays whole, so a [32] block on a
         # matrix is the view [rows, blocks, 32] and reductions run over one contiguous innermost axis.
-        return [n for g, b in zip(self.grid, self.block, strict=True) for n in ((g,) if b == 1 else (g, b))]
+        # The last axis always splits, so there is at least one axis to reduce over.
+        last = len(self.shape) - 1
+        pairs = zip(self.grid, self.block, strict=True)
+        return [
+            n for i, (g, b) in enumerate(pairs) for n in ((g,) if b == 1 and i < last else (g, inner or b))
+        ]
 
     @property
     def block_axes(self) -> tuple[int, ...]:
         """The axes of `to_blocks`' result that run inside one block."""
         axes, i = [], 0
-        for b in self.block:
-            if b != 1:
+        for axis, b in enumerate(self.block):
+            if b != 1 or axis == len(self.block) - 1:
                 axes.append(i + 1)
-            i += 1 if b == 1 else 2
+                i += 2
+            else:
+                i += 1
         return tuple(axes)
 
     def to_blocks(self, x: torch.Tensor) -> torch.Tensor:
@@ -60,7 +66,7 @@ class BlockGrid:
             padded = x.new_zeros(self.padded)
             padded[tuple(slice(0, d) for d in self.shape)] = x
             x = padded
-        return x.reshape(self._blocked)
+        return x.reshape(self._split(0))
 
     def from_blocks(self, xb: torch.Tensor) -> torch.Tensor:
         """The inverse of `to_blocks`: back to `shape`, padding dropped."""
@@ -71,8 +77,7 @@ class BlockGrid:
 
     def per_block(self, scales: torch.Tensor) -> torch.Tensor:
         """A grid-shaped tensor viewed to broadcast over `to_blocks`' result."""
-        pairs = zip(self.grid, self.block, strict=True)
-        return scales.reshape([n for g, b in pairs for n in ((g,) if b == 1 else (g, 1))])
+        return scales.reshape(self._split(1))
 
     def counts(self) -> torch.Tensor:
         """Float64 grid of how many elements of the tensor each block holds (edge blocks hold fewer)."""

@@ -202,7 +202,7 @@ def _tensor_info(path: Path, name: str, descriptor: object) -> tuple[TensorInfo,
     if not isinstance(descriptor, dict) or not {"dtype", "shape", "data_offsets"} <= descriptor.keys():
         raise _fail(path, f"tensor '{name}' lacks dtype, shape or data_offsets")
     dtype, shape, offsets = descriptor["dtype"], descriptor["shape"], descriptor["data_offsets"]
-    if dtype not in SAFETENSORS_BITS:
+    if not isinstance(dtype, str) or dtype not in SAFETENSORS_BITS:
         raise _fail(path, f"tensor '{name}' has the unknown dtype {dtype!r}",
                     hint=f"safetensors dtypes are {', '.join(SAFETENSORS_BITS)}")
     if not isinstance(shape, list) or not all(_is_count(d) for d in shape):

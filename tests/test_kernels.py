@@ -1,0 +1,301 @@
+"""The Triton kernels write the same payload bytes as the CPU codec, for every scheme Burn accepts.
+
+Marker `interpreter`: small shapes on CPU tensors under TRITON_INTERPRET=1 (set here when there is no
+GPU). Marker `gpu`: large shapes on a CUDA device. Expectations come from the CPU codec
+(`qcli.codec.encode`) and, for the hand-worked cases, from Burn's literals and the spec's worked example
+(../shared/vectors/burn-vectors.json) or arithmetic done by hand in the comments.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bench.schemes import all_schemes
+from qcli import layout
+from qcli.codec import encode as codec_encode
+from qcli.errors import InputError, SchemeError, UsageError
+from qcli.scheme import (
+    Calibration,
+    Native,
+    PackedNative,
+    QuantScheme,
+    QuantValue,
+    ScaleDtype,
+)
+
+VECTORS = Path(__file__).parents[1] / ".." / "shared" / "vectors" / "burn-vectors.json"
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+POISON = 0xA5
+CASES = all_schemes()
+# The interpreter computes every lane with numpy, masked-off and discarded ones too, which warns.
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """qcli.kernels.encode, interpreted when there is no GPU (Triton decides when a kernel is defined)."""
+    if not CUDA:
+        os.environ["TRITON_INTERPRET"] = "1"
+        for name in ("qcli.kernels._codes", "qcli.kernels._quantize", "qcli.kernels.encode"):
+            if name in sys.modules:
+                importlib.reload(sys.modules[name])
+    return importlib.import_module("qcli.kernels.encode")
+
+
+def run(kernels, x: torch.Tensor, scheme: QuantScheme, calibration=Calibration.MinMax) -> bytes:
+    """The payload written into a poisoned buffer, so an unwritten byte cannot pass for a zero."""
+    x = x.to(DEVICE)
+    out = torch.full((layout.quantized_data_len(scheme, tuple(x.shape)),), POISON, dtype=torch.uint8,
+                     device=DEVICE)
+    bad = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    kernels.enqueue(x, scheme, calibration, out, bad)
+    assert int(bad.item()) == 0
+    return out.cpu().numpy().tobytes()
+
+
+def expected(x: torch.Tensor, scheme: QuantScheme, calibration=Calibration.MinMax) -> bytes:
+    return codec_encode(x.cpu(), scheme, calibration).numpy().tobytes()
+
+
+def assert_same(got: bytes, want: bytes) -> None:
+    if got != want:
+        a, b = np.frombuffer(got, np.uint8), np.frombuffer(want, np.uint8)
+        diff = np.nonzero(a != b)[0]
+        pytest.fail(f"{len(diff)} of {len(b)} bytes differ, first at {diff[:6].tolist()}: "
+                    f"got {a[diff[:6]].tolist()}, want {b[diff[:6]].tolist()}")
+
+
+def wide(shape, seed: int) -> torch.Tensor:
+    """Random values over many binary orders of magnitude, signs mixed, never zero."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * torch.exp(torch.randn(shape, generator=g) * 3)
+    return torch.where(x == 0, 1.0, x)
+
+
+def case_id(case) -> str:
+    scheme, calibration, shape = case
+    return f"{scheme}-{calibration.value}-{'x'.join(map(str, shape))}".replace(" ", "_")
+
+
+# ---- byte-identity with the codec on random data --------------------------------------------------
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_random_data_matches_codec(kernels, case):
+    scheme, calibration, shape = case
+    for seed, dtype in enumerate((torch.float32, torch.bfloat16)):
+        x = wide(shape, seed).to(dtype)
+        assert_same(run(kernels, x, scheme, calibration), expected(x, scheme, calibration))
+
+
+HALF_SCHEMES = [c for c in CASES if c[0].value in (QuantValue.Q4S, QuantValue.E2M1)]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("case", HALF_SCHEMES, ids=[case_id(c) for c in HALF_SCHEMES])
+def test_float16_input_matches_codec(kernels, case):
+    scheme, calibration, shape = case
+    x = wide(shape, 7).clamp(-6e4, 6e4).to(torch.float16)  # inside float16's range
+    assert_same(run(kernels, x, scheme, calibration), expected(x, scheme, calibration))
+
+
+SPECIAL = [
+    # (name, transform of wide data): subnormal inputs and scales, scales past every dtype's max,
+    # values on the half-integer grid of an exact scale (ties), and blocks of zeros among random ones.
+    ("subnormal", lambda x: x * 1e-41),
+    ("tiny", lambda x: x * 1e-36),
+    ("saturating", lambda x: x * 1e33),
+    ("ties", lambda x: torch.round(torch.clamp(x, -6, 6) * 2) / 2 + torch.where(x > 0, 0.5, -0.5)),
+    ("zero_blocks", lambda x: x * (torch.arange(x.numel()).reshape(x.shape) % 96 < 48)),
+]
+SPECIAL_SCHEMES = [
+    (QuantScheme().with_value(QuantValue.Q4S).per_block([16], ScaleDtype.F16), Calibration.MinMax, (4, 96)),
+    (QuantScheme().with_value(QuantValue.Q8S).with_store(Native()).per_block([8], ScaleDtype.UE4M3),
+     Calibration.MinMax, (3, 96)),
+    (QuantScheme().with_value(QuantValue.Q2F).per_block([2, 16], ScaleDtype.BF16), Calibration.AbsMean,
+     (5, 96)),
+    (QuantScheme.nvfp4(), Calibration.MinMax, (4, 96)),
+    (QuantScheme().with_value(QuantValue.E5M2).with_store(Native()), Calibration.MinMax, (3, 96)),
+    (QuantScheme().with_value(QuantValue.E4M3).per_tensor(ScaleDtype.F16), Calibration.AbsMean, (3, 96)),
+]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("special", SPECIAL, ids=[s[0] for s in SPECIAL])
+@pytest.mark.parametrize("case", SPECIAL_SCHEMES, ids=[case_id(c) for c in SPECIAL_SCHEMES])
+def test_edge_data_matches_codec(kernels, special, case):
+    scheme, calibration, shape = case
+    x = special[1](wide(shape, 3)).to(torch.float32)
+    assert_same(run(kernels, x, scheme, calibration), expected(x, scheme, calibration))
+
+
+# ---- hand-worked and Burn-derived expectations ----------------------------------------------------
+
+
+def _vector(source_end: str) -> dict:
+    return next(v for v in json.loads(VECTORS.read_text()) if v["source"].endswith(source_end))
+
+
+def f32_bytes(*values: float) -> bytes:
+    return struct.pack("<" + "f" * len(values), *values)
+
+
+@pytest.mark.interpreter
+def test_worked_example_rounds_the_tie_to_even(kernels):
+    # qfloat-spec §6: [2, 8] Q4S PackedU32 blocks of 4, F16 scales; element [1, 2] = 2.5 / 1.0 is a tie.
+    vec = _vector("worked example (this spec, section 6)")
+    scheme = QuantScheme.from_serde(vec["scheme"])
+    got = run(kernels, torch.tensor(vec["input"], dtype=torch.float32), scheme)
+    assert got.hex() == vec["expected"]["bytes_half_even"]
+
+
+@pytest.mark.interpreter
+def test_burn_quantize_dynamic_scale(kernels):
+    # Burn ops/quantize.rs:71: [5, 0, 4, -12.7] Q8S per tensor gives q [50, 0, 40, -127], scale 0x3dcccccd.
+    vec = _vector("quantization/ops/quantize.rs:71")
+    scheme = QuantScheme.from_serde(vec["scheme"])
+    got = run(kernels, torch.tensor(vec["input"], dtype=torch.float32), scheme)
+    want = bytes(q & 0xFF for q in vec["expected"]["q"]) + struct.pack("<I", 0x3DCCCCCD)
+    assert got == want
+
+
+@pytest.mark.interpreter
+def test_ue4m3_tensor_scale_is_rounded_up_before_dividing(kernels):
+    # Burn flex qtensor.rs:545: alpha 4.5, 9/254 rounds up to 0.0390625 (byte 0x12). By hand:
+    # -3/0.0390625 = -76.8 -> -77, -1.5/.. = -38.4 -> -38, 0, 38, 77, 4.5/.. = 115.2 -> 115.
+    scheme = QuantScheme().with_value(QuantValue.Q8S).with_store(Native()).per_tensor(ScaleDtype.UE4M3)
+    got = run(kernels, torch.tensor([[-3.0, -1.5, 0.0], [1.5, 3.0, 4.5]]), scheme)
+    assert got == bytes([0xB3, 0xDA, 0x00, 0x26, 0x4D, 0x73, 0x12])
+
+
+@pytest.mark.interpreter
+def test_two_level_scales_follow_burns_recipe(kernels):
+    # Burn scheme.rs:52: block ranges 1.8, 1.8, 0.04, 0.04 under Q8S give the global 0x3804b19e and
+    # UE4M3 block scales 448, 448, 10, 10 (bytes 7e 7e 52 52).
+    vec = _vector("quantization/scheme.rs:52")
+    scheme = QuantScheme.from_serde(vec["scheme"])
+    x = torch.tensor([-1.8, 0.5, 0.1, 0.2, -0.5, 1.8, 0.3, -0.3,
+                      0.01, 0.04, 0.02, 0.03, -0.04, -0.01, -0.02, -0.03])
+    got = run(kernels, x, scheme)
+    assert got[16:20].hex() == vec["expected"]["stored_ue4m3_bytes_computed"]
+    assert got[20:] == struct.pack("<I", int(vec["expected"]["global_f32_bits"], 16))
+
+
+@pytest.mark.interpreter
+def test_integer_ties_round_to_even(kernels):
+    # alpha 3.5 makes the Q4S scale exactly 0.5: x / 0.5 = 7, .5, 1.5, -2.5, -.5, 2.5, 4.5, -7
+    # round half to even: 7, 0, 2, -2, 0, 2, 4, -7 -> nibbles 7 0 2 e 0 2 4 9, first in the low bits.
+    scheme = QuantScheme().with_value(QuantValue.Q4S)
+    got = run(kernels, torch.tensor([3.5, 0.25, 0.75, -1.25, -0.25, 1.25, 2.25, -3.5]), scheme)
+    assert got == struct.pack("<I", 0x9420E207) + f32_bytes(0.5)
+
+
+@pytest.mark.interpreter
+def test_e2m1_ties_round_to_even_mantissa_and_keep_the_sign(kernels):
+    # alpha 6 gives scale 1. Codes: 6 -> 7, 0.25 -> 0 (0 | 0.5), 0.75 -> 2 (1.0), 1.25 -> 2 (1.0),
+    # 2.5 -> 4 (2), 5 -> 6 (4), -1.75 -> 0xC (-2), -0.1 -> 8 (-0). Pairs: even element in the low nibble.
+    scheme = QuantScheme().with_value(QuantValue.E2M1).with_store(PackedNative(0))
+    got = run(kernels, torch.tensor([6.0, 0.25, 0.75, 1.25, 2.5, 5.0, -1.75, -0.1]), scheme)
+    assert got == bytes([0x07, 0x22, 0x64, 0x8C]) + f32_bytes(1.0)
+
+
+@pytest.mark.interpreter
+def test_e4m3_codes_from_the_spec(kernels):
+    # qfloat-spec §4: 448 = 0x7E, 1.5 = 0x3C, 0.1171875 = 0x1F, 0.5 = 0x30, 0.125 = 0x20, 10 = 0x52,
+    # 0.0390625 = 0x12; alpha 448 makes the scale 1.
+    scheme = QuantScheme().with_value(QuantValue.E4M3).with_store(Native())
+    x = torch.tensor([448.0, 1.5, 0.1171875, 0.5, 0.125, 10.0, 0.0390625, -448.0])
+    assert run(kernels, x, scheme) == bytes([0x7E, 0x3C, 0x1F, 0x30, 0x20, 0x52, 0x12, 0xFE]) + f32_bytes(1.0)
+
+
+ROUND_UP = _vector("cubecl-common/src/quant/scheme.rs:737")["expected"]
+
+
+def scale_bytes(value: float, dtype: ScaleDtype) -> bytes:
+    """Encoding of a value already on the dtype's grid, by numpy (F16), bit truncation (BF16), or §4."""
+    if dtype is ScaleDtype.F16:
+        return np.array([value], np.float16).tobytes()
+    if dtype is ScaleDtype.BF16:
+        return struct.pack("<H", struct.unpack("<I", f32_bytes(value))[0] >> 16)
+    # e4m3: 448 = 0x7E; 1.75 = 1.11b * 2^0 -> exponent 7, mantissa 6 = 0x3E; 2^-7 = 4 * 2^-9 and
+    # 2^-9 = 1 * 2^-9 are subnormal codes 0x04 and 0x01.
+    return {448.0: b"\x7e", 1.75: b"\x3e", 2.0**-7: b"\x04", 2.0**-9: b"\x01"}[value]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtype", [ScaleDtype.F16, ScaleDtype.BF16, ScaleDtype.UE4M3])
+@pytest.mark.parametrize("alpha,key", [(1.7, "round_up(1.7)"), (1e-30, "round_up(1e-30)"),
+                                       (2.0**-7, "round_up(2^-7)"), (3.4e38, "round_up(2*max)")])
+def test_scale_rounds_up_saturates_and_keeps_subnormals(kernels, dtype, alpha, key):
+    # Q2S has h = 1, so the raw scale is alpha itself; cubecl scheme.rs:737 gives the stored scale
+    # (3.4e38 is past every dtype's max, so it saturates like 2 * max).
+    scheme = QuantScheme().with_value(QuantValue.Q2S).per_block([16], dtype)
+    stored = ROUND_UP[dtype.value][key]
+    x = torch.full((16,), alpha / 2)
+    x[3] = -alpha
+    assert run(kernels, x, scheme)[4:] == scale_bytes(stored, dtype)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtype,floor", [(ScaleDtype.F32, struct.pack("<I", 0x00800000)),
+                                         (ScaleDtype.F16, b"\x01\x00"), (ScaleDtype.UE4M3, b"\x01")])
+def test_all_zero_block_stores_the_smallest_positive_scale(kernels, dtype, floor):
+    # An all-zero block takes round_up(f32::MIN_POSITIVE): F32 0x00800000, F16 2^-24, UE4M3 2^-9.
+    scheme = QuantScheme().with_value(QuantValue.Q4S).per_block([8], dtype)
+    x = torch.tensor([0.0] * 8 + [7.0, 1, 2, 3, 4, 5, 6, -7])
+    got = run(kernels, x, scheme)
+    assert got[:4] == b"\x00\x00\x00\x00"
+    assert got[8 : 8 + len(floor)] == floor
+
+
+# ---- errors -------------------------------------------------------------------------------------
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_values_are_refused_naming_the_tensor(kernels, bad):
+    x = wide((4, 32), 1)
+    x[2, 5] = bad
+    with pytest.raises(InputError, match="layers.0.w") as err:
+        kernels.encode(x.to(DEVICE), QuantScheme().with_value(QuantValue.Q4S).per_block([32], ScaleDtype.F16),
+                       name="layers.0.w")
+    assert err.value.hint
+
+
+@pytest.mark.interpreter
+def test_bad_arguments_are_usage_errors(kernels):
+    scheme = QuantScheme().with_value(QuantValue.Q8S)
+    with pytest.raises(UsageError, match="int32"):
+        kernels.encode(torch.ones(4, 4, dtype=torch.int32, device=DEVICE), scheme)
+    with pytest.raises(UsageError, match="contiguous"):
+        kernels.encode(wide((8, 8), 0).to(DEVICE).t(), scheme)
+    with pytest.raises(SchemeError):
+        kernels.encode(wide((8, 8), 0).to(DEVICE), scheme.per_block([8], ScaleDtype.UE8M0))
+
+
+# ---- large shapes on the GPU --------------------------------------------------------------------
+
+GPU_SHAPES = [(4096, 4096), (1000, 4100), (3, 517, 1031)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_large_random_data_matches_codec_on_gpu(kernels, case):
+    scheme, calibration, small = case
+    for i, shape in enumerate(GPU_SHAPES):
+        shape = shape if len(small) <= len(shape) else small[: len(small) - len(shape)] + shape
+        x = wide(shape, 100 + i).to(torch.bfloat16 if i % 2 else torch.float32)
+        x = torch.where(torch.rand(shape) < 0.001, x * 1e-40, x)  # subnormal inputs and blocks
+        assert_same(run(kernels, x, scheme, calibration), expected(x, scheme, calibration))
