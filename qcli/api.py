@@ -152,6 +152,8 @@ def quantize_file(
             f"{target} already exists", hint="pass --force to replace it, or -o to write somewhere else"
         )
     with SafetensorsSource.open(input) as source:
+        if target.resolve() in {f.resolve() for f in [input, *source.files]}:
+            raise UsageError(f"{target} is the input", hint="write the .bpk somewhere else with -o")
         plan = make_checked_plan(source.infos(), loaded_recipe, preset)
         report = QuantizeReport(
             input=str(input),

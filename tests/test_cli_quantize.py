@@ -431,3 +431,11 @@ def test_progress_draws_only_for_a_person(monkeypatch, env, json_output, tty, en
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(sys.stderr, "isatty", lambda: tty, raising=False)
     assert _output.progress_enabled(json_output) is enabled
+
+
+def test_the_input_is_never_the_output(tmp_path):
+    src = tmp_path / "m.safetensors"
+    shutil.copy(SINGLE, src)
+    lines = assert_user_error(cli("quantize", src, "-o", src, "--force"), 2)
+    assert "is the input" in lines[0]
+    assert src.read_bytes() == SINGLE.read_bytes()
