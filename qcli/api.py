@@ -105,7 +105,7 @@ def select_pipeline(device: str) -> tuple[str, Callable[..., Iterator]]:
 
 
 class _TimedSource:
-    """A source that counts the time and bytes of `load`, so the pipeline's read time can be told apart."""
+    """A source that times `load` per tensor, so the pipeline's read time can be told from its compute."""
 
     def __init__(self, source: Any, seconds_by_name: dict[str, float]) -> None:
         self._source = source
