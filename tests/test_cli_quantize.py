@@ -439,3 +439,12 @@ def test_the_input_is_never_the_output(tmp_path):
     lines = assert_user_error(cli("quantize", src, "-o", src, "--force"), 2)
     assert "is the input" in lines[0]
     assert src.read_bytes() == SINGLE.read_bytes()
+
+
+def test_a_recipe_error_names_file_line_and_suggestion(tmp_path):
+    recipe = tmp_path / "typo.toml"
+    recipe.write_text('version = 1\n\n[[rule]]\nmatch = "*"\nvalue = "Q4S"\nblok = [32]\n')
+    lines = assert_user_error(cli("quantize", SINGLE, "-o", tmp_path / "o.bpk", "--recipe", recipe), 2)
+    assert f"{recipe}:6" in lines[0] and "blok" in lines[0]
+    assert "block" in "\n".join(lines)
+    no_leftovers(tmp_path, {"typo.toml"})
