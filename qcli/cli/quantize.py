@@ -157,7 +157,7 @@ def render(report: QuantizeReport) -> None:
             ("stats", timings.stats),
             ("write", timings.write),
         ):
-            rate = f", {phase.gb_per_s:.2f} GB/s" if phase.gb_per_s is not None else ""
+            rate = f", {phase.gb_per_s:.3g} GB/s" if phase.gb_per_s is not None else ""
             phases.append(f"{name} {phase.seconds:.2f} s{rate}")
         out.print("; ".join(phases) + f"; total {timings.total_seconds:.2f} s on {report.device}")
         out.print(f"wrote {report.output}")
