@@ -141,7 +141,7 @@ def render(report: QuantizeReport) -> None:
     totals = report.totals
     out.print(
         f"{totals.tensors} tensors: {totals.quantized} quantized, {totals.kept} kept,"
-        f" {totals.transposed} transposed (T: written as [in, out])"
+        f" {totals.transposed} transposed" + (" (T: written as [in, out])" if totals.transposed else "")
     )
     out.print(
         f"{_output.human_bytes(totals.bytes_in)} → {_output.human_bytes(totals.bytes_out)}"
@@ -151,12 +151,8 @@ def render(report: QuantizeReport) -> None:
     if report.timings is not None:
         timings = report.timings
         phases = []
-        for name, phase in (
-            ("read", timings.read),
-            ("quantize", timings.quantize),
-            ("stats", timings.stats),
-            ("write", timings.write),
-        ):
+        for name in ("read", "quantize", "stats", "write"):
+            phase = getattr(timings, name)
             rate = f", {phase.gb_per_s:.3g} GB/s" if phase.gb_per_s is not None else ""
             phases.append(f"{name} {phase.seconds:.2f} s{rate}")
         out.print("; ".join(phases) + f"; total {timings.total_seconds:.2f} s on {report.device}")
