@@ -50,6 +50,17 @@ def no_leftovers(folder: Path, expected: set[str]) -> None:
     assert {p.name for p in folder.iterdir()} == expected
 
 
+@pytest.fixture
+def no_weight_reads(monkeypatch):
+    """Fail the test if any tensor's data is loaded."""
+    from qcli.io.safetensors import SafetensorsSource
+
+    def refuse(self, name):
+        raise AssertionError(f"{name} was read")
+
+    monkeypatch.setattr(SafetensorsSource, "load", refuse)
+
+
 @pytest.fixture(scope="module")
 def written(tmp_path_factory) -> tuple[Path, dict]:
     """The sample quantized once with the default policy, with its --json document."""
@@ -125,7 +136,7 @@ def test_summary_table_on_stdout(tmp_path):
     assert result.err == ""  # progress is off when stderr is not a terminal
 
 
-def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
+def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, no_weight_reads):
     src = tmp_path / "m.safetensors"
     shutil.copy(SINGLE, src)
     result = cli("quantize", src, "--dry-run")
@@ -208,7 +219,7 @@ block_scale = "F16"
 """
 
 
-def test_lookup_recipe_is_refused_before_anything_is_read(tmp_path):
+def test_lookup_recipe_is_refused_before_anything_is_read(tmp_path, no_weight_reads):
     recipe = tmp_path / "lookup.toml"
     recipe.write_text(LOOKUP_RECIPE)
     lines = assert_user_error(cli("quantize", SINGLE, "-o", tmp_path / "out.bpk", "--recipe", recipe), 2)
@@ -221,7 +232,7 @@ def test_lookup_recipe_is_refused_before_anything_is_read(tmp_path):
     no_leftovers(tmp_path, {"lookup.toml"})
 
 
-def test_every_plan_error_is_reported_together(tmp_path):
+def test_every_plan_error_is_reported_together(tmp_path, no_weight_reads):
     recipe = tmp_path / "bad.toml"
     recipe.write_text(
         LOOKUP_RECIPE
