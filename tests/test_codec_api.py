@@ -62,12 +62,11 @@ def test_integer_input_is_refused():
         (QuantScheme().with_mode(QuantMode.Lookup), Calibration.MinMax),
         (QuantScheme().per_block([32], ScaleDtype.UE8M0), Calibration.MinMax),
         (QuantScheme().with_value(QuantValue.Q4S).with_store(Native()), Calibration.MinMax),
-        (QuantScheme().with_value(QuantValue.Q2S).per_block([8], ScaleDtype.F32), Calibration.MinMax),
         (QuantScheme().per_block([32], ScaleDtype.F32).per_tensor(ScaleDtype.F32), Calibration.MinMax),
         (QuantScheme.nvfp4(), Calibration.AbsMean),
         (QuantScheme().with_store(PackedU32(1)), Calibration.MinMax),
     ],
-    ids=["lookup", "ue8m0", "native-q4", "q2-block8", "f32-under-global", "absmean-two-level", "packed-dim1"],
+    ids=["lookup", "ue8m0", "native-q4", "f32-under-global", "absmean-two-level", "packed-dim1"],
 )
 def test_refused_schemes_raise_scheme_error(scheme, calibration):
     with pytest.raises(SchemeError) as err:
