@@ -459,3 +459,12 @@ def test_a_recipe_error_names_file_line_and_suggestion(tmp_path):
     assert f"{recipe}:6" in lines[0] and "blok" in lines[0]
     assert "block" in "\n".join(lines)
     no_leftovers(tmp_path, {"typo.toml"})
+
+
+def test_plan_warnings_go_to_stderr(tmp_path):
+    recipe = tmp_path / "w.toml"
+    recipe.write_text('version = 1\n\n[[rule]]\nmatch = "*.vision[in, out].*"\nkeep = true\n')
+    result = cli("quantize", SINGLE, "--dry-run", "--recipe", recipe)
+    assert result.code == 0
+    assert result.err.startswith("warning: ") and "matches no tensor" in result.err
+    assert "vision[in, out]" in result.err
