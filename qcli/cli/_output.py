@@ -63,7 +63,7 @@ def progress_bar(enabled: bool) -> Iterator[Any]:
         yield None
         return
     columns = (
-        TextColumn("{task.description}", style="cyan"),
+        TextColumn("{task.description}", style="cyan", markup=False),
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),
