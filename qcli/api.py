@@ -464,7 +464,7 @@ def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
 
 
 def validate_scheme(
-    recipes: str | Path | Sequence[str | Path], *, model: str | Path | None = None
+    recipes: str | Path | Sequence[str | Path], *, model: str | Path | None = None, scheme: str | None = None
 ) -> ValidateReport:
     """Every problem in each recipe, and with `model` every problem of the plan each makes from headers."""
     from qcli import validate
@@ -482,5 +482,6 @@ def validate_scheme(
 
         with SafetensorsSource.open(Path(model)) as source:
             infos = source.infos()
-    problems = [p for path in paths for p in validate.validate_scheme(path, infos)]
+    preset = resolve_preset(scheme)
+    problems = [p for path in paths for p in validate.validate_scheme(path, infos, preset)]
     return ValidateReport([str(p) for p in paths], None if model is None else str(model), problems)
