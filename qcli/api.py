@@ -327,10 +327,12 @@ def _scale_stats(data: Any, scheme: QuantScheme, shape: tuple[int, ...]) -> tupl
 
     from qcli import layout
 
+    scale_dtype = scheme.scale_dtype().value
+    if scale_dtype not in _SCALE_TORCH_DTYPES:
+        raise UsageError(f"qcli cannot decode {scale_dtype} scales", hint="inspect lists it without --tensor")
     start = layout.value_bytes(scheme, shape)
     end = start + layout.scale_bytes(scheme, shape)
-    raw = bytearray(data[start:end])
-    scales = torch.frombuffer(raw, dtype=getattr(torch, _SCALE_TORCH_DTYPES[scheme.scale_dtype().value]))
+    scales = torch.frombuffer(bytearray(data[start:end]), dtype=getattr(torch, _SCALE_TORCH_DTYPES[scale_dtype]))
     global_scale = struct.unpack_from("<f", data, end)[0] if scheme.is_two_level() else None
     return value_stats(scales.float()), global_scale
 
@@ -406,9 +408,9 @@ def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None
             raise _suggest_tensor(tensor, list(by_name))
         entry = by_name[tensor]
         data = reader.read(tensor)
+        values = value_stats(_decoded(data, entry.dtype, tuple(entry.shape)))
         scheme = qfloat_scheme(entry.dtype)
         scales, global_scale = _scale_stats(data, scheme, tuple(entry.shape)) if scheme else (None, None)
-        values = value_stats(_decoded(data, entry.dtype, tuple(entry.shape)))
         report.tensor_stats = TensorStats(tensor, values, scales, global_scale)
     if compare is not None:
         report.compare = _compare(reader, entries, Path(compare))
