@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qcli import BURN_LAYOUT_PIN, __version__
-from qcli.errors import UsageError
+from qcli.errors import InputError, UsageError
 from qcli.io.dtypes import dtype_str
 from qcli.report import (
     CompareReport,
@@ -426,8 +426,11 @@ def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
 
     try:
         transposed = set(json.loads(reader.metadata.get("transposed", "[]")))
-    except json.JSONDecodeError:
-        transposed = set()
+    except (json.JSONDecodeError, TypeError):
+        raise InputError(
+            f"{reader.path}: metadata 'transposed' is not a JSON list of tensor names",
+            hint="the file was not written by qcli, or was edited; write it again from its source",
+        ) from None
     rows: list[CompareRow] = []
     with SafetensorsSource.open(source_path) as source:
         infos = {i.name: i for i in source.infos()}
