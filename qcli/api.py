@@ -425,12 +425,14 @@ def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
     from qcli.io.safetensors import SafetensorsSource
 
     try:
-        transposed = set(json.loads(reader.metadata.get("transposed", "[]")))
-    except (json.JSONDecodeError, TypeError):
+        transposed = json.loads(reader.metadata.get("transposed", "[]"))
+    except json.JSONDecodeError:
+        transposed = None
+    if not isinstance(transposed, list) or not all(isinstance(n, str) for n in transposed):
         raise InputError(
             f"{reader.path}: metadata 'transposed' is not a JSON list of tensor names",
             hint="the file was not written by qcli, or was edited; write it again from its source",
-        ) from None
+        )
     rows: list[CompareRow] = []
     with SafetensorsSource.open(source_path) as source:
         infos = {i.name: i for i in source.infos()}
