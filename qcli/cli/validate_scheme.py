@@ -24,7 +24,7 @@ class Format(StrEnum):
 def validate_scheme(
     recipes: Annotated[
         list[Path],
-        typer.Argument(help="The TOML recipes to check.", metavar="RECIPE...", show_default=False),
+        typer.Argument(help="The TOML recipes to check.", metavar="RECIPE", show_default=False),
     ],
     model: Annotated[
         Path | None,
