@@ -81,6 +81,13 @@ def quantize(
             " every tensor stays whole in one file.",
         ),
     ] = None,
+    stats: Annotated[
+        bool,
+        typer.Option(
+            "--stats/--no-stats",
+            help="Measure each quantized tensor's error against its source (decodes on the CPU).",
+        ),
+    ] = True,
 ) -> None:
     """Quantize a safetensors checkpoint into a Burn burnpack (.bpk) file.
 
@@ -97,6 +104,7 @@ def quantize(
             device=device.value,
             dry_run=dry_run,
             force=force,
+            stats=stats,
             progress=hook,
             verify=verify,
             max_shard_size=None if max_shard_size is None else api.parse_size(max_shard_size),
@@ -152,7 +160,7 @@ def render(report: QuantizeReport) -> None:
     totals = report.totals
     out.print(
         f"{totals.tensors} tensors: {totals.quantized} quantized, {totals.kept} kept,"
-        f" {totals.transposed} transposed (T: written as [in, out])"
+        f" {totals.transposed} transposed" + (" (T: written as [in, out])" if totals.transposed else "")
     )
     out.print(
         f"{_output.human_bytes(totals.bytes_in)} → {_output.human_bytes(totals.bytes_out)}"
@@ -169,7 +177,7 @@ def render(report: QuantizeReport) -> None:
             ("write", timings.write),
             *((("verify", timings.verify),) if timings.verify is not None else ()),
         ):
-            rate = f", {phase.gb_per_s:.2f} GB/s" if phase.gb_per_s is not None else ""
+            rate = f", {phase.gb_per_s:.3g} GB/s" if phase.gb_per_s is not None else ""
             phases.append(f"{name} {phase.seconds:.2f} s{rate}")
         out.print("; ".join(phases) + f"; total {timings.total_seconds:.2f} s on {report.device}")
         out.print(f"wrote {', '.join(report.outputs)}")
