@@ -46,7 +46,8 @@ def kernels():
     """qcli.kernels.encode, interpreted when there is no GPU (Triton decides when a kernel is defined)."""
     if not CUDA:
         os.environ["TRITON_INTERPRET"] = "1"
-        modules = ("qcli.kernels._codes", "qcli.kernels._quantize", "qcli.kernels.encode", "qcli.gpu.pipeline")
+        modules = ("qcli.kernels._codes", "qcli.kernels._quantize", "qcli.kernels.encode",
+                   "qcli.gpu.pipeline")
         for name in modules:
             if name in sys.modules:
                 importlib.reload(sys.modules[name])
