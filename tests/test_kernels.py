@@ -288,7 +288,7 @@ def test_bad_arguments_are_usage_errors(kernels):
 
 # ---- large shapes on the GPU --------------------------------------------------------------------
 
-GPU_SHAPES = [(4096, 4096), (1000, 4100), (3, 517, 1031)]
+GPU_SHAPES = [(2048, 4096), (1000, 4100), (517, 1031)]
 
 
 @pytest.mark.gpu
@@ -296,8 +296,9 @@ GPU_SHAPES = [(4096, 4096), (1000, 4100), (3, 517, 1031)]
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_large_random_data_matches_codec_on_gpu(kernels, case):
     scheme, calibration, small = case
-    for i, shape in enumerate(GPU_SHAPES):
-        shape = shape if len(small) <= len(shape) else small[: len(small) - len(shape)] + shape
+    for i, (rows, cols) in enumerate(GPU_SHAPES):
+        lead = (2,) * (len(small) - 2)  # the case's rank, about the same number of values
+        shape = (*lead, max(1, rows >> len(lead)), cols)
         x = wide(shape, 100 + i).to(torch.bfloat16 if i % 2 else torch.float32)
         x = torch.where(torch.rand(shape) < 0.001, x * 1e-40, x)  # subnormal inputs and blocks
         assert_same(run(kernels, x, scheme, calibration), expected(x, scheme, calibration))
