@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from qcli import BURN_LAYOUT_PIN, __version__
 from qcli.errors import InputError, PlanError, UsageError
+from qcli.io.dtypes import dtype_str
 from qcli.report import (
     CompareReport,
     CompareRow,
@@ -106,7 +107,7 @@ def select_pipeline(device: str) -> tuple[str, Callable[..., Iterator]]:
 
 
 class _TimedSource:
-    """A source that counts the time and bytes of `load`, so the pipeline's read time can be told apart."""
+    """A source that times `load` per tensor, so the pipeline's read time can be told from its compute."""
 
     def __init__(self, source: Any, seconds_by_name: dict[str, float]) -> None:
         self._source = source
@@ -131,6 +132,7 @@ def quantize_file(
     device: str = "auto",
     dry_run: bool = False,
     force: bool = False,
+    stats: bool = True,
     progress: ProgressHook | None = None,
     verify: bool = True,
     max_shard_size: int | None = None,
@@ -139,10 +141,11 @@ def quantize_file(
 
     The plan is made from the headers and checked in full before any weight is read. Tensors are then
     streamed one at a time through the pipeline into the container, which is renamed onto `output` only
-    once complete; an interruption or failure leaves `output` as it was. With `verify`, the complete file
-    is read back and checked (`qcli.verify`) before the rename; one that fails never reaches `output`.
-    With `max_shard_size`,
-    the output is split into `NAME-00001-of-0000N.bpk` files of at most that many bytes each.
+    once complete; an interruption or failure leaves `output` as it was. With `stats`, each quantized
+    tensor is decoded on the CPU and measured against its source (about the cost of quantizing on the CPU).
+    With `verify`, the complete file is read back and checked (`qcli.verify`) before the rename; one that
+    fails never reaches `output`. With `max_shard_size`, the output is split into
+    `NAME-00001-of-0000N.bpk` files of at most that many bytes each.
     """
     from qcli.io.safetensors import SafetensorsSource
     from qcli.recipe import load_recipe
@@ -156,6 +159,8 @@ def quantize_file(
             f"{target} already exists", hint="pass --force to replace it, or -o to write somewhere else"
         )
     with SafetensorsSource.open(input) as source:
+        if target.resolve() in {f.resolve() for f in [input, *source.files]}:
+            raise UsageError(f"{target} is the input", hint="write the .bpk somewhere else with -o")
         plan = make_checked_plan(source.infos(), loaded_recipe, preset, split=max_shard_size is not None)
         report = QuantizeReport(
             input=str(input),
@@ -179,7 +184,7 @@ def quantize_file(
             raise UsageError(f"{taken[0]} already exists", hint="pass --force to replace the files, or -o "
                              "to write somewhere else")
         report.device, run = select_pipeline(device)
-        report.tensors, report.timings = _write(plan, source, run, shards, metadata, progress, verify)
+        report.tensors, report.timings = _write(plan, source, run, shards, metadata, stats, progress, verify)
     return report
 
 
@@ -255,6 +260,7 @@ def _write(
     run: Callable[..., Iterator],
     shards: list[tuple],
     metadata: dict[str, str],
+    stats: bool,
     progress: ProgressHook | None,
     verify: bool,
 ) -> tuple[list[TensorRow], Timings]:
@@ -289,7 +295,8 @@ def _write(
             timings.write.bytes += entry.out_nbytes
 
             tick = time.perf_counter()
-            error = _error_of(entry, payload, source) if entry.decision.scheme is not None else None
+            measured = stats and entry.decision.scheme is not None
+            error = _error_of(entry, payload, source) if measured else None
             timings.stats.seconds += time.perf_counter() - tick
             timings.stats.bytes += entry.info.nbytes if error else 0
             rows.append(TensorRow.of(entry, error))
@@ -381,28 +388,16 @@ _SCALE_TORCH_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "
 
 
 def qfloat_scheme(dtype: Any) -> QuantScheme | None:
-    """The scheme of a `{"QFloat": …}` Burn DType; None for any other dtype."""
+    """The scheme of a `{"QFloat": …}` Burn DType (serde form, as the reader gives it); None otherwise."""
     if isinstance(dtype, dict) and "QFloat" in dtype:
-        s = dtype["QFloat"]
-        return s if isinstance(s, QuantScheme) else QuantScheme.from_serde(s)
+        return QuantScheme.from_serde(dtype["QFloat"])
     return None
-
-
-def dtype_text(dtype: Any) -> str:
-    """A Burn DType in readable form: `BF16`, `Bool(Native)`, `QFloat(Q4S PackedU32(0) block [32] F16)`."""
-    scheme = qfloat_scheme(dtype)
-    if scheme is not None:
-        return f"QFloat({scheme})"
-    if isinstance(dtype, dict) and len(dtype) == 1:
-        ((kind, arg),) = dtype.items()
-        return f"{kind}({arg})"
-    return str(dtype)
 
 
 def _dtype_key(dtype: Any) -> str:
     """The plain name of a non-QFloat dtype, Burn's or safetensors' spelling (`{"Bool": …}` -> BOOL)."""
     if isinstance(dtype, dict):
-        return "BOOL" if "Bool" in dtype else dtype_text(dtype)
+        return "BOOL" if "Bool" in dtype else dtype_str(dtype)
     return str(dtype).upper()
 
 
@@ -412,7 +407,7 @@ def _tensor_from_bytes(data: Any, dtype: Any, shape: tuple[int, ...]) -> torch.T
     key = _dtype_key(dtype)
     if key not in _TORCH_DTYPES:
         raise UsageError(
-            f"qcli cannot decode dtype {dtype_text(dtype)}", hint="inspect lists it without --tensor"
+            f"qcli cannot decode dtype {dtype_str(dtype)}", hint="inspect lists it without --tensor"
         )
     t = getattr(torch, _TORCH_DTYPES[key])
     if math.prod(shape) == 0:
@@ -436,10 +431,12 @@ def _scale_stats(data: Any, scheme: QuantScheme, shape: tuple[int, ...]) -> tupl
 
     from qcli import layout
 
+    scale_dtype = scheme.scale_dtype().value
+    if scale_dtype not in _SCALE_TORCH_DTYPES:
+        raise UsageError(f"qcli cannot decode {scale_dtype} scales", hint="inspect lists it without --tensor")
     start = layout.value_bytes(scheme, shape)
     end = start + layout.scale_bytes(scheme, shape)
-    raw = bytearray(data[start:end])
-    scales = torch.frombuffer(raw, dtype=getattr(torch, _SCALE_TORCH_DTYPES[scheme.scale_dtype().value]))
+    scales = torch.frombuffer(bytearray(data[start:end]), dtype=getattr(torch, _SCALE_TORCH_DTYPES[scale_dtype]))
     global_scale = struct.unpack_from("<f", data, end)[0] if scheme.is_two_level() else None
     return value_stats(scales.float()), global_scale
 
@@ -453,12 +450,15 @@ def _suggest_tensor(name: str, names: list[str]) -> UsageError:
 
 
 def _is_burnpack(path: Path) -> bool:
-    if path.suffix == ".bpk":
+    """By its extension, or by burnpack's magic number at the start."""
+    from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER
+
+    if path.suffix == EXTENSION:
         return True
     if not path.is_file():
         return False
     with path.open("rb") as f:
-        return f.read(4) == b"NRUB"
+        return f.read(4) == struct.pack("<I", MAGIC_NUMBER)
 
 
 def inspect_file(
@@ -500,7 +500,7 @@ def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None
         format="burnpack",
         files=[SourceFile(path.name, path.stat().st_size)],
         tensors=[
-            ListedTensor(e.name, dtype_text(e.dtype), _serde(e.dtype), tuple(e.shape), e.nbytes)
+            ListedTensor(e.name, dtype_str(e.dtype), e.dtype, tuple(e.shape), e.nbytes)
             for e in entries
         ],
         version=reader.version,
@@ -512,18 +512,13 @@ def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None
             raise _suggest_tensor(tensor, list(by_name))
         entry = by_name[tensor]
         data = reader.read(tensor)
+        values = value_stats(_decoded(data, entry.dtype, tuple(entry.shape)))
         scheme = qfloat_scheme(entry.dtype)
         scales, global_scale = _scale_stats(data, scheme, tuple(entry.shape)) if scheme else (None, None)
-        values = value_stats(_decoded(data, entry.dtype, tuple(entry.shape)))
         report.tensor_stats = TensorStats(tensor, values, scales, global_scale)
     if compare is not None:
         report.compare = _compare(reader, entries, Path(compare))
     return report
-
-
-def _serde(dtype: Any) -> Any:
-    scheme = qfloat_scheme(dtype)
-    return {"QFloat": scheme.to_serde()} if scheme is not None else dtype
 
 
 def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
@@ -534,9 +529,14 @@ def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
     from qcli.io.safetensors import SafetensorsSource
 
     try:
-        transposed = set(json.loads(reader.metadata.get("transposed", "[]")))
+        transposed = json.loads(reader.metadata.get("transposed", "[]"))
     except json.JSONDecodeError:
-        transposed = set()
+        transposed = None
+    if not isinstance(transposed, list) or not all(isinstance(n, str) for n in transposed):
+        raise InputError(
+            f"{reader.path}: metadata 'transposed' is not a JSON list of tensor names",
+            hint="the file was not written by qcli, or was edited; write it again from its source",
+        )
     rows: list[CompareRow] = []
     with SafetensorsSource.open(source_path) as source:
         infos = {i.name: i for i in source.infos()}
@@ -548,7 +548,7 @@ def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
             flip = e.name in transposed
             if flip:
                 x = x.t()
-            text = dtype_text(e.dtype)
+            text = dtype_str(e.dtype)
             if tuple(x.shape) != tuple(e.shape):
                 src = "the transposed source" if flip else "the source"
                 problem = f"shape {list(e.shape)} but {src} is {list(x.shape)}"
@@ -575,7 +575,7 @@ def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
 
 
 def validate_scheme(
-    recipes: str | Path | Sequence[str | Path], *, model: str | Path | None = None
+    recipes: str | Path | Sequence[str | Path], *, model: str | Path | None = None, scheme: str | None = None
 ) -> ValidateReport:
     """Every problem in each recipe, and with `model` every problem of the plan each makes from headers."""
     from qcli import validate
@@ -593,5 +593,6 @@ def validate_scheme(
 
         with SafetensorsSource.open(Path(model)) as source:
             infos = source.infos()
-    problems = [p for path in paths for p in validate.validate_scheme(path, infos)]
+    preset = resolve_preset(scheme)
+    problems = [p for path in paths for p in validate.validate_scheme(path, infos, preset)]
     return ValidateReport([str(p) for p in paths], None if model is None else str(model), problems)

@@ -165,7 +165,7 @@ class Phase:
 
     @property
     def gb_per_s(self) -> float | None:
-        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else None
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 and self.bytes else None
 
     def to_json(self) -> dict:
         return {"seconds": self.seconds, "bytes": self.bytes, "gb_per_s": self.gb_per_s}

@@ -145,3 +145,11 @@ def test_several_recipes_are_checked_together(recipe):
     validate_json(doc.json)
     assert doc.json["recipes"] == [str(good), str(bad)]
     assert {p["file"] for p in doc.json["problems"]} == {str(bad)}
+
+
+def test_scheme_sets_the_preset_for_uncovered_tensors(recipe):
+    path = recipe(LOOKUP)
+    doc = cli("validate-scheme", path, "--model", SINGLE, "--scheme", "q8s-b32", "--json").json
+    (uncovered,) = [p for p in doc["problems"] if p["kind"] == "uncovered"]
+    assert "q8s-b32" in uncovered["message"]
+    assert cli("validate-scheme", path, "--scheme", "q4s-b33").code == 2

@@ -46,7 +46,9 @@ def kernels():
     """qcli.kernels.encode, interpreted when there is no GPU (Triton decides when a kernel is defined)."""
     if not CUDA:
         os.environ["TRITON_INTERPRET"] = "1"
-        for name in ("qcli.kernels._codes", "qcli.kernels._quantize", "qcli.kernels.encode"):
+        modules = ("qcli.kernels._codes", "qcli.kernels._quantize", "qcli.kernels.encode",
+                   "qcli.gpu.pipeline")
+        for name in modules:
             if name in sys.modules:
                 importlib.reload(sys.modules[name])
     return importlib.import_module("qcli.kernels.encode")
@@ -286,7 +288,7 @@ def test_bad_arguments_are_usage_errors(kernels):
 
 # ---- large shapes on the GPU --------------------------------------------------------------------
 
-GPU_SHAPES = [(4096, 4096), (1000, 4100), (3, 517, 1031)]
+GPU_SHAPES = [(2048, 4096), (1000, 4100), (517, 1031)]
 
 
 @pytest.mark.gpu
@@ -294,8 +296,100 @@ GPU_SHAPES = [(4096, 4096), (1000, 4100), (3, 517, 1031)]
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_large_random_data_matches_codec_on_gpu(kernels, case):
     scheme, calibration, small = case
-    for i, shape in enumerate(GPU_SHAPES):
-        shape = shape if len(small) <= len(shape) else small[: len(small) - len(shape)] + shape
+    for i, (rows, cols) in enumerate(GPU_SHAPES):
+        lead = (2,) * (len(small) - 2)  # the case's rank, about the same number of values
+        shape = (*lead, max(1, rows >> len(lead)), cols)
         x = wide(shape, 100 + i).to(torch.bfloat16 if i % 2 else torch.float32)
         x = torch.where(torch.rand(shape) < 0.001, x * 1e-40, x)  # subnormal inputs and blocks
         assert_same(run(kernels, x, scheme, calibration), expected(x, scheme, calibration))
+
+
+# ---- the streaming pipeline ---------------------------------------------------------------------
+
+
+def _plan(path: Path, decisions: dict):
+    from qcli.io.safetensors import SafetensorsSource
+    from qcli.plan import Decision, Plan, PlanEntry
+
+    source = SafetensorsSource.open(path)
+    entries = [PlanEntry(info, Decision(*decisions[info.name], reason="test", rule=None))
+               for info in source.infos()]
+    return Plan(entries, []), source
+
+
+def _checkpoint(tmp_path: Path) -> tuple[Path, dict]:
+    """Two shards' worth of tensors in one file: bf16, f32 and f16 weights, a 3-D one, kept norms and ints."""
+    from safetensors.torch import save_file
+
+    tensors = {
+        "embed.weight": wide((67, 96), 1).to(torch.bfloat16),
+        "layers.0.attn.q.weight": wide((64, 96), 2),
+        "layers.0.mlp.up.weight": wide((40, 33), 3).to(torch.float16),
+        "layers.0.conv.weight": wide((6, 4, 32), 4).to(torch.bfloat16),
+        "layers.0.norm.weight": wide((96,), 5),
+        "position_ids": torch.arange(12, dtype=torch.int64).reshape(3, 4),
+        "lm_head.weight": wide((96, 64), 6).to(torch.bfloat16),
+    }
+    path = tmp_path / "model.safetensors"
+    save_file(tensors, str(path))
+    q4 = QuantScheme().with_value(QuantValue.Q4S).per_block([32], ScaleDtype.F16)
+    q2 = QuantScheme().with_value(QuantValue.Q2F).per_block([3, 1, 16], ScaleDtype.BF16)
+    decisions = {
+        "embed.weight": (QuantScheme.nvfp4(), Calibration.MinMax, False),
+        "layers.0.attn.q.weight": (q4, Calibration.MinMax, False),
+        "layers.0.mlp.up.weight": (QuantScheme().with_value(QuantValue.Q8S), Calibration.AbsMean, False),
+        "layers.0.conv.weight": (q2, Calibration.MinMax, False),
+        "layers.0.norm.weight": (None, Calibration.MinMax, False),
+        "position_ids": (None, Calibration.MinMax, True),
+        "lm_head.weight": (q4, Calibration.MinMax, True),
+    }
+    return path, decisions
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("budget,piece", [(None, None), ("6KiB", "1000"), ("30000", "7KiB")],
+                         ids=["whole", "chunked", "chunked-pieces"])
+def test_pipeline_yields_the_cpu_pipelines_bytes(kernels, tmp_path, monkeypatch, budget, piece):
+    # Small budgets split tensors into row chunks of whole blocks (and per-tensor/two-level schemes into
+    # two passes); small pieces split each chunk into several reads.
+    from qcli import pipeline as cpu_pipeline
+    from qcli.gpu import pipeline as gpu_pipeline
+
+    for name, value in (("QCLI_GPU_BUDGET", budget), ("QCLI_PIECE_BYTES", piece)):
+        if value is not None:
+            monkeypatch.setenv(name, value)
+    path, decisions = _checkpoint(tmp_path)
+    plan, source = _plan(path, decisions)
+    with source:
+        want = [(e.info.name, bytes(p.numpy())) for e, p in cpu_pipeline.run(plan, source)]
+        got = [(e.info.name, bytes(p.numpy())) for e, p in gpu_pipeline.run(plan, source)]
+    assert [n for n, _ in got] == [n for n, _ in want]
+    for (name, g), (_, w) in zip(got, want, strict=True):
+        assert g == w, name
+
+
+@pytest.mark.interpreter
+def test_pipeline_refuses_non_finite_values_naming_the_tensor(kernels, tmp_path):
+    from safetensors.torch import save_file
+
+    from qcli.gpu import pipeline as gpu_pipeline
+
+    x = wide((8, 32), 0)
+    x[3, 3] = float("nan")
+    save_file({"w": x}, str(tmp_path / "model.safetensors"))
+    plan, source = _plan(tmp_path / "model.safetensors",
+                         {"w": (QuantScheme().with_value(QuantValue.Q8S), Calibration.MinMax, False)})
+    with source, pytest.raises(InputError, match="'w'"):
+        list(gpu_pipeline.run(plan, source))
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("value", ["lots", "0", "12 TB"])
+def test_pipeline_refuses_a_malformed_budget(kernels, tmp_path, monkeypatch, value):
+    from qcli.gpu import pipeline as gpu_pipeline
+
+    path, decisions = _checkpoint(tmp_path)
+    plan, source = _plan(path, decisions)
+    monkeypatch.setenv("QCLI_GPU_BUDGET", value)
+    with source, pytest.raises(UsageError, match="QCLI_GPU_BUDGET"):
+        list(gpu_pipeline.run(plan, source))

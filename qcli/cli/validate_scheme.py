@@ -24,12 +24,18 @@ class Format(StrEnum):
 def validate_scheme(
     recipes: Annotated[
         list[Path],
-        typer.Argument(help="The TOML recipes to check.", metavar="RECIPE...", show_default=False),
+        typer.Argument(help="The TOML recipes to check.", metavar="RECIPE", show_default=False),
     ],
     model: Annotated[
         Path | None,
         typer.Option(
             "--model", metavar="INPUT", help="Also plan this checkpoint from its headers (no weight is read)."
+        ),
+    ] = None,
+    scheme: Annotated[
+        str | None,
+        typer.Option(
+            "--scheme", metavar="NAME", help="With --model: the preset for tensors no rule covers, as in quantize."
         ),
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
@@ -50,7 +56,7 @@ def validate_scheme(
     if json_output and format not in (None, Format.json):
         raise typer.BadParameter("--json conflicts with --format " + format.value, param_hint="--json")
     chosen = Format.json if json_output else format or Format.text
-    report = api.validate_scheme(recipes, model=model)
+    report = api.validate_scheme(recipes, model=model, scheme=scheme)
     {Format.text: _text, Format.json: _json, Format.github: _github}[chosen](report)
     if not report.ok:
         raise typer.Exit(1)

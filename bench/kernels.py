@@ -1,0 +1,149 @@
+"""Kernel throughput per scheme against the device-to-device copy and a torch.compile'd implementation.
+
+Run on a CUDA machine from the repository root: `python3 -m bench.kernels --out DIR`. For each scheme
+and size it times the Triton path (`qcli.kernels.encode.enqueue`, every launch included), the codec's
+own torch arithmetic run eagerly on the GPU, and the same function through torch.compile; it counts
+bytes in (the bf16 tensor) plus bytes out (the payload) over the median time, and checks the Triton
+payload, written into a poisoned buffer, against the eager one byte for byte. Writes kernels.json and
+prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+from qcli import layout
+from qcli.codec.blocks import BlockGrid
+from qcli.codec.pack import pack_fields, pack_scales
+from qcli.codec.scales import scales_from_alpha
+from qcli.codec.values import fields as value_fields
+from qcli.kernels.encode import enqueue
+from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue, ScaleDtype
+
+MinMax, AbsMean = Calibration.MinMax, Calibration.AbsMean
+
+
+def _blocked(value: QuantValue, dtype: ScaleDtype = ScaleDtype.F16, block=32, store=None) -> QuantScheme:
+    scheme = QuantScheme().with_value(value).per_block(block, dtype)
+    return scheme.with_store(store) if store is not None else scheme
+
+
+SCHEMES = [  # (label, scheme, calibration, compare with torch.compile)
+    ("Q8S tensor F32", QuantScheme().with_value(QuantValue.Q8S), MinMax, True),
+    ("Q8S b32 F16", _blocked(QuantValue.Q8S), MinMax, True),
+    ("Q8F b32 F16 Native", _blocked(QuantValue.Q8F, store=Native()), MinMax, False),
+    ("Q4S b32 F16", _blocked(QuantValue.Q4S), MinMax, True),
+    ("Q4F b32 BF16", _blocked(QuantValue.Q4F, ScaleDtype.BF16), MinMax, False),
+    ("Q4S b32 F16 AbsMean", _blocked(QuantValue.Q4S), AbsMean, False),
+    ("Q4S b[4,32] BF16", _blocked(QuantValue.Q4S, ScaleDtype.BF16, [4, 32]), MinMax, False),
+    ("Q2S b32 F16", _blocked(QuantValue.Q2S), MinMax, False),
+    ("Q2F b32 F16", _blocked(QuantValue.Q2F), MinMax, False),
+    ("E4M3 b32 UE4M3 Native", _blocked(QuantValue.E4M3, ScaleDtype.UE4M3, store=Native()), MinMax, True),
+    ("E5M2 tensor F16 Native", QuantScheme().with_value(QuantValue.E5M2).with_store(Native())
+     .per_tensor(ScaleDtype.F16), MinMax, False),
+    ("E2M1 b32 UE4M3 PackedU32", _blocked(QuantValue.E2M1, ScaleDtype.UE4M3, store=PackedU32(0)), MinMax,
+     False),
+    ("nvfp4 (E2M1 b16 UE4M3 + F32)", QuantScheme.nvfp4(), MinMax, True),
+]
+
+
+def codec_on_device(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration) -> torch.Tensor:
+    """The codec's arithmetic (qcli.codec) on x's device: the eager baseline and torch.compile's input."""
+    xf = x.float()
+    grid = BlockGrid.of(scheme, x.shape)
+    blocks = grid.to_blocks(xf).abs()
+    if calibration is MinMax:
+        alpha = blocks.amax(dim=grid.block_axes)
+    else:
+        total = blocks.sum(dim=grid.block_axes, dtype=torch.float64)
+        alpha = (total / grid.counts().to(x.device)).to(torch.float32)
+    scales = scales_from_alpha(alpha, scheme)
+    q = value_fields(xf, scales.effective, grid, scheme.value).reshape(x.shape)
+    regions = [pack_fields(q, scheme), pack_scales(scales.stored, scheme.scale_dtype())]
+    if scales.global_scale is not None:
+        glob = torch.tensor([scales.global_scale], dtype=torch.float32, device=x.device)
+        regions.append(glob.view(torch.uint8))
+    return torch.cat(regions)
+
+
+def median_ms(fn, rep: int = 200) -> float:
+    return triton.testing.do_bench(fn, warmup=50, rep=rep, return_mode="median")
+
+
+def copy_bandwidth(nbytes: int) -> float:
+    """Device-to-device copy, bytes read plus written per second."""
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * nbytes / (median_ms(lambda: dst.copy_(src)) * 1e-3)
+
+
+def bench(shape: tuple[int, int], label: str, scheme: QuantScheme, calibration: Calibration, compiled: bool,
+          copy_bps: float) -> dict:
+    x = (torch.randn(shape, device="cuda") * torch.exp(torch.randn(shape, device="cuda"))).to(torch.bfloat16)
+    x = torch.where(x == 0, torch.ones_like(x), x)
+    n = layout.quantized_data_len(scheme, shape)
+    out = torch.full((n,), 0xA5, dtype=torch.uint8, device="cuda")
+    bad = torch.zeros(1, dtype=torch.int32, device="cuda")
+    enqueue(x, scheme, calibration, out, bad)
+    eager = codec_on_device(x, scheme, calibration)
+    torch.cuda.synchronize()
+    row = {"label": label, "scheme": str(scheme), "calibration": calibration.value, "shape": list(shape),
+           "bytes_in": x.nbytes, "bytes_out": n, "bad_flag": int(bad.item()),
+           "identical_to_eager_codec": bool(torch.equal(out, eager)),
+           "differing_bytes_vs_eager": int((out != eager).sum())}
+    moved = x.nbytes + n
+    triton_ms = median_ms(lambda: enqueue(x, scheme, calibration, out, bad))
+    eager_ms = median_ms(lambda: codec_on_device(x, scheme, calibration), rep=50)
+    row.update(triton_ms=triton_ms, triton_gbps=moved / triton_ms / 1e6,
+               copy_fraction=moved / (triton_ms * 1e-3) / copy_bps, eager_ms=eager_ms,
+               eager_gbps=moved / eager_ms / 1e6)
+    if compiled:
+        fn = torch.compile(codec_on_device)
+        started = time.perf_counter()
+        got = fn(x, scheme, calibration)
+        torch.cuda.synchronize()
+        row["compile_seconds"] = time.perf_counter() - started
+        row["compiled_differing_bytes_vs_eager"] = int((got != eager).sum())
+        compiled_ms = median_ms(lambda: fn(x, scheme, calibration), rep=100)
+        row.update(compiled_ms=compiled_ms, compiled_gbps=moved / compiled_ms / 1e6,
+                   speedup_vs_compiled=compiled_ms / triton_ms)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--sizes", default="8192x8192,16384x16384")
+    parser.add_argument("--compile-size", default="16384x16384", help="the size torch.compile is timed at")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    copy_bps = copy_bandwidth(1 << 30)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "triton": triton.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "copy_bytes_per_s": copy_bps, "rows": []}
+    print(f"{result['device']} torch {torch.__version__} triton {triton.__version__}: "
+          f"copy {copy_bps / 1e12:.2f} TB/s (read + write)", flush=True)
+    for size in args.sizes.split(","):
+        shape = tuple(int(d) for d in size.split("x"))
+        for label, scheme, calibration, compiled in SCHEMES:
+            row = bench(shape, label, scheme, calibration, compiled and size == args.compile_size, copy_bps)
+            torch.cuda.empty_cache()
+            result["rows"].append(row)
+            (args.out / "kernels.json").write_text(json.dumps(result, indent=1))
+            extra = ""
+            if "compiled_ms" in row:
+                extra = (f" compiled {row['compiled_gbps']:7.1f} GB/s ({row['speedup_vs_compiled']:.1f}x)"
+                         f" compiled-diff {row['compiled_differing_bytes_vs_eager']}")
+            print(f"{size:>11} {label:30s} {row['triton_gbps']:7.1f} GB/s {100 * row['copy_fraction']:5.1f}% "
+                  f"of copy  eager {row['eager_gbps']:6.1f} GB/s  identical {row['identical_to_eager_codec']}"
+                  f"{extra}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,384 @@
+"""The GPU pipeline: safetensors bytes to QFloat payloads through the Triton kernels, overlapped.
+
+A reader thread reads each tensor, in row pieces, straight from the file into one of two pinned staging
+buffers (several threads per piece, so a cached file reads at memory speed). The main thread copies each
+piece to the device on a copy stream, runs the kernels on a compute stream once a tensor (or a row chunk
+of it) is whole, and copies the payload back into one of two pinned output buffers on a third stream.
+A payload is yielded only once the next tensor's work is queued, so the writer (the caller) writes tensor
+k while the reader reads and the GPU quantizes tensor k + 1.
+
+Bounds: pinned host memory is two staging pieces (`QCLI_PIECE_BYTES`, 256 MiB by default) plus two
+output buffers of the largest payload, within 2 × the largest tensor + 1 GiB. Device memory stays within
+`QCLI_GPU_BUDGET` (bytes, or with a KiB/MiB/GiB suffix; 8 GiB by default): a tensor whose row chunk
+footprint exceeds a quarter of it is quantized in chunks of whole blocks along its first axis, and a
+per-tensor or two-level scheme then takes a first pass over all chunks for the range its scales need.
+
+`QCLI_KERNELS=triton` with `TRITON_INTERPRET=1` runs the same pipeline on CPU tensors, without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import re
+import struct
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from qcli import layout
+from qcli.errors import InputError, UsageError
+from qcli.kernels.encode import NON_FINITE_HINT, Range, enqueue, interpreted, tensor_range
+from qcli.scheme import check_accepted
+
+if TYPE_CHECKING:
+    from qcli.io.safetensors import SafetensorsSource
+    from qcli.plan import Plan, PlanEntry
+
+DEFAULT_BUDGET = 8 << 30
+DEFAULT_PIECE = 256 << 20
+_READ_SLICE = 16 << 20  # bytes one reader thread reads at a time
+_TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+_UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
+
+
+def _bytes_setting(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    match = re.fullmatch(r"(\d+)\s*([KMG]iB|B)?", text, flags=re.IGNORECASE)
+    if not match or int(match[1]) == 0:
+        raise UsageError(f"{name}={text!r} is not a size", hint="give bytes or a size such as 512MiB or 8GiB")
+    return int(match[1]) * _UNITS[(match[2] or "").upper()]
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """One read: rows [start, stop) along the first axis of one entry, within GPU chunk [chunk_start,
+    chunk_stop). `collect` marks the first pass of a chunked per-tensor or two-level scheme."""
+
+    index: int            # the entry's position in the plan
+    entry: PlanEntry
+    file: Path
+    offset: int           # of the piece in the file
+    nbytes: int
+    start: int
+    stop: int
+    chunk_start: int
+    chunk_stop: int
+    collect: bool
+    last: bool            # the entry's last piece
+
+
+def run(plan: Plan, source: SafetensorsSource) -> Iterator[tuple[PlanEntry, torch.Tensor]]:
+    """Yield every plan entry once, in order, with its payload as a 1-D uint8 tensor (pinned host memory,
+    valid until the generator is resumed twice more); the same bytes as `qcli.pipeline.run`."""
+    device = _device()
+    budget = _bytes_setting("QCLI_GPU_BUDGET", DEFAULT_BUDGET)
+    piece_bytes = _bytes_setting("QCLI_PIECE_BYTES", DEFAULT_PIECE)
+    for entry in plan.entries:
+        if entry.decision.scheme is not None:
+            check_accepted(entry.decision.scheme, entry.decision.calibration)
+    offsets = _data_offsets(source)
+    pieces = [piece for i, entry in enumerate(plan.entries)
+              for piece in _pieces(i, entry, offsets[entry.info.name], budget, piece_bytes)]
+    if not pieces:
+        return
+    stage = _Stage(device, max(p.nbytes for p in pieces), max(e.out_nbytes for e in plan.entries))
+    reader = _Reader(pieces, stage)
+    try:
+        yield from _quantize(pieces, reader, stage)
+    finally:
+        reader.stop()
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if interpreted():
+        return torch.device("cpu")
+    raise UsageError("the Triton kernels need a CUDA device, and torch sees none",
+                     hint="use --device cpu, or set TRITON_INTERPRET=1 to run the kernels on the CPU (slow)")
+
+
+def _data_offsets(source) -> dict[str, tuple[Path, int]]:
+    """File and byte offset of every tensor: a header's tensors fill its data region in order, no gaps
+    (the source checked that when it opened the file)."""
+    offsets, files = {}, {}
+    for info in source.infos():
+        if info.file not in files:
+            with open(info.file, "rb") as f:
+                files[info.file] = 8 + struct.unpack("<Q", f.read(8))[0]
+        offsets[info.name] = (info.file, files[info.file])
+        files[info.file] += info.nbytes
+    return offsets
+
+
+def _pieces(index: int, entry: PlanEntry, where: tuple[Path, int], budget: int, piece_bytes: int):
+    """The reads of one entry: GPU chunks of whole blocks along the first axis (the whole tensor when it
+    fits a quarter of the budget, or must be transposed), each split into pieces of at most piece_bytes."""
+    info, decision = entry.info, entry.decision
+    rows = info.shape[0] if len(info.shape) >= 2 else 1
+    row_bytes = info.nbytes // rows if rows else 0
+    scheme = decision.scheme
+    footprint = info.nbytes + entry.out_nbytes  # input and payload on the device at once
+    if scheme is None or decision.transpose or rows <= 1 or 4 * footprint <= budget:
+        chunk_rows = max(rows, 1)
+    else:
+        step = scheme.block.size.to_dim_vec(len(info.shape))[0] if scheme.block else 1
+        per_row = footprint / rows
+        chunk_rows = max(step, int(budget / 4 / per_row) // step * step)
+    two_pass = scheme is not None and chunk_rows < rows and (scheme.block is None or scheme.is_two_level())
+    passes = (True, False) if two_pass else (False,)
+    piece_rows = max(1, piece_bytes // row_bytes) if row_bytes else 1
+    if scheme is None and decision.transpose:  # transposed on the CPU, whole
+        piece_rows = rows
+    file, base = where
+    for collect in passes:
+        for chunk_start in range(0, max(rows, 1), chunk_rows):
+            chunk_stop = min(chunk_start + chunk_rows, max(rows, 1))
+            for start in range(chunk_start, chunk_stop, piece_rows):
+                stop = min(start + piece_rows, chunk_stop)
+                yield _Piece(index, entry, file, base + start * row_bytes, (stop - start) * row_bytes, start,
+                             stop, chunk_start, chunk_stop, collect, not collect and stop == max(rows, 1))
+
+
+class _Stage:
+    """Two staging buffers for reads and two output buffers for payloads, pinned when on a GPU, and the
+    streams that move data between them and the device."""
+
+    def __init__(self, device: torch.device, piece_bytes: int, out_bytes: int) -> None:
+        self.device = device
+        cuda = device.type == "cuda"
+        self.staging = [torch.empty(piece_bytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(2)]
+        self.outputs = [torch.empty(out_bytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(2)]
+        self.h2d = torch.cuda.Stream() if cuda else None
+        self.compute = torch.cuda.Stream() if cuda else None
+        self.d2h = torch.cuda.Stream() if cuda else None
+
+    def event(self, stream) -> torch.cuda.Event | None:
+        if stream is None:
+            return None
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+
+class _Reader:
+    """A thread that reads pieces, in order, into the staging buffers, alternating; a buffer is reused
+    once the copy that emptied it has finished."""
+
+    def __init__(self, pieces: list[_Piece], stage: _Stage) -> None:
+        self.ready: queue.Queue = queue.Queue()
+        self.free = [queue.Queue() for _ in stage.staging]
+        for free in self.free:
+            free.put(None)
+        self._stage, self._pieces = stage, pieces
+        self._stopped = threading.Event()
+        self._pool = ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1)))
+        self._fds: dict[Path, int] = {}
+        self._thread = threading.Thread(target=self._run, name="qcli-reader", daemon=True)
+        self._thread.start()
+
+    def release(self, slot: int, event) -> None:
+        self.free[slot].put(event)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        for free in self.free:
+            free.put(None)
+        self._thread.join()
+        self._pool.shutdown()
+        for fd in self._fds.values():
+            os.close(fd)
+
+    def _run(self) -> None:
+        try:
+            for i, piece in enumerate(self._pieces):
+                slot = i % 2
+                event = self.free[slot].get()
+                if self._stopped.is_set():
+                    return
+                if event is not None:
+                    event.synchronize()
+                self._read(piece, self._stage.staging[slot].numpy())
+                self.ready.put((piece, slot))
+        except BaseException as exc:  # handed to the consumer, which raises it
+            self.ready.put((exc, None))
+
+    def _read(self, piece: _Piece, buffer) -> None:
+        fd = self._fds.get(piece.file)
+        if fd is None:
+            fd = self._fds[piece.file] = os.open(piece.file, os.O_RDONLY)
+        spans = [(s, min(s + _READ_SLICE, piece.nbytes)) for s in range(0, piece.nbytes, _READ_SLICE)]
+        for done in self._pool.map(lambda span: _pread(fd, buffer[span[0] : span[1]], piece.offset + span[0]),
+                                   spans):
+            if not done:
+                raise InputError(f"{piece.file}: cut short while reading tensor '{piece.entry.info.name}'",
+                                 hint="the file changed since it was opened; run again on a complete file")
+
+
+def _pread(fd: int, view, offset: int) -> bool:
+    """Fill `view` from the file at `offset`; False when the file ends first."""
+    view = memoryview(view).cast("B")
+    while view.nbytes:
+        n = os.preadv(fd, [view], offset)
+        if n == 0:
+            return False
+        view, offset = view[n:], offset + n
+    return True
+
+
+@dataclass
+class _Tensor:
+    """The device-side state of the entry being quantized."""
+
+    piece: _Piece
+    out: torch.Tensor           # pinned output buffer (slice of the payload length)
+    bad: torch.Tensor
+    chunk: torch.Tensor | None = None
+    whole: Range | None = None
+    done = None                 # event after the last copy into `out`
+
+
+def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage
+              ) -> Iterator[tuple[PlanEntry, torch.Tensor]]:
+    pending: list[_Tensor] = []
+    current: _Tensor | None = None
+    for _ in pieces:
+        piece, slot = reader.ready.get()
+        if isinstance(piece, BaseException):
+            raise piece
+        entry = piece.entry
+        if current is None or current.piece.index != piece.index:
+            out = stage.outputs[piece.index % 2][: entry.out_nbytes]
+            current = _Tensor(piece, out, torch.zeros(1, dtype=torch.int32, device=stage.device))
+        host = stage.staging[slot][: piece.nbytes]
+        if entry.decision.scheme is None:
+            _keep(current, piece, host)
+            reader.release(slot, None)
+        else:
+            _upload(current, piece, host, stage)
+            reader.release(slot, stage.event(stage.h2d))
+            if piece.stop == piece.chunk_stop:
+                _process(current, piece, stage)
+        if piece.last:
+            current.done = stage.event(stage.d2h)
+            pending.append(current)
+            current = None
+            if len(pending) == 2:
+                yield _finish(pending.pop(0))
+    for tensor in pending:
+        yield _finish(tensor)
+
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _keep(tensor: _Tensor, piece: _Piece, host: torch.Tensor) -> None:
+    """A kept tensor's source bytes into its payload, transposed (as whole elements) if decided."""
+    info = piece.entry.info
+    if not piece.entry.decision.transpose:
+        row_bytes = piece.nbytes // max(piece.stop - piece.start, 1)
+        tensor.out[piece.start * row_bytes :][: piece.nbytes].copy_(host)
+        return
+    element = _INT_OF_SIZE[info.nbytes // math.prod(info.shape)]
+    tensor.out.view(element).reshape(tuple(piece.entry.out_shape)).copy_(host.view(element).reshape(info.shape).t())
+
+
+def _chunk_shape(piece: _Piece, start: int, stop: int) -> tuple[int, ...]:
+    shape = piece.entry.info.shape
+    return (stop - start, *shape[1:]) if len(shape) >= 2 else tuple(shape)
+
+
+def _upload(tensor: _Tensor, piece: _Piece, host: torch.Tensor, stage: _Stage) -> None:
+    """Copy a piece to its rows of the device chunk, allocating the chunk at its first piece."""
+    dtype = _TORCH_DTYPES.get(piece.entry.info.dtype)
+    if dtype is None:
+        raise InputError(f"tensor '{piece.entry.info.name}' is {piece.entry.info.dtype}, which the kernels "
+                         "cannot quantize", hint="keep it unquantized (keep = true)")
+    with _on(stage.h2d):
+        if piece.start == piece.chunk_start:
+            tensor.chunk = torch.empty(_chunk_shape(piece, piece.chunk_start, piece.chunk_stop), dtype=dtype,
+                                       device=stage.device)
+        rows = tensor.chunk.reshape(max(piece.chunk_stop - piece.chunk_start, 1), -1)
+        rows = rows[piece.start - piece.chunk_start : piece.stop - piece.chunk_start]
+        rows.view(torch.uint8).reshape(-1).copy_(host, non_blocking=True)
+
+
+def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
+    """Quantize a whole device chunk (or collect its range, in a first pass) and copy its payload back."""
+    entry, decision = piece.entry, piece.entry.decision
+    scheme = decision.scheme
+    if stage.compute is not None:
+        stage.compute.wait_stream(stage.h2d)
+        tensor.chunk.record_stream(stage.compute)
+    with _on(stage.compute):
+        x = tensor.chunk.t().contiguous() if decision.transpose else tensor.chunk
+        if piece.collect:
+            part = tensor_range(x, scheme, decision.calibration)
+            whole = tensor.whole
+            tensor.whole = part if whole is None else whole.add(part, decision.calibration, scheme)
+            return
+        else:
+            payload = torch.empty(layout.quantized_data_len(scheme, tuple(x.shape)), dtype=torch.uint8,
+                                  device=stage.device)
+            enqueue(x, scheme, decision.calibration, payload, tensor.bad, whole=tensor.whole)
+    if stage.d2h is not None:
+        stage.d2h.wait_stream(stage.compute)
+        payload.record_stream(stage.d2h)
+    with _on(stage.d2h):
+        for (dst, src), n in _regions(entry, piece, tuple(x.shape)):
+            tensor.out[dst : dst + n].copy_(payload[src : src + n], non_blocking=True)
+
+
+def _regions(entry: PlanEntry, piece: _Piece, shape: tuple[int, ...]):
+    """((offset in the payload, offset in the chunk's payload), length) of the chunk's values, scales and
+    global; a chunk of whole blocks along the first axis fills a contiguous part of each region."""
+    scheme = entry.decision.scheme
+    full = tuple(entry.out_shape)
+    if shape == full:
+        return [((0, 0), entry.out_nbytes)]
+    values = layout.value_bytes(scheme, shape)
+    per_row = layout.value_bytes(scheme, (1, *full[1:]))
+    scales = layout.scale_bytes(scheme, shape)
+    if scheme.block is None:
+        scale_offset = 0
+    else:
+        step = scheme.block.size.to_dim_vec(len(full))[0]
+        scale_offset = piece.chunk_start // step * layout.scale_bytes(scheme, (step, *full[1:]))
+    full_values = layout.value_bytes(scheme, full)
+    regions = [((piece.chunk_start * per_row, 0), values), ((full_values + scale_offset, values), scales)]
+    if scheme.is_two_level():
+        regions.append(((full_values + layout.scale_bytes(scheme, full), values + scales), 4))
+    return regions
+
+
+def _finish(tensor: _Tensor) -> tuple[PlanEntry, torch.Tensor]:
+    if tensor.done is not None:
+        tensor.done.synchronize()
+    if int(tensor.bad.item()):
+        raise InputError(f"tensor {tensor.piece.entry.info.name!r} holds NaN or Inf values, which cannot be "
+                         "quantized", hint=NON_FINITE_HINT)
+    return tensor.piece.entry, tensor.out
+
+
+class _on:
+    """`torch.cuda.stream(s)`, or nothing on the CPU."""
+
+    def __init__(self, stream) -> None:
+        self._context = torch.cuda.stream(stream) if stream is not None else None
+
+    def __enter__(self) -> None:
+        if self._context is not None:
+            self._context.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        if self._context is not None:
+            self._context.__exit__(*exc)
