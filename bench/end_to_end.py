@@ -286,6 +286,7 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="tiny shapes, to check the script")
     parser.add_argument("--parts", default="generate,floor,pipeline")
     parser.add_argument("--timeout", type=float, default=240)
+    parser.add_argument("--schemes", default=",".join(SCHEMES))
     parser.add_argument("--child")
     parser.add_argument("--scheme")
     parser.add_argument("--target", type=Path)
@@ -302,7 +303,7 @@ def main() -> None:
             record["floor"] = floor(args.dir)
         else:
             regimes = ("cached",) if part == "naive" else ("cold", "cached")
-            for scheme in SCHEMES:
+            for scheme in args.schemes.split(","):
                 for regime in regimes:
                     run = run_child(part, args.dir, scheme, regime, args.timeout)
                     record["runs"].append(run)
