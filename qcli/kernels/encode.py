@@ -24,7 +24,7 @@ from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue,
 _KIND = {ScaleDtype.F32: 0, ScaleDtype.F16: 1, ScaleDtype.BF16: 2, ScaleDtype.UE4M3: 3}
 _MINIFLOAT = {QuantValue.E4M3: (4, 3, 7), QuantValue.E5M2: (5, 2, 15), QuantValue.E2M1: (2, 1, 1)}
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_TILE = 2048          # values per program of the quantize kernel
+_TILE = 4096          # values per program (bench/tune.py: the fastest on an H200 for most schemes)
 _TENSOR_CHUNK = 4096  # values per partial range of a per-tensor scheme
 # No multiply-add contraction: every product must round on its own, as on the CPU.
 _OPTIONS = {"enable_fp_fusion": False}
