@@ -12,25 +12,27 @@ import math
 import os
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qcli import BURN_LAYOUT_PIN, __version__
-from qcli.errors import PlanError, UsageError
+from qcli.errors import InputError, PlanError, UsageError
+from qcli.io.dtypes import dtype_str
 from qcli.report import (
     CompareReport,
     CompareRow,
     ErrorRow,
     InspectReport,
     ListedTensor,
+    Phase,
     QuantizeReport,
     SourceFile,
     TensorRow,
     TensorStats,
     Timings,
     ValidateReport,
-    problem_text,
     value_stats,
 )
 from qcli.scheme import QuantScheme
@@ -65,24 +67,14 @@ def resolve_preset(name: str | None) -> Preset:
     return get_preset(DEFAULT_PRESET if name is None else name)
 
 
-def make_checked_plan(infos: list, recipe: Any, preset: Preset) -> Plan:
-    """The plan for `infos`, in name order; every error-severity problem is raised together as a PlanError."""
+def make_checked_plan(infos: list, recipe: Any, preset: Preset, split: bool = False) -> Plan:
+    """The plan for `infos` in name order (so shards and one file give the same output); every error is
+    raised together as one PlanError. `split`: the output will be cut into several files."""
     from qcli.plan import make_plan
 
-    plan = make_plan(sorted(infos, key=lambda i: i.name), recipe, preset)
-    errors = [p for p in plan.problems if p.severity == "error"]
-    if not errors:
-        return plan
-    hints = list(dict.fromkeys(p.hint for p in errors if p.hint))
-    lines = [problem_text(p) + (f" (fix: {p.hint})" if len(hints) > 1 and p.hint else "") for p in errors]
-    raise PlanError(
-        f"the plan has {len(errors)} error{'s' if len(errors) != 1 else ''}; nothing was read or written",
-        hint=hints[0]
-        if len(hints) == 1
-        else "fix the problems above; `qcli validate-scheme RECIPE --model INPUT` "
-        "lists them without quantizing",
-        problems=lines,
-    )
+    plan = make_plan(sorted(infos, key=lambda i: i.name), recipe, preset, split=split)
+    plan.raise_if_errors()
+    return plan
 
 
 def select_pipeline(device: str) -> tuple[str, Callable[..., Iterator]]:
@@ -115,7 +107,7 @@ def select_pipeline(device: str) -> tuple[str, Callable[..., Iterator]]:
 
 
 class _TimedSource:
-    """A source that counts the time and bytes of `load`, so the pipeline's read time can be told apart."""
+    """A source that times `load` per tensor, so the pipeline's read time can be told from its compute."""
 
     def __init__(self, source: Any, seconds_by_name: dict[str, float]) -> None:
         self._source = source
@@ -140,13 +132,20 @@ def quantize_file(
     device: str = "auto",
     dry_run: bool = False,
     force: bool = False,
+    stats: bool = True,
     progress: ProgressHook | None = None,
+    verify: bool = True,
+    max_shard_size: int | None = None,
 ) -> QuantizeReport:
     """Quantize a safetensors checkpoint into a burnpack file (or, with `dry_run`, only plan it).
 
     The plan is made from the headers and checked in full before any weight is read. Tensors are then
     streamed one at a time through the pipeline into the container, which is renamed onto `output` only
-    once complete; an interruption or failure leaves `output` as it was.
+    once complete; an interruption or failure leaves `output` as it was. With `stats`, each quantized
+    tensor is decoded on the CPU and measured against its source (about the cost of quantizing on the CPU).
+    With `verify`, the complete file is read back and checked (`qcli.verify`) before the rename; one that
+    fails never reaches `output`. With `max_shard_size`, the output is split into
+    `NAME-00001-of-0000N.bpk` files of at most that many bytes each.
     """
     from qcli.io.safetensors import SafetensorsSource
     from qcli.recipe import load_recipe
@@ -160,7 +159,9 @@ def quantize_file(
             f"{target} already exists", hint="pass --force to replace it, or -o to write somewhere else"
         )
     with SafetensorsSource.open(input) as source:
-        plan = make_checked_plan(source.infos(), loaded_recipe, preset)
+        if target.resolve() in {f.resolve() for f in [input, *source.files]}:
+            raise UsageError(f"{target} is the input", hint="write the .bpk somewhere else with -o")
+        plan = make_checked_plan(source.infos(), loaded_recipe, preset, split=max_shard_size is not None)
         report = QuantizeReport(
             input=str(input),
             output=str(target),
@@ -171,13 +172,70 @@ def quantize_file(
             recipe_sha256=None if loaded_recipe is None else loaded_recipe.sha256,
             source_files=[SourceFile(f.name, f.stat().st_size) for f in source.files],
             tensors=[TensorRow.of(e) for e in plan.entries],
-            warnings=[p for p in plan.problems if p.severity != "error"],
+            warnings=plan.warnings(),
         )
+        metadata = _metadata(report)
+        shards = _shards(plan, target, max_shard_size, metadata)
+        report.outputs = [str(path) for path, _ in shards]
         if dry_run:
             return report
+        taken = [path for path, _ in shards if path.exists()] if len(shards) > 1 and not force else []
+        if taken:
+            raise UsageError(f"{taken[0]} already exists", hint="pass --force to replace the files, or -o "
+                             "to write somewhere else")
         report.device, run = select_pipeline(device)
-        report.tensors, report.timings = _write(plan, source, run, target, _metadata(report), progress)
+        report.tensors, report.timings = _write(plan, source, run, shards, metadata, stats, progress, verify)
     return report
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `50GB`, `500MiB`, `1.5TB` or a plain count (decimal units, binary with `i`)."""
+    number = text.strip().upper().removesuffix("B")
+    scale = 1
+    for i, prefix in enumerate("KMGT", start=1):
+        if number.endswith(prefix + "I"):
+            number, scale = number[:-2], 1024**i
+        elif number.endswith(prefix):
+            number, scale = number[:-1], 1000**i
+    try:
+        size = int(float(number) * scale)
+    except ValueError:
+        size = 0
+    if size <= 0:
+        raise UsageError(f"--max-shard-size {text!r} is not a size",
+                         hint="give a byte count, e.g. 50GB, 500MiB or 2e9")
+    return size
+
+
+def shard_paths(target: Path, count: int) -> list[Path]:
+    """`target` itself for one file, else `NAME-00001-of-0000N.bpk` beside it."""
+    if count == 1:
+        return [target]
+    name = f"{target.stem}-{{:05d}}-of-{count:05d}{target.suffix}"
+    return [target.with_name(name.format(i)) for i in range(1, count + 1)]
+
+
+def _shards(plan: Plan, target: Path, max_shard_size: int | None, metadata: dict[str, str]) -> list[tuple]:
+    """`(path, entries)` per output file: one file under Burn's 100 GiB limit, or the split asked for."""
+    from qcli.io.burnpack import MAX_FILE_SIZE, TensorEntry, size_bound, split
+
+    entries = [TensorEntry(e.info.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in plan.entries]
+    limit = f"Burn's reader refuses files over {MAX_FILE_SIZE} bytes (100 GiB)"
+    if max_shard_size is None:
+        size = size_bound(entries, metadata)
+        if size > MAX_FILE_SIZE:
+            raise PlanError(f"the output would take up to {size / 1024**3:.1f} GiB, over Burn's 100 GiB "
+                            "file limit", hint=f"{limit}; split it with --max-shard-size 50GB")
+        return [(target, entries)]
+    if max_shard_size > MAX_FILE_SIZE:
+        raise UsageError(f"--max-shard-size {max_shard_size} is over Burn's 100 GiB file limit",
+                         hint=f"{limit}; give at most 100GiB")
+    try:
+        packs = split(entries, max_shard_size, metadata)
+    except ValueError as exc:
+        raise UsageError(f"--max-shard-size {max_shard_size}: {exc}",
+                         hint="every tensor is written whole; give a larger size") from None
+    return list(zip(shard_paths(target, len(packs)), packs, strict=True))
 
 
 def _metadata(report: QuantizeReport) -> dict[str, str]:
@@ -200,23 +258,29 @@ def _write(
     plan: Plan,
     source: Any,
     run: Callable[..., Iterator],
-    target: Path,
+    shards: list[tuple],
     metadata: dict[str, str],
+    stats: bool,
     progress: ProgressHook | None,
+    verify: bool,
 ) -> tuple[list[TensorRow], Timings]:
-    """Stream the pipeline's payloads into the container; time each phase; measure each tensor's error."""
-    from qcli.io.burnpack import BurnpackWriter, TensorEntry
+    """Stream the pipeline's payloads into the containers; time each phase; measure each tensor's error.
 
-    entries = [TensorEntry(e.info.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in plan.entries]
+    With `verify`, the complete files are read back and checked before they are renamed into place.
+    """
+    from qcli.io.burnpack import BurnpackWriter
+
+    shard_of = {entry.name: i for i, (_, entries) in enumerate(shards) for entry in entries}
     total = sum(e.info.nbytes for e in plan.entries)
     load_seconds: dict[str, float] = {}
     timings, rows, done = Timings(), [], 0
     started = time.perf_counter()
     if progress:
         progress(plan.entries[0].info.name if plan.entries else None, 0, total)
-    with BurnpackWriter(target, entries, metadata) as writer:
+    with ExitStack() as stack:
+        writers = [stack.enter_context(BurnpackWriter(path, entries, metadata)) for path, entries in shards]
         tick = time.perf_counter()
-        for i, (entry, payload) in enumerate(run(plan, _TimedSource(source, load_seconds))):
+        for i, (entry, payload) in enumerate(_naming_files(plan, run(plan, _TimedSource(source, load_seconds)))):
             name = entry.info.name
             produced = time.perf_counter() - tick
             read = load_seconds.get(name, 0.0)
@@ -226,12 +290,13 @@ def _write(
             timings.quantize.bytes += entry.info.nbytes
 
             tick = time.perf_counter()
-            writer.write(name, payload)
+            writers[shard_of[name]].write(name, payload)
             timings.write.seconds += time.perf_counter() - tick
             timings.write.bytes += entry.out_nbytes
 
             tick = time.perf_counter()
-            error = _error_of(entry, payload, source) if entry.decision.scheme is not None else None
+            measured = stats and entry.decision.scheme is not None
+            error = _error_of(entry, payload, source) if measured else None
             timings.stats.seconds += time.perf_counter() - tick
             timings.stats.bytes += entry.info.nbytes if error else 0
             rows.append(TensorRow.of(entry, error))
@@ -243,10 +308,45 @@ def _write(
                 progress(following, done, total)
             tick = time.perf_counter()
         tick = time.perf_counter()
-        writer.commit()
+        files = [writer.finish() for writer in writers]
+        timings.write.seconds += time.perf_counter() - tick
+        if verify:
+            from qcli.verify import verify_output
+
+            verified = verify_output(files, plan, source, [writer.target for writer in writers])
+            timings.verify = Phase(verified.seconds, verified.bytes)
+        tick = time.perf_counter()
+        _commit_all(writers)
         timings.write.seconds += time.perf_counter() - tick
     timings.total_seconds = time.perf_counter() - started
     return rows, timings
+
+
+def _naming_files(plan: Plan, payloads: Iterator) -> Iterator:
+    """The pipeline's payloads; an InputError about a tensor's values (NaN, Inf) also names its file."""
+    done = 0
+    try:
+        for item in payloads:
+            yield item
+            done += 1
+    except InputError as exc:
+        file = plan.entries[done].info.file if done < len(plan.entries) else None
+        if file is None or str(file) in exc.message:
+            raise
+        raise InputError(f"{file}: {exc.message}", hint=exc.hint) from exc
+
+
+def _commit_all(writers: list) -> None:
+    """Rename every file into place; if one fails, the ones already renamed are removed again."""
+    done = []
+    try:
+        for writer in writers:
+            writer.commit()
+            done.append(writer.target)
+    except BaseException:
+        for path in done:
+            path.unlink(missing_ok=True)
+        raise
 
 
 def _error_of(entry: Any, payload: Any, source: Any) -> ErrorRow:
@@ -288,28 +388,16 @@ _SCALE_TORCH_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "
 
 
 def qfloat_scheme(dtype: Any) -> QuantScheme | None:
-    """The scheme of a `{"QFloat": …}` Burn DType; None for any other dtype."""
+    """The scheme of a `{"QFloat": …}` Burn DType (serde form, as the reader gives it); None otherwise."""
     if isinstance(dtype, dict) and "QFloat" in dtype:
-        s = dtype["QFloat"]
-        return s if isinstance(s, QuantScheme) else QuantScheme.from_serde(s)
+        return QuantScheme.from_serde(dtype["QFloat"])
     return None
-
-
-def dtype_text(dtype: Any) -> str:
-    """A Burn DType in readable form: `BF16`, `Bool(Native)`, `QFloat(Q4S PackedU32(0) block [32] F16)`."""
-    scheme = qfloat_scheme(dtype)
-    if scheme is not None:
-        return f"QFloat({scheme})"
-    if isinstance(dtype, dict) and len(dtype) == 1:
-        ((kind, arg),) = dtype.items()
-        return f"{kind}({arg})"
-    return str(dtype)
 
 
 def _dtype_key(dtype: Any) -> str:
     """The plain name of a non-QFloat dtype, Burn's or safetensors' spelling (`{"Bool": …}` -> BOOL)."""
     if isinstance(dtype, dict):
-        return "BOOL" if "Bool" in dtype else dtype_text(dtype)
+        return "BOOL" if "Bool" in dtype else dtype_str(dtype)
     return str(dtype).upper()
 
 
@@ -319,7 +407,7 @@ def _tensor_from_bytes(data: Any, dtype: Any, shape: tuple[int, ...]) -> torch.T
     key = _dtype_key(dtype)
     if key not in _TORCH_DTYPES:
         raise UsageError(
-            f"qcli cannot decode dtype {dtype_text(dtype)}", hint="inspect lists it without --tensor"
+            f"qcli cannot decode dtype {dtype_str(dtype)}", hint="inspect lists it without --tensor"
         )
     t = getattr(torch, _TORCH_DTYPES[key])
     if math.prod(shape) == 0:
@@ -343,10 +431,12 @@ def _scale_stats(data: Any, scheme: QuantScheme, shape: tuple[int, ...]) -> tupl
 
     from qcli import layout
 
+    scale_dtype = scheme.scale_dtype().value
+    if scale_dtype not in _SCALE_TORCH_DTYPES:
+        raise UsageError(f"qcli cannot decode {scale_dtype} scales", hint="inspect lists it without --tensor")
     start = layout.value_bytes(scheme, shape)
     end = start + layout.scale_bytes(scheme, shape)
-    raw = bytearray(data[start:end])
-    scales = torch.frombuffer(raw, dtype=getattr(torch, _SCALE_TORCH_DTYPES[scheme.scale_dtype().value]))
+    scales = torch.frombuffer(bytearray(data[start:end]), dtype=getattr(torch, _SCALE_TORCH_DTYPES[scale_dtype]))
     global_scale = struct.unpack_from("<f", data, end)[0] if scheme.is_two_level() else None
     return value_stats(scales.float()), global_scale
 
@@ -360,12 +450,15 @@ def _suggest_tensor(name: str, names: list[str]) -> UsageError:
 
 
 def _is_burnpack(path: Path) -> bool:
-    if path.suffix == ".bpk":
+    """By its extension, or by burnpack's magic number at the start."""
+    from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER
+
+    if path.suffix == EXTENSION:
         return True
     if not path.is_file():
         return False
     with path.open("rb") as f:
-        return f.read(4) == b"NRUB"
+        return f.read(4) == struct.pack("<I", MAGIC_NUMBER)
 
 
 def inspect_file(
@@ -407,7 +500,7 @@ def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None
         format="burnpack",
         files=[SourceFile(path.name, path.stat().st_size)],
         tensors=[
-            ListedTensor(e.name, dtype_text(e.dtype), _serde(e.dtype), tuple(e.shape), e.nbytes)
+            ListedTensor(e.name, dtype_str(e.dtype), e.dtype, tuple(e.shape), e.nbytes)
             for e in entries
         ],
         version=reader.version,
@@ -419,18 +512,13 @@ def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None
             raise _suggest_tensor(tensor, list(by_name))
         entry = by_name[tensor]
         data = reader.read(tensor)
+        values = value_stats(_decoded(data, entry.dtype, tuple(entry.shape)))
         scheme = qfloat_scheme(entry.dtype)
         scales, global_scale = _scale_stats(data, scheme, tuple(entry.shape)) if scheme else (None, None)
-        values = value_stats(_decoded(data, entry.dtype, tuple(entry.shape)))
         report.tensor_stats = TensorStats(tensor, values, scales, global_scale)
     if compare is not None:
         report.compare = _compare(reader, entries, Path(compare))
     return report
-
-
-def _serde(dtype: Any) -> Any:
-    scheme = qfloat_scheme(dtype)
-    return {"QFloat": scheme.to_serde()} if scheme is not None else dtype
 
 
 def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
@@ -441,9 +529,14 @@ def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
     from qcli.io.safetensors import SafetensorsSource
 
     try:
-        transposed = set(json.loads(reader.metadata.get("transposed", "[]")))
+        transposed = json.loads(reader.metadata.get("transposed", "[]"))
     except json.JSONDecodeError:
-        transposed = set()
+        transposed = None
+    if not isinstance(transposed, list) or not all(isinstance(n, str) for n in transposed):
+        raise InputError(
+            f"{reader.path}: metadata 'transposed' is not a JSON list of tensor names",
+            hint="the file was not written by qcli, or was edited; write it again from its source",
+        )
     rows: list[CompareRow] = []
     with SafetensorsSource.open(source_path) as source:
         infos = {i.name: i for i in source.infos()}
@@ -455,7 +548,7 @@ def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
             flip = e.name in transposed
             if flip:
                 x = x.t()
-            text = dtype_text(e.dtype)
+            text = dtype_str(e.dtype)
             if tuple(x.shape) != tuple(e.shape):
                 src = "the transposed source" if flip else "the source"
                 problem = f"shape {list(e.shape)} but {src} is {list(x.shape)}"
@@ -481,21 +574,25 @@ def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
 # ----------------------------------------------------------------------------- validate-scheme
 
 
-def validate_scheme(recipe: str | Path, *, model: str | Path | None = None) -> ValidateReport:
-    """Every problem in a recipe, and with `model` every problem of the plan it makes from the headers."""
+def validate_scheme(
+    recipes: str | Path | Sequence[str | Path], *, model: str | Path | None = None, scheme: str | None = None
+) -> ValidateReport:
+    """Every problem in each recipe, and with `model` every problem of the plan each makes from headers."""
     from qcli import validate
 
-    recipe = Path(recipe)
-    if not recipe.is_file():
-        raise UsageError(
-            f"cannot read recipe {recipe}: no such file",
-            hint="pass the path of a TOML recipe (docs/recipes.md)",
-        )
+    paths = [Path(recipes)] if isinstance(recipes, (str, Path)) else [Path(r) for r in recipes]
+    for path in paths:
+        if not path.is_file():
+            raise UsageError(
+                f"cannot read recipe {path}: no such file",
+                hint="pass the path of a TOML recipe (docs/recipes.md)",
+            )
     infos = None
     if model is not None:
         from qcli.io.safetensors import SafetensorsSource
 
         with SafetensorsSource.open(Path(model)) as source:
             infos = source.infos()
-    problems = validate.validate_scheme(recipe, infos)
-    return ValidateReport(str(recipe), None if model is None else str(model), list(problems))
+    preset = resolve_preset(scheme)
+    problems = [p for path in paths for p in validate.validate_scheme(path, infos, preset)]
+    return ValidateReport([str(p) for p in paths], None if model is None else str(model), problems)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from qcli import layout
 from qcli.errors import PlanError
+from qcli.io.burnpack import ALIGNMENT, MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE
+from qcli.io.dtypes import burn_dtype
 from qcli.io.safetensors import TensorInfo
 from qcli.presets import DEFAULT_PRESET, PRESETS, Preset
 from qcli.recipe import Recipe, Rule
@@ -32,16 +34,7 @@ FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 # F8_E8M0, F6_*, F4) of newer safetensors.
 QUANTIZED_DTYPES = ("I8", "U8")
 QUANTIZED_PREFIXES = ("F8_", "F6_", "F4")
-# safetensors dtype -> Burn DType serde; the F8 formats (and newer sub-byte ones) have no Burn DType.
-BURN_DTYPES: dict[str, object] = {
-    "F64": "F64", "F32": "F32", "F16": "F16", "BF16": "BF16",
-    "I64": "I64", "I32": "I32", "I16": "I16", "I8": "I8",
-    "U64": "U64", "U32": "U32", "U16": "U16", "U8": "U8",
-    "BOOL": {"Bool": "Native"},
-}
 SCALE_SUFFIXES = ("_scale_inv", "_scale", ".scale")
-# Burn's reader refuses a tensor larger than this (burnpack MAX_TENSOR_SIZE on 64-bit).
-MAX_TENSOR_BYTES = 10 * 1024**3
 FIRST_NAMES = 3
 
 
@@ -75,7 +68,7 @@ class PlanEntry:
     def out_dtype(self) -> object:
         """Burn's DType serde: the source dtype for a kept tensor, else `{"QFloat": scheme}`."""
         if self.decision.scheme is None:
-            return BURN_DTYPES.get(self.info.dtype)
+            return burn_dtype(self.info.dtype)
         return {"QFloat": self.decision.scheme.to_serde()}
 
     @property
@@ -134,8 +127,8 @@ class Totals:
 
     @property
     def ratio(self) -> float:
-        """Output size over input size."""
-        return self.bytes_out / self.bytes_in if self.bytes_in else 0.0
+        """Input bytes per output byte: how many times smaller the output is."""
+        return self.bytes_in / self.bytes_out if self.bytes_out else 0.0
 
 
 @dataclass
@@ -201,21 +194,27 @@ def shape_problem(scheme: QuantScheme, shape: Sequence[int]) -> str | None:
     if isinstance(scheme.store, PackedNative) and scheme.value is QuantValue.E2M1 and shape[-1] % 2:
         return f"last dim {shape[-1]} is odd (PackedNative stores E2M1 values in pairs)"
     nbytes = layout.quantized_data_len(scheme, shape)
-    if nbytes > MAX_TENSOR_BYTES:
+    if nbytes > MAX_TENSOR_SIZE:
         return f"its payload of {nbytes / 1024**3:.1f} GiB exceeds Burn's 10 GiB per-tensor reader limit"
     return None
 
 
 def make_plan(
-    infos: Iterable[TensorInfo], recipe: Recipe | None = None, preset: Preset | None = None
+    infos: Iterable[TensorInfo], recipe: Recipe | None = None, preset: Preset | None = None,
+    *, split: bool = False,
 ) -> Plan:
-    """One decision per tensor and every problem found from the headers (see the module docstring)."""
-    return _Planner(list(infos), recipe, preset or PRESETS[DEFAULT_PRESET]).plan()
+    """One decision per tensor and every problem found from the headers (see the module docstring).
+
+    `split`: the output is cut into several files (--max-shard-size), so Burn's per-file limits are
+    the split's to keep, not one file's.
+    """
+    return _Planner(list(infos), recipe, preset or PRESETS[DEFAULT_PRESET], split).plan()
 
 
 class _Planner:
-    def __init__(self, infos: list[TensorInfo], recipe: Recipe | None, preset: Preset) -> None:
+    def __init__(self, infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False) -> None:
         self.infos = infos
+        self.split = split
         self.recipe = recipe
         self.preset = preset
         self.problems: list[Problem] = []
@@ -239,7 +238,10 @@ class _Planner:
         self.default_problems([e.info.name for e in entries if e.decision.rule is None])
         for entry in entries:
             self.output_problems(entry)
-        return Plan(entries, self.problems, self.preset, self.recipe)
+        plan = Plan(entries, self.problems, self.preset, self.recipe)
+        if not self.split:
+            self.file_problems(plan)
+        return plan
 
     def problem(self, kind: str, message: str, hint: str, tensors: Sequence[str] = (),
                 severity: str = "error", rule: Rule | None = None) -> None:
@@ -349,12 +351,25 @@ class _Planner:
                 "dequantize the checkpoint to BF16 or F32 (with its scale tensors) first, then run qcli",
                 [info.name], rule=entry.decision.rule,
             )
-        if entry.decision.scheme is None and info.nbytes > MAX_TENSOR_BYTES:
+        if entry.decision.scheme is None and info.nbytes > MAX_TENSOR_SIZE:
             self.problem(
                 "size", f"{info.name} is {info.nbytes / 1024**3:.1f} GiB, over Burn's 10 GiB tensor limit",
                 "quantize it (a rule with a scheme) so its payload fits under 10 GiB",
                 [info.name], rule=entry.decision.rule,
             )
+
+    def file_problems(self, plan: Plan) -> None:
+        """Burn's per-file reader limits: the tensor count and the file size (data alone, aligned)."""
+        count = len(plan.entries)
+        if count > MAX_TENSOR_COUNT:
+            self.problem("size", f"the output would hold {count} tensors; Burn's reader refuses more than "
+                         f"{MAX_TENSOR_COUNT}", "split the output into several files with --max-shard-size")
+        data = sum(-(-e.out_nbytes // ALIGNMENT) * ALIGNMENT for e in plan.entries)
+        if data > MAX_FILE_SIZE:
+            self.problem("size", f"the output would take at least {data / 1024**3:.1f} GiB; Burn's reader "
+                         "refuses a file over 100 GiB",
+                         "split the output with --max-shard-size 50GB, quantize more tensors, or use a smaller "
+                         "scheme")
 
 
 def rule_refusal(rule: Rule, covered: Sequence[str] | None = None) -> Problem | None:

@@ -16,6 +16,7 @@ import difflib
 import hashlib
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from fnmatch import fnmatchcase
@@ -50,6 +51,7 @@ RULE_KEYS = (*DOCUMENTED_RULE_KEYS, *ZERO_POINT_KEYS)  # zero-point keys are rea
 STORES = {"PackedU32": PackedU32, "Native": Native, "PackedNative": PackedNative}
 ZERO_POINT_MODES = ("Asymmetric", "Affine")
 REGEX_PREFIX = "re:"
+LineOf = Callable[[str], int]  # the line of a key in the table being read
 
 
 @dataclass(frozen=True)
@@ -169,35 +171,35 @@ def _syntax_fault(file: str, exc: tomllib.TOMLDecodeError) -> RecipeFault:
 class _Lines:
     """Where tables and keys sit in the recipe text, found by scanning (tomllib reports no positions)."""
 
-    _HEADER = re.compile(r"^\s*(\[\[?)\s*([\w.\-\"' ]+?)\s*\]\]?\s*(?:#.*)?$")
+    _HEADER = re.compile(r"^\s*\[\[?\s*([\w.\-\"' ]+?)\s*\]\]?\s*(?:#.*)?$")
 
     def __init__(self, text: str) -> None:
         self.lines = text.splitlines()
-        # (name, is_array, first line) of every table header, 1-based lines
-        self.headers: list[tuple[str, bool, int]] = []
+        # (name, line) of every table header (`[name]` or `[[name]]`), lines counted from 1
+        self.headers: list[tuple[str, int]] = []
         for number, line in enumerate(self.lines, 1):
             header = self._HEADER.match(line)
             if header:
-                self.headers.append((header.group(2).strip("\"'"), header.group(1) == "[[", number))
+                self.headers.append((header.group(1).strip("\"'"), number))
 
     def table(self, name: str, index: int = 0) -> tuple[int, int] | None:
         """The 1-based line span (header, last line) of the `index`-th table called `name`."""
-        found = [i for i, (n, _, _) in enumerate(self.headers) if n == name]
+        found = [i for i, (n, _) in enumerate(self.headers) if n == name]
         if index >= len(found):
             return None
         i = found[index]
-        end = self.headers[i + 1][2] - 1 if i + 1 < len(self.headers) else len(self.lines)
-        return self.headers[i][2], end
+        end = self.headers[i + 1][1] - 1 if i + 1 < len(self.headers) else len(self.lines)
+        return self.headers[i][1], end
 
     def key(self, key: str, span: tuple[int, int] | None) -> int:
         """The line of `key = ...` in `span` (the top level when None), else the span's first line."""
-        start, end = span or (1, self.headers[0][2] - 1 if self.headers else len(self.lines))
+        start, end = span or (1, self.headers[0][1] - 1 if self.headers else len(self.lines))
         pattern = re.compile(rf"^\s*(?:{re.escape(key)}|\"{re.escape(key)}\"|'{re.escape(key)}')\s*[=.]")
         for number in range(start, end + 1):
             if pattern.match(self.lines[number - 1]):
                 return number
         if span is None:  # a top-level key may be a table: its header is its line
-            return next((line for name, _, line in self.headers if name.split(".")[0] == key), 1)
+            return next((line for name, line in self.headers if name.split(".")[0] == key), 1)
         return max(start, 1)
 
 
@@ -228,7 +230,7 @@ class _Parser:
         self.faults.append(RecipeFault(self.file, line, message, hint))
 
     def unknown_keys(self, table: dict, known: tuple[str, ...], where: str, span: tuple[int, int] | None,
-                     shown: tuple[str, ...] | None = None):
+                     shown: tuple[str, ...] | None = None) -> None:
         for key in table:
             if key not in known:
                 self.fault(
@@ -241,7 +243,7 @@ class _Parser:
         version = doc.get("version")
         if version is None:
             self.fault(1, "the recipe has no version", f"add `version = {RECIPE_VERSION}` as its first line")
-        elif isinstance(version, bool) or version != RECIPE_VERSION:
+        elif type(version) is not int or version != RECIPE_VERSION:
             self.fault(
                 self.lines.key("version", None), f"unsupported recipe version {version!r}",
                 f"this qcli reads version = {RECIPE_VERSION}",
@@ -348,7 +350,7 @@ class _Parser:
                 return None
         return match
 
-    def boolean(self, table: dict, key: str, line) -> bool:
+    def boolean(self, table: dict, key: str, line: LineOf) -> bool:
         value = table.get(key, False)
         if not isinstance(value, bool):
             self.fault(line(key), f"{key} must be true or false, got {_type_name(value)} {value!r}",
@@ -356,7 +358,7 @@ class _Parser:
             return False
         return value
 
-    def string(self, table: dict, key: str, line) -> str | None:
+    def string(self, table: dict, key: str, line: LineOf) -> str | None:
         value = table.get(key)
         if value is not None and not isinstance(value, str):
             self.fault(line(key), f"{key} must be a string, got {_type_name(value)} {value!r}",
@@ -364,7 +366,7 @@ class _Parser:
             return None
         return value
 
-    def enum(self, table: dict, key: str, enum: type[Enum], line) -> Enum | None:
+    def enum(self, table: dict, key: str, enum: type[Enum], line: LineOf) -> Enum | None:
         """An enum member by name, any case; None (with a fault) for an unknown name."""
         name = self.string(table, key, line)
         if name is None:
@@ -376,7 +378,7 @@ class _Parser:
         self.fault(line(key), f"unknown {key} {name!r}", f"{_suggest(name, names)}one of {', '.join(names)}")
         return None
 
-    def mode(self, table: dict, line) -> str:
+    def mode(self, table: dict, line: LineOf) -> str:
         """The mode as asked: Symmetric, Lookup, or a zero-point mode (`mode = "Asymmetric"`, `zero_point`,
         `asymmetric = true`, `symmetric = false`), which Burn has no form for."""
         for key in ("asymmetric", "symmetric"):
@@ -395,7 +397,9 @@ class _Parser:
             return "Asymmetric"
         return QuantMode.Symmetric.value
 
-    def preset(self, name: object, line: int):
+    def preset(
+        self, name: object, line: int
+    ) -> tuple[str | None, QuantScheme | None, Calibration | None, tuple[Refusal, ...]]:
         """(canonical name, scheme, calibration, refusals) of a preset; Nones and a fault when unknown."""
         if not isinstance(name, str):
             self.fault(line, f"preset must be a string, got {name!r}", f"e.g. preset = \"{DEFAULT_PRESET}\"")
@@ -412,7 +416,7 @@ class _Parser:
                    f"{', '.join(PRESETS)} (docs/presets.md)")
         return None, None, None, ()
 
-    def scheme(self, table: dict, line, mode: str) -> tuple[QuantScheme | None, Calibration | None]:
+    def scheme(self, table: dict, line: LineOf, mode: str) -> tuple[QuantScheme | None, Calibration | None]:
         """The scheme the value/store/block/... keys spell; a zero-point mode builds its Symmetric twin."""
         value = self.enum(table, "value", QuantValue, line)
         store = self.store(table, line)
@@ -436,7 +440,7 @@ class _Parser:
             scheme = scheme.per_tensor(tensor_scale or ScaleDtype.F32)
         return scheme, calibration
 
-    def store(self, table: dict, line) -> QuantStore | None:
+    def store(self, table: dict, line: LineOf) -> QuantStore | None:
         """`PackedU32`, `Native`, `PackedNative` (dim 0), or `PackedU32(d)` with an explicit dim."""
         name = self.string(table, "store", line) if "store" in table else "PackedU32"
         if name is None:
@@ -449,7 +453,7 @@ class _Parser:
             return None
         return Native() if kind == "Native" else STORES[kind](int(parsed.group(2) or 0))
 
-    def block(self, table: dict, line) -> list[int] | None:
+    def block(self, table: dict, line: LineOf) -> list[int] | None:
         if "block" not in table:
             return None
         raw = table["block"]

@@ -51,6 +51,7 @@ class TensorRow:
     bytes_in: int
     bytes_out: int
     bits_per_weight: float
+    peak_bytes: int
     error: ErrorRow | None = None
 
     @property
@@ -76,6 +77,7 @@ class TensorRow:
             bytes_in=info.nbytes,
             bytes_out=entry.out_nbytes,
             bits_per_weight=float(entry.bits_per_weight),
+            peak_bytes=entry.peak_bytes,
             error=error,
         )
 
@@ -149,14 +151,9 @@ class Totals:
 
 
 def working_set(row: TensorRow) -> int:
-    """Bytes one tensor holds at once on the CPU path.
-
-    A kept tensor: its source bytes. A quantized one: the source, an f32 working copy, the i32 fields,
-    the payload, and the source reloaded plus its f32 decode for the error statistics.
-    """
-    if row.scheme is None:
-        return row.bytes_in
-    return 2 * row.bytes_in + 4 * 4 * row.numel + row.bytes_out
+    """Host bytes one tensor holds at once: the plan's estimate for the pipeline (`PlanEntry.peak_bytes`)
+    plus, for a quantized tensor, the f32 decode its error statistics are measured on."""
+    return row.peak_bytes + (4 * row.numel if row.scheme is not None else 0)
 
 
 @dataclass
@@ -168,7 +165,7 @@ class Phase:
 
     @property
     def gb_per_s(self) -> float | None:
-        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else None
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 and self.bytes else None
 
     def to_json(self) -> dict:
         return {"seconds": self.seconds, "bytes": self.bytes, "gb_per_s": self.gb_per_s}
@@ -177,12 +174,14 @@ class Phase:
 @dataclass
 class Timings:
     """read: loading source tensors; quantize: encoding (and transposing); stats: decoding for the
-    error columns; write: handing payloads to the container and committing it."""
+    error columns; write: handing payloads to the container and committing it; verify: reading the
+    output back and checking it (None with --no-verify)."""
 
     read: Phase = field(default_factory=Phase)
     quantize: Phase = field(default_factory=Phase)
     stats: Phase = field(default_factory=Phase)
     write: Phase = field(default_factory=Phase)
+    verify: Phase | None = None
     total_seconds: float = 0.0
 
     def to_json(self) -> dict:
@@ -191,6 +190,7 @@ class Timings:
             "quantize": self.quantize.to_json(),
             "stats": self.stats.to_json(),
             "write": self.write.to_json(),
+            "verify": None if self.verify is None else self.verify.to_json(),
             "total_seconds": self.total_seconds,
         }
 
@@ -219,6 +219,7 @@ class QuantizeReport:
     tensors: list[TensorRow]
     warnings: list[Any] = field(default_factory=list)  # qcli.plan.Problem of severity "warning"
     timings: Timings | None = None
+    outputs: list[str] = field(default_factory=list)  # the files written: `output`, or its shards
 
     @property
     def totals(self) -> Totals:
@@ -232,6 +233,7 @@ class QuantizeReport:
             "burn_layout": BURN_LAYOUT_PIN,
             "input": self.input,
             "output": self.output,
+            "outputs": self.outputs,
             "device": self.device,
             "dry_run": self.dry_run,
             "preset": self.preset,
@@ -409,9 +411,9 @@ def problem_json(p: Any) -> dict:
 
 @dataclass
 class ValidateReport:
-    """The result of `qcli.api.validate_scheme`: every problem in the recipe (and plan, with a model)."""
+    """The result of `qcli.api.validate_scheme`: every problem in the recipes (and plans, with a model)."""
 
-    recipe: str
+    recipes: list[str]
     model: str | None
     problems: list[Any]  # qcli.plan.Problem
 
@@ -432,7 +434,7 @@ class ValidateReport:
             "command": "validate-scheme",
             "schema_version": JSON_SCHEMA_VERSION,
             "qcli_version": __version__,
-            "recipe": self.recipe,
+            "recipes": self.recipes,
             "model": self.model,
             "ok": self.ok,
             "errors": self.errors,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import StrEnum
 
 from qcli.errors import SchemeError
 
@@ -21,7 +21,7 @@ F16_MAX = 65504.0
 F32_MIN_POSITIVE = 1.1754943508222875e-38  # f32::MIN_POSITIVE, 2^-126
 
 
-class QuantValue(str, Enum):
+class QuantValue(StrEnum):
     """The logical type of quantized values, independent of how they are stored."""
 
     Q8F = "Q8F"
@@ -126,14 +126,14 @@ class PackedU32:
 QuantStore = Native | PackedNative | PackedU32
 
 
-class QuantMode(str, Enum):
+class QuantMode(StrEnum):
     """How a stored field becomes a value: scaled directly, or as an index into a table (codebook)."""
 
     Symmetric = "Symmetric"
     Lookup = "Lookup"
 
 
-class ScaleDtype(str, Enum):
+class ScaleDtype(StrEnum):
     """The type a scale level is stored in."""
 
     F32 = "F32"
@@ -165,7 +165,7 @@ _SCALE_MAX = {
 }
 
 
-class Calibration(str, Enum):
+class Calibration(StrEnum):
     """How the range a scale must cover is measured from the data."""
 
     MinMax = "MinMax"
@@ -447,7 +447,6 @@ def accept_problems(scheme: QuantScheme, calibration: Calibration = Calibration.
                 Refusal(
                     "AbsMean calibration has no two-level form",
                     "use MinMax calibration, or drop tensor_scale for a one-level AbsMean scheme",
-                    on_load=False,
                 )
             )
     if isinstance(store, Native) and bits < 8:

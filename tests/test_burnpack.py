@@ -19,7 +19,15 @@ import pytest
 import torch
 
 from qcli.errors import InputError, OutputError
-from qcli.io.burnpack import BurnpackReader, BurnpackWriter, TensorEntry, data_section_start, header_bytes
+from qcli.io.burnpack import (
+    BurnpackReader,
+    BurnpackWriter,
+    TensorEntry,
+    data_section_start,
+    header_bytes,
+    size_bound,
+    split,
+)
 from qcli.io.dtypes import parse_dtype
 from qcli.layout import quantized_data_len
 from qcli.scheme import QuantScheme
@@ -273,6 +281,21 @@ def test_leaving_without_commit_leaves_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_finish_completes_the_file_without_touching_the_target(tmp_path: Path) -> None:
+    target = tmp_path / "x.bpk"
+    target.write_bytes(b"old")
+    with BurnpackWriter(target, [TensorEntry("a", "U8", (2,), 2)]) as writer:
+        writer.write("a", b"\x05\x06")
+        done = writer.finish()
+        assert done.parent == tmp_path and done != target and target.read_bytes() == b"old"
+        assert bytes(BurnpackReader.open(done).read("a")) == b"\x05\x06"
+        writer.commit()
+        with pytest.raises(ValueError, match="twice"):
+            writer.commit()
+    assert bytes(BurnpackReader.open(target).read("a")) == b"\x05\x06"
+    assert [p.name for p in tmp_path.iterdir()] == ["x.bpk"]
+
+
 def test_commit_replaces_an_existing_target(tmp_path: Path) -> None:
     target = tmp_path / "x.bpk"
     target.write_bytes(b"old")
@@ -461,3 +484,38 @@ def test_missing_file_and_directory(tmp_path: Path) -> None:
         BurnpackReader.open(tmp_path / "nothing.bpk")
     with pytest.raises(InputError, match="is a directory"):
         BurnpackReader.open(tmp_path)
+
+
+# -- Splitting into several files ------------------------------------------------------------------
+
+
+def test_size_bound_covers_the_written_size(tmp_path: Path) -> None:
+    reader = BurnpackReader.open(MODEL_BPK)
+    entries = reader.entries()
+    assert 1044776 <= size_bound(entries) <= 1044776 + 18 * (255 + 20) + 300
+    metadata = {"producer": "qcli", "format": "burnpack"}
+    out = write_pack(tmp_path / "m.bpk", entries[:3], [reader.read(e.name) for e in entries[:3]],
+                     metadata=metadata)
+    assert len(out) <= size_bound(entries[:3], metadata)
+
+
+def test_split_keeps_order_and_every_file_under_the_limit(tmp_path: Path) -> None:
+    reader = BurnpackReader.open(MODEL_BPK)
+    entries = reader.entries()
+    packs = split(entries, 900_000)
+    assert len(packs) >= 2
+    assert [e for pack in packs for e in pack] == entries  # every tensor whole, once, in order
+    for i, pack in enumerate(packs):
+        out = write_pack(tmp_path / f"{i}.bpk", pack, [reader.read(e.name) for e in pack])
+        assert len(out) <= 900_000
+
+
+def test_split_refuses_a_tensor_larger_than_a_file() -> None:
+    entries = BurnpackReader.open(MODEL_BPK).entries()
+    with pytest.raises(ValueError, match="tensor 'fc1.weight' takes 819200 bytes"):
+        split(entries, 300_000)
+
+
+def test_split_keeps_burns_tensor_count_per_file() -> None:
+    entries = [TensorEntry(f"t{i}", "U8", (0,), 0) for i in range(100_001)]
+    assert [len(pack) for pack in split(entries, 10**12)] == [100_000, 1]

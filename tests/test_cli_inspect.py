@@ -150,3 +150,25 @@ def test_corrupt_burnpack_is_an_input_error(tmp_path):
     bad.write_bytes(b"NOPE" + bytes(20))
     lines = assert_user_error(cli("inspect", bad), 3)
     assert "bad.bpk" in lines[0]
+
+
+def test_two_level_statistics_report_the_global_scale(tmp_path):
+    """nvfp4 (docs/arithmetic.md): global = max|x| / 6 / 448, so the block holding max|x| stores 448."""
+    out = tmp_path / "n.bpk"
+    assert cli("quantize", SINGLE, "-o", out, "--scheme", "nvfp4", "--device", "cpu", "--no-stats").code == 0
+    x = source_tensors()["lm_head.weight"]
+    stats = cli("inspect", out, "--tensor", "lm_head.weight", "--json").json["tensor_stats"]
+    assert stats["global_scale"] == pytest.approx(float(np.abs(x).max()) / 6 / 448, rel=1e-6)
+    assert stats["scales"]["max"] == 448.0 and stats["scales"]["min"] > 0
+
+
+def test_compare_refuses_a_malformed_transposed_list(tmp_path):
+    from qcli.io.burnpack import BurnpackWriter, TensorEntry
+
+    bpk = tmp_path / "odd.bpk"
+    norm = source_bytes()["model.norm.weight"]
+    with BurnpackWriter(bpk, [TensorEntry("model.norm.weight", "BF16", (128,), len(norm))], {"transposed": "x"}) as w:
+        w.write("model.norm.weight", norm)
+        w.commit()
+    lines = assert_user_error(cli("inspect", bpk, "--compare", SINGLE), 3)
+    assert "transposed" in lines[0]

@@ -20,6 +20,7 @@ from cli_support import (
     SINGLE,
     assert_user_error,
     cli,
+    cli_subprocess,
     decode_packed,
     half_step_bound,
     packed_len,
@@ -47,6 +48,17 @@ def read_bpk(path: Path):
 def no_leftovers(folder: Path, expected: set[str]) -> None:
     """Nothing but `expected` in `folder`: no output, no temporary file."""
     assert {p.name for p in folder.iterdir()} == expected
+
+
+@pytest.fixture
+def no_weight_reads(monkeypatch):
+    """Fail the test if any tensor's data is loaded."""
+    from qcli.io.safetensors import SafetensorsSource
+
+    def refuse(self, name):
+        raise AssertionError(f"{name} was read")
+
+    monkeypatch.setattr(SafetensorsSource, "load", refuse)
 
 
 @pytest.fixture(scope="module")
@@ -124,13 +136,14 @@ def test_summary_table_on_stdout(tmp_path):
     assert result.err == ""  # progress is off when stderr is not a terminal
 
 
-def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
+def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, no_weight_reads):
     src = tmp_path / "m.safetensors"
     shutil.copy(SINGLE, src)
     result = cli("quantize", src, "--dry-run")
     assert result.code == 0, result.err
     no_leftovers(tmp_path, {"m.safetensors"})
     assert "dry run" in result.out and "expected peak memory" in result.out
+    assert f"would write {tmp_path / 'm.bpk'}" in result.out
     lines = {line.split()[1]: line for line in result.out.splitlines() if line.startswith("│")}
     assert "keep" in lines["model.norm.weight"] and "1-D" in lines["model.norm.weight"]
     assert "Q4S" in lines["lm_head.weight"] and "1000×128" in lines["lm_head.weight"]
@@ -207,7 +220,7 @@ block_scale = "F16"
 """
 
 
-def test_lookup_recipe_is_refused_before_anything_is_read(tmp_path):
+def test_lookup_recipe_is_refused_before_anything_is_read(tmp_path, no_weight_reads):
     recipe = tmp_path / "lookup.toml"
     recipe.write_text(LOOKUP_RECIPE)
     lines = assert_user_error(cli("quantize", SINGLE, "-o", tmp_path / "out.bpk", "--recipe", recipe), 2)
@@ -220,7 +233,7 @@ def test_lookup_recipe_is_refused_before_anything_is_read(tmp_path):
     no_leftovers(tmp_path, {"lookup.toml"})
 
 
-def test_every_plan_error_is_reported_together(tmp_path):
+def test_every_plan_error_is_reported_together(tmp_path, no_weight_reads):
     recipe = tmp_path / "bad.toml"
     recipe.write_text(
         LOOKUP_RECIPE
@@ -238,7 +251,7 @@ block_scale = "F16"
     result = cli("quantize", SINGLE, "--dry-run", "--recipe", recipe)
     lines = assert_user_error(result, 2)
     # one Lookup rule, and 8 attention projections whose last dim (128) block [48] cannot split
-    assert "9 errors" in lines[0]
+    assert "9 problems" in lines[0]
     problems = lines[1:-1]
     assert len(problems) == 9
     assert sum("lookup quantization does not travel" in p for p in problems) == 1
@@ -373,3 +386,86 @@ def test_unexpected_errors_exit_70_and_qcli_debug_reraises(monkeypatch):
     monkeypatch.setenv("QCLI_DEBUG", "1")
     with pytest.raises(RuntimeError, match="boom"):
         cli("quantize", SINGLE)
+
+
+def test_console_entry_point_in_a_fresh_interpreter(tmp_path):
+    """`python -m qcli` goes through `main()`: JSON alone on stdout, errors as two lines and an exit code."""
+    out = tmp_path / "t.bpk"
+    result = cli_subprocess("quantize", SINGLE, "-o", out, "--device", "cpu", "--json")
+    assert result.code == 0 and result.err == ""
+    validate_json(json.loads(result.out))
+    again = cli_subprocess("quantize", SINGLE, "-o", out)
+    assert_user_error(again, 2)
+    assert len(again.err.strip().splitlines()) == 2 and again.out == ""
+
+
+def test_no_stats_skips_the_error_columns_but_not_the_bytes(tmp_path, written):
+    one, _ = written
+    out = tmp_path / "t.bpk"
+    doc = cli("quantize", SINGLE, "-o", out, "--device", "cpu", "--no-stats", "--json").json
+    validate_json(doc)
+    assert all(t["rel_rms"] is None and t["sqnr_db"] is None for t in doc["tensors"])
+    assert doc["timings"]["stats"]["bytes"] == 0
+    assert out.read_bytes() == one.read_bytes()
+
+
+def test_progress_reports_every_tensor_in_order(tmp_path):
+    from qcli import api
+
+    calls = []
+    hook = lambda *args: calls.append(args)  # noqa: E731
+    api.quantize_file(SINGLE, tmp_path / "p.bpk", device="cpu", stats=False, progress=hook)
+    names = sorted(source_bytes())
+    total = sum(len(b) for b in source_bytes().values())
+    assert calls[0] == (names[0], 0, total)
+    assert [c[0] for c in calls[1:]] == names[1:] + [None]
+    assert [c[1] for c in calls] == sorted(c[1] for c in calls) and calls[-1][1:] == (total, total)
+
+
+@pytest.mark.parametrize(
+    ("env", "json_output", "tty", "enabled"),
+    [
+        ({}, False, True, True),
+        ({}, True, True, False),
+        ({}, False, False, False),
+        ({"NO_COLOR": "1"}, False, True, False),
+        ({"QCLI_NO_PROGRESS": "1"}, False, True, False),
+    ],
+)
+def test_progress_draws_only_for_a_person(monkeypatch, env, json_output, tty, enabled):
+    import sys
+
+    from qcli.cli import _output
+
+    for key in ("NO_COLOR", "QCLI_NO_PROGRESS"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty, raising=False)
+    assert _output.progress_enabled(json_output) is enabled
+
+
+def test_the_input_is_never_the_output(tmp_path):
+    src = tmp_path / "m.safetensors"
+    shutil.copy(SINGLE, src)
+    lines = assert_user_error(cli("quantize", src, "-o", src, "--force"), 2)
+    assert "is the input" in lines[0]
+    assert src.read_bytes() == SINGLE.read_bytes()
+
+
+def test_a_recipe_error_names_file_line_and_suggestion(tmp_path):
+    recipe = tmp_path / "typo.toml"
+    recipe.write_text('version = 1\n\n[[rule]]\nmatch = "*"\nvalue = "Q4S"\nblok = [32]\n')
+    lines = assert_user_error(cli("quantize", SINGLE, "-o", tmp_path / "o.bpk", "--recipe", recipe), 2)
+    assert f"{recipe}:6" in lines[0] and "blok" in lines[0]
+    assert "block" in "\n".join(lines)
+    no_leftovers(tmp_path, {"typo.toml"})
+
+
+def test_plan_warnings_go_to_stderr(tmp_path):
+    recipe = tmp_path / "w.toml"
+    recipe.write_text('version = 1\n\n[[rule]]\nmatch = "*.vision[in, out].*"\nkeep = true\n')
+    result = cli("quantize", SINGLE, "--dry-run", "--recipe", recipe)
+    assert result.code == 0
+    assert result.err.startswith("warning: ") and "matches no tensor" in result.err
+    assert "vision[in, out]" in result.err

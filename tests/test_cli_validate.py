@@ -134,3 +134,22 @@ def test_missing_recipe_is_a_usage_error(tmp_path):
 def test_json_conflicts_with_another_format(recipe):
     assert cli("validate-scheme", recipe(GOOD), "--json", "--format", "github").code == 2
     assert cli("validate-scheme", recipe(GOOD), "--format", "yaml").code == 2
+
+
+def test_several_recipes_are_checked_together(recipe):
+    """As a pre-commit hook passes them: every recipe's problems, exit 1 if any has an error."""
+    good, bad = recipe(GOOD, "good.toml"), recipe(LOOKUP, "bad.toml")
+    assert cli("validate-scheme", good, good).code == 0
+    doc = cli("validate-scheme", good, bad, "--json")
+    assert doc.code == 1
+    validate_json(doc.json)
+    assert doc.json["recipes"] == [str(good), str(bad)]
+    assert {p["file"] for p in doc.json["problems"]} == {str(bad)}
+
+
+def test_scheme_sets_the_preset_for_uncovered_tensors(recipe):
+    path = recipe(LOOKUP)
+    doc = cli("validate-scheme", path, "--model", SINGLE, "--scheme", "q8s-b32", "--json").json
+    (uncovered,) = [p for p in doc["problems"] if p["kind"] == "uncovered"]
+    assert "q8s-b32" in uncovered["message"]
+    assert cli("validate-scheme", path, "--scheme", "q4s-b33").code == 2

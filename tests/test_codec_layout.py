@@ -65,9 +65,7 @@ def sample(n: int, seed: int) -> list[float]:
 
 
 CASES = [
-    pytest.param(
-        value, store, level, shape, id=f"{value.value}-{store}-{level[0]}-{'x'.join(map(str, shape))}"
-    )
+    pytest.param(value, store, level, shape, id=f"{value.value}-{store}-{level[0]}-{'x'.join(map(str, shape))}")
     for value, stores in STORES.items()
     for store in stores
     for level in LEVELS
@@ -127,3 +125,29 @@ def test_powers_of_two_give_the_obvious_fields():
     scheme = QuantScheme().with_value(QuantValue.Q4S).per_block([8], ScaleDtype.F16)
     # Nibbles low first: row 0 = 7 D 0 5 9 2 1 F, row 1 = 9 6 4 0 0 0 0 3; then F16 0.25 = 0x3400, twice.
     assert encode(x, scheme).numpy().tobytes() == bytes.fromhex("d75029f1 69040030 0034 0034")
+
+
+@pytest.mark.parametrize(
+    ("x", "scheme", "hex_bytes"),
+    [
+        # Q2S, s = 1: q = 1, -1, 0, 1, round(-0.5) = 0 -> 2-bit fields 01 11 00 01 | 00, one word; f32 1.0.
+        (
+            [[1.0, -1.0, 0.0, 1.0, -0.5]],
+            QuantScheme().with_value(QuantValue.Q2S),
+            "4d000000 0000803f",
+        ),
+        # nvfp4: alpha 5.25, raw 0.875, global 0.875 / 448 = 2^-9, relative 448 (0x7E), s_eff 0.875;
+        # v = 6, -3, 0.5 -> codes 7, 13, 1 -> bytes D7 01; then 0x7E and f32 2^-9.
+        ([[5.25, -2.625, 0.4375]], QuantScheme.nvfp4(), "d701 7e 0000003b"),
+        # E4M3 Native, BF16 per tensor: s = 448 / 448 = 1 -> 448 = 0x7E, -1 = 0xB8, 2^-9 = 0x01 (smallest
+        # subnormal), 0.3 -> 0.3125 = 0x2A (nearer than 0.28125); bf16 1.0 = 0x3F80.
+        (
+            [448.0, -1.0, 2.0**-9, 0.3],
+            QuantScheme().with_value(QuantValue.E4M3).with_store(Native()).per_tensor(ScaleDtype.BF16),
+            "7eb8012a 803f",
+        ),
+    ],
+    ids=["q2s-word", "nvfp4", "e4m3-native-bf16"],
+)
+def test_hand_worked_payloads(x, scheme, hex_bytes):
+    assert encode(torch.tensor(x), scheme).numpy().tobytes() == bytes.fromhex(hex_bytes)

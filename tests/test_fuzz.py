@@ -1,8 +1,9 @@
-"""Fuzz targets: hostile bytes into the safetensors header parser and the burnpack reader.
+"""Fuzz targets: hostile bytes into the safetensors header parser, the burnpack reader, the recipe parser.
 
 Each target states a property that must hold for every input: the reader either accepts the file or
-raises an `InputError`; nothing else may escape. Where it accepts, its view must agree with an
-independent reader (the `safetensors` library) or with what was written. CI runs a bounded number of
+raises its own error (`InputError`, or a recipe fault with a line); nothing else may escape. Where it
+accepts, its view must agree with an independent reader (the `safetensors` library) or with what was
+written. CI runs a bounded number of
 examples (QCLI_FUZZ_EXAMPLES, default 200); `bench/fuzz_long.py` runs the same targets for 100,000+.
 """
 
@@ -20,10 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from qcli.errors import InputError
+from qcli.errors import InputError, RecipeError
 from qcli.io.burnpack import BurnpackReader, BurnpackWriter, TensorEntry
 from qcli.io.dtypes import SAFETENSORS_BITS
 from qcli.io.safetensors import SafetensorsSource
+from qcli.recipe import RULE_KEYS, TOP_KEYS, load_recipe, parse_recipe
 
 EXAMPLES = int(os.environ.get("QCLI_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -205,3 +207,77 @@ def test_fuzz_burnpack_mutated(pack: tuple[list[TensorEntry], list[bytes], dict[
 @given(st.binary(max_size=96))
 def test_fuzz_burnpack_random_bytes(content: bytes) -> None:
     check_burnpack(b"NRUB" + content)
+
+
+# -- recipes --------------------------------------------------------------------------------------------
+
+WORDS = ["Q4S", "Q8S", "Q2F", "E2M1", "E4M3", "PackedU32", "Native", "PackedNative", "F16", "BF16", "F32",
+         "UE4M3", "UE8M0", "Symmetric", "Lookup", "MinMax", "AbsMean", "nvfp4", "q4s-b32", "keep", "error",
+         "*.weight", "re:.*", "re:(", "[", "*"]
+TOML_SCALARS = st.one_of(
+    st.sampled_from(WORDS), st.text(max_size=5), st.integers(-3, 300), st.booleans(),
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+)
+TOML_VALUES = st.one_of(
+    TOML_SCALARS, st.lists(st.one_of(st.integers(-2, 300), st.sampled_from(WORDS)), max_size=7)
+)
+
+
+def toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    return repr(value)
+
+
+@st.composite
+def recipe_texts(draw: st.DrawFn) -> bytes:
+    """Recipe-shaped TOML from the real vocabulary and near misses, sometimes damaged at the byte level."""
+    keys = st.one_of(st.sampled_from(RULE_KEYS), st.sampled_from(["valeu", "blok", "stor", "x"]))
+    lines = []
+    if draw(st.booleans()):
+        lines.append(f"version = {toml_value(draw(st.one_of(st.just(1), TOML_SCALARS)))}")
+    if draw(st.booleans()):
+        lines.append("[defaults]")
+        lines.append(f"{draw(st.sampled_from(['on_indivisible', 'on_indivisble']))} = "
+                     f"{toml_value(draw(TOML_SCALARS))}")
+    for _ in range(draw(st.integers(0, 3))):
+        lines.append(draw(st.sampled_from(["[[rule]]", "[rule]", "[[rules]]"])))
+        for key in draw(st.lists(keys, max_size=6, unique=True)):
+            lines.append(f"{key} = {toml_value(draw(TOML_VALUES))}")
+    if draw(st.booleans()):
+        lines.append(f"{draw(st.sampled_from(TOP_KEYS))} = {toml_value(draw(TOML_VALUES))}")
+    text = "\n".join(lines).encode()
+    damage = draw(st.sampled_from(["none", "none", "cut", "byte", "raw"]))
+    if damage == "cut":
+        text = text[: draw(st.integers(0, len(text)))]
+    elif damage == "byte" and text:
+        at = draw(st.integers(0, len(text) - 1))
+        text = text[:at] + draw(st.binary(min_size=1, max_size=2)) + text[at + 1 :]
+    elif damage == "raw":
+        text = draw(st.binary(max_size=80))
+    return text
+
+
+def check_recipe(content: bytes) -> None:
+    CALLS["recipe"] += 1
+    recipe, faults = parse_recipe(content, "r.toml")
+    lines = content.count(b"\n") + 1
+    for fault in faults:
+        assert fault.message and fault.hint and 1 <= fault.line <= lines, fault
+    path = scratch("r.toml", content)
+    try:
+        loaded = load_recipe(path)
+    except RecipeError as error:
+        assert faults and error.hint and error.message.startswith(f"{path}:{faults[0].line}: ")
+        return
+    assert not faults and loaded.rules == recipe.rules
+
+
+@FUZZ
+@given(recipe_texts())
+def test_fuzz_recipe(content: bytes) -> None:
+    check_recipe(content)

@@ -97,7 +97,7 @@ def test_totals() -> None:
     kept = 4096 * 2 * 2 + 2048 * 8
     quantized = sum(math.prod(i.shape) for i in LLAMA if len(i.shape) == 2 and i.dtype == "BF16") * 9 // 16
     assert totals.bytes_out == kept + quantized
-    assert totals.ratio == pytest.approx(totals.bytes_out / totals.bytes_in)
+    assert totals.ratio == pytest.approx(totals.bytes_in / totals.bytes_out)
     # The largest tensor, embed_tokens: its BF16 source, an f32 working copy, its payload.
     numel = 32000 * 4096
     assert totals.peak_bytes == numel * 2 + numel * 4 + numel * 9 // 16
@@ -363,3 +363,14 @@ def test_newer_safetensors_dtypes_are_classified_not_guessed() -> None:
     ]
     assert plan.entries[2].out_dtype == {"Bool": "Native"}
     assert [p.tensors for p in plan.errors()] == [("fp4.weight",), ("fp4.weight_scale",), ("freqs",)]
+
+
+def test_burns_per_file_limits() -> None:
+    # Eleven kept 1-D F32 tensors of 9.7 GiB each: each fits Burn's 10 GiB, the file does not fit 100 GiB.
+    big = [info(f"t{i}", "F32", [2_600_000_000]) for i in range(11)]
+    (problem,) = make_plan(big).errors()
+    assert problem.kind == "size"
+    assert "106.5 GiB" in problem.message and "100 GiB" in problem.message
+    many = [TensorInfo(f"b{i}", "F32", (1,), 4, SOURCE) for i in range(100_001)]
+    (problem,) = make_plan(many).errors()
+    assert "100001 tensors" in problem.message and "100000" in problem.message

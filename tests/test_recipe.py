@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qcli.errors import RecipeError
-from qcli.recipe import load_recipe, parse_recipe, read_recipe
+from qcli.io.safetensors import TensorInfo
+from qcli.plan import make_plan
+from qcli.recipe import RULE_KEYS, load_recipe, parse_recipe, read_recipe
 
 ISSUE_EXAMPLE = """\
 version = 1
@@ -359,3 +364,66 @@ def test_every_example_in_docs_recipes_parses_and_is_accepted() -> None:
         recipe, faults = parse_recipe(example.encode(), "docs/recipes.md")
         assert faults == [], example
         assert recipe.rules and all(rule.refusals == () for rule in recipe.rules), example
+
+
+VALUES = st.one_of(
+    st.booleans(),
+    st.integers(-300, 300),
+    st.sampled_from(
+        [
+            "Q4S",
+            "q8s",
+            "E2M1",
+            "Lookup",
+            "Asymmetric",
+            "PackedU32(1)",
+            "Native",
+            "F16",
+            "UE8M0",
+            "AbsMean",
+            "nvfp4",
+            "nf4",
+            "q4_1",
+            "",
+            "re:((",
+            "*",
+        ]
+    ),
+    st.lists(st.integers(-2, 300), max_size=7),
+)
+FUZZ_MODEL = [
+    TensorInfo(name, dtype, shape, math.prod(shape) * 2, Path("m.safetensors"))
+    for name, dtype, shape in [
+        ("a.weight", "BF16", (64, 96)),
+        ("a.norm", "F16", (33,)),
+        ("b.weight", "F16", (6, 20)),
+        ("ids", "I16", (2, 32)),
+        ("s", "BF16", ()),
+    ]
+]
+RULES = st.lists(st.dictionaries(st.sampled_from(list(RULE_KEYS) + ["blok"]), VALUES, max_size=6), max_size=4)
+
+
+def toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value + '"'
+    return repr(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(RULES)
+def test_any_rule_table_parses_into_rules_or_located_faults(rules: list[dict]) -> None:
+    text = "version = 1\n" + "".join(
+        "[[rule]]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in rule.items()) for rule in rules
+    )
+    recipe, faults = parse_recipe(text.encode(), "r.toml")
+    lines = text.count("\n")
+    assert all(1 <= f.line <= lines and f.message and f.hint for f in faults)
+    for rule in recipe.rules:
+        assert rule.keep or rule.scheme is not None or rule.refusals
+    # Whatever parsed, the plan gives every tensor exactly one decision with a reason.
+    plan = make_plan(FUZZ_MODEL, recipe)
+    assert [e.info.name for e in plan.entries] == [i.name for i in FUZZ_MODEL]
+    assert all(e.decision.reason and e.out_nbytes > 0 for e in plan.entries)

@@ -172,6 +172,7 @@ def test_header_length_larger_than_the_file(tmp_path: Path) -> None:
         (b'{"": {"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', "empty name"),
         (b'{"\\ud800": {"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', "is not valid UTF-8"),
         (b'{"w": {"dtype":"F7","shape":[1],"data_offsets":[0,4]}}', "tensor 'w' has the unknown dtype 'F7'"),
+        (b'{"w": {"dtype":["F32"],"shape":[1],"data_offsets":[0,4]}}', "unknown dtype ['F32']"),
         (b'{"w": {"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}', "shape [-1] is not a list of sizes"),
         (b'{"w": {"dtype":"F32","shape":[1]}}', "tensor 'w' lacks"),
         (b'{"w": {"dtype":"F32","shape":[1],"data_offsets":[4,0]}}', "is not [begin, end]"),

@@ -18,6 +18,7 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
+from rich.text import Text
 
 # Piped output is data: wide enough that tensor names are not folded.
 PIPE_WIDTH = 200
@@ -41,7 +42,8 @@ def print_json(doc: Any) -> None:
 
 
 def warn(message: str) -> None:
-    stderr().print(f"[yellow]warning[/]: {message}", markup=True, soft_wrap=True)
+    """`warning: …` on stderr; the message is printed as it is (no markup)."""
+    stderr().print(Text.assemble(("warning", "yellow"), f": {message}"), soft_wrap=True)
 
 
 def progress_enabled(json_output: bool) -> bool:
@@ -61,7 +63,7 @@ def progress_bar(enabled: bool) -> Iterator[Any]:
         yield None
         return
     columns = (
-        TextColumn("{task.description}", style="cyan"),
+        TextColumn("{task.description}", style="cyan", markup=False),
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),

@@ -33,7 +33,10 @@ def quantize(
     output: Annotated[
         Path | None,
         typer.Option(
-            "--output", "-o", help="The .bpk to write. Default: the input's name with .bpk, beside it."
+            "--output",
+            "-o",
+            metavar="OUTPUT",
+            help="The .bpk to write. Default: the input's name with .bpk, beside it.",
         ),
     ] = None,
     scheme: Annotated[
@@ -61,6 +64,30 @@ def quantize(
         typer.Option("--json", help="Print one JSON document (docs/json-schema.json) instead of tables."),
     ] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output file.")] = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify/--no-verify",
+            help="Read the output back and check every tensor against the plan and its source"
+            " (on by default; its time is reported).",
+        ),
+    ] = True,
+    max_shard_size: Annotated[
+        str | None,
+        typer.Option(
+            "--max-shard-size",
+            metavar="SIZE",
+            help="Split the output into NAME-00001-of-0000N.bpk files of at most SIZE each (50GB, 500MiB);"
+            " every tensor stays whole in one file.",
+        ),
+    ] = None,
+    stats: Annotated[
+        bool,
+        typer.Option(
+            "--stats/--no-stats",
+            help="Measure each quantized tensor's error against its source (decodes on the CPU).",
+        ),
+    ] = True,
 ) -> None:
     """Quantize a safetensors checkpoint into a Burn burnpack (.bpk) file.
 
@@ -77,7 +104,10 @@ def quantize(
             device=device.value,
             dry_run=dry_run,
             force=force,
+            stats=stats,
             progress=hook,
+            verify=verify,
+            max_shard_size=None if max_shard_size is None else api.parse_size(max_shard_size),
         )
     if json_output:
         _output.print_json(report.to_json())
@@ -130,23 +160,22 @@ def render(report: QuantizeReport) -> None:
     totals = report.totals
     out.print(
         f"{totals.tensors} tensors: {totals.quantized} quantized, {totals.kept} kept,"
-        f" {totals.transposed} transposed (T: written as [in, out])"
+        f" {totals.transposed} transposed" + (" (T: written as [in, out])" if totals.transposed else "")
     )
     out.print(
         f"{_output.human_bytes(totals.bytes_in)} → {_output.human_bytes(totals.bytes_out)}"
         f" ({totals.ratio:.2f}× smaller, {totals.bits_per_weight:.2f} bits/weight);"
         f" expected peak memory {_output.human_bytes(totals.peak_memory)}"
     )
-    if report.timings is not None:
-        timings = report.timings
-        phases = []
-        for name, phase in (
-            ("read", timings.read),
-            ("quantize", timings.quantize),
-            ("stats", timings.stats),
-            ("write", timings.write),
-        ):
-            rate = f", {phase.gb_per_s:.2f} GB/s" if phase.gb_per_s is not None else ""
+    if report.timings is None:
+        out.print(f"would write {', '.join(report.outputs)}")
+        return
+    timings = report.timings
+    phases = []
+    for name in ("read", "quantize", "stats", "write", "verify"):
+        phase = getattr(timings, name)
+        if phase is not None:
+            rate = f", {phase.gb_per_s:.3g} GB/s" if phase.gb_per_s is not None else ""
             phases.append(f"{name} {phase.seconds:.2f} s{rate}")
-        out.print("; ".join(phases) + f"; total {timings.total_seconds:.2f} s on {report.device}")
-        out.print(f"wrote {report.output}")
+    out.print("; ".join(phases) + f"; total {timings.total_seconds:.2f} s on {report.device}")
+    out.print(f"wrote {', '.join(report.outputs)}")

@@ -22,13 +22,20 @@ class Format(StrEnum):
 
 
 def validate_scheme(
-    recipe: Annotated[
-        Path, typer.Argument(help="The TOML recipe to check.", metavar="RECIPE", show_default=False)
+    recipes: Annotated[
+        list[Path],
+        typer.Argument(help="The TOML recipes to check.", metavar="RECIPE", show_default=False),
     ],
     model: Annotated[
         Path | None,
         typer.Option(
             "--model", metavar="INPUT", help="Also plan this checkpoint from its headers (no weight is read)."
+        ),
+    ] = None,
+    scheme: Annotated[
+        str | None,
+        typer.Option(
+            "--scheme", metavar="NAME", help="With --model: the preset for tensors no rule covers, as in quantize."
         ),
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
@@ -41,7 +48,7 @@ def validate_scheme(
         ),
     ] = None,
 ) -> None:
-    """Check a recipe against Burn's acceptance rules; exit 1 when any error is found.
+    """Check recipes against Burn's acceptance rules; exit 1 when any error is found.
 
     With --model: every tensor that cannot take its scheme, every rule that matches nothing, and every
     tensor no rule covers. Without --model neither torch nor triton is imported.
@@ -49,7 +56,7 @@ def validate_scheme(
     if json_output and format not in (None, Format.json):
         raise typer.BadParameter("--json conflicts with --format " + format.value, param_hint="--json")
     chosen = Format.json if json_output else format or Format.text
-    report = api.validate_scheme(recipe, model=model)
+    report = api.validate_scheme(recipes, model=model, scheme=scheme)
     {Format.text: _text, Format.json: _json, Format.github: _github}[chosen](report)
     if not report.ok:
         raise typer.Exit(1)
@@ -78,7 +85,7 @@ def _text(report: ValidateReport) -> None:
             lines.append(f"  tensors: {_names(p.tensors)}")
         if p.hint:
             lines.append(f"  hint: {p.hint}")
-    target = report.recipe + (f" with {report.model}" if report.model else "")
+    target = ", ".join(report.recipes) + (f" with {report.model}" if report.model else "")
     if report.problems:
         lines.append(f"{target}: {report.errors} error(s), {report.warnings} warning(s)")
     else:
@@ -104,7 +111,6 @@ def _github(report: ValidateReport) -> None:
         message += f". hint: {p.hint}" if p.hint else ""
         level = "error" if p.severity == "error" else "warning"
         lines.append(f"::{level} {rendered}::{_escape_data(message)}")
-    lines.append(
-        f"qcli validate-scheme {report.recipe}: {report.errors} error(s), {report.warnings} warning(s)"
-    )
+    checked = " ".join(report.recipes)
+    lines.append(f"qcli validate-scheme {checked}: {report.errors} error(s), {report.warnings} warning(s)")
     print("\n".join(lines))

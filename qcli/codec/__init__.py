@@ -4,6 +4,7 @@
 intermediate steps the GPU path is compared against.
 """
 
+from qcli.codec import quantize
 from qcli.codec.decode import decode
 from qcli.codec.quantize import QuantizedParts, encode, pack, quantize_parts
 from qcli.codec.scales import round_up
@@ -16,6 +17,7 @@ __all__ = [
     "encode",
     "error_stats",
     "pack",
+    "quantize",
     "quantize_parts",
     "round_up",
 ]

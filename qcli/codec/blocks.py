@@ -7,6 +7,7 @@ is handled as shape `[1]`.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,20 +39,22 @@ class BlockGrid:
         return tuple(g * b for g, b in zip(self.grid, self.block, strict=True))
 
     @property
-    def _blocked(self) -> list[int]:
-        # Each axis splits into (blocks, extent); an axis of extent 1 stays whole, so a [32] block on a
-        # matrix is the view [rows, blocks, 32] and reductions run over one contiguous innermost axis.
-        return [n for g, b in zip(self.grid, self.block, strict=True) for n in ((g,) if b == 1 else (g, b))]
+    def _splits(self) -> list[bool]:
+        # Which axes split into (blocks, extent). An axis of extent 1 stays whole, so a [32] block on a
+        # matrix is the view [rows, blocks, 32] and reductions run over one contiguous innermost axis;
+        # the last axis always splits, so there is at least one axis to reduce over.
+        last = len(self.shape) - 1
+        return [b != 1 or i == last for i, b in enumerate(self.block)]
+
+    def _view(self, inner: Sequence[int]) -> list[int]:
+        parts = zip(self.grid, inner, self._splits, strict=True)
+        return [n for g, b, split in parts for n in ((g, b) if split else (g,))]
 
     @property
     def block_axes(self) -> tuple[int, ...]:
         """The axes of `to_blocks`' result that run inside one block."""
-        axes, i = [], 0
-        for b in self.block:
-            if b != 1:
-                axes.append(i + 1)
-            i += 1 if b == 1 else 2
-        return tuple(axes)
+        ends = itertools.accumulate(2 if split else 1 for split in self._splits)
+        return tuple(end - 1 for end, split in zip(ends, self._splits, strict=True) if split)
 
     def to_blocks(self, x: torch.Tensor) -> torch.Tensor:
         """`x` (of `shape`) zero-padded to whole blocks and viewed with each block on its own axes."""
@@ -60,7 +63,7 @@ class BlockGrid:
             padded = x.new_zeros(self.padded)
             padded[tuple(slice(0, d) for d in self.shape)] = x
             x = padded
-        return x.reshape(self._blocked)
+        return x.reshape(self._view(self.block))
 
     def from_blocks(self, xb: torch.Tensor) -> torch.Tensor:
         """The inverse of `to_blocks`: back to `shape`, padding dropped."""
@@ -71,8 +74,7 @@ class BlockGrid:
 
     def per_block(self, scales: torch.Tensor) -> torch.Tensor:
         """A grid-shaped tensor viewed to broadcast over `to_blocks`' result."""
-        pairs = zip(self.grid, self.block, strict=True)
-        return scales.reshape([n for g, b in pairs for n in ((g,) if b == 1 else (g, 1))])
+        return scales.reshape(self._view([1] * len(self.block)))
 
     def counts(self) -> torch.Tensor:
         """Float64 grid of how many elements of the tensor each block holds (edge blocks hold fewer)."""

@@ -9,15 +9,15 @@ import torch
 from qcli import layout
 from qcli.codec.blocks import BlockGrid
 from qcli.codec.pack import unpack_fields, unpack_scales
-from qcli.codec.values import values_of
+from qcli.codec.values import from_fields
 from qcli.errors import InputError, SchemeError
-from qcli.scheme import LOOKUP_WHY, QuantMode, QuantScheme, ScaleDtype
+from qcli.scheme import LOOKUP_WHY, Native, QuantMode, QuantScheme, ScaleDtype
 
 
 def as_bytes(payload: object) -> torch.Tensor:
     """A 1-D uint8 tensor over bytes-like `payload` or a tensor's raw bytes."""
     if isinstance(payload, torch.Tensor):
-        return payload.detach().contiguous().reshape(-1).view(torch.uint8)
+        return payload.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
     return torch.frombuffer(bytearray(payload), dtype=torch.uint8)
 
 
@@ -37,7 +37,7 @@ def decode(payload: object, scheme: QuantScheme, shape: Sequence[int]) -> torch.
         )
     value_end = layout.value_bytes(scheme, shape)
     scale_end = value_end + layout.scale_bytes(scheme, shape)
-    q = values_of(unpack_fields(data[:value_end], scheme, shape), scheme.value)
+    q = from_fields(unpack_fields(data[:value_end], scheme, shape), scheme.value)
     grid = BlockGrid.of(scheme, shape)
     scales = unpack_scales(data[value_end:scale_end], scheme.scale_dtype()).reshape(grid.grid)
     if scheme.is_two_level():
@@ -57,7 +57,7 @@ def _check_decodable(scheme: QuantScheme) -> None:
             f"cannot decode {scheme}: UE8M0 scales have no encoding at Burn 0.22.0-pre.2",
             hint="use UE4M3 or F16 scales",
         )
-    if scheme.num_quants() > 1 and getattr(scheme.store, "dim", 0) != 0:
+    if not isinstance(scheme.store, Native) and scheme.num_quants() > 1 and scheme.store.dim != 0:
         raise SchemeError(
             f"cannot decode {scheme}: values packed along an outer axis have no layout at Burn 0.22.0-pre.2",
             hint="pack along the last axis (dim 0)",

@@ -10,6 +10,7 @@ Only integer ops and one exact multiply, so a Triton kernel can mirror it line f
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -19,12 +20,17 @@ from qcli.scheme import QuantValue
 
 @dataclass(frozen=True)
 class MinifloatFormat:
-    """A sign bit, `exponent_bits`, `mantissa_bits`, exponent `bias`; `max` is the largest finite value."""
+    """A sign bit, `exponent_bits`, `mantissa_bits`, exponent `bias`; `max` is the largest finite value.
+
+    `top` says what the top binade holds: "ieee" (inf and NaN), "fn" (finite, but all ones is NaN), or
+    "finite".
+    """
 
     exponent_bits: int
     mantissa_bits: int
     bias: int
     max: float
+    top: str
 
     @property
     def min_normal(self) -> float:
@@ -39,29 +45,40 @@ class MinifloatFormat:
         return 1 << (self.exponent_bits + self.mantissa_bits)
 
 
-E4M3 = MinifloatFormat(exponent_bits=4, mantissa_bits=3, bias=7, max=448.0)  # OCP e4m3fn, no infinities
-E5M2 = MinifloatFormat(exponent_bits=5, mantissa_bits=2, bias=15, max=57344.0)
-E2M1 = MinifloatFormat(exponent_bits=2, mantissa_bits=1, bias=1, max=6.0)
+E4M3 = MinifloatFormat(exponent_bits=4, mantissa_bits=3, bias=7, max=448.0, top="fn")  # OCP e4m3fn
+E5M2 = MinifloatFormat(exponent_bits=5, mantissa_bits=2, bias=15, max=57344.0, top="ieee")
+E2M1 = MinifloatFormat(exponent_bits=2, mantissa_bits=1, bias=1, max=6.0, top="finite")
 
 FORMATS = {QuantValue.E4M3: E4M3, QuantValue.E5M2: E5M2, QuantValue.E2M1: E2M1}
 
 
 def encode(v: torch.Tensor, fmt: MinifloatFormat) -> torch.Tensor:
-    """int32 codes of f32 `v`, which must already lie in `[-fmt.max, fmt.max]`."""
+    """int32 codes of contiguous f32 `v`, which must already lie in `[-fmt.max, fmt.max]`."""
     bits = v.view(torch.int32)
-    sign = (bits >> 31) & fmt.sign_bit  # arithmetic shift: all ones for negatives
-    mag_bits = bits & 0x7FFFFFFF
+    mag = bits & 0x7FFFFFFF
     shift = 23 - fmt.mantissa_bits
-    # RNE onto m mantissa bits: add half an ulp minus one, plus the kept lsb, then drop the low bits.
-    rounded = (mag_bits + ((1 << (shift - 1)) - 1) + ((mag_bits >> shift) & 1)) >> shift
-    normal = rounded - ((127 - fmt.bias) << fmt.mantissa_bits)
-    subnormal = torch.round(mag_bits.view(torch.float32) * (1.0 / fmt.subnormal_spacing)).to(torch.int32)
-    code = torch.where(mag_bits < _f32_bits(fmt.min_normal), subnormal, normal)
-    return code | sign
+    # Normal: RNE onto m mantissa bits (add half an ulp minus one plus the kept lsb, drop the low bits),
+    # then rebias the exponent.
+    code = (mag >> shift) & 1
+    code += mag
+    code += (1 << (shift - 1)) - 1
+    code >>= shift
+    code -= (127 - fmt.bias) << fmt.mantissa_bits
+    # Subnormal: an exact scaling onto the subnormal spacing, rounded half to even.
+    subnormal = torch.round(mag.view(torch.float32) * (1.0 / fmt.subnormal_spacing)).to(torch.int32)
+    # Pick with a mask of all ones where subnormal (torch.where is slow on integer tensors).
+    subnormal_mask = (mag < _f32_bits(fmt.min_normal)).to(torch.int32).neg_()
+    code &= ~subnormal_mask
+    code |= subnormal & subnormal_mask
+    code |= (bits >> 31) & fmt.sign_bit  # arithmetic shift: all ones for negatives
+    return code
 
 
+@functools.cache
 def table(fmt: MinifloatFormat) -> torch.Tensor:
-    """f32 value of every code `0 .. 2^(1+e+m) - 1`, from the format's definition (NaN/inf codes included)."""
+    """f32 value of every code `0 .. 2^(1+e+m) - 1`, from the format's definition (NaN/inf codes included).
+
+    Cached: callers must not modify it."""
     codes = torch.arange(2 * fmt.sign_bit, dtype=torch.int64)
     exponent = (codes >> fmt.mantissa_bits) & ((1 << fmt.exponent_bits) - 1)
     mantissa = (codes & ((1 << fmt.mantissa_bits) - 1)).to(torch.float64)
@@ -72,9 +89,9 @@ def table(fmt: MinifloatFormat) -> torch.Tensor:
         (1.0 + mantissa / scale) * torch.exp2((exponent - fmt.bias).to(torch.float64)),
     )
     top = exponent == (1 << fmt.exponent_bits) - 1
-    if fmt is E4M3:  # e4m3fn: only S.1111.111 is NaN, the rest of the top binade is finite
+    if fmt.top == "fn":
         magnitude = torch.where(top & (mantissa == scale - 1), torch.nan, magnitude)
-    elif fmt is E5M2:  # IEEE-like top binade: inf and NaN
+    elif fmt.top == "ieee":
         magnitude = torch.where(top, torch.where(mantissa == 0, torch.inf, torch.nan), magnitude)
     values = torch.where((codes & fmt.sign_bit) != 0, -magnitude, magnitude)
     return values.to(torch.float32)

@@ -19,6 +19,8 @@ from qcli import layout
 from qcli.codec import minifloat
 from qcli.scheme import QuantScheme, ScaleDtype
 
+# An integer type as wide as the bytes whose fields share one packed byte (2 or 4 of them).
+_WORD = {2: torch.int16, 4: torch.int32}
 _TORCH_SCALE = {ScaleDtype.F32: torch.float32, ScaleDtype.F16: torch.float16, ScaleDtype.BF16: torch.bfloat16}
 
 
@@ -34,32 +36,38 @@ def pack_fields(fields: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
     if width != last:
         rows = torch.nn.functional.pad(rows, (0, width - last))
     per_byte = 8 // bits
-    if per_byte == 1:
+    if per_byte == 1 or rows.numel() == 0:
         return rows.reshape(-1)
-    grouped = rows.reshape(num_rows, width // per_byte, per_byte) & ((1 << bits) - 1)
-    packed = grouped[..., 0].clone()
-    for k in range(1, per_byte):
-        packed |= grouped[..., k] << (k * bits)
-    return packed.reshape(-1)
+    if rows.storage_offset() % per_byte:
+        rows = rows.clone()
+    # The `per_byte` bytes that share an output byte, read as one little-endian integer: field j sits in
+    # its byte j, at bit 8j, and moves down to bit j * bits.
+    words = rows.view(_WORD[per_byte])
+    mask = (1 << bits) - 1
+    packed = words & mask
+    for j in range(1, per_byte):
+        packed |= (words >> (j * (8 - bits))) & (mask << (j * bits))
+    return packed.to(torch.uint8).reshape(-1)
 
 
 def unpack_fields(region: torch.Tensor, scheme: QuantScheme, shape: Sequence[int]) -> torch.Tensor:
-    """int32 fields of `shape` from the value region, sign-extended for integer values."""
-    bits = scheme.value.size_bits()
-    mask = (1 << bits) - 1
-    raw = region.to(torch.int32)
+    """Fields of `shape` from the value region: int8 for integer values (sign-extended), uint8 codes for
+    minifloats."""
+    signed = not scheme.value.is_minifloat()
+    if scheme.num_quants() == 1 or scheme.value.size_bits() == 8:
+        fields = region.view(torch.int8) if signed else region
+    else:
+        bits = scheme.value.size_bits()
+        per_byte = 8 // bits
+        if signed:  # shift field k to the top of the byte, then back down arithmetically
+            parts = [(region << (8 - bits * (k + 1))).view(torch.int8) >> (8 - bits) for k in range(per_byte)]
+        else:
+            parts = [(region >> (bits * k)) & ((1 << bits) - 1) for k in range(per_byte)]
+        fields = torch.stack(parts, dim=-1).reshape(-1)
     if scheme.num_quants() > 1:
         num_rows, last = _rows(shape)
-        per_byte = 8 // bits
-        shifts = torch.arange(per_byte, dtype=torch.int32) * bits
-        row_bytes = layout.row_elements(scheme, last) * scheme.size_bits_stored() // 8
-        rows = raw.reshape(num_rows, row_bytes, 1)
-        raw = ((rows >> shifts) & mask).reshape(num_rows, row_bytes * per_byte)[:, :last]
-    raw = raw.reshape(shape)
-    if scheme.value.is_minifloat():
-        return raw
-    sign = 1 << (bits - 1)
-    return (raw ^ sign) - sign
+        fields = fields.reshape(num_rows, layout.row_elements(scheme, last) * scheme.num_quants())[:, :last]
+    return fields.reshape(shape)
 
 
 def pack_scales(stored: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:

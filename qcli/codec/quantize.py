@@ -16,7 +16,7 @@ from qcli import layout
 from qcli.codec.blocks import BlockGrid
 from qcli.codec.pack import pack_fields, pack_global, pack_scales
 from qcli.codec.scales import Scales, block_alpha, block_reduce, scales_from_alpha
-from qcli.codec.values import fields as value_fields
+from qcli.codec.values import to_fields
 from qcli.errors import InputError
 from qcli.scheme import Calibration, QuantScheme, check_accepted
 
@@ -45,12 +45,10 @@ def quantize_parts(
     name: str = "tensor",
 ) -> QuantizedParts:
     """Fields and scales of `x` under `scheme`; refuses schemes Burn refuses and non-finite data."""
-    work, _, chunks, scales = _prepare(x, scheme, calibration, name)
+    work, chunks, scales = _prepare(x, scheme, calibration, name)
     pieces = [f.to(torch.int32) for f in _chunk_fields(work, chunks, scales, scheme)]
     fields = torch.cat(pieces).reshape(x.shape)
-    return QuantizedParts(
-        fields, scales.stored.reshape(layout.params_shape(scheme, x.shape)), scales.global_scale
-    )
+    return QuantizedParts(fields, scales.stored.reshape(layout.params_shape(scheme, x.shape)), scales.global_scale)
 
 
 def encode(
@@ -64,7 +62,7 @@ def encode(
 
     f16 and bf16 inputs are widened to f32; NaN or Inf raises `InputError` naming the tensor.
     """
-    work, _, chunks, scales = _prepare(x, scheme, calibration, name)
+    work, chunks, scales = _prepare(x, scheme, calibration, name)
     out = torch.empty(layout.quantized_data_len(scheme, x.shape), dtype=torch.uint8)
     offset = 0
     for fields in _chunk_fields(work, chunks, scales, scheme):
@@ -74,6 +72,7 @@ def encode(
     for region in _scale_regions(scales.stored, scales.global_scale, scheme):
         out[offset : offset + region.numel()] = region
         offset += region.numel()
+    assert offset == out.numel(), f"wrote {offset} of {out.numel()} payload bytes for {scheme} {list(x.shape)}"
     return out
 
 
@@ -84,9 +83,7 @@ def pack(parts: QuantizedParts, scheme: QuantScheme, shape: Sequence[int]) -> to
     return torch.cat(regions)
 
 
-def _scale_regions(
-    stored: torch.Tensor, global_scale: float | None, scheme: QuantScheme
-) -> list[torch.Tensor]:
+def _scale_regions(stored: torch.Tensor, global_scale: float | None, scheme: QuantScheme) -> list[torch.Tensor]:
     regions = [pack_scales(stored, scheme.scale_dtype())]
     if global_scale is not None:
         regions.append(pack_global(global_scale))
@@ -95,7 +92,7 @@ def _scale_regions(
 
 def _prepare(
     x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, name: str
-) -> tuple[torch.Tensor, BlockGrid, list[tuple[slice, slice]], Scales]:
+) -> tuple[torch.Tensor, list[tuple[slice, slice]], Scales]:
     check_accepted(scheme, calibration)
     if not x.dtype.is_floating_point:
         raise InputError(
@@ -104,7 +101,7 @@ def _prepare(
         )
     grid = BlockGrid.of(scheme, x.shape)
     work = x.detach().to(device="cpu", dtype=torch.float32).contiguous().reshape(grid.shape)
-    chunks = _row_chunks(grid, per_tensor=scheme.block is None)
+    chunks = _row_chunks(grid, scheme)
     pieces = [work[rows] for rows, _ in chunks]
     reduced = [block_reduce(p, BlockGrid.of(scheme, p.shape), calibration) for p in pieces]
     if scheme.block is None:  # one block over every chunk
@@ -116,26 +113,29 @@ def _prepare(
             f"tensor {name!r} holds NaN or Inf values, which cannot be quantized",
             hint="keep it unquantized with a `keep = true` rule, or fix the checkpoint",
         )
-    return work, grid, chunks, scales_from_alpha(alpha, scheme)
+    return work, chunks, scales_from_alpha(alpha, scheme)
 
 
-def _row_chunks(grid: BlockGrid, *, per_tensor: bool) -> list[tuple[slice, slice]]:
+def _row_chunks(grid: BlockGrid, scheme: QuantScheme) -> list[tuple[slice, slice]]:
     """(rows of the tensor, rows of the scale grid) along axis 0, in whole blocks, about CHUNK_ELEMENTS each.
 
-    A rank-1 tensor is one packed row and stays whole.
+    A rank-1 tensor is one packed row, cut only where a storage element ends.
     """
     rows = grid.shape[0]
-    unit = 1 if per_tensor else grid.block[0]
-    row_elements = math.prod(grid.shape[1:])
-    if len(grid.shape) < 2 or row_elements == 0:
+    block_rows = 1 if scheme.block is None else grid.block[0]
+    if len(grid.shape) == 1:
+        unit, row_elements = math.lcm(block_rows, scheme.num_quants()), 1
+    else:
+        unit, row_elements = block_rows, math.prod(grid.shape[1:])
+    if row_elements == 0 or rows == 0:
         return [(slice(0, rows), slice(0, grid.grid[0]))]
     step = max(1, CHUNK_ELEMENTS // (row_elements * unit)) * unit
     chunks = []
     for start in range(0, rows, step):
         stop = min(rows, start + step)
-        grid_rows = slice(0, 1) if per_tensor else slice(start // unit, math.ceil(stop / unit))
+        grid_rows = slice(0, 1) if scheme.block is None else slice(start // block_rows, math.ceil(stop / block_rows))
         chunks.append((slice(start, stop), grid_rows))
-    return chunks or [(slice(0, 0), slice(0, 0))]
+    return chunks
 
 
 def _chunk_fields(
@@ -143,6 +143,4 @@ def _chunk_fields(
 ) -> Iterator[torch.Tensor]:
     for rows, grid_rows in chunks:
         piece = work[rows]
-        yield value_fields(
-            piece, scales.effective[grid_rows], BlockGrid.of(scheme, piece.shape), scheme.value
-        )
+        yield to_fields(piece, scales.effective[grid_rows], BlockGrid.of(scheme, piece.shape), scheme.value)

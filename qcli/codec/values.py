@@ -9,7 +9,7 @@ from qcli.codec.blocks import BlockGrid
 from qcli.scheme import QuantValue
 
 
-def fields(x: torch.Tensor, effective: torch.Tensor, grid: BlockGrid, value: QuantValue) -> torch.Tensor:
+def to_fields(x: torch.Tensor, effective: torch.Tensor, grid: BlockGrid, value: QuantValue) -> torch.Tensor:
     """Fields shaped like `grid.shape`: the integer q as int8, or the minifloat code as uint8.
 
     `x` is f32; `effective` holds one scale per block, grid-shaped.
@@ -26,7 +26,7 @@ def fields(x: torch.Tensor, effective: torch.Tensor, grid: BlockGrid, value: Qua
     return v.round_().to(torch.int8)  # round half to even; clamping first is the same, a and b are integers
 
 
-def values_of(fields: torch.Tensor, value: QuantValue) -> torch.Tensor:
+def from_fields(fields: torch.Tensor, value: QuantValue) -> torch.Tensor:
     """f32 values of fields: integers as they are, minifloat codes through the format's table."""
     if value.is_minifloat():
         return minifloat.decode(fields, minifloat.FORMATS[value])

@@ -113,6 +113,55 @@ def _bytewise(mapping: Mapping[str, object]) -> dict[str, object]:
     return {key: mapping[key] for key in sorted(mapping, key=lambda k: k.encode("utf-8"))}
 
 
+def _descriptor(entry: TensorEntry, span: tuple[int, int]) -> dict[str, object]:
+    """A `TensorDescriptor`: dtype, shape, data_offsets and, when set, param_id, in that order."""
+    descriptor: dict[str, object] = {
+        "dtype": entry.dtype, "shape": list(entry.shape), "data_offsets": list(span)
+    }
+    if entry.param_id is not None:
+        descriptor["param_id"] = entry.param_id
+    return descriptor
+
+
+def size_bound(entries: Sequence[TensorEntry], metadata: Mapping[str, str] | None = None) -> int:
+    """An upper bound on the size of the pack of `entries`, without encoding it (`split` sums these)."""
+    return _fixed_bound(metadata) + sum(_entry_bound(entry) for entry in entries)
+
+
+def split(
+    entries: Sequence[TensorEntry], max_size: int, metadata: Mapping[str, str] | None = None
+) -> list[list[TensorEntry]]:
+    """The entries, in order, cut into consecutive packs of at most `max_size` bytes and Burn's tensor count.
+
+    ValueError names a tensor too large to fit a pack of its own.
+    """
+    packs: list[list[TensorEntry]] = [[]]
+    size = fixed = _fixed_bound(metadata)
+    for entry in entries:
+        cost = _entry_bound(entry)
+        if fixed + cost > max_size:
+            raise ValueError(f"tensor '{entry.name}' takes {entry.nbytes} bytes, more than fits a file of "
+                             f"{max_size} bytes")
+        if (size + cost > max_size and packs[-1]) or len(packs[-1]) == MAX_TENSOR_COUNT:
+            packs.append([])
+            size = fixed
+        packs[-1].append(entry)
+        size += cost
+    return packs
+
+
+def _entry_bound(entry: TensorEntry) -> int:
+    """Its bytes rounded up to the alignment, and its descriptor with the widest possible offsets."""
+    metadata = len(cbor2.dumps(entry.name)) + len(cbor2.dumps(_descriptor(entry, (U64_MAX, U64_MAX))))
+    return align(entry.nbytes) + metadata
+
+
+def _fixed_bound(metadata: Mapping[str, str] | None) -> int:
+    """Header, the top-level map and its longest possible headers, user metadata, the padding to D."""
+    user = len(cbor2.dumps({"metadata": _bytewise(metadata)})) if metadata else 0
+    return HEADER_SIZE + len(cbor2.dumps({"tensors": None})) + 9 + user + ALIGNMENT - 1
+
+
 def encode_metadata(
     entries: Sequence[TensorEntry],
     offsets: Sequence[tuple[int, int]],
@@ -120,14 +169,7 @@ def encode_metadata(
     scalars: Mapping[str, Mapping[str, object]] | None = None,
 ) -> bytes:
     """The CBOR metadata blob: `tensors`, then `metadata` and `scalars` when not empty."""
-    tensors = {}
-    for entry, (start, end) in zip(entries, offsets, strict=True):
-        descriptor: dict[str, object] = {
-            "dtype": entry.dtype, "shape": list(entry.shape), "data_offsets": [start, end]
-        }
-        if entry.param_id is not None:
-            descriptor["param_id"] = entry.param_id
-        tensors[entry.name] = descriptor
+    tensors = {entry.name: _descriptor(entry, span) for entry, span in zip(entries, offsets, strict=True)}
     top: dict[str, object] = {"tensors": _bytewise(tensors)}
     if metadata:
         top["metadata"] = _bytewise(metadata)
@@ -196,7 +238,8 @@ class BurnpackWriter:
     All lengths are known up front, so the header and metadata are written first and each tensor is
     written as it is handed over, in the entries' order: only one tensor is ever held. Leaving the
     context without `commit()`, on an exception or an interrupt, removes the temporary file; the target
-    is replaced only by the rename, so it is either untouched or complete.
+    is replaced only by the rename, so it is either untouched or complete. `finish()` completes the
+    file without renaming it, so that it can be checked first.
     """
 
     def __init__(
@@ -227,6 +270,7 @@ class BurnpackWriter:
         self._file = None
         self._next = 0
         self._position = 0
+        self._finished = False
         self._committed = False
 
     def __enter__(self) -> BurnpackWriter:
@@ -272,19 +316,34 @@ class BurnpackWriter:
         self._position = start + entry.nbytes
         self._next += 1
 
-    def commit(self) -> None:
-        """Flush and fsync the temporary file, rename it onto the target, fsync the directory."""
+    def finish(self) -> Path:
+        """Flush, fsync and close the complete temporary file, and return its path, still beside the target.
+
+        What `finish` returns can be read back and checked before `commit` puts it in place.
+        """
         if self._file is None:
-            raise ValueError("BurnpackWriter.commit() outside its context or twice")
+            raise ValueError("BurnpackWriter.finish() outside its context or twice")
         if self._next != len(self._entries):
             missing = len(self._entries) - self._next
             first = self._entries[self._next].name
-            raise ValueError(f"commit() with {missing} tensors unwritten, from {first!r}")
+            raise ValueError(f"{missing} tensors unwritten, from {first!r}")
+        file, self._file = self._file, None
         with self._output_errors():
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
-            self._file = None
+            try:
+                file.flush()
+                os.fsync(file.fileno())
+            finally:
+                file.close()
+        self._finished = True
+        return self._tmp
+
+    def commit(self) -> None:
+        """`finish()` if not done yet, rename the file onto the target, fsync the directory."""
+        if not self._finished:
+            self.finish()
+        elif self._committed:
+            raise ValueError("BurnpackWriter.commit() twice")
+        with self._output_errors():
             os.replace(self._tmp, self.target)
         self._committed = True
         try:

@@ -33,6 +33,7 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 MAX_HEADER_SIZE = 100_000_000  # the safetensors library refuses larger headers
 _CORRUPT_HINT = "the file is damaged or was not written as safetensors; download or export it again"
+_INDEX_HINT = "the index and its shards do not belong together; download or export the checkpoint again"
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,7 @@ def _tensor_info(path: Path, name: str, descriptor: object) -> tuple[TensorInfo,
     if not isinstance(descriptor, dict) or not {"dtype", "shape", "data_offsets"} <= descriptor.keys():
         raise _fail(path, f"tensor '{name}' lacks dtype, shape or data_offsets")
     dtype, shape, offsets = descriptor["dtype"], descriptor["shape"], descriptor["data_offsets"]
-    if dtype not in SAFETENSORS_BITS:
+    if not isinstance(dtype, str) or dtype not in SAFETENSORS_BITS:
         raise _fail(path, f"tensor '{name}' has the unknown dtype {dtype!r}",
                     hint=f"safetensors dtypes are {', '.join(SAFETENSORS_BITS)}")
     if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
@@ -232,7 +233,7 @@ def _open_index(index: Path) -> SafetensorsSource:
     shards = sorted(set(weight_map.values()))
     for shard in shards:
         if Path(shard).name != shard or shard in ("", ".", ".."):
-            raise _fail(index, f"shard '{shard}' is not a file name beside the index")
+            raise _fail(index, f"shard '{shard}' is not a file name beside the index", _INDEX_HINT)
         if not (index.parent / shard).is_file():
             raise _fail(index, f"shard '{shard}' is missing", hint="download every shard the index lists")
     files = [index.parent / shard for shard in shards]
@@ -240,12 +241,14 @@ def _open_index(index: Path) -> SafetensorsSource:
     held: dict[str, Path] = {}
     for info in source.infos():
         if info.name in held:
-            raise _fail(index, f"tensor '{info.name}' is in both {held[info.name].name} and {info.file.name}")
+            raise _fail(index, f"tensor '{info.name}' is in both {held[info.name].name} and {info.file.name}",
+                        _INDEX_HINT)
         held[info.name] = info.file
     for name, shard in weight_map.items():
         if held.get(name) != index.parent / shard:
-            raise _fail(index, f"tensor '{name}' is listed in {shard} but that file does not hold it")
+            raise _fail(index, f"tensor '{name}' is listed in {shard} but that file does not hold it",
+                        _INDEX_HINT)
     for name, file in held.items():
         if name not in weight_map:
-            raise _fail(index, f"tensor '{name}' in {file.name} is not listed in the index")
+            raise _fail(index, f"tensor '{name}' in {file.name} is not listed in the index", _INDEX_HINT)
     return source

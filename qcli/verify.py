@@ -1,0 +1,162 @@
+"""Verified output: what was written, read back and checked against the plan and the source.
+
+Before the rename, the complete output files are opened again with the bounded reader. Every tensor
+of the plan must be there exactly once, with the dtype, shape and length the plan gave it. A kept
+tensor's bytes must be its source's bytes (transposed where the plan says so). A quantized tensor must
+decode to within its scheme's error bound of its source (`error_bound`). Any failure is an `OutputError`; the
+caller then leaves the target untouched, so a file that fails verification never reaches it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qcli.errors import InputError, OutputError
+from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme, QuantValue, ScaleDtype
+
+if TYPE_CHECKING:
+    import torch
+
+# Half the widest gap between neighbouring values of the grid, in units of the scale: integers round
+# to the nearest whole step; a minifloat's widest gap is its top binade (416..448, 49152..57344, 4..6).
+_HALF_STEP = {
+    QuantValue.Q8F: 0.5, QuantValue.Q8S: 0.5, QuantValue.Q4F: 0.5, QuantValue.Q4S: 0.5,
+    QuantValue.Q2F: 0.5, QuantValue.Q2S: 0.5,
+    QuantValue.E4M3: 16.0, QuantValue.E5M2: 4096.0, QuantValue.E2M1: 1.0,
+}
+# How far above the exact scale `round_up` may land: one unit of the dtype's last mantissa bit ...
+_ROUND_UP_SLACK = {ScaleDtype.F32: 2.0**-23, ScaleDtype.F16: 2.0**-10, ScaleDtype.BF16: 2.0**-7,
+                   ScaleDtype.UE4M3: 2.0**-3}
+# ... or, below the dtype's normal range, its subnormal spacing: round_up(f32::MIN_POSITIVE).
+_ROUND_UP_FLOOR = {ScaleDtype.F32: F32_MIN_POSITIVE, ScaleDtype.F16: 2.0**-24,
+                   ScaleDtype.BF16: F32_MIN_POSITIVE, ScaleDtype.UE4M3: 2.0**-9}
+_F32_ROUNDING = 2.0**-20  # generous cover for the f32 divisions and products on the way
+
+
+@dataclass(frozen=True)
+class Verified:
+    """How many tensors were checked, the source bytes read again to check them, and the time taken."""
+
+    tensors: int
+    bytes: int
+    seconds: float
+
+
+def error_bound(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration) -> torch.Tensor:
+    """The largest error each block of `x` may show after quantizing with `scheme`, grid-shaped f32.
+
+    Derived from the source alone, never from the payload's own scales: with `m` the block's max |x|
+    and `s` the scale the arithmetic (docs/arithmetic.md) picks, an element is off by at most half a
+    grid step times `s`, plus what clamping cuts off above `reach * s` (AbsMean, Q8F's 127 of 127.5,
+    a scale saturated at its dtype's maximum). `s` is bounded above by `m / h` rounded up onto the
+    scale dtype, and below by `alpha / h`.
+    """
+    import torch
+
+    from qcli.codec.blocks import BlockGrid
+
+    grid = BlockGrid.of(scheme, x.shape)
+    blocks = grid.to_blocks(x.to(torch.float32)).abs()  # in f32, as the codec measures it
+    peak = blocks.amax(dim=grid.block_axes).to(torch.float64)
+    if calibration is Calibration.AbsMean:
+        alpha = blocks.sum(dim=grid.block_axes, dtype=torch.float64) / grid.counts()
+    else:
+        alpha = peak
+    value, dtype = scheme.value, scheme.scale_dtype()
+    a, b = value.range()
+    h = value.half_range()
+    reach = b if value.is_minifloat() else min(-a, b)
+    if scheme.is_two_level():
+        global_scale = max(float(peak.max()) / h / dtype.max_representable(), F32_MIN_POSITIVE)
+        cap, floor = float("inf"), global_scale * (1 + _F32_ROUNDING) * _ROUND_UP_FLOOR[dtype]
+    else:
+        cap, floor = dtype.max_representable(), _ROUND_UP_FLOOR[dtype]
+    s_high = torch.clamp(peak / h * (1 + _ROUND_UP_SLACK[dtype]), max=cap) * (1 + _F32_ROUNDING) + floor
+    s_low = torch.clamp(alpha / h, max=cap) * (1 - _F32_ROUNDING)
+    clamped = torch.clamp(peak - reach * s_low, min=0)
+    return _HALF_STEP[value] * s_high + clamped + peak * _F32_ROUNDING
+
+
+def block_errors(x: torch.Tensor, decoded: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
+    """max |x - decoded| per block, grid-shaped f64 (the difference taken in f32: within the bound's slack)."""
+    import torch
+
+    from qcli.codec.blocks import BlockGrid
+
+    grid = BlockGrid.of(scheme, x.shape)
+    difference = (x.to(torch.float32) - decoded.to(torch.float32)).abs_()
+    return grid.to_blocks(difference).amax(dim=grid.block_axes).to(torch.float64)
+
+
+def verify_output(
+    paths: Sequence[Path], plan: Any, source: Any, targets: Sequence[Path] | None = None
+) -> Verified:
+    """Check the written files against `plan` and `source`; raises `OutputError` naming what is wrong.
+
+    `targets` are the names the files will have, used in messages (the files themselves may still be
+    temporary ones).
+    """
+    import torch
+
+    from qcli.codec import decode
+    from qcli.io.burnpack import BurnpackReader
+    from qcli.io.dtypes import parse_dtype
+
+    started = time.perf_counter()
+    found: dict[str, tuple[Any, Any]] = {}
+    for path, target in zip(paths, targets or paths, strict=True):
+        try:
+            reader = BurnpackReader.open(path)
+        except InputError as exc:
+            raise _failed(target, f"it does not read back: {exc.message}") from None
+        for written in reader.entries():
+            if written.name in found:
+                raise _failed(target, f"tensor '{written.name}' is written twice")
+            found[written.name] = (reader, written, target)
+    planned = {entry.info.name for entry in plan.entries}
+    inputs = {info.name for info in source.infos()}
+    for name in sorted(inputs | planned):
+        if name not in found:
+            raise _failed((targets or paths)[0], f"input tensor '{name}' is missing from the output")
+    for name in sorted(set(found) - inputs):
+        raise _failed(found[name][2], f"tensor '{name}' is not in the input")
+    checked = 0
+    for entry in plan.entries:
+        name, decision = entry.info.name, entry.decision
+        reader, written, target = found[name]
+        expected = (parse_dtype(entry.out_dtype), tuple(entry.out_shape), entry.out_nbytes)
+        if (written.dtype, written.shape, written.nbytes) != expected:
+            raise _failed(target, f"tensor '{name}' is written as {written.dtype} {list(written.shape)} "
+                          f"in {written.nbytes} bytes; the plan says {expected[0]} {list(expected[1])} in "
+                          f"{expected[2]} bytes")
+        data = reader.read(name)
+        x = source.load(name)
+        if decision.transpose:
+            x = x.t()
+        if decision.scheme is None:
+            if bytes(data) != x.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes():
+                raise _failed(target, f"kept tensor '{name}' differs from its source")
+        else:
+            decoded = decode(data, decision.scheme, entry.out_shape)
+            errors = block_errors(x, decoded, decision.scheme)
+            bounds = error_bound(x, decision.scheme, decision.calibration)
+            over = ~(errors <= bounds)  # NaN counts as over
+            if bool(over.any()):
+                block = int(torch.nonzero(over.reshape(-1))[0])
+                error, bound = float(errors.reshape(-1)[block]), float(bounds.reshape(-1)[block])
+                raise _failed(target, f"tensor '{name}' decodes {error:.6g} away from its source in "
+                              f"block {block}, over its scheme's bound {bound:.6g} ({decision.scheme})")
+        checked += entry.info.nbytes
+    return Verified(len(plan.entries), checked, time.perf_counter() - started)
+
+
+def _failed(path: Path, problem: str) -> OutputError:
+    return OutputError(
+        f"verification of {path} failed: {problem}",
+        hint="nothing was written at the target; run again, and if it fails again report it with the "
+        "command line (--no-verify skips the check)",
+    )

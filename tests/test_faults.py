@@ -1,0 +1,100 @@
+"""Faults mid-run: the file-size limit, a full disk, SIGINT and SIGTERM.
+
+In each case the target path keeps its old bytes, no temporary file is left beside it, and the exit
+code says what happened (4: the output could not be written; 130: interrupted).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from cli_support import ROOT, SINGLE, assert_user_error, cli
+from safetensors.torch import save_file
+
+OLD = b"the previous output, which must survive"
+
+
+def run_qcli(args: list[str | Path], **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "qcli", *map(str, args)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+def assert_untouched(folder: Path, target: Path) -> None:
+    assert target.read_bytes() == OLD
+    assert [p.name for p in folder.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_file_size_limit_mid_write(tmp_path: Path) -> None:
+    """`ulimit -f`: the kernel answers EFBIG past 64 KiB of temporary file (Python ignores SIGXFSZ)."""
+    target = tmp_path / "out.bpk"
+    target.write_bytes(OLD)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    proc = run_qcli(["quantize", SINGLE, "-o", target, "--device", "cpu", "--force"], preexec_fn=limit)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 4, err
+    lines = err.strip().splitlines()
+    assert lines[0] == f"error: cannot write {target}: File too large", err
+    assert lines[-1].startswith("hint: ") and "Traceback" not in err
+    assert_untouched(tmp_path, target)
+
+
+def test_disk_full_at_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC reported late, by fsync, as delayed allocation and network filesystems do."""
+    target = tmp_path / "out.bpk"
+    target.write_bytes(OLD)
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    lines = assert_user_error(cli("quantize", SINGLE, "-o", target, "--device", "cpu", "--force"), 4)
+    assert lines[0] == f"error: cannot write {target}: No space left on device"
+    assert_untouched(tmp_path, target)
+
+
+@pytest.fixture(scope="module")
+def big_input(tmp_path_factory) -> Path:
+    """48 MiB of weights: several seconds of quantizing, time enough to be interrupted mid-write."""
+    path = tmp_path_factory.mktemp("big") / "big.safetensors"
+    g = torch.Generator().manual_seed(0)
+    save_file({f"layers.{i}.weight": torch.randn(256, 1024, generator=g) for i in range(48)}, path)
+    return path
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_mid_write(tmp_path: Path, big_input: Path, signum: int) -> None:
+    target = tmp_path / "out.bpk"
+    target.write_bytes(OLD)
+    proc = run_qcli(["quantize", big_input, "-o", target, "--device", "cpu", "--force"])
+    deadline = time.monotonic() + 120
+    while not any(p.name.endswith(".tmp") for p in tmp_path.iterdir()):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.3)  # into the tensors
+    assert proc.poll() is None, "finished before the signal: the input is too small"
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert lines[0] == "error: interrupted" and lines[-1].startswith("hint: ") and "Traceback" not in err
+    assert_untouched(tmp_path, target)

@@ -1,0 +1,249 @@
+"""Verified output: the error bound, and the checks on a written file, alone and through the CLI.
+
+The bounds are worked by hand from docs/arithmetic.md; the corrupted outputs are made by rewriting a
+good file's bytes, and the CLI runs are real runs with one payload damaged on its way to the writer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from cli_support import SINGLE, assert_user_error, cli
+
+from qcli import pipeline
+from qcli.codec import decode, encode
+from qcli.errors import OutputError
+from qcli.io.burnpack import BurnpackReader, BurnpackWriter, TensorEntry
+from qcli.io.safetensors import SafetensorsSource
+from qcli.plan import make_plan
+from qcli.presets import DEFAULT_PRESET, PRESETS
+from qcli.scheme import (
+    Calibration,
+    Native,
+    PackedNative,
+    PackedU32,
+    QuantScheme,
+    QuantValue,
+    ScaleDtype,
+    accept_problems,
+)
+from qcli.verify import block_errors, error_bound, verify_output
+
+# -- The bound -------------------------------------------------------------------------------------
+
+
+def test_bound_of_an_exact_scale_is_half_a_step() -> None:
+    # max |x| = 127 under Q8S with an f32 scale: s = 127 / 127 = 1, so at most 0.5 off.
+    scheme = QuantScheme().with_value(QuantValue.Q8S).per_tensor(ScaleDtype.F32)
+    bound = float(error_bound(torch.tensor([[127.0, 0.5, -3.25, 64.0]]), scheme, Calibration.MinMax).max())
+    assert 0.5 <= bound < 0.5 + 1e-3
+
+
+def test_bound_of_a_minifloat_is_half_its_widest_gap() -> None:
+    # E2M1 values 4 and 6 are 2 apart; max |x| = 6 gives s = 1 rounded up onto f16 (exact): at most 1 off.
+    scheme = QuantScheme().with_value(QuantValue.E2M1).with_store(PackedNative(0))
+    scheme = scheme.per_block([16], ScaleDtype.F16)
+    bound = float(error_bound(torch.linspace(-6, 6, 16).reshape(1, 16), scheme, Calibration.MinMax).max())
+    assert 1.0 <= bound < 1.01
+
+
+def test_bound_of_absmean_includes_what_clamping_cuts() -> None:
+    # mean |x| = 3 under Q4S: s = 3 / 7, so 9 clamps to 7 * s = 3 and is 6 off.
+    scheme = QuantScheme().with_value(QuantValue.Q4S).per_tensor(ScaleDtype.F32)
+    x = torch.tensor([[1.0, 1.0, 1.0, 9.0]])
+    bound = float(error_bound(x, scheme, Calibration.AbsMean).max())
+    assert 6.0 <= bound < 6.0 + 0.5 * 9 / 7 + 1e-3
+    decoded = decode(encode(x, scheme, Calibration.AbsMean), scheme, x.shape)
+    assert float(block_errors(x, decoded, scheme).max()) == pytest.approx(6.0)
+
+
+def accepted_schemes():
+    for value, store, levels, dtype in itertools.product(
+        QuantValue, (Native(), PackedU32(0), PackedNative(0)), ("tensor", "block", "two"),
+        (ScaleDtype.F32, ScaleDtype.F16, ScaleDtype.BF16, ScaleDtype.UE4M3),
+    ):
+        scheme = QuantScheme().with_value(value).with_store(store)
+        if levels == "tensor":
+            scheme = scheme.per_tensor(dtype)
+        elif levels == "block":
+            scheme = scheme.per_block([32], dtype)
+        else:
+            scheme = scheme.per_block([16], dtype).per_tensor(ScaleDtype.F32)
+        for calibration in Calibration:
+            if not accept_problems(scheme, calibration):
+                yield scheme, calibration
+
+
+def data(kind: str) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(4, 64, generator=g)
+    return {
+        "normal": x,
+        "outliers": x * torch.where(torch.rand(4, 64, generator=g) < 0.02, 1000.0, 1.0),
+        "tiny": x * 1e-30,
+        "huge": x * 1e9,  # saturates f16 and ue4m3 one-level scales
+        "zero-rows": torch.cat([torch.zeros(2, 64), x[:2] * 1e-6]),
+    }[kind]
+
+
+@pytest.mark.parametrize("kind", ["normal", "outliers", "tiny", "huge", "zero-rows"])
+def test_every_accepted_scheme_decodes_within_its_bound(kind: str) -> None:
+    x = data(kind)
+    checked = 0
+    for scheme, calibration in accepted_schemes():
+        decoded = decode(encode(x, scheme, calibration), scheme, x.shape)
+        errors, bounds = block_errors(x, decoded, scheme), error_bound(x, scheme, calibration)
+        assert bool((errors <= bounds).all()), (str(scheme), calibration, float((errors - bounds).max()))
+        checked += 1
+    assert checked > 100
+
+
+def test_a_damaged_value_is_outside_the_bound() -> None:
+    scheme = PRESETS[DEFAULT_PRESET].scheme
+    x = data("normal")
+    payload = encode(x, scheme)
+    payload[5] ^= 0x88  # the top bit of two 4-bit fields, or of one 8-bit field: at least 8 steps
+    decoded = decode(payload, scheme, x.shape)
+    assert not bool((block_errors(x, decoded, scheme) <= error_bound(x, scheme, Calibration.MinMax)).all())
+
+
+# -- verify_output on files ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("verify") / "good.bpk"
+    assert cli("quantize", SINGLE, "-o", out, "--device", "cpu", "--no-verify").code == 0
+    return out
+
+
+def rewrite(good: Path, target: Path, change) -> Path:
+    """A copy of `good` whose entries and payloads went through `change(entries, payloads)`."""
+    reader = BurnpackReader.open(good)
+    entries = reader.entries()
+    payloads = [bytearray(reader.read(e.name)) for e in entries]
+    entries, payloads = change(entries, payloads)
+    with BurnpackWriter(target, entries, reader.metadata) as writer:
+        for entry, payload in zip(entries, payloads, strict=True):
+            writer.write(entry.name, payload)
+        writer.commit()
+    return target
+
+
+def check(path: Path) -> None:
+    with SafetensorsSource.open(SINGLE) as source:
+        plan = make_plan(sorted(source.infos(), key=lambda i: i.name), None, PRESETS[DEFAULT_PRESET])
+        verified = verify_output([path], plan, source)
+    assert verified.tensors == len(plan.entries) and verified.bytes > 0
+
+
+def first_quantized(entries: list[TensorEntry]) -> int:
+    return next(i for i, e in enumerate(entries) if isinstance(e.dtype, dict) and "QFloat" in e.dtype)
+
+
+def test_a_good_file_verifies(good: Path) -> None:
+    check(good)
+
+
+def test_a_damaged_payload_fails(good: Path, tmp_path: Path) -> None:
+    def damage(entries, payloads):
+        payloads[first_quantized(entries)][0] ^= 0x88
+        return entries, payloads
+
+    with pytest.raises(OutputError, match=r"verification of .* failed: tensor '.*' decodes .* over its"):
+        check(rewrite(good, tmp_path / "bad.bpk", damage))
+
+
+def test_a_nan_scale_fails(good: Path, tmp_path: Path) -> None:
+    def damage(entries, payloads):
+        i = first_quantized(entries)
+        payloads[i][-2:] = b"\x00\x7e"  # the last f16 block scale becomes NaN
+        return entries, payloads
+
+    with pytest.raises(OutputError, match="over its scheme's bound nan|decodes nan"):
+        check(rewrite(good, tmp_path / "bad.bpk", damage))
+
+
+def test_a_missing_tensor_fails(good: Path, tmp_path: Path) -> None:
+    def drop(entries, payloads):
+        return entries[1:], payloads[1:]
+
+    name = BurnpackReader.open(good).entries()[0].name
+    with pytest.raises(OutputError, match=f"input tensor '{name}' is missing from the output"):
+        check(rewrite(good, tmp_path / "bad.bpk", drop))
+
+
+def test_a_changed_kept_tensor_fails(good: Path, tmp_path: Path) -> None:
+    def damage(entries, payloads):
+        i = next(i for i, e in enumerate(entries) if not isinstance(e.dtype, dict))
+        payloads[i][0] ^= 1
+        return entries, payloads
+
+    with pytest.raises(OutputError, match="kept tensor '.*' differs from its source"):
+        check(rewrite(good, tmp_path / "bad.bpk", damage))
+
+
+def test_a_tensor_written_with_another_scheme_fails(good: Path, tmp_path: Path) -> None:
+    same_size = {"BF16": "F16", "F16": "BF16", "F32": "I32"}
+    kept = next(e for e in BurnpackReader.open(good).entries() if not isinstance(e.dtype, dict))
+
+    def relabel(entries, payloads):
+        i = entries.index(kept)
+        entries[i] = TensorEntry(kept.name, same_size[kept.dtype], kept.shape, kept.nbytes)
+        return entries, payloads
+
+    other = same_size[kept.dtype]
+    with pytest.raises(OutputError, match=f"is written as {other} .* the plan says {kept.dtype}"):
+        check(rewrite(good, tmp_path / "bad.bpk", relabel))
+
+
+# -- Through the CLI -------------------------------------------------------------------------------
+
+
+def corrupt_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU pipeline with the first quantized payload damaged, as a faulty kernel or memory would."""
+    real = pipeline.run
+
+    def run(plan, source):
+        damaged = False
+        for entry, payload in real(plan, source):
+            if entry.decision.scheme is not None and not damaged:
+                payload = payload.clone()
+                payload[0] ^= 0x88
+                damaged = True
+            yield entry, payload
+
+    monkeypatch.setattr(pipeline, "run", run)
+
+
+def test_cli_never_puts_an_output_that_fails_verification_in_place(tmp_path: Path, monkeypatch) -> None:
+    corrupt_pipeline(monkeypatch)
+    out = tmp_path / "out.bpk"
+    lines = assert_user_error(cli("quantize", SINGLE, "-o", out, "--device", "cpu"), 4)
+    assert lines[0].startswith(f"error: verification of {out} failed: tensor '")
+    assert list(tmp_path.iterdir()) == []
+    out.write_bytes(b"the previous output")
+    assert_user_error(cli("quantize", SINGLE, "-o", out, "--device", "cpu", "--force"), 4)
+    assert out.read_bytes() == b"the previous output"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.bpk"]
+
+
+def test_no_verify_skips_the_check(tmp_path: Path, monkeypatch) -> None:
+    corrupt_pipeline(monkeypatch)
+    result = cli("quantize", SINGLE, "-o", tmp_path / "out.bpk", "--device", "cpu", "--no-verify", "--json")
+    assert result.code == 0 and result.json["timings"]["verify"] is None
+    assert (tmp_path / "out.bpk").exists()
+
+
+def test_verification_cost_is_reported(tmp_path: Path) -> None:
+    result = cli("quantize", SINGLE, "-o", tmp_path / "out.bpk", "--device", "cpu", "--json")
+    assert result.code == 0
+    verify = result.json["timings"]["verify"]
+    assert verify["seconds"] > 0 and verify["bytes"] == sum(t["bytes_in"] for t in result.json["tensors"])
+    table = cli("quantize", SINGLE, "-o", tmp_path / "o2.bpk", "--device", "cpu")
+    assert "verify " in table.out
+    json.dumps(verify)
