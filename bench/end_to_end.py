@@ -12,8 +12,9 @@ Parts (each appends to OUT/end_to_end.json):
   of each scheme's output size.
 - `pipeline`: the GPU pipeline and the burnpack writer alone (`qcli.gpu.pipeline.run` into
   `BurnpackWriter`, as `qcli quantize` streams them), cold and cached.
-- `qcli`: `qcli.api.quantize_file`, what `qcli quantize --device cuda` runs, which also decodes every
-  tensor for its error statistics, cold and cached.
+- `qcli`: `qcli.api.quantize_file`, what `qcli quantize --device cuda` runs, which by default also
+  decodes every tensor on the CPU for its error statistics and reads the finished file back to verify
+  it; `qcli-nostats` is `--no-stats`, `qcli-nostats-noverify` adds `--no-verify`. Cold and cached.
 - `naive`: load_file(shard, device="cuda"), a torch.compile'd quantize per tensor (the codec's own torch
   arithmetic), .cpu(), written and fsynced; compiled for every shape first, input cached.
 Each run is a child process reporting its wall time, peak RSS and peak GPU memory.
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 SCHEMES = ("q4s-b32", "nvfp4")
@@ -177,7 +179,10 @@ def child(mode: str, directory: Path, scheme: str, target: Path) -> dict:
         torch.cuda.init()
     baseline_rss = _rss_bytes()
     started = time.perf_counter()
-    extra = {"pipeline": _pipeline, "qcli": _qcli, "naive": _naive}[mode](directory, scheme, target)
+    modes = {"pipeline": _pipeline, "qcli": _qcli, "naive": _naive,
+             "qcli-nostats": partial(_qcli, stats=False),
+             "qcli-nostats-noverify": partial(_qcli, stats=False, verify=False)}
+    extra = modes[mode](directory, scheme, target)
     wall = time.perf_counter() - started
     return {"wall_s": wall, "peak_rss_bytes": _rss_bytes(), "baseline_rss_bytes": baseline_rss,
             "peak_gpu_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None,
@@ -210,10 +215,10 @@ def _pipeline(directory: Path, scheme: str, target: Path) -> dict:
     return {"write_s": write_s, "commit_s": commit_s, "output_bytes": target.stat().st_size}
 
 
-def _qcli(directory: Path, scheme: str, target: Path) -> dict:
+def _qcli(directory: Path, scheme: str, target: Path, **options) -> dict:
     from qcli.api import quantize_file
 
-    report = quantize_file(directory, target, scheme=scheme, device="cuda", force=True)
+    report = quantize_file(directory, target, scheme=scheme, device="cuda", force=True, **options)
     t = report.timings
     return {"device": report.device, "output_bytes": target.stat().st_size,
             "phases_s": {k: getattr(t, k).seconds for k in ("read", "quantize", "write", "stats")}}
