@@ -10,15 +10,16 @@ import difflib
 import json
 import math
 import os
+import signal
 import struct
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qcli import BURN_LAYOUT_PIN, __version__
-from qcli.errors import InputError, PlanError, UsageError
+from qcli.errors import InputError, Interrupted, PlanError, UsageError
 from qcli.io.dtypes import dtype_str
 from qcli.report import (
     CompareReport,
@@ -141,11 +142,12 @@ def quantize_file(
 
     The plan is made from the headers and checked in full before any weight is read. Tensors are then
     streamed one at a time through the pipeline into the container, which is renamed onto `output` only
-    once complete; an interruption or failure leaves `output` as it was. With `stats`, each quantized
-    tensor is decoded on the CPU and measured against its source (about the cost of quantizing on the CPU).
-    With `verify`, the complete file is read back and checked (`qcli.verify`) before the rename; one that
-    fails never reaches `output`. With `max_shard_size`, the output is split into
-    `NAME-00001-of-0000N.bpk` files of at most that many bytes each.
+    once complete; an interruption or failure leaves `output` as it was. With `stats` or `verify`, each
+    quantized payload is decoded once on the CPU (about the cost of quantizing there): `stats` measures
+    its error against the source, `verify` checks it lies within its scheme's error bound and reads the
+    complete files back before the rename, checking them against the plan and the hashes of the bytes
+    written (`qcli.verify`); a file that fails never reaches `output`. With `max_shard_size`, the output
+    is split into `NAME-00001-of-0000N.bpk` files of at most that many bytes each.
     """
     from qcli.io.safetensors import SafetensorsSource
     from qcli.recipe import load_recipe
@@ -172,6 +174,7 @@ def quantize_file(
             recipe_sha256=None if loaded_recipe is None else loaded_recipe.sha256,
             source_files=[SourceFile(f.name, f.stat().st_size) for f in source.files],
             tensors=[TensorRow.of(e) for e in plan.entries],
+            totals=plan.totals(),
             warnings=plan.warnings(),
         )
         metadata = _metadata(report)
@@ -264,21 +267,24 @@ def _write(
     progress: ProgressHook | None,
     verify: bool,
 ) -> tuple[list[TensorRow], Timings]:
-    """Stream the pipeline's payloads into the containers; time each phase; measure each tensor's error.
+    """Stream the pipeline's payloads into the containers, time each phase, decode each quantized tensor
+    once (for its error with `stats`, for its bound check with `verify`).
 
-    With `verify`, the complete files are read back and checked before they are renamed into place.
+    With `verify`, the complete files are then read back (`qcli.verify.read_back`) before they are
+    renamed into place.
     """
     from qcli.io.burnpack import BurnpackWriter
 
     shard_of = {entry.name: i for i, (_, entries) in enumerate(shards) for entry in entries}
     total = sum(e.info.nbytes for e in plan.entries)
     load_seconds: dict[str, float] = {}
-    timings, rows, done = Timings(), [], 0
+    timings, rows, done = Timings(verify=Phase() if verify else None), [], 0
     started = time.perf_counter()
     if progress:
         progress(plan.entries[0].info.name if plan.entries else None, 0, total)
     with ExitStack() as stack:
-        writers = [stack.enter_context(BurnpackWriter(path, entries, metadata)) for path, entries in shards]
+        writers = [stack.enter_context(BurnpackWriter(path, entries, metadata, digests=verify))
+                   for path, entries in shards]
         tick = time.perf_counter()
         for i, (entry, payload) in enumerate(_naming_files(plan, run(plan, _TimedSource(source, load_seconds)))):
             name = entry.info.name
@@ -290,15 +296,13 @@ def _write(
             timings.quantize.bytes += entry.info.nbytes
 
             tick = time.perf_counter()
-            writers[shard_of[name]].write(name, payload)
+            writer = writers[shard_of[name]]
+            writer.write(name, payload)
             timings.write.seconds += time.perf_counter() - tick
             timings.write.bytes += entry.out_nbytes
 
-            tick = time.perf_counter()
-            measured = stats and entry.decision.scheme is not None
-            error = _error_of(entry, payload, source) if measured else None
-            timings.stats.seconds += time.perf_counter() - tick
-            timings.stats.bytes += entry.info.nbytes if error else 0
+            decode = (stats or verify) and entry.decision.scheme is not None
+            error = _decode_once(entry, payload, source, writer.target, stats, timings) if decode else None
             rows.append(TensorRow.of(entry, error))
             del payload
 
@@ -310,11 +314,14 @@ def _write(
         tick = time.perf_counter()
         files = [writer.finish() for writer in writers]
         timings.write.seconds += time.perf_counter() - tick
-        if verify:
-            from qcli.verify import verify_output
+        if timings.verify is not None:
+            from qcli.verify import read_back
 
-            verified = verify_output(files, plan, source, [writer.target for writer in writers])
-            timings.verify = Phase(verified.seconds, verified.bytes)
+            digests = {name: d for writer in writers for name, d in (writer.digests or {}).items()}
+            inputs = [info.name for info in source.infos()]
+            verified = read_back(files, plan, inputs, digests, [writer.target for writer in writers])
+            timings.verify.seconds += verified.seconds
+            timings.verify.bytes += verified.bytes
         tick = time.perf_counter()
         _commit_all(writers)
         timings.write.seconds += time.perf_counter() - tick
@@ -337,27 +344,71 @@ def _naming_files(plan: Plan, payloads: Iterator) -> Iterator:
 
 
 def _commit_all(writers: list) -> None:
-    """Rename every file into place; if one fails, the ones already renamed are removed again."""
+    """Rename every file into place; if one fails, the ones already renamed are removed again.
+
+    This is the commit point: SIGINT and SIGTERM are held back across it, so an interrupt lands either
+    before (nothing written, exit 130) or after it, as `Interrupted` saying the output was written.
+    """
     done = []
+    with _interrupts_held() as held:
+        try:
+            for writer in writers:
+                writer.commit()
+                done.append(writer.target)
+        except BaseException:
+            for path in done:
+                path.unlink(missing_ok=True)
+            raise
+    if held:
+        raise Interrupted(
+            f"interrupted after the output was written: {', '.join(map(str, done))} is complete",
+            hint="the run had finished when the interrupt arrived; the output can be used as it is",
+        )
+
+
+@contextmanager
+def _interrupts_held() -> Iterator[list[int]]:
+    """The signals SIGINT and SIGTERM that arrive inside the block, recorded instead of raised.
+
+    A Python-level handler rather than a signal mask: the mask is per thread, and torch's threads
+    would still take the signal. Outside the main thread handlers cannot change, and nothing is held.
+    """
+    held: list[int] = []
     try:
-        for writer in writers:
-            writer.commit()
-            done.append(writer.target)
-    except BaseException:
-        for path in done:
-            path.unlink(missing_ok=True)
-        raise
+        previous = {signum: signal.signal(signum, lambda n, _: held.append(n))
+                    for signum in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:
+        yield held
+        return
+    try:
+        yield held
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
-def _error_of(entry: Any, payload: Any, source: Any) -> ErrorRow:
-    """The decoded payload against its (transposed, if decided) source."""
+def _decode_once(
+    entry: Any, payload: Any, source: Any, target: Path, stats: bool, timings: Timings
+) -> ErrorRow | None:
+    """Decode a quantized payload once: its error against its (transposed, if decided) source with
+    `stats`, and with `timings.verify` set the bound check (`qcli.verify.check_bound`) on the same decode."""
     from qcli.codec import decode, error_stats
 
+    tick = time.perf_counter()
     x = source.load(entry.info.name)
     if entry.decision.transpose:
         x = x.t()
     decoded = decode(_cpu_bytes(payload), entry.decision.scheme, tuple(entry.out_shape))
-    return ErrorRow.of(error_stats(x, decoded))
+    error = ErrorRow.of(error_stats(x, decoded)) if stats else None
+    timings.stats.seconds += time.perf_counter() - tick
+    timings.stats.bytes += entry.info.nbytes
+    if timings.verify is not None:
+        from qcli.verify import check_bound
+
+        tick = time.perf_counter()
+        check_bound(x, decoded, entry.decision.scheme, entry.decision.calibration, entry.info.name, target)
+        timings.verify.seconds += time.perf_counter() - tick
+    return error
 
 
 def _cpu_bytes(payload: Any) -> Any:

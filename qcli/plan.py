@@ -87,7 +87,9 @@ class PlanEntry:
 
     @property
     def peak_bytes(self) -> int:
-        """Host memory while this tensor is processed: the source, its f32 working copy, the payload."""
+        """Host memory while this tensor is processed: its source, an f32 copy of it and its payload (the
+        decode for --stats/--verify holds as much: the source, the f32 decode, the payload); a kept
+        tensor holds its source bytes, twice when transposed."""
         if self.decision.scheme is None:
             return self.info.nbytes * (2 if self.decision.transpose else 1)
         return self.info.nbytes + 4 * self.numel + self.out_nbytes
@@ -117,10 +119,14 @@ class Problem:
 
 @dataclass(frozen=True)
 class Totals:
+    """Sums over a plan; `peak_bytes` is the largest entry's `PlanEntry.peak_bytes`: tensors are processed
+    one at a time, so that is the expected peak host memory of a run, whatever the model's size."""
+
     tensors: int
     quantized: int
     kept: int
     transposed: int
+    params: int
     bytes_in: int
     bytes_out: int
     peak_bytes: int
@@ -129,6 +135,10 @@ class Totals:
     def ratio(self) -> float:
         """Input bytes per output byte: how many times smaller the output is."""
         return self.bytes_in / self.bytes_out if self.bytes_out else 0.0
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.bytes_out / self.params if self.params else 0.0
 
 
 @dataclass
@@ -145,6 +155,7 @@ class Plan:
             quantized=len(quantized),
             kept=len(self.entries) - len(quantized),
             transposed=sum(e.decision.transpose for e in self.entries),
+            params=sum(e.numel for e in self.entries),
             bytes_in=sum(e.info.nbytes for e in self.entries),
             bytes_out=sum(e.out_nbytes for e in self.entries),
             peak_bytes=max((e.peak_bytes for e in self.entries), default=0),

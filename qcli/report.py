@@ -51,16 +51,11 @@ class TensorRow:
     bytes_in: int
     bytes_out: int
     bits_per_weight: float
-    peak_bytes: int
     error: ErrorRow | None = None
 
     @property
     def decision(self) -> str:
         return "keep" if self.scheme is None else "quantize"
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
 
     @staticmethod
     def of(entry: Any, error: ErrorRow | None = None) -> TensorRow:
@@ -77,7 +72,6 @@ class TensorRow:
             bytes_in=info.nbytes,
             bytes_out=entry.out_nbytes,
             bits_per_weight=float(entry.bits_per_weight),
-            peak_bytes=entry.peak_bytes,
             error=error,
         )
 
@@ -100,60 +94,20 @@ class TensorRow:
         }
 
 
-@dataclass(frozen=True)
-class Totals:
-    """Sums over a plan; `peak_memory` estimates the working set of the largest tensor."""
-
-    tensors: int
-    quantized: int
-    kept: int
-    transposed: int
-    params: int
-    bytes_in: int
-    bytes_out: int
-    peak_memory: int
-
-    @property
-    def ratio(self) -> float:
-        """Input bytes per output byte (how many times smaller the output is)."""
-        return self.bytes_in / self.bytes_out if self.bytes_out else 0.0
-
-    @property
-    def bits_per_weight(self) -> float:
-        return 8 * self.bytes_out / self.params if self.params else 0.0
-
-    @staticmethod
-    def of(rows: list[TensorRow]) -> Totals:
-        return Totals(
-            tensors=len(rows),
-            quantized=sum(r.scheme is not None for r in rows),
-            kept=sum(r.scheme is None for r in rows),
-            transposed=sum(r.transposed for r in rows),
-            params=sum(r.numel for r in rows),
-            bytes_in=sum(r.bytes_in for r in rows),
-            bytes_out=sum(r.bytes_out for r in rows),
-            peak_memory=max((working_set(r) for r in rows), default=0),
-        )
-
-    def to_json(self) -> dict:
-        return {
-            "tensors": self.tensors,
-            "quantized": self.quantized,
-            "kept": self.kept,
-            "transposed": self.transposed,
-            "params": self.params,
-            "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out,
-            "ratio": self.ratio,
-            "bits_per_weight": self.bits_per_weight,
-            "peak_memory_bytes": self.peak_memory,
-        }
-
-
-def working_set(row: TensorRow) -> int:
-    """Host bytes one tensor holds at once: the plan's estimate for the pipeline (`PlanEntry.peak_bytes`)
-    plus, for a quantized tensor, the f32 decode its error statistics are measured on."""
-    return row.peak_bytes + (4 * row.numel if row.scheme is not None else 0)
+def totals_json(t: Any) -> dict:
+    """A `qcli.plan.Totals` as JSON."""
+    return {
+        "tensors": t.tensors,
+        "quantized": t.quantized,
+        "kept": t.kept,
+        "transposed": t.transposed,
+        "params": t.params,
+        "bytes_in": t.bytes_in,
+        "bytes_out": t.bytes_out,
+        "ratio": t.ratio,
+        "bits_per_weight": t.bits_per_weight,
+        "peak_memory_bytes": t.peak_bytes,
+    }
 
 
 @dataclass
@@ -173,9 +127,10 @@ class Phase:
 
 @dataclass
 class Timings:
-    """read: loading source tensors; quantize: encoding (and transposing); stats: decoding for the
-    error columns; write: handing payloads to the container and committing it; verify: reading the
-    output back and checking it (None with --no-verify)."""
+    """read: loading source tensors; quantize: encoding (and transposing); stats: the one decode of each
+    quantized tensor against its source (for the error columns and the bound check; nothing with
+    --no-stats --no-verify); write: handing payloads to the container and committing it; verify: the
+    bound checks and reading the output back, its bytes those read back (None with --no-verify)."""
 
     read: Phase = field(default_factory=Phase)
     quantize: Phase = field(default_factory=Phase)
@@ -217,13 +172,10 @@ class QuantizeReport:
     recipe_sha256: str | None
     source_files: list[SourceFile]
     tensors: list[TensorRow]
+    totals: Any  # qcli.plan.Totals
     warnings: list[Any] = field(default_factory=list)  # qcli.plan.Problem of severity "warning"
     timings: Timings | None = None
     outputs: list[str] = field(default_factory=list)  # the files written: `output`, or its shards
-
-    @property
-    def totals(self) -> Totals:
-        return Totals.of(self.tensors)
 
     def to_json(self) -> dict:
         return {
@@ -242,7 +194,7 @@ class QuantizeReport:
             "source_files": [f.to_json() for f in self.source_files],
             "tensors": [t.to_json() for t in self.tensors],
             "warnings": [problem_json(p) for p in self.warnings],
-            "totals": self.totals.to_json(),
+            "totals": totals_json(self.totals),
             "timings": None if self.timings is None else self.timings.to_json(),
         }
 

@@ -1,16 +1,20 @@
-"""Verified output: what was written, read back and checked against the plan and the source.
+"""Verified output: each quantized tensor's one decode within its scheme's error bound, and the written
+files read back.
 
-Before the rename, the complete output files are opened again with the bounded reader. Every tensor
-of the plan must be there exactly once, with the dtype, shape and length the plan gave it. A kept
-tensor's bytes must be its source's bytes (transposed where the plan says so). A quantized tensor must
-decode to within its scheme's error bound of its source (`error_bound`). Any failure is an `OutputError`; the
-caller then leaves the target untouched, so a file that fails verification never reaches it.
+While the output is written, each quantized payload is decoded once (the same decode gives the error
+statistics) and must lie, block by block, within its scheme's error bound of its source (`check_bound`,
+`error_bound`); the writer records the sha256 of every payload it writes, a kept tensor's being its
+source bytes as written. Before the rename, the complete files are opened again with the bounded reader
+(`read_back`): every input tensor must be there exactly once, with the dtype, shape and length the plan
+gave it, and its bytes must hash to what was checked. Nothing is decoded or read from the source twice.
+Any failure is an `OutputError`; the caller then leaves the target untouched.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,7 +43,7 @@ _F32_ROUNDING = 2.0**-20  # generous cover for the f32 divisions and products on
 
 @dataclass(frozen=True)
 class Verified:
-    """How many tensors were checked, the source bytes read again to check them, and the time taken."""
+    """How many tensors were read back, their bytes, and the time taken."""
 
     tensors: int
     bytes: int
@@ -92,23 +96,41 @@ def block_errors(x: torch.Tensor, decoded: torch.Tensor, scheme: QuantScheme) ->
     return grid.to_blocks(difference).amax(dim=grid.block_axes).to(torch.float64)
 
 
-def verify_output(
-    paths: Sequence[Path], plan: Any, source: Any, targets: Sequence[Path] | None = None
-) -> Verified:
-    """Check the written files against `plan` and `source`; raises `OutputError` naming what is wrong.
+def check_bound(
+    x: torch.Tensor, decoded: torch.Tensor, scheme: QuantScheme, calibration: Calibration, name: str,
+    target: Path,
+) -> None:
+    """`OutputError` unless every block of `decoded` lies within `error_bound` of its source `x`."""
+    import torch
 
+    errors = block_errors(x, decoded, scheme)
+    bounds = error_bound(x, scheme, calibration)
+    over = ~(errors <= bounds)  # NaN counts as over
+    if bool(over.any()):
+        block = int(torch.nonzero(over.reshape(-1))[0])
+        error, bound = float(errors.reshape(-1)[block]), float(bounds.reshape(-1)[block])
+        raise _failed(target, f"tensor '{name}' decodes {error:.6g} away from its source in "
+                      f"block {block}, over its scheme's bound {bound:.6g} ({scheme})")
+
+
+def read_back(
+    paths: Sequence[Path], plan: Any, inputs: Iterable[str], digests: Mapping[str, bytes],
+    targets: Sequence[Path] | None = None,
+) -> Verified:
+    """Read the written files back and check them against `plan`; raises `OutputError` naming what is wrong.
+
+    Every name of `inputs` must be there exactly once, with the dtype, shape and length the plan gave
+    it, and its bytes must hash (sha256) to the digest the writer recorded for them (`digests`).
     `targets` are the names the files will have, used in messages (the files themselves may still be
     temporary ones).
     """
-    import torch
-
-    from qcli.codec import decode
     from qcli.io.burnpack import BurnpackReader
     from qcli.io.dtypes import parse_dtype
 
     started = time.perf_counter()
-    found: dict[str, tuple[Any, Any]] = {}
-    for path, target in zip(paths, targets or paths, strict=True):
+    targets = targets or paths
+    found: dict[str, tuple[Any, Any, Path]] = {}
+    for path, target in zip(paths, targets, strict=True):
         try:
             reader = BurnpackReader.open(path)
         except InputError as exc:
@@ -117,41 +139,25 @@ def verify_output(
             if written.name in found:
                 raise _failed(target, f"tensor '{written.name}' is written twice")
             found[written.name] = (reader, written, target)
-    planned = {entry.info.name for entry in plan.entries}
-    inputs = {info.name for info in source.infos()}
-    for name in sorted(inputs | planned):
+    inputs = set(inputs)
+    for name in sorted(inputs | {entry.info.name for entry in plan.entries}):
         if name not in found:
-            raise _failed((targets or paths)[0], f"input tensor '{name}' is missing from the output")
+            raise _failed(targets[0], f"input tensor '{name}' is missing from the output")
     for name in sorted(set(found) - inputs):
         raise _failed(found[name][2], f"tensor '{name}' is not in the input")
-    checked = 0
+    read = 0
     for entry in plan.entries:
-        name, decision = entry.info.name, entry.decision
+        name = entry.info.name
         reader, written, target = found[name]
         expected = (parse_dtype(entry.out_dtype), tuple(entry.out_shape), entry.out_nbytes)
         if (written.dtype, written.shape, written.nbytes) != expected:
             raise _failed(target, f"tensor '{name}' is written as {written.dtype} {list(written.shape)} "
                           f"in {written.nbytes} bytes; the plan says {expected[0]} {list(expected[1])} in "
                           f"{expected[2]} bytes")
-        data = reader.read(name)
-        x = source.load(name)
-        if decision.transpose:
-            x = x.t()
-        if decision.scheme is None:
-            if bytes(data) != x.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes():
-                raise _failed(target, f"kept tensor '{name}' differs from its source")
-        else:
-            decoded = decode(data, decision.scheme, entry.out_shape)
-            errors = block_errors(x, decoded, decision.scheme)
-            bounds = error_bound(x, decision.scheme, decision.calibration)
-            over = ~(errors <= bounds)  # NaN counts as over
-            if bool(over.any()):
-                block = int(torch.nonzero(over.reshape(-1))[0])
-                error, bound = float(errors.reshape(-1)[block]), float(bounds.reshape(-1)[block])
-                raise _failed(target, f"tensor '{name}' decodes {error:.6g} away from its source in "
-                              f"block {block}, over its scheme's bound {bound:.6g} ({decision.scheme})")
-        checked += entry.info.nbytes
-    return Verified(len(plan.entries), checked, time.perf_counter() - started)
+        if hashlib.sha256(reader.read(name)).digest() != digests[name]:
+            raise _failed(target, f"tensor '{name}' reads back other bytes than were written")
+        read += written.nbytes
+    return Verified(len(plan.entries), read, time.perf_counter() - started)
 
 
 def _failed(path: Path, problem: str) -> OutputError:

@@ -405,7 +405,7 @@ def test_no_stats_skips_the_error_columns_but_not_the_bytes(tmp_path, written):
     doc = cli("quantize", SINGLE, "-o", out, "--device", "cpu", "--no-stats", "--json").json
     validate_json(doc)
     assert all(t["rel_rms"] is None and t["sqnr_db"] is None for t in doc["tensors"])
-    assert doc["timings"]["stats"]["bytes"] == 0
+    assert doc["timings"]["verify"]["bytes"] > 0  # the decode still runs, for the bound check
     assert out.read_bytes() == one.read_bytes()
 
 

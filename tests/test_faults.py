@@ -105,7 +105,7 @@ def test_signal_mid_write(tmp_path: Path, big_input: Path, signum: int) -> None:
 
 
 def test_interrupt_during_verification(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every tensor written, the file complete but not yet checked: an interrupt still leaves the target."""
+    """Every tensor written, the file complete but not yet read back: an interrupt still leaves the target."""
     from qcli import verify
 
     target = tmp_path / "out.bpk"
@@ -115,7 +115,30 @@ def test_interrupt_during_verification(tmp_path: Path, monkeypatch: pytest.Monke
         assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir())  # complete, not yet renamed
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(verify, "verify_output", interrupted)
+    monkeypatch.setattr(verify, "read_back", interrupted)
     lines = assert_user_error(cli("quantize", SINGLE, "-o", target, "--device", "cpu", "--force"), 130)
     assert lines[0] == "error: interrupted"
     assert_untouched(tmp_path, target)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_at_the_rename_is_held_until_the_output_is_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int
+) -> None:
+    """A signal that arrives during the rename takes effect after it: exit 130, saying the output was written."""
+    from qcli.io.burnpack import BurnpackWriter
+
+    target = tmp_path / "out.bpk"
+    target.write_bytes(OLD)
+    real = BurnpackWriter.commit
+
+    def commit(self) -> None:
+        os.kill(os.getpid(), signum)
+        time.sleep(0.05)  # time for the handler to run, were it to raise
+        real(self)
+
+    monkeypatch.setattr(BurnpackWriter, "commit", commit)
+    lines = assert_user_error(cli("quantize", SINGLE, "-o", target, "--device", "cpu", "--force"), 130)
+    assert lines[0] == f"error: interrupted after the output was written: {target} is complete"
+    assert target.read_bytes()[:4] == b"NRUB"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.bpk"]

@@ -6,6 +6,7 @@ good file's bytes, and the CLI runs are real runs with one payload damaged on it
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 from pathlib import Path
@@ -31,7 +32,7 @@ from qcli.scheme import (
     ScaleDtype,
     accept_problems,
 )
-from qcli.verify import block_errors, error_bound, verify_output
+from qcli.verify import block_errors, check_bound, error_bound, read_back
 
 # -- The bound -------------------------------------------------------------------------------------
 
@@ -111,7 +112,7 @@ def test_a_damaged_value_is_outside_the_bound() -> None:
     assert not bool((block_errors(x, decoded, scheme) <= error_bound(x, scheme, Calibration.MinMax)).all())
 
 
-# -- verify_output on files ------------------------------------------------------------------------
+# -- The bound check and the read-back on files ----------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -134,38 +135,71 @@ def rewrite(good: Path, target: Path, change) -> Path:
     return target
 
 
-def check(path: Path) -> None:
+def written_digests(good: Path) -> dict[str, bytes]:
+    """What the writer records for the good file: the sha256 of each payload it was handed."""
+    reader = BurnpackReader.open(good)
+    return {e.name: hashlib.sha256(reader.read(e.name)).digest() for e in reader.entries()}
+
+
+def check(path: Path, good: Path) -> None:
     with SafetensorsSource.open(SINGLE) as source:
         plan = make_plan(sorted(source.infos(), key=lambda i: i.name), None, PRESETS[DEFAULT_PRESET])
-        verified = verify_output([path], plan, source)
-    assert verified.tensors == len(plan.entries) and verified.bytes > 0
+        verified = read_back([path], plan, [i.name for i in source.infos()], written_digests(good))
+    assert verified.tensors == len(plan.entries)
+    assert verified.bytes == sum(e.nbytes for e in BurnpackReader.open(path).entries())
+
+
+def check_decoded(path: Path, name: str) -> None:
+    """The bound check on `name` as written in `path`, against its source."""
+    entry = next(e for e in BurnpackReader.open(path).entries() if e.name == name)
+    scheme = QuantScheme.from_serde(entry.dtype["QFloat"])
+    decoded = decode(BurnpackReader.open(path).read(name), scheme, entry.shape)
+    with SafetensorsSource.open(SINGLE) as source:
+        x = source.load(name)
+    check_bound(x, decoded, scheme, Calibration.MinMax, name, path)
 
 
 def first_quantized(entries: list[TensorEntry]) -> int:
     return next(i for i, e in enumerate(entries) if isinstance(e.dtype, dict) and "QFloat" in e.dtype)
 
 
-def test_a_good_file_verifies(good: Path) -> None:
-    check(good)
+def test_a_good_file_reads_back_and_decodes_within_its_bound(good: Path) -> None:
+    check(good, good)
+    for entry in BurnpackReader.open(good).entries():
+        if isinstance(entry.dtype, dict):
+            check_decoded(good, entry.name)
 
 
-def test_a_damaged_payload_fails(good: Path, tmp_path: Path) -> None:
+def test_a_damaged_payload_fails_the_bound_check(good: Path, tmp_path: Path) -> None:
     def damage(entries, payloads):
         payloads[first_quantized(entries)][0] ^= 0x88
         return entries, payloads
 
+    entries = BurnpackReader.open(good).entries()
+    name = entries[first_quantized(entries)].name
     with pytest.raises(OutputError, match=r"verification of .* failed: tensor '.*' decodes .* over its"):
-        check(rewrite(good, tmp_path / "bad.bpk", damage))
+        check_decoded(rewrite(good, tmp_path / "bad.bpk", damage), name)
 
 
-def test_a_nan_scale_fails(good: Path, tmp_path: Path) -> None:
+def test_a_nan_scale_fails_the_bound_check(good: Path, tmp_path: Path) -> None:
     def damage(entries, payloads):
         i = first_quantized(entries)
         payloads[i][-2:] = b"\x00\x7e"  # the last f16 block scale becomes NaN
         return entries, payloads
 
+    entries = BurnpackReader.open(good).entries()
+    name = entries[first_quantized(entries)].name
     with pytest.raises(OutputError, match="over its scheme's bound nan|decodes nan"):
-        check(rewrite(good, tmp_path / "bad.bpk", damage))
+        check_decoded(rewrite(good, tmp_path / "bad.bpk", damage), name)
+
+
+def test_a_payload_other_than_written_fails_the_read_back(good: Path, tmp_path: Path) -> None:
+    def damage(entries, payloads):
+        payloads[first_quantized(entries)][0] ^= 0x88
+        return entries, payloads
+
+    with pytest.raises(OutputError, match="tensor '.*' reads back other bytes than were written"):
+        check(rewrite(good, tmp_path / "bad.bpk", damage), good)
 
 
 def test_a_missing_tensor_fails(good: Path, tmp_path: Path) -> None:
@@ -174,7 +208,7 @@ def test_a_missing_tensor_fails(good: Path, tmp_path: Path) -> None:
 
     name = BurnpackReader.open(good).entries()[0].name
     with pytest.raises(OutputError, match=f"input tensor '{name}' is missing from the output"):
-        check(rewrite(good, tmp_path / "bad.bpk", drop))
+        check(rewrite(good, tmp_path / "bad.bpk", drop), good)
 
 
 def test_a_changed_kept_tensor_fails(good: Path, tmp_path: Path) -> None:
@@ -183,8 +217,8 @@ def test_a_changed_kept_tensor_fails(good: Path, tmp_path: Path) -> None:
         payloads[i][0] ^= 1
         return entries, payloads
 
-    with pytest.raises(OutputError, match="kept tensor '.*' differs from its source"):
-        check(rewrite(good, tmp_path / "bad.bpk", damage))
+    with pytest.raises(OutputError, match="tensor '.*' reads back other bytes than were written"):
+        check(rewrite(good, tmp_path / "bad.bpk", damage), good)
 
 
 def test_a_tensor_written_with_another_scheme_fails(good: Path, tmp_path: Path) -> None:
@@ -198,7 +232,7 @@ def test_a_tensor_written_with_another_scheme_fails(good: Path, tmp_path: Path) 
 
     other = same_size[kept.dtype]
     with pytest.raises(OutputError, match=f"is written as {other} .* the plan says {kept.dtype}"):
-        check(rewrite(good, tmp_path / "bad.bpk", relabel))
+        check(rewrite(good, tmp_path / "bad.bpk", relabel), good)
 
 
 # -- Through the CLI -------------------------------------------------------------------------------
@@ -239,11 +273,62 @@ def test_no_verify_skips_the_check(tmp_path: Path, monkeypatch) -> None:
     assert (tmp_path / "out.bpk").exists()
 
 
+def corrupt_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer that flips a bit of the first quantized payload in the file after it was handed over (and
+    hashed, and bound-checked), as a faulty disk or page cache would."""
+    real = BurnpackWriter.finish
+
+    def finish(self):
+        quantized = next(i for i, e in enumerate(self._entries) if isinstance(e.dtype, dict))
+        self._file.flush()
+        position = self.data_start + self._offsets[quantized][0]
+        with open(self._tmp, "r+b") as file:
+            file.seek(position)
+            flipped = file.read(1)[0] ^ 1
+            file.seek(position)
+            file.write(bytes([flipped]))
+        return real(self)
+
+    monkeypatch.setattr(BurnpackWriter, "finish", finish)
+
+
+def test_cli_read_back_catches_bytes_changed_after_the_bound_check(tmp_path: Path, monkeypatch) -> None:
+    corrupt_writer(monkeypatch)
+    out = tmp_path / "out.bpk"
+    lines = assert_user_error(cli("quantize", SINGLE, "-o", out, "--device", "cpu"), 4)
+    assert lines[0].startswith(f"error: verification of {out} failed: tensor '")
+    assert lines[0].endswith("reads back other bytes than were written")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flags", [[], ["--no-stats"], ["--no-verify"]], ids=["both", "verify", "stats"])
+def test_each_quantized_tensor_is_decoded_once(tmp_path: Path, monkeypatch, flags: list[str]) -> None:
+    import qcli.codec
+
+    calls: list[int] = []
+    real = qcli.codec.decode
+    monkeypatch.setattr(qcli.codec, "decode", lambda *a, **k: calls.append(1) or real(*a, **k))
+    doc = cli("quantize", SINGLE, "-o", tmp_path / "o.bpk", "--device", "cpu", "--json", *flags).json
+    assert len(calls) == sum(t["decision"] == "quantize" for t in doc["tensors"]) > 0
+
+
+def test_no_verify_no_stats_decodes_nothing(tmp_path: Path, monkeypatch) -> None:
+    import qcli.codec
+
+    def decode(*args, **kwargs):
+        raise AssertionError("decoded")
+
+    monkeypatch.setattr(qcli.codec, "decode", decode)
+    out = tmp_path / "o.bpk"
+    doc = cli("quantize", SINGLE, "-o", out, "--device", "cpu", "--json", "--no-verify", "--no-stats").json
+    assert doc["timings"]["stats"]["bytes"] == 0 and doc["timings"]["verify"] is None and out.exists()
+
+
 def test_verification_cost_is_reported(tmp_path: Path) -> None:
     result = cli("quantize", SINGLE, "-o", tmp_path / "out.bpk", "--device", "cpu", "--json")
     assert result.code == 0
     verify = result.json["timings"]["verify"]
-    assert verify["seconds"] > 0 and verify["bytes"] == sum(t["bytes_in"] for t in result.json["tensors"])
+    assert verify["seconds"] > 0 and verify["bytes"] == sum(t["bytes_out"] for t in result.json["tensors"])
     table = cli("quantize", SINGLE, "-o", tmp_path / "o2.bpk", "--device", "cpu")
     assert "verify " in table.out
     json.dumps(verify)

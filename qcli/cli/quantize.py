@@ -68,8 +68,8 @@ def quantize(
         bool,
         typer.Option(
             "--verify/--no-verify",
-            help="Read the output back and check every tensor against the plan and its source"
-            " (on by default; its time is reported).",
+            help="Check each quantized tensor's decode against its scheme's error bound, and read the output"
+            " back against the plan and the bytes written (on by default; its time is reported).",
         ),
     ] = True,
     max_shard_size: Annotated[
@@ -85,7 +85,8 @@ def quantize(
         bool,
         typer.Option(
             "--stats/--no-stats",
-            help="Measure each quantized tensor's error against its source (decodes on the CPU).",
+            help="Measure each quantized tensor's error against its source (from the same one decode on the"
+            " CPU that --verify checks).",
         ),
     ] = True,
 ) -> None:
@@ -165,7 +166,7 @@ def render(report: QuantizeReport) -> None:
     out.print(
         f"{_output.human_bytes(totals.bytes_in)} → {_output.human_bytes(totals.bytes_out)}"
         f" ({totals.ratio:.2f}× smaller, {totals.bits_per_weight:.2f} bits/weight);"
-        f" expected peak memory {_output.human_bytes(totals.peak_memory)}"
+        f" expected peak memory {_output.human_bytes(totals.peak_bytes)}"
     )
     if report.timings is None:
         out.print(f"would write {', '.join(report.outputs)}")

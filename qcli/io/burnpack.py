@@ -13,6 +13,7 @@ integers and floats (§3). The container never interprets a payload: a QFloat te
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import os
@@ -240,7 +241,8 @@ class BurnpackWriter:
     written as it is handed over, in the entries' order: only one tensor is ever held. Leaving the
     context without `commit()`, on an exception or an interrupt, removes the temporary file; the target
     is replaced only by the rename, so it is either untouched or complete. `finish()` completes the
-    file without renaming it, so that it can be checked first.
+    file without renaming it, so that it can be checked first; with `digests`, `self.digests` maps each
+    written tensor to the sha256 of the bytes handed over, for that check.
     """
 
     def __init__(
@@ -249,8 +251,11 @@ class BurnpackWriter:
         entries: Sequence[TensorEntry],
         metadata: Mapping[str, str] | None = None,
         scalars: Mapping[str, Mapping[str, object]] | None = None,
+        *,
+        digests: bool = False,
     ) -> None:
         self.target = Path(target)
+        self.digests: dict[str, bytes] | None = {} if digests else None
         self._entries = [_checked_entry(entry) for entry in entries]
         names = [entry.name for entry in self._entries]
         if len(set(names)) != len(names):
@@ -310,6 +315,8 @@ class BurnpackWriter:
         if view.nbytes != entry.nbytes:
             raise ValueError(f"tensor '{name}': deferred source has inconsistent length "
                              f"(expected {entry.nbytes}, got {view.nbytes})")
+        if self.digests is not None:
+            self.digests[name] = hashlib.sha256(view).digest()
         start = self.data_start + self._offsets[self._next][0]
         with self._output_errors():
             self._file.write(bytes(start - self._position))
