@@ -36,6 +36,11 @@ class ErrorRow:
     def to_json(self) -> dict:
         return {"rel_rms": self.rel_rms, "sqnr_db": _finite(self.sqnr_db), "max_abs": self.max_abs}
 
+    @staticmethod
+    def json_of(error: ErrorRow | None) -> dict:
+        """The three error fields of a row, null where nothing was measured."""
+        return error.to_json() if error else {"rel_rms": None, "sqnr_db": None, "max_abs": None}
+
 
 @dataclass(frozen=True)
 class TensorRow:
@@ -76,7 +81,6 @@ class TensorRow:
         )
 
     def to_json(self) -> dict:
-        err = self.error.to_json() if self.error else {"rel_rms": None, "sqnr_db": None, "max_abs": None}
         return {
             "name": self.name,
             "shape": list(self.shape),
@@ -90,7 +94,7 @@ class TensorRow:
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "bits_per_weight": self.bits_per_weight,
-            **err,
+            **ErrorRow.json_of(self.error),
         }
 
 
@@ -277,14 +281,13 @@ class CompareRow:
     problem: str | None = None
 
     def to_json(self) -> dict:
-        err = self.error.to_json() if self.error else {"rel_rms": None, "sqnr_db": None, "max_abs": None}
         return {
             "name": self.name,
             "dtype": self.dtype,
             "transposed": self.transposed,
             "exact": self.exact,
             "problem": self.problem,
-            **err,
+            **ErrorRow.json_of(self.error),
         }
 
 
@@ -393,14 +396,3 @@ class ValidateReport:
             "warnings": self.warnings,
             "problems": [problem_json(p) for p in self.problems],
         }
-
-
-def problem_location(p: Any) -> str:
-    """`file:line`, `file`, or empty: as far as the problem's location is known."""
-    return f"{p.file}:{p.line}" if p.file and p.line else p.file or ""
-
-
-def problem_text(p: Any) -> str:
-    """One line: `file:line: message`."""
-    where = problem_location(p)
-    return f"{where}: {p.message}" if where else p.message

@@ -12,7 +12,7 @@ from rich.table import Table
 from qcli import api
 from qcli.cli import _output
 from qcli.presets import DEFAULT_PRESET, PRESETS
-from qcli.report import QuantizeReport, problem_text
+from qcli.report import QuantizeReport
 
 
 class Device(StrEnum):
@@ -114,7 +114,7 @@ def quantize(
         _output.print_json(report.to_json())
         return
     for problem in report.warnings:
-        _output.warn(problem_text(problem))
+        _output.warn(str(problem))
     render(report)
 
 

@@ -10,7 +10,7 @@ import typer
 
 from qcli import api
 from qcli.cli import _output
-from qcli.report import ValidateReport, problem_location
+from qcli.report import ValidateReport
 
 MAX_NAMES = 5
 
@@ -79,7 +79,7 @@ def _names_missing(p: Any) -> bool:
 def _text(report: ValidateReport) -> None:
     lines = []
     for p in report.problems:
-        where = problem_location(p)
+        where = p.location
         lines.append(f"{where + ': ' if where else ''}{p.severity}: {p.message}")
         if _names_missing(p):
             lines.append(f"  tensors: {_names(p.tensors)}")
