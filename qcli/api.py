@@ -142,9 +142,10 @@ def quantize_file(
 
     The plan is made from the headers and checked in full before any weight is read. Tensors are then
     streamed one at a time through the pipeline into the container, which is renamed onto `output` only
-    once complete; an interruption or failure leaves `output` as it was. With `stats` or `verify`, each
-    quantized payload is decoded once on the CPU (about the cost of quantizing there): `stats` measures
-    its error against the source, `verify` checks it lies within its scheme's error bound and reads the
+    once complete; an interruption or failure leaves `output` as it was (an interrupt during the rename
+    takes effect after it, as `Interrupted` saying so). With `stats` or `verify`, each quantized payload
+    is decoded once, on the CPU, right after it is written: `stats` measures its error against the
+    source, `verify` checks it lies within its scheme's error bound and reads the
     complete files back before the rename, checking them against the plan and the hashes of the bytes
     written (`qcli.verify`); a file that fails never reaches `output`. With `max_shard_size`, the output
     is split into `NAME-00001-of-0000N.bpk` files of at most that many bytes each.
@@ -368,7 +369,8 @@ def _commit_all(writers: list) -> None:
 
 @contextmanager
 def _interrupts_held() -> Iterator[list[int]]:
-    """The signals SIGINT and SIGTERM that arrive inside the block, recorded instead of raised.
+    """The signals SIGINT and SIGTERM that arrive inside the block, recorded instead of raised (those the
+    process ignored before are dropped).
 
     A Python-level handler rather than a signal mask: the mask is per thread, and torch's threads
     would still take the signal. Outside the main thread handlers cannot change, and nothing is held.
@@ -385,6 +387,7 @@ def _interrupts_held() -> Iterator[list[int]]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        held[:] = [signum for signum in held if previous[signum] is not signal.SIG_IGN]
 
 
 def _decode_once(
