@@ -108,17 +108,28 @@ def select_pipeline(device: str) -> tuple[str, Callable[..., Iterator]]:
 
 
 class _TimedSource:
-    """A source that times `load` per tensor, so the pipeline's read time can be told from its compute."""
+    """A source that times `load` per tensor, so the pipeline's read time can be told from its compute,
+    and holds on to the tensors named in `keep` until `take`, so the decode after the write reads no
+    tensor a second time (the GPU pipeline reads the files itself: `take` loads those)."""
 
-    def __init__(self, source: Any, seconds_by_name: dict[str, float]) -> None:
+    def __init__(self, source: Any, seconds_by_name: dict[str, float], keep: set[str]) -> None:
         self._source = source
         self._seconds = seconds_by_name
+        self._keep = keep
+        self._held: dict[str, torch.Tensor] = {}
 
     def load(self, name: str) -> torch.Tensor:
         start = time.perf_counter()
         t = self._source.load(name)
         self._seconds[name] = self._seconds.get(name, 0.0) + time.perf_counter() - start
+        if name in self._keep:
+            self._held[name] = t
         return t
+
+    def take(self, name: str) -> torch.Tensor:
+        """The tensor as the pipeline loaded it (or loaded now), no longer held."""
+        t = self._held.pop(name, None)
+        return self._source.load(name) if t is None else t
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._source, attr)
@@ -279,6 +290,8 @@ def _write(
     shard_of = {entry.name: i for i, (_, entries) in enumerate(shards) for entry in entries}
     total = sum(e.info.nbytes for e in plan.entries)
     load_seconds: dict[str, float] = {}
+    decoded = {e.info.name for e in plan.entries if e.decision.scheme is not None} if stats or verify else set()
+    timed = _TimedSource(source, load_seconds, decoded)
     timings, rows, done = Timings(verify=Phase() if verify else None), [], 0
     started = time.perf_counter()
     if progress:
@@ -287,7 +300,7 @@ def _write(
         writers = [stack.enter_context(BurnpackWriter(path, entries, metadata, digests=verify))
                    for path, entries in shards]
         tick = time.perf_counter()
-        for i, (entry, payload) in enumerate(_naming_files(plan, run(plan, _TimedSource(source, load_seconds)))):
+        for i, (entry, payload) in enumerate(_naming_files(plan, run(plan, timed))):
             name = entry.info.name
             produced = time.perf_counter() - tick
             read = load_seconds.get(name, 0.0)
@@ -302,8 +315,7 @@ def _write(
             timings.write.seconds += time.perf_counter() - tick
             timings.write.bytes += entry.out_nbytes
 
-            decode = (stats or verify) and entry.decision.scheme is not None
-            error = _decode_once(entry, payload, source, writer.target, stats, timings) if decode else None
+            error = _decode_once(entry, payload, timed, writer.target, stats, timings) if name in decoded else None
             rows.append(TensorRow.of(entry, error))
             del payload
 
@@ -391,14 +403,14 @@ def _interrupts_held() -> Iterator[list[int]]:
 
 
 def _decode_once(
-    entry: Any, payload: Any, source: Any, target: Path, stats: bool, timings: Timings
+    entry: Any, payload: Any, source: _TimedSource, target: Path, stats: bool, timings: Timings
 ) -> ErrorRow | None:
     """Decode a quantized payload once: its error against its (transposed, if decided) source with
     `stats`, and with `timings.verify` set the bound check (`qcli.verify.check_bound`) on the same decode."""
     from qcli.codec import decode, error_stats
 
     tick = time.perf_counter()
-    x = source.load(entry.info.name)
+    x = source.take(entry.info.name)
     if entry.decision.transpose:
         x = x.t()
     decoded = decode(_cpu_bytes(payload), entry.decision.scheme, tuple(entry.out_shape))

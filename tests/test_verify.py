@@ -332,3 +332,12 @@ def test_verification_cost_is_reported(tmp_path: Path) -> None:
     table = cli("quantize", SINGLE, "-o", tmp_path / "o2.bpk", "--device", "cpu")
     assert "verify " in table.out
     json.dumps(verify)
+
+
+def test_each_source_tensor_is_read_once(tmp_path: Path, monkeypatch) -> None:
+    """The decode after the write reuses the tensor the CPU pipeline loaded; the read-back reads none."""
+    loads: list[str] = []
+    real = SafetensorsSource.load
+    monkeypatch.setattr(SafetensorsSource, "load", lambda self, name: loads.append(name) or real(self, name))
+    doc = cli("quantize", SINGLE, "-o", tmp_path / "o.bpk", "--device", "cpu", "--json").json
+    assert sorted(loads) == sorted(t["name"] for t in doc["tensors"])
