@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qcli import BURN_LAYOUT_PIN, __version__
+
+if TYPE_CHECKING:
+    from qcli.plan import Totals
 
 JSON_SCHEMA_VERSION = 1
 
@@ -98,7 +101,7 @@ class TensorRow:
         }
 
 
-def totals_json(t: Any) -> dict:
+def totals_json(t: Totals) -> dict:
     """A `qcli.plan.Totals` as JSON."""
     return {
         "tensors": t.tensors,
@@ -176,7 +179,7 @@ class QuantizeReport:
     recipe_sha256: str | None
     source_files: list[SourceFile]
     tensors: list[TensorRow]
-    totals: Any  # qcli.plan.Totals
+    totals: Totals
     warnings: list[Any] = field(default_factory=list)  # qcli.plan.Problem of severity "warning"
     timings: Timings | None = None
     outputs: list[str] = field(default_factory=list)  # the files written: `output`, or its shards
