@@ -166,7 +166,7 @@ def test_empty_tensors(scheme, shape):
 @pytest.mark.parametrize("shape", [[13, 40], [517]], ids=["rows", "rank1"])
 def test_row_chunks_give_the_same_bytes(monkeypatch, shape, block, dtype, two_level, calibration):
     """Tiny chunks (a few rows) exercise the chunk seams: scales from every chunk, values packed per chunk."""
-    monkeypatch.setattr(quantize, "CHUNK_ELEMENTS", 100)
+    monkeypatch.setattr(quantize, "CHUNK_ELEMENTS", max(1, 100 // torch.get_num_threads()))  # per thread
     scheme = QuantScheme().with_value(QuantValue.Q4S)
     scheme = scheme.per_tensor(ScaleDtype(dtype)) if block is None else scheme.per_block(block, ScaleDtype(dtype))
     if two_level:

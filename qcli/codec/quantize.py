@@ -20,7 +20,9 @@ from qcli.codec.values import to_fields
 from qcli.errors import InputError
 from qcli.scheme import Calibration, QuantScheme, check_accepted
 
-CHUNK_ELEMENTS = 1 << 20
+# Elements per chunk and thread: 1 MiB of f32, so each core's share of a chunk and its temporaries stay
+# in a 2 MiB L2 (measured best on 4096x4096: 4x smaller chunks pay per-op overhead, 4x larger spill).
+CHUNK_ELEMENTS = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -66,9 +68,9 @@ def encode(
     out = torch.empty(layout.quantized_data_len(scheme, x.shape), dtype=torch.uint8)
     offset = 0
     for fields in _chunk_fields(work, chunks, scales, scheme):
-        packed = pack_fields(fields, scheme)
-        out[offset : offset + packed.numel()] = packed
-        offset += packed.numel()
+        size = layout.value_bytes(scheme, fields.shape)
+        pack_fields(fields, scheme, out[offset : offset + size])
+        offset += size
     for region in _scale_regions(scales.stored, scales.global_scale, scheme):
         out[offset : offset + region.numel()] = region
         offset += region.numel()
@@ -100,10 +102,13 @@ def _prepare(
             hint="keep it unquantized with a `keep = true` rule",
         )
     grid = BlockGrid.of(scheme, x.shape)
-    work = x.detach().to(device="cpu", dtype=torch.float32).contiguous().reshape(grid.shape)
+    # Widened to f32 a chunk at a time, so a bf16 or f16 tensor never has a whole f32 copy.
+    work = x.detach().to(device="cpu").contiguous().reshape(grid.shape)
     chunks = _row_chunks(grid, scheme)
-    pieces = [work[rows] for rows, _ in chunks]
-    reduced = [block_reduce(p, BlockGrid.of(scheme, p.shape), calibration) for p in pieces]
+    reduced = []
+    for rows, _ in chunks:
+        piece = work[rows].float()
+        reduced.append(block_reduce(piece, BlockGrid.of(scheme, piece.shape), calibration))
     if scheme.block is None:  # one block over every chunk
         combined = torch.stack(reduced)
         reduced = [combined.amax(0) if calibration is Calibration.MinMax else combined.sum(0)]
@@ -129,7 +134,7 @@ def _row_chunks(grid: BlockGrid, scheme: QuantScheme) -> list[tuple[slice, slice
         unit, row_elements = block_rows, math.prod(grid.shape[1:])
     if row_elements == 0 or rows == 0:
         return [(slice(0, rows), slice(0, grid.grid[0]))]
-    step = max(1, CHUNK_ELEMENTS // (row_elements * unit)) * unit
+    step = max(1, CHUNK_ELEMENTS * torch.get_num_threads() // (row_elements * unit)) * unit
     chunks = []
     for start in range(0, rows, step):
         stop = min(rows, start + step)
@@ -142,5 +147,5 @@ def _chunk_fields(
     work: torch.Tensor, chunks: list[tuple[slice, slice]], scales: Scales, scheme: QuantScheme
 ) -> Iterator[torch.Tensor]:
     for rows, grid_rows in chunks:
-        piece = work[rows]
+        piece = work[rows].float()
         yield to_fields(piece, scales.effective[grid_rows], BlockGrid.of(scheme, piece.shape), scheme.value)

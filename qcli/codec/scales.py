@@ -46,7 +46,7 @@ def block_reduce(x: torch.Tensor, grid: BlockGrid, calibration: Calibration) -> 
         return torch.zeros(grid.grid, dtype=_REDUCE_DTYPE[calibration])
     blocks = grid.to_blocks(x)
     if calibration is Calibration.MinMax:
-        return torch.maximum(blocks.amax(dim=grid.block_axes), blocks.amin(dim=grid.block_axes).neg_())
+        return blocks.abs().amax(dim=grid.block_axes)  # one read of the chunk; faster than amax and amin
     return blocks.abs().sum(dim=grid.block_axes, dtype=torch.float64)
 
 

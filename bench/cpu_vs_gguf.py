@@ -1,0 +1,163 @@
+"""The CPU path against gguf-py's numpy quantizer, and the CPU path's peak memory.
+
+Run from the repository root: `python3 -m bench.cpu_vs_gguf [--runs N] [--doc docs/benchmarks.md]`
+(needs `pip install gguf`). One seeded 4096x4096 standard-normal f32 matrix; qcli's `encode` with Q8S
+and Q4S, block [32], F16 scales, PackedU32, against gguf's `quants.quantize` with Q8_0 and Q4_0 (the
+same value width, block of 32 and f16 scale). Median wall time of `--runs` runs each, with torch's
+default thread count and with one thread (gguf is numpy, single-threaded, timed once). Peak memory:
+each of a few inputs is encoded in a fresh subprocess, reading the peak RSS (ru_maxrss) before and
+after. Prints a markdown section; `--doc` also replaces that section in the given file.
+
+Other processes share small machines: the load average is printed before and after; re-run when quiet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from qcli.codec import encode
+from qcli.scheme import QuantScheme, QuantValue, ScaleDtype
+
+SECTION = "## CPU path against gguf-py (this 2-core machine)"
+SHAPE = (4096, 4096)
+MEMORY_CASES = [  # (shape, source dtype)
+    ((8192, 8192), "float32"),
+    ((8192, 8192), "bfloat16"),
+]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _scheme(value: QuantValue) -> QuantScheme:
+    return QuantScheme().with_value(value).per_block([32], ScaleDtype.F16)
+
+
+def _median_s(run, runs: int) -> float:
+    run()  # warm-up: first-touch allocations, lazy initialisation
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def time_throughput(runs: int) -> list[tuple[str, str, float]]:
+    """(label, threads, seconds) for qcli at default and one thread, and gguf."""
+    from gguf import GGMLQuantizationType, quants
+
+    w = np.random.default_rng(0).standard_normal(SHAPE, dtype=np.float32)
+    x = torch.from_numpy(w)
+    default_threads = torch.get_num_threads()
+    rows = []
+    for threads in (default_threads, 1):
+        torch.set_num_threads(threads)
+        for value in (QuantValue.Q8S, QuantValue.Q4S):
+            scheme = _scheme(value)
+            rows.append((f"qcli {value} [32] F16", str(threads), _median_s(lambda s=scheme: encode(x, s), runs)))
+    torch.set_num_threads(default_threads)
+    for qtype in (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0):
+        rows.append((f"gguf {qtype.name}", "1 (numpy)", _median_s(lambda q=qtype: quants.quantize(w, q), runs)))
+    return rows
+
+
+_MEMORY_CHILD = """
+import resource, sys, torch
+from qcli.codec import encode
+from qcli.scheme import QuantScheme, QuantValue, ScaleDtype
+rows, cols, dtype = int(sys.argv[1]), int(sys.argv[2]), getattr(torch, sys.argv[3])
+x = torch.randn(rows, cols, dtype=dtype)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+payload = encode(x, QuantScheme().with_value(QuantValue.Q4S).per_block([32], ScaleDtype.F16))
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(x.numel() * x.element_size(), payload.numel(), (after - before) * 1024)
+"""
+
+
+def measure_memory() -> list[tuple[tuple[int, int], str, int, int, int]]:
+    """(shape, dtype, input bytes, payload bytes, peak RSS growth during encode in bytes) per case."""
+    results = []
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for shape, dtype in MEMORY_CASES:
+        out = subprocess.run(
+            [sys.executable, "-c", _MEMORY_CHILD, str(shape[0]), str(shape[1]), dtype],
+            check=True, capture_output=True, text=True, env=env,
+        ).stdout.split()
+        results.append((shape, dtype, *map(int, out)))
+    return results
+
+
+def report(rows: list[tuple[str, str, float]], memory, facts: dict[str, str]) -> str:
+    n = SHAPE[0] * SHAPE[1]
+    gguf = {label.split()[1]: s for label, _, s in rows if label.startswith("gguf")}
+    lines = [SECTION, "", *(f"- {k}: {v}" for k, v in facts.items()), ""]
+    lines += [f"{SHAPE[0]}x{SHAPE[1]} f32, seeded standard normal; median wall time.", ""]
+    lines += ["| quantizer | threads | ms | M elements/s | × gguf |", "|---|---|---:|---:|---:|"]
+    for label, threads, s in rows:
+        peer = gguf["Q8_0"] if "Q8S" in label else gguf["Q4_0"] if "Q4S" in label else s
+        lines.append(f"| {label} | {threads} | {s * 1e3:.1f} | {n / s / 1e6:.0f} | {peer / s:.2f} |")
+    lines += ["", "Peak memory of `encode` (Q4S [32] F16), peak RSS growth in a fresh process:", ""]
+    lines += ["| input | input MiB | payload MiB | peak growth MiB |", "|---|---:|---:|---:|"]
+    for shape, dtype, in_bytes, out_bytes, growth in memory:
+        mib = [f"{b / (1 << 20):.0f}" for b in (in_bytes, out_bytes, growth)]
+        lines.append(f"| {shape[0]}x{shape[1]} {dtype} | " + " | ".join(mib) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def replace_section(doc: Path, section: str) -> None:
+    """Put `section` in place of the file's section of the same heading (up to the next `## `), or append it."""
+    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
+    start = text.find(SECTION)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = text.find("\n## ", start + len(SECTION))
+        text = text[:start] + section + ("" if end < 0 else "\n" + text[end + 1 :])
+    doc.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--doc", type=Path, help="markdown file whose section to replace with the results")
+    args = parser.parse_args()
+    load_before = _load()
+    rows = time_throughput(args.runs)
+    memory = measure_memory()
+    facts = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "CPU": f"{_cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}",
+        "versions": f"python {platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}, "
+        f"gguf {version('gguf')}",
+        "load average (1, 5, 15 min)": f"before {load_before}, after {_load()}",
+    }
+    section = report(rows, memory, facts)
+    print(section)
+    if args.doc:
+        replace_section(args.doc, section)
+
+
+if __name__ == "__main__":
+    main()
