@@ -15,7 +15,7 @@ import torch
 from qcli import layout
 from qcli.codec.blocks import BlockGrid
 from qcli.codec.pack import pack_fields, pack_global, pack_scales
-from qcli.codec.scales import Scales, block_alpha, block_reduce, scales_from_alpha
+from qcli.codec.scales import REDUCE_DTYPE, Scales, block_alpha, block_reduce, scales_from_alpha
 from qcli.codec.values import to_fields
 from qcli.errors import InputError
 from qcli.scheme import Calibration, QuantScheme, check_accepted
@@ -102,17 +102,19 @@ def _prepare(
             hint="keep it unquantized with a `keep = true` rule",
         )
     grid = BlockGrid.of(scheme, x.shape)
-    # Widened to f32 a chunk at a time, so a bf16 or f16 tensor never has a whole f32 copy.
-    work = x.detach().to(device="cpu").contiguous().reshape(grid.shape)
+    work = x.detach().to(device="cpu").reshape(grid.shape)
     chunks = _row_chunks(grid, scheme)
-    reduced = []
-    for rows, _ in chunks:
-        piece = work[rows].float()
-        reduced.append(block_reduce(piece, BlockGrid.of(scheme, piece.shape), calibration))
-    if scheme.block is None:  # one block over every chunk
-        combined = torch.stack(reduced)
-        reduced = [combined.amax(0) if calibration is Calibration.MinMax else combined.sum(0)]
-    alpha = block_alpha(torch.cat(reduced), grid, calibration)
+    # Reductions go straight into one grid (a row per chunk for a per-tensor scale): small results kept
+    # between the chunks' temporaries would fragment the heap, about a chunk lost per chunk.
+    per_tensor = scheme.block is None
+    reduced = torch.empty((len(chunks), *grid.grid) if per_tensor else grid.grid, dtype=REDUCE_DTYPE[calibration])
+    for i, (rows, grid_rows) in enumerate(chunks):
+        piece = _f32_rows(work, rows)
+        into = reduced[i] if per_tensor else reduced[grid_rows]
+        block_reduce(piece, BlockGrid.of(scheme, piece.shape), calibration, into)
+    if per_tensor:  # one block over every chunk
+        reduced = reduced.amax(0) if calibration is Calibration.MinMax else reduced.sum(0)
+    alpha = block_alpha(reduced, grid, calibration)
     if not bool(torch.isfinite(alpha).all()):
         raise InputError(
             f"tensor {name!r} holds NaN or Inf values, which cannot be quantized",
@@ -143,9 +145,15 @@ def _row_chunks(grid: BlockGrid, scheme: QuantScheme) -> list[tuple[slice, slice
     return chunks
 
 
+def _f32_rows(work: torch.Tensor, rows: slice) -> torch.Tensor:
+    """Rows of `work` as contiguous f32: a view when they already are, else a chunk-sized copy, so a bf16
+    or transposed tensor is widened or gathered a chunk at a time, never as a whole."""
+    return work[rows].to(torch.float32, memory_format=torch.contiguous_format)
+
+
 def _chunk_fields(
     work: torch.Tensor, chunks: list[tuple[slice, slice]], scales: Scales, scheme: QuantScheme
 ) -> Iterator[torch.Tensor]:
     for rows, grid_rows in chunks:
-        piece = work[rows].float()
+        piece = _f32_rows(work, rows)
         yield to_fields(piece, scales.effective[grid_rows], BlockGrid.of(scheme, piece.shape), scheme.value)

@@ -37,17 +37,22 @@ def round_up(s: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
     return torch.where(s >= maximum, torch.tensor(maximum, dtype=torch.float32), rounded)
 
 
-def block_reduce(x: torch.Tensor, grid: BlockGrid, calibration: Calibration) -> torch.Tensor:
-    """Grid-shaped partial range of each block: f32 max|x| (MinMax) or f64 sum|x| (AbsMean).
+def block_reduce(
+    x: torch.Tensor, grid: BlockGrid, calibration: Calibration, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Grid-shaped partial range of each block: f32 max|x| (MinMax) or f64 sum|x| (AbsMean), written into
+    `out` when given.
 
     Both reductions propagate NaN and inf, and combine across pieces of a block by max or sum.
     """
+    if out is None:
+        out = torch.empty(grid.grid, dtype=REDUCE_DTYPE[calibration])
     if x.numel() == 0:
-        return torch.zeros(grid.grid, dtype=_REDUCE_DTYPE[calibration])
-    blocks = grid.to_blocks(x)
+        return out.zero_()
+    magnitudes = grid.to_blocks(x).abs()  # one read of the chunk, then reductions over cached data
     if calibration is Calibration.MinMax:
-        return blocks.abs().amax(dim=grid.block_axes)  # one read of the chunk; faster than amax and amin
-    return blocks.abs().sum(dim=grid.block_axes, dtype=torch.float64)
+        return torch.amax(magnitudes, dim=grid.block_axes, out=out)
+    return torch.sum(magnitudes, dim=grid.block_axes, dtype=torch.float64, out=out)
 
 
 def block_alpha(reduced: torch.Tensor, grid: BlockGrid, calibration: Calibration) -> torch.Tensor:
@@ -57,7 +62,7 @@ def block_alpha(reduced: torch.Tensor, grid: BlockGrid, calibration: Calibration
     return (reduced / grid.counts()).to(torch.float32)
 
 
-_REDUCE_DTYPE = {Calibration.MinMax: torch.float32, Calibration.AbsMean: torch.float64}
+REDUCE_DTYPE = {Calibration.MinMax: torch.float32, Calibration.AbsMean: torch.float64}
 
 
 @dataclass(frozen=True)
