@@ -4,7 +4,8 @@ Run from the repository root: `python3 -m bench.cpu_vs_gguf [--runs N] [--doc do
 (needs `pip install gguf`). One seeded 4096x4096 standard-normal f32 matrix; qcli's `encode` with Q8S
 and Q4S, block [32], F16 scales, PackedU32, against gguf's `quants.quantize` with Q8_0 and Q4_0 (the
 same value width, block of 32 and f16 scale). Median wall time of `--runs` runs each, with torch's
-default thread count and with one thread (gguf is numpy, single-threaded, timed once). Peak memory:
+default thread count (with OpenMP's passive wait, which the qcli command sets, and with its default
+spin-wait) and with one thread, each in a fresh process; gguf is numpy, single-threaded. Peak memory:
 each of a few inputs is encoded in a fresh subprocess, reading the peak RSS (ru_maxrss) before and
 after. Prints a markdown section; `--doc` also replaces that section in the given file.
 
@@ -14,6 +15,7 @@ Other processes share small machines: the load average is printed before and aft
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -64,23 +66,44 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+CONFIGS = [  # (label of the threads column, torch threads or None for the default, OMP_WAIT_POLICY)
+    ("default, passive wait (the qcli command's setting)", None, "PASSIVE"),
+    ("default, OpenMP's default spin-wait", None, None),
+    ("1", 1, None),
+]
+
+
 def time_throughput(runs: int) -> list[tuple[str, str, float]]:
-    """(label, threads, seconds) for qcli at default and one thread, and gguf."""
+    """(label, threads, seconds): qcli in a fresh process per configuration (OpenMP reads its wait policy
+    when torch loads), then gguf (numpy, one thread)."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | {"PYTHONPATH": str(ROOT)}
+    rows = []
+    for label, threads, policy in CONFIGS:
+        child_env = env | ({"OMP_WAIT_POLICY": policy} if policy else {})
+        args = [sys.executable, "-m", "bench.cpu_vs_gguf", "--child", str(threads or 0), "--runs", str(runs)]
+        out = subprocess.run(args, check=True, capture_output=True, text=True, env=child_env, cwd=ROOT).stdout
+        for value, seconds in json.loads(out):
+            rows.append((f"qcli {value} [32] F16", label, seconds))
     from gguf import GGMLQuantizationType, quants
 
-    w = np.random.default_rng(0).standard_normal(SHAPE, dtype=np.float32)
-    x = torch.from_numpy(w)
-    default_threads = torch.get_num_threads()
-    rows = []
-    for threads in (default_threads, 1):
-        torch.set_num_threads(threads)
-        for value in (QuantValue.Q8S, QuantValue.Q4S):
-            scheme = _scheme(value)
-            rows.append((f"qcli {value} [32] F16", str(threads), _median_s(lambda s=scheme: encode(x, s), runs)))
-    torch.set_num_threads(default_threads)
+    w = _matrix()
     for qtype in (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0):
         rows.append((f"gguf {qtype.name}", "1 (numpy)", _median_s(lambda q=qtype: quants.quantize(w, q), runs)))
     return rows
+
+
+def _child(threads: int, runs: int) -> None:
+    """Print [value, median seconds] of qcli's encode for Q8S and Q4S, as JSON."""
+    if threads:
+        torch.set_num_threads(threads)
+    x = torch.from_numpy(_matrix())
+    schemes = [(str(v), _scheme(v)) for v in (QuantValue.Q8S, QuantValue.Q4S)]
+    times = [(name, _median_s(lambda s=scheme: encode(x, s), runs)) for name, scheme in schemes]
+    print(json.dumps(times))
+
+
+def _matrix() -> np.ndarray:
+    return np.random.default_rng(0).standard_normal(SHAPE, dtype=np.float32)
 
 
 _MEMORY_CHILD = """
@@ -142,13 +165,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--doc", type=Path, help="markdown file whose section to replace with the results")
+    parser.add_argument("--child", type=int, metavar="THREADS", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child is not None:
+        return _child(args.child, args.runs)
     load_before = _load()
     rows = time_throughput(args.runs)
     memory = measure_memory()
     facts = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "CPU": f"{_cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}",
+        "CPU": f"{_cpu_model()}, {os.cpu_count()} cores, torch's default threads {torch.get_num_threads()}",
         "versions": f"python {platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}, "
         f"gguf {version('gguf')}",
         "load average (1, 5, 15 min)": f"before {load_before}, after {_load()}",
