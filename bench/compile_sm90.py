@@ -10,6 +10,7 @@ is spent.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ _OPTION_NAMES = ("enable_fp_fusion",)
 
 def _record(path: str) -> None:
     import torch
+    import triton.language as tl
 
     from bench.schemes import all_schemes
     from qcli.kernels import _quantize as K
@@ -43,13 +45,14 @@ def _record(path: str) -> None:
                 self.fn, self.name = fn, name
 
             def __getitem__(self, grid):
-                def launch(*args, **constexprs):
-                    options = {k: constexprs.pop(k) for k in _OPTION_NAMES if k in constexprs}
-                    names = self.fn.arg_names
-                    sig = {n: arg_type(a) for n, a in zip(names, args, strict=False)}
-                    sig.update({k: "constexpr" for k in constexprs})
+                def launch(*args, **kwargs):
+                    options = {k: kwargs.pop(k) for k in _OPTION_NAMES if k in kwargs}
+                    params = inspect.signature(self.fn.fn).parameters
+                    values = dict(zip(params, args, strict=False)) | kwargs
+                    constexprs = {n: v for n, v in values.items() if params[n].annotation is tl.constexpr}
+                    sig = {n: "constexpr" if n in constexprs else arg_type(values[n]) for n in params}
                     seen[json.dumps([self.name, sig, constexprs], sort_keys=True)] = {}
-                    return self.fn[grid](*args, **constexprs, **options)
+                    return self.fn[grid](*args, **kwargs, **options)
                 return launch
 
         setattr(K, name, Recorder())

@@ -16,7 +16,7 @@ from pathlib import Path
 import cbor2
 import pytest
 import torch
-from cli_support import SINGLE, assert_user_error, cli
+from cli_support import SINGLE, assert_user_error, cli, cli_subprocess
 from safetensors.torch import save_file
 
 from qcli.io.burnpack import data_section_start
@@ -417,3 +417,13 @@ def test_keep_is_the_documented_way_past_nan(tmp_path: Path) -> None:
     (tmp_path / "keep.toml").write_text('version = 1\n[[rule]]\nmatch = "layer.weight"\nkeep = true\n')
     assert cli(*args, "--recipe", tmp_path / "keep.toml").code == 0
     assert (tmp_path / "out.bpk").exists()
+
+
+@pytest.mark.parametrize("case", [SAFETENSORS[0], BURNPACK[0], RECIPES[0]], ids=lambda c: c.id)
+def test_catalogue_from_a_fresh_interpreter(case: Case, tmp_path: Path) -> None:
+    """The same answers from `python -m qcli`, as a user's shell runs it."""
+    args = case.make(tmp_path)
+    before = {p.name for p in tmp_path.iterdir()}
+    lines = assert_user_error(cli_subprocess(*args), case.code)
+    assert all(needle in lines[0] for needle in case.needles) and len(lines) == 2
+    assert {p.name for p in tmp_path.iterdir()} == before

@@ -143,6 +143,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, no_weight_reads):
     assert result.code == 0, result.err
     no_leftovers(tmp_path, {"m.safetensors"})
     assert "dry run" in result.out and "expected peak memory" in result.out
+    assert f"would write {tmp_path / 'm.bpk'}" in result.out
     lines = {line.split()[1]: line for line in result.out.splitlines() if line.startswith("│")}
     assert "keep" in lines["model.norm.weight"] and "1-D" in lines["model.norm.weight"]
     assert "Q4S" in lines["lm_head.weight"] and "1000×128" in lines["lm_head.weight"]

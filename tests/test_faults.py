@@ -98,3 +98,20 @@ def test_signal_mid_write(tmp_path: Path, big_input: Path, signum: int) -> None:
     lines = err.strip().splitlines()
     assert lines[0] == "error: interrupted" and lines[-1].startswith("hint: ") and "Traceback" not in err
     assert_untouched(tmp_path, target)
+
+
+def test_interrupt_during_verification(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every tensor written, the file complete but not yet checked: an interrupt still leaves the target."""
+    from qcli import verify
+
+    target = tmp_path / "out.bpk"
+    target.write_bytes(OLD)
+
+    def interrupted(*args, **kwargs):
+        assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir())  # complete, not yet renamed
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(verify, "verify_output", interrupted)
+    lines = assert_user_error(cli("quantize", SINGLE, "-o", target, "--device", "cpu", "--force"), 130)
+    assert lines[0] == "error: interrupted"
+    assert_untouched(tmp_path, target)

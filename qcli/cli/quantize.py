@@ -167,17 +167,15 @@ def render(report: QuantizeReport) -> None:
         f" ({totals.ratio:.2f}× smaller, {totals.bits_per_weight:.2f} bits/weight);"
         f" expected peak memory {_output.human_bytes(totals.peak_memory)}"
     )
-    if report.timings is not None:
-        timings = report.timings
-        phases = []
-        for name, phase in (
-            ("read", timings.read),
-            ("quantize", timings.quantize),
-            ("stats", timings.stats),
-            ("write", timings.write),
-            *((("verify", timings.verify),) if timings.verify is not None else ()),
-        ):
+    if report.timings is None:
+        out.print(f"would write {', '.join(report.outputs)}")
+        return
+    timings = report.timings
+    phases = []
+    for name in ("read", "quantize", "stats", "write", "verify"):
+        phase = getattr(timings, name)
+        if phase is not None:
             rate = f", {phase.gb_per_s:.3g} GB/s" if phase.gb_per_s is not None else ""
             phases.append(f"{name} {phase.seconds:.2f} s{rate}")
-        out.print("; ".join(phases) + f"; total {timings.total_seconds:.2f} s on {report.device}")
-        out.print(f"wrote {', '.join(report.outputs)}")
+    out.print("; ".join(phases) + f"; total {timings.total_seconds:.2f} s on {report.device}")
+    out.print(f"wrote {', '.join(report.outputs)}")

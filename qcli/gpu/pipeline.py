@@ -322,7 +322,7 @@ def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
     with _on(stage.compute):
         x = tensor.chunk.t().contiguous() if decision.transpose else tensor.chunk
         if piece.collect:
-            part = tensor_range(x, scheme, decision.calibration)
+            part = tensor_range(x, scheme, decision.calibration, tensor.bad)
             whole = tensor.whole
             tensor.whole = part if whole is None else whole.add(part, decision.calibration, scheme)
             return

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import BinaryIO
 
 import cbor2
 
@@ -440,7 +441,7 @@ _CORRUPT_HINT = "the file is damaged or was not written by Burn or qcli; write i
 _TRUNCATED_HINT = "the file was cut short (an interrupted copy or write?); copy or write it again"
 
 
-def _open(path: Path, file, size: int) -> BurnpackReader:
+def _open(path: Path, file: BinaryIO, size: int) -> BurnpackReader:
     """Burn's checks in Burn's order (`Reader::from_file`), then qcli's stricter ones."""
     if size > MAX_FILE_SIZE:
         raise _fail(path, f"file size {size} bytes exceeds the maximum of {MAX_FILE_SIZE} bytes",
@@ -503,7 +504,12 @@ def _is_u64(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= U64_MAX
 
 
-def _parse_metadata(path: Path, top: object):
+_Descriptor = tuple[object, tuple[int, ...], tuple[int, int], "int | None"]
+
+
+def _parse_metadata(
+    path: Path, top: object
+) -> tuple[dict[str, _Descriptor], dict[str, str], dict[str, dict[str, object]]]:
     """Check the decoded metadata's structure as serde would; returns tensors, metadata and scalars."""
 
     def bad(what: str) -> InputError:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -123,7 +124,7 @@ def _unreadable(path: Path, exc: OSError) -> InputError:
     return InputError(f"cannot read {path}: {exc.strerror or exc}", hint="check the path and its permissions")
 
 
-def _unique_keys(path: Path):
+def _unique_keys(path: Path) -> Callable[[list[tuple[str, object]]], dict[str, object]]:
     """A JSON `object_pairs_hook` that refuses a key given twice (json keeps the last silently)."""
 
     def hook(pairs: list[tuple[str, object]]) -> dict[str, object]:

@@ -7,7 +7,10 @@ on a GPU and under TRITON_INTERPRET=1 (libdevice is not available to the interpr
 import triton
 import triton.language as tl
 
-MIN_POSITIVE = tl.constexpr(1.1754943508222875e-38) # f32::MIN_POSITIVE, the floor of every scale
+MIN_POSITIVE = tl.constexpr(1.1754943508222875e-38)  # f32::MIN_POSITIVE, the floor of every scale
+# Scales within which the reciprocal and the residual of `_quotient` neither overflow nor lose bits.
+SAFE_LOW = tl.constexpr(2.0**-125)
+SAFE_HIGH = tl.constexpr(2.0**125)
 
 
 @triton.jit
@@ -37,12 +40,30 @@ def _minifloat_code(v, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.conste
 
 
 @triton.jit
-def _value_field(x, s_eff, IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr,
-                 EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
-    """The stored field (low BITS bits, as int32) of x / s_eff; an exact zero stays zero whatever s_eff is."""
-    v = tl.where(x == 0, x, tl.math.div_rn(x, s_eff))
+def _quotient(x, s, r):
+    """RN(x / s) from r = RN(1 / s), for s in [SAFE_LOW, SAFE_HIGH] (Markstein): the residual
+    x - q * s is exact in a fused multiply-add, and one correction step rounds correctly. Quotients that
+    underflow may come out off by an ulp or with the wrong sign of zero; every caller takes the sign from x
+    and such magnitudes quantize to zero either way."""
+    q = x * r
+    return tl.fma(tl.fma(-q, s, x), r, q)
+
+
+@triton.jit
+def _value_field(x, s_eff, r_eff, fast, IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr,
+                 HI: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
+    """The stored field (low BITS bits, as int32) of RN(x / s_eff); an exact zero stays zero whatever s_eff
+    is. `fast` (one flag for the whole tile) says every scale is safe for `_quotient` with r_eff."""
+    if fast:
+        v = _quotient(x, s_eff, r_eff)
+    else:
+        v = tl.math.div_rn(x, s_eff)
+    v = tl.where(x == 0, x, v)
     if IS_FLOAT:
-        field = _minifloat_code(v, EBITS, MBITS, BIAS, HI)
+        # the sign of x / s is the sign of x, also where the quotient underflows to zero
+        magnitude = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        signed = magnitude | (x.to(tl.int32, bitcast=True) & (-2147483647 - 1))
+        field = _minifloat_code(signed.to(tl.float32, bitcast=True), EBITS, MBITS, BIAS, HI)
     else:
         field = _rint(tl.minimum(tl.maximum(v, LO), HI)).to(tl.int32)
     return field & ((1 << BITS) - 1)

@@ -24,7 +24,7 @@ from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue,
 _KIND = {ScaleDtype.F32: 0, ScaleDtype.F16: 1, ScaleDtype.BF16: 2, ScaleDtype.UE4M3: 3}
 _MINIFLOAT = {QuantValue.E4M3: (4, 3, 7), QuantValue.E5M2: (5, 2, 15), QuantValue.E2M1: (2, 1, 1)}
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_TILE = 2048          # values per program of the quantize kernel
+_TILE = 4096          # values per program (bench/tune.py: the fastest on an H200 for most schemes)
 _TENSOR_CHUNK = 4096  # values per partial range of a per-tensor scheme
 # No multiply-add contraction: every product must round on its own, as on the CPU.
 _OPTIONS = {"enable_fp_fusion": False}
@@ -64,13 +64,20 @@ class _Geometry:
         return _Geometry(dims, rows, cols, block, grid, per_unit, unit_bytes, value_bytes, scale_offset,
                          scale_offset + layout.scale_bytes(scheme, shape))
 
-    def fused(self, scheme: QuantScheme, calibration: Calibration) -> bool:
-        """Whether each program can compute its own scales: one level, blocks along the last axis only,
-        a power-of-two block width holding whole storage units."""
+    def fused(self, scheme: QuantScheme) -> bool:
+        """Whether each program can compute its blocks' scales itself: blocks along the last axis only,
+        of a power-of-two width holding whole storage units (a two-level scheme needs its global first)."""
         width = self.block[-1]
-        one_level = scheme.block is not None and not scheme.is_two_level()
-        return (one_level and all(b == 1 for b in self.block[:-1]) and width & (width - 1) == 0
+        return (scheme.block is not None and all(b == 1 for b in self.block[:-1]) and width & (width - 1) == 0
                 and width % self.per_unit == 0)
+
+    def flat(self, width: int) -> tuple[int, int, int]:
+        """(rows, values per row, units per row) of the view the kernels take: with no partial block of
+        `width` and no row padding, the tensor is one long row."""
+        if self.cols % width == 0 and width % self.per_unit == 0:
+            n = self.rows * self.cols
+            return 1, n, n // self.per_unit
+        return self.rows, self.cols, math.ceil(self.cols / self.per_unit)
 
 
 def _value_constants(value: QuantValue) -> dict:
@@ -112,13 +119,19 @@ class Range:
         return self.value
 
 
-def tensor_range(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration = Calibration.MinMax
+def tensor_range(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, bad: torch.Tensor
                  ) -> Range:
-    """The range of `x` (a tensor or a row chunk of it) that a per-tensor or two-level scheme needs."""
+    """The range of `x` (a tensor or a row chunk of it) that a per-tensor or two-level scheme needs;
+    sets `bad[0]` on NaN or inf."""
     geo = _Geometry.of(scheme, tuple(x.shape))
     if scheme.is_two_level():
-        return Range(_block_alpha(x, geo, calibration).amax().reshape(1), x.numel())
-    partial = _row_alpha(x.reshape(1, -1), 1, x.numel(), _TENSOR_CHUNK, calibration)
+        if geo.fused(scheme):
+            rows, cols, _ = geo.flat(geo.block[-1])
+            peak = _row_alpha(x, rows, cols, geo.block[-1], calibration, bad, per_program=True)
+        else:
+            peak = _block_alpha(x, geo, calibration, bad)
+        return Range(peak.amax().reshape(1), x.numel())
+    partial = _row_alpha(x, 1, x.numel(), _TENSOR_CHUNK, calibration, bad)
     if calibration is Calibration.AbsMean:
         return Range(partial.sum().reshape(1), x.numel())
     return Range(partial.amax().reshape(1), x.numel())
@@ -134,51 +147,57 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
     geo = _Geometry.of(scheme, tuple(x.shape))
     values = out[: geo.value_bytes]
     values = values.view(torch.int32) if geo.unit_bytes == 4 else values
-    scales = out[geo.scale_offset :]
-    dummy = out  # pointer arguments a mode does not read
-    units_per_row = math.ceil(geo.cols / geo.per_unit)
-    n_scales = math.prod(geo.grid)
-    const = dict(_value_constants(scheme.value), HALF_RANGE=scheme.value.half_range(),
-                 KIND=_KIND[scheme.scale_dtype()], SCALE_SIZE=scheme.scale_dtype().scale_size(),
-                 CAL=_cal(calibration))
-    rows, cols = geo.rows, geo.cols
-    if geo.fused(scheme, calibration):
+    dtype = scheme.scale_dtype()
+    two_level = scheme.is_two_level()
+    const = dict(_value_constants(scheme.value), CAL=_cal(calibration), TWO_LEVEL=two_level,
+                 HALF_RANGE=scheme.value.half_range(), KIND=_KIND[dtype], SCALE_SIZE=dtype.scale_size(),
+                 DTYPE_MAX=dtype.max_representable(), N=geo.per_unit, **_OPTIONS)
+    pointers = dict(x_ptr=x, values_ptr=values, scales_ptr=out[geo.scale_offset :],
+                    global_ptr=out[geo.global_offset :], s_eff_ptr=out, r_eff_ptr=out, safe_ptr=out,
+                    alpha_max_ptr=out, row_base_ptr=out, bad_ptr=bad)  # `out` where a mode reads nothing
+    if geo.fused(scheme):
         width = geo.block[-1]
-        if cols % width == 0:  # no partial block and no row padding: the tensor is one long row
-            rows, cols, units_per_row = 1, x.numel(), x.numel() // geo.per_unit
+        if two_level:
+            pointers["alpha_max_ptr"] = (whole or tensor_range(x, scheme, calibration, bad)).value
+        rows, cols, units_per_row = geo.flat(width)
         blocks_per_row = math.ceil(cols / width)
-        u = width // geo.per_unit
         g = max(1, _TILE // width)
         chunks = triton.cdiv(blocks_per_row, g)
         K._quantize_kernel[(rows * chunks,)](
-            x, values, scales, dummy, dummy, bad, cols, units_per_row, chunks, width, blocks_per_row,
-            G=g, U=u, N=geo.per_unit, MODE=K.MODE_FUSED.value, **const, **_OPTIONS)
+            **pointers, C=cols, units_per_row=units_per_row, chunks_per_row=chunks,
+            blocks_per_row=blocks_per_row, BC=width, G=g, U=width // geo.per_unit, MODE=K.MODE_FUSED.value,
+            **const)
         return
+    n_scales = math.prod(geo.grid)
     s_eff = torch.empty(n_scales, dtype=torch.float32, device=x.device)
-    _scales(x, scheme, calibration, geo, out, s_eff, whole)
+    r_eff = torch.empty_like(s_eff)
+    _scales(x, scheme, calibration, geo, out, s_eff, r_eff, bad, whole)
+    # one flag for every scale: whether the reciprocal shortcut is exact for all of them
+    safe = ((s_eff >= 2.0**-125) & (s_eff <= 2.0**125)).all().to(torch.int32).reshape(1)
+    pointers.update(s_eff_ptr=s_eff, r_eff_ptr=r_eff, safe_ptr=safe)
     u = max(1, 64 // geo.per_unit)
     g = _TILE // (u * geo.per_unit)
     if scheme.block is None:
-        if cols % geo.per_unit == 0:
-            rows, cols, units_per_row = 1, x.numel(), x.numel() // geo.per_unit
-        chunks = triton.cdiv(units_per_row, g * u)
-        K._quantize_kernel[(rows * chunks,)](
-            x, values, dummy, s_eff, dummy, bad, cols, units_per_row, chunks, cols, 1,
-            G=g, U=u, N=geo.per_unit, MODE=K.MODE_TENSOR.value, **const, **_OPTIONS)
-        return
+        rows, cols, units_per_row = geo.flat(1)
+        mode, width = K.MODE_TENSOR.value, 1
+    else:
+        rows, cols, units_per_row = geo.rows, geo.cols, math.ceil(geo.cols / geo.per_unit)
+        mode, width = K.MODE_BLOCKS.value, geo.block[-1]
+        pointers["row_base_ptr"] = _row_base(geo, x.device)
     chunks = triton.cdiv(units_per_row, g * u)
     K._quantize_kernel[(rows * chunks,)](
-        x, values, dummy, s_eff, _row_base(geo, x.device), bad, cols, units_per_row, chunks, geo.block[-1], 1,
-        G=g, U=u, N=geo.per_unit, MODE=K.MODE_BLOCKS.value, **const, **_OPTIONS)
+        **pointers, C=cols, units_per_row=units_per_row, chunks_per_row=chunks, blocks_per_row=1, BC=width,
+        G=g, U=u, MODE=mode, **const)
 
 
-def _scales(x, scheme: QuantScheme, calibration: Calibration, geo: _Geometry, out, s_eff,
+def _scales(x, scheme: QuantScheme, calibration: Calibration, geo: _Geometry, out, s_eff, r_eff, bad,
             whole: Range | None) -> None:
-    """Run the range and scale kernels: stored scales (and the global) into `out`, effective ones to s_eff."""
+    """Run the range and scale kernels: stored scales (and the global) into `out`, effective scales and
+    their reciprocals into s_eff and r_eff."""
     if scheme.block is None:
-        alpha = (whole or tensor_range(x, scheme, calibration)).alpha(calibration, scheme)
+        alpha = (whole or tensor_range(x, scheme, calibration, bad)).alpha(calibration, scheme)
     else:
-        alpha = _block_alpha(x, geo, calibration)
+        alpha = _block_alpha(x, geo, calibration, bad)
         if scheme.is_two_level() and whole is None:
             whole = Range(alpha.amax().reshape(1), x.numel())
     n = alpha.numel()
@@ -186,29 +205,34 @@ def _scales(x, scheme: QuantScheme, calibration: Calibration, geo: _Geometry, ou
     block = 1024
     K._scales_kernel[(triton.cdiv(n, block),)](
         alpha, whole.value if scheme.is_two_level() else alpha, out[geo.scale_offset :],
-        out[geo.global_offset :], s_eff, n, BLOCK=block, TWO_LEVEL=scheme.is_two_level(),
+        out[geo.global_offset :], s_eff, r_eff, n, BLOCK=block, TWO_LEVEL=scheme.is_two_level(),
         HALF_RANGE=scheme.value.half_range(), KIND=_KIND[dtype], SCALE_SIZE=dtype.scale_size(),
         DTYPE_MAX=dtype.max_representable(), **_OPTIONS)
 
 
-def _row_alpha(x, rows: int, cols: int, width: int, calibration: Calibration) -> torch.Tensor:
-    """Per row and block of `width` values along it: max |x| (f32) or the f64 sum of |x|."""
+def _row_alpha(x, rows: int, cols: int, width: int, calibration: Calibration, bad, per_program: bool = False
+               ) -> torch.Tensor:
+    """Per row and block of `width` values along it: max |x| (f32) or the f64 sum of |x|; with
+    per_program, the largest f32 block range (mean for AbsMean) of each program's blocks."""
     blocks_per_row = math.ceil(cols / width)
-    dtype = torch.float64 if calibration is Calibration.AbsMean else torch.float32
-    out = torch.empty(rows * blocks_per_row, dtype=dtype, device=x.device)
     bp = triton.next_power_of_2(width)
     g = max(1, _TILE // bp)
     chunks = triton.cdiv(blocks_per_row, g)
+    if per_program:
+        out = torch.empty(rows * chunks, dtype=torch.float32, device=x.device)
+    else:
+        dtype = torch.float64 if calibration is Calibration.AbsMean else torch.float32
+        out = torch.empty(rows * blocks_per_row, dtype=dtype, device=x.device)
     K._alpha_kernel[(rows * chunks,)](
-        x, out, cols, width, blocks_per_row, chunks, G=g, BP=bp,
-        CAL=_cal(calibration), **_OPTIONS)
+        x, out, bad, cols, blocks_per_row, chunks, BC=width, G=g, BP=bp, CAL=_cal(calibration),
+        PER_PROGRAM=per_program, **_OPTIONS)
     return out
 
 
-def _block_alpha(x, geo: _Geometry, calibration: Calibration) -> torch.Tensor:
+def _block_alpha(x, geo: _Geometry, calibration: Calibration, bad) -> torch.Tensor:
     """f32 range per block of the grid, row-major: max |x|, or f32(f64 sum |x| / count) for AbsMean.
     A kernel reduces along the last axis, torch over the leading axes."""
-    alpha = _row_alpha(x, geo.rows, geo.cols, geo.block[-1], calibration)
+    alpha = _row_alpha(x, geo.rows, geo.cols, geo.block[-1], calibration, bad)
     alpha = alpha.reshape(*geo.dims[:-1], geo.grid[-1])
     for axis, b in enumerate(geo.block[:-1]):
         if b == 1:

@@ -1,0 +1,56 @@
+"""Tile size and warps of the quantize kernel, per scheme: median time and fraction of copy bandwidth.
+
+Run on a CUDA machine from the repository root: `python3 -m bench.tune --out DIR`. Only the launch
+configuration changes between variants (values per program, warps per program), never the arithmetic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from bench.kernels import SCHEMES, copy_bandwidth, median_ms
+from qcli import layout
+from qcli.kernels import encode as E
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shape", default="16384x16384")
+    args = parser.parse_args()
+    shape = tuple(int(d) for d in args.shape.split("x"))
+    copy_bps = copy_bandwidth(1 << 30)
+    x = (torch.randn(shape, device="cuda") * torch.exp(torch.randn(shape, device="cuda"))).to(torch.bfloat16)
+    bad = torch.zeros(1, dtype=torch.int32, device="cuda")
+    rows = []
+    for label, scheme, calibration, _ in SCHEMES:
+        out = torch.empty(layout.quantized_data_len(scheme, shape), dtype=torch.uint8, device="cuda")
+        reference = None
+        best = None
+        for tile in (1024, 2048, 4096, 8192):
+            for warps in (4, 8):
+                E._TILE = tile
+                E._OPTIONS["num_warps"] = warps
+                out.fill_(0xA5)
+                E.enqueue(x, scheme, calibration, out, bad)
+                reference = out.clone() if reference is None else reference
+                same = bool(torch.equal(out, reference))
+                ms = median_ms(partial(E.enqueue, x, scheme, calibration, out, bad), rep=100)
+                fraction = (x.nbytes + out.numel()) / (ms * 1e-3) / copy_bps
+                rows.append({"label": label, "tile": tile, "warps": warps, "ms": ms,
+                             "copy_fraction": fraction, "same_bytes": same})
+                if best is None or ms < best[0]:
+                    best = (ms, tile, warps, fraction)
+        print(f"{label:30s} best tile {best[1]:5d} warps {best[2]:2d}: {100 * best[3]:5.1f}% of copy",
+              flush=True)
+        record = {"copy_bytes_per_s": copy_bps, "rows": rows}
+        (args.out / "tune.json").write_text(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()
