@@ -42,14 +42,15 @@ def pack_fields(fields: torch.Tensor, scheme: QuantScheme, out: torch.Tensor | N
     if rows.storage_offset() % per_byte:
         rows = rows.clone()
     # The `per_byte` bytes that share an output byte, read as one little-endian integer: field j sits in
-    # its byte j, at bit 8j, and must move down to bit j * bits. Masked once, the fields then gather
-    # pairwise into the low byte, shifts of (8 - bits) * 1, 2, ...; what lands above it is dropped.
-    packed = rows.view(_WORD[per_byte]) & int.from_bytes(bytes([(1 << bits) - 1] * per_byte), "little")
-    step = 1
-    while step < per_byte:
-        packed |= packed >> (step * (8 - bits))
-        step *= 2
-    return _into(packed.view(torch.uint8)[:, ::per_byte], out)
+    # its byte j, at bit 8j. Masked, then one multiply moves field j to bit 8 (per_byte - 1) + j * bits,
+    # so the word's top byte is the packed byte; every other partial product lands below it without
+    # overlapping (no carries) or wraps out of the word. (A multiply, because torch's int16 `>>` is not
+    # vectorized: ten times slower.)
+    mask = int.from_bytes(bytes([(1 << bits) - 1] * per_byte), "little")
+    gather = sum(1 << (8 * (per_byte - 1) - j * (8 - bits)) for j in range(per_byte))
+    packed = rows.view(_WORD[per_byte]) & mask
+    packed *= gather
+    return _into(packed.view(torch.uint8)[:, per_byte - 1 :: per_byte], out)
 
 
 def _into(region: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
