@@ -28,13 +28,16 @@ def round_up(s: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
     if not dtype.has_round_up():
         raise ValueError(f"{dtype.value} has no round-up rule")  # refused by check_accepted beforehand
     step = 1 << _STEP_BITS[dtype]
-    rounded = ((s.view(torch.int32) + (step - 1)) & ~(step - 1)).view(torch.float32)
+    bits = s.view(torch.int32) + (step - 1)
+    rounded = bits.bitwise_and_(~(step - 1)).view(torch.float32)
     if dtype in _SUBNORMAL:
         smallest_normal, inverse_spacing = _SUBNORMAL[dtype]
-        subnormal = torch.ceil(s * inverse_spacing) * (1.0 / inverse_spacing)
-        rounded = torch.where(s < smallest_normal, subnormal, rounded)
-    maximum = dtype.max_representable()
-    return torch.where(s >= maximum, torch.tensor(maximum, dtype=torch.float32), rounded)
+        small = s < smallest_normal
+        if bool(small.any()):  # rare in weights: skip the passes when no scale is that small
+            subnormal = torch.ceil(s * inverse_spacing) * (1.0 / inverse_spacing)
+            rounded = torch.where(small, subnormal, rounded)
+    # Saturate: an s below the maximum rounds up to at most the maximum, which lies on the grid.
+    return rounded.clamp_(max=dtype.max_representable())
 
 
 def block_reduce(
