@@ -5,7 +5,8 @@ Run from the repository root: `python3 -m bench.cpu_vs_gguf [--runs N] [--doc do
 and Q4S, block [32], F16 scales, PackedU32, against gguf's `quants.quantize` with Q8_0 and Q4_0 (the
 same value width, block of 32 and f16 scale). Median wall time of `--runs` runs each, with torch's
 default thread count (with OpenMP's passive wait, which the qcli command sets, and with its default
-spin-wait) and with one thread, each in a fresh process; gguf is numpy, single-threaded. Peak memory:
+spin-wait) and with one thread, each in a fresh process where qcli and gguf runs alternate; gguf is
+numpy, single-threaded. Peak memory:
 each of a few inputs is encoded in a fresh subprocess, reading the peak RSS (ru_maxrss) before and
 after. Prints a markdown section; `--doc` also replaces that section in the given file.
 
@@ -45,16 +46,6 @@ def _scheme(value: QuantValue) -> QuantScheme:
     return QuantScheme().with_value(value).per_block([32], ScaleDtype.F16)
 
 
-def _median_s(run, runs: int) -> float:
-    run()  # warm-up: first-touch allocations, lazy initialisation
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def _cpu_model() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
@@ -73,33 +64,46 @@ CONFIGS = [  # (label of the threads column, torch threads or None for the defau
 ]
 
 
-def time_throughput(runs: int) -> list[tuple[str, str, float]]:
-    """(label, threads, seconds): qcli in a fresh process per configuration (OpenMP reads its wait policy
-    when torch loads), then gguf (numpy, one thread)."""
+PAIRS = [(QuantValue.Q8S, "Q8_0"), (QuantValue.Q4S, "Q4_0")]  # same value width, block 32, f16 scale
+
+
+def time_throughput(runs: int) -> list[tuple[str, str, float, float]]:
+    """(qcli value, threads label, qcli seconds, gguf seconds), each configuration in a fresh process
+    (OpenMP reads its wait policy when torch loads)."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | {"PYTHONPATH": str(ROOT)}
     rows = []
     for label, threads, policy in CONFIGS:
         child_env = env | ({"OMP_WAIT_POLICY": policy} if policy else {})
         args = [sys.executable, "-m", "bench.cpu_vs_gguf", "--child", str(threads or 0), "--runs", str(runs)]
         out = subprocess.run(args, check=True, capture_output=True, text=True, env=child_env, cwd=ROOT).stdout
-        for value, seconds in json.loads(out):
-            rows.append((f"qcli {value} [32] F16", label, seconds))
-    from gguf import GGMLQuantizationType, quants
-
-    w = _matrix()
-    for qtype in (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0):
-        rows.append((f"gguf {qtype.name}", "1 (numpy)", _median_s(lambda q=qtype: quants.quantize(w, q), runs)))
+        rows += [(value, label, ours, peer) for value, ours, peer in json.loads(out)]
     return rows
 
 
 def _child(threads: int, runs: int) -> None:
-    """Print [value, median seconds] of qcli's encode for Q8S and Q4S, as JSON."""
+    """Print [value, qcli median s, gguf median s] per pair as JSON. qcli and gguf runs alternate, so a
+    change in the machine's load reaches both sides of a ratio alike."""
+    from gguf import GGMLQuantizationType, quants
+
     if threads:
         torch.set_num_threads(threads)
-    x = torch.from_numpy(_matrix())
-    schemes = [(str(v), _scheme(v)) for v in (QuantValue.Q8S, QuantValue.Q4S)]
-    times = [(name, _median_s(lambda s=scheme: encode(x, s), runs)) for name, scheme in schemes]
-    print(json.dumps(times))
+    w = _matrix()
+    x = torch.from_numpy(w)
+    results = []
+    for value, qtype in PAIRS:
+        scheme, ggml = _scheme(value), GGMLQuantizationType[qtype]
+        ours, peer = [], []
+        for _ in range(runs + 1):  # the first run of each warms up
+            ours.append(_seconds(encode, x, scheme))
+            peer.append(_seconds(quants.quantize, w, ggml))
+        results.append((str(value), statistics.median(ours[1:]), statistics.median(peer[1:])))
+    print(json.dumps(results))
+
+
+def _seconds(fn, *args) -> float:
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
 
 
 def _matrix() -> np.ndarray:
@@ -132,21 +136,48 @@ def measure_memory() -> list[tuple[tuple[int, int], str, int, int, int]]:
     return results
 
 
-def report(rows: list[tuple[str, str, float]], memory, facts: dict[str, str]) -> str:
+NOTES = """\
+How the CPU path is built (`qcli/codec/`): scales over the whole tensor first, then values, both a row
+chunk at a time (`quantize.CHUNK_ELEMENTS` = 2^18 elements per torch thread, 1 MiB of f32, so a core's
+share and its temporaries stay in its L2); every op is vectorized torch on all of torch's threads. Per
+chunk: one |x| pass and one max (or f64 sum) per block written straight into the scale grid; one IEEE
+division by the broadcast scale, clamp, round half to even, int8; sub-byte fields masked and gathered
+into their byte by one integer multiply, written straight into the payload. A bf16/f16 or transposed
+input is widened or gathered a chunk at a time.
+
+Peak memory of `encode`, beyond its input: the payload, plus a few f32 temporaries the size of the scale
+grid (4 bytes per block each), plus a few chunk-sized temporaries (a few MiB) — bounded by the tensor,
+never a whole f32 copy of it. The CPU pipeline passes tensors to `encode` without a contiguous copy.
+
+The machine is shared: other sessions' test runs take CPU time. With OpenMP's default spin-wait, torch's
+threads spin at every barrier and a spinning thread starves its busy peer; the rows above show what that
+costs, and why the `qcli` command sets OMP_WAIT_POLICY=PASSIVE (unless the user set it). Under heavy load
+even passive waiting loses to one thread, since each barrier waits for the thread that was descheduled.
+"""
+
+
+def report(rows: list[tuple[str, str, float, float]], memory, facts: dict[str, str]) -> str:
     n = SHAPE[0] * SHAPE[1]
-    gguf = {label.split()[1]: s for label, _, s in rows if label.startswith("gguf")}
+    gguf = dict((str(v), q) for v, q in PAIRS)
     lines = [SECTION, "", *(f"- {k}: {v}" for k, v in facts.items()), ""]
-    lines += [f"{SHAPE[0]}x{SHAPE[1]} f32, seeded standard normal; median wall time.", ""]
-    lines += ["| quantizer | threads | ms | M elements/s | × gguf |", "|---|---|---:|---:|---:|"]
-    for label, threads, s in rows:
-        peer = gguf["Q8_0"] if "Q8S" in label else gguf["Q4_0"] if "Q4S" in label else s
-        lines.append(f"| {label} | {threads} | {s * 1e3:.1f} | {n / s / 1e6:.0f} | {peer / s:.2f} |")
+    lines += [
+        f"{SHAPE[0]}x{SHAPE[1]} f32, seeded standard normal; median wall time; qcli and gguf runs alternate "
+        "in one process per row (gguf is numpy, one thread, whatever torch's setting).",
+        "",
+        "| qcli, [32] F16 | torch threads | qcli ms | qcli M el/s | gguf | gguf ms | gguf M el/s | qcli × gguf |",
+        "|---|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for value, threads, ours, peer in rows:
+        lines.append(
+            f"| {value} | {threads} | {ours * 1e3:.1f} | {n / ours / 1e6:.0f} | {gguf[value]} | {peer * 1e3:.1f} "
+            f"| {n / peer / 1e6:.0f} | {peer / ours:.2f} |"
+        )
     lines += ["", "Peak memory of `encode` (Q4S [32] F16), peak RSS growth in a fresh process:", ""]
     lines += ["| input | input MiB | payload MiB | peak growth MiB |", "|---|---:|---:|---:|"]
     for shape, dtype, in_bytes, out_bytes, growth in memory:
         mib = [f"{b / (1 << 20):.0f}" for b in (in_bytes, out_bytes, growth)]
         lines.append(f"| {shape[0]}x{shape[1]} {dtype} | " + " | ".join(mib) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ["", NOTES]) + "\n"
 
 
 def replace_section(doc: Path, section: str) -> None:
