@@ -22,8 +22,8 @@ from qcli import layout
 from qcli.codec import encode as codec_encode
 from qcli.codec.blocks import BlockGrid
 from qcli.codec.pack import pack_fields, pack_scales
-from qcli.codec.scales import scales_from_alpha
-from qcli.codec.values import fields as value_fields
+from qcli.codec.scales import block_alpha, block_reduce, scales_from_alpha
+from qcli.codec.values import to_fields
 from qcli.kernels.encode import enqueue
 from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue, ScaleDtype
 
@@ -58,14 +58,13 @@ def codec_on_device(x: torch.Tensor, scheme: QuantScheme, calibration: Calibrati
     """The codec's arithmetic (qcli.codec) on x's device: the eager baseline and torch.compile's input."""
     xf = x.float()
     grid = BlockGrid.of(scheme, x.shape)
-    blocks = grid.to_blocks(xf).abs()
+    reduced = block_reduce(xf, grid, calibration)
     if calibration is MinMax:
-        alpha = blocks.amax(dim=grid.block_axes)
-    else:
-        total = blocks.sum(dim=grid.block_axes, dtype=torch.float64)
-        alpha = (total / grid.counts().to(x.device)).to(torch.float32)
+        alpha = block_alpha(reduced, grid, calibration)
+    else:  # the codec's counts live on the CPU
+        alpha = (reduced / grid.counts().to(x.device)).to(torch.float32)
     scales = scales_from_alpha(alpha, scheme)
-    q = value_fields(xf, scales.effective, grid, scheme.value).reshape(x.shape)
+    q = to_fields(xf, scales.effective, grid, scheme.value).reshape(x.shape)
     regions = [pack_fields(q, scheme), pack_scales(scales.stored, scheme.scale_dtype())]
     if scales.global_scale is not None:
         glob = torch.tensor([scales.global_scale], dtype=torch.float32, device=x.device)

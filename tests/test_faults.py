@@ -73,10 +73,10 @@ def test_disk_full_at_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 @pytest.fixture(scope="module")
 def big_input(tmp_path_factory) -> Path:
-    """48 MiB of weights: about half a second of quantizing, time enough to be interrupted mid-write."""
+    """64 MiB of weights: seconds of quantizing, time enough to be interrupted mid-write."""
     path = tmp_path_factory.mktemp("big") / "big.safetensors"
     g = torch.Generator().manual_seed(0)
-    save_file({f"layers.{i}.weight": torch.randn(256, 1024, generator=g) for i in range(48)}, path)
+    save_file({f"layers.{i}.weight": torch.randn(256, 1024, generator=g) for i in range(64)}, path)
     return path
 
 
@@ -90,9 +90,13 @@ def test_signal_mid_write(tmp_path: Path, big_input: Path, signum: int) -> None:
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    time.sleep(0.05)  # into the tensors (the CPU path takes well under a second for all of them)
-    assert proc.poll() is None, "finished before the signal: the input is too small"
+    time.sleep(0.05)  # into the tensors (the CPU path quantizes all of them in well under a second)
+    # Freeze the run, so that however late this process got to look, the signal lands while the
+    # temporary file is still there: the target is not replaced yet.
+    os.kill(proc.pid, signal.SIGSTOP)
+    assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir()), "finished before the signal"
     proc.send_signal(signum)
+    os.kill(proc.pid, signal.SIGCONT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     lines = err.strip().splitlines()

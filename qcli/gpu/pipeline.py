@@ -258,7 +258,9 @@ def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage
         entry = piece.entry
         if current is None or current.piece.index != piece.index:
             out = stage.outputs[piece.index % 2][: entry.out_nbytes]
-            current = _Tensor(piece, out, torch.zeros(1, dtype=torch.int32, device=stage.device))
+            with _on(stage.compute):  # zeroed on the stream whose kernels raise it
+                bad = torch.zeros(1, dtype=torch.int32, device=stage.device)
+            current = _Tensor(piece, out, bad)
         host = stage.staging[slot][: piece.nbytes]
         if entry.decision.scheme is None:
             _keep(current, piece, host)
