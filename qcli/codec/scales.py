@@ -49,7 +49,7 @@ def block_reduce(
     Both reductions propagate NaN and inf, and combine across pieces of a block by max or sum.
     """
     if out is None:
-        out = torch.empty(grid.grid, dtype=REDUCE_DTYPE[calibration])
+        out = torch.empty(grid.grid, dtype=REDUCE_DTYPE[calibration], device=x.device)
     if x.numel() == 0:
         return out.zero_()
     magnitudes = grid.to_blocks(x).abs()  # one read of the chunk, then reductions over cached data
