@@ -1,7 +1,8 @@
 """The CPU pipeline: one tensor at a time, in plan order, from the source to payload bytes.
 
-Peak memory is bounded by the largest tensor (its source, an f32 working copy and its payload), never by
-the model. The GPU pipeline (`qcli.gpu.pipeline.run`) has the same signature and yields the same bytes.
+Peak memory is bounded by the largest tensor (its source and its payload; `encode` widens and gathers a
+chunk at a time), never by the model. The GPU pipeline (`qcli.gpu.pipeline.run`) has the same signature
+and yields the same bytes.
 """
 
 from __future__ import annotations
@@ -30,10 +31,9 @@ def run(plan: Plan, source: SafetensorsSource) -> Iterator[tuple[PlanEntry, torc
         x = source.load(entry.info.name)
         if entry.decision.transpose:
             x = x.t()
-        x = x.contiguous()
         scheme = entry.decision.scheme
         if scheme is None:
-            payload = x.reshape(-1).view(torch.uint8)
+            payload = x.contiguous().reshape(-1).view(torch.uint8)
         else:
             payload = encode(x, scheme, entry.decision.calibration, name=entry.info.name)
         del x

@@ -166,7 +166,7 @@ def test_empty_tensors(scheme, shape):
 @pytest.mark.parametrize("shape", [[13, 40], [517]], ids=["rows", "rank1"])
 def test_row_chunks_give_the_same_bytes(monkeypatch, shape, block, dtype, two_level, calibration):
     """Tiny chunks (a few rows) exercise the chunk seams: scales from every chunk, values packed per chunk."""
-    monkeypatch.setattr(quantize, "CHUNK_ELEMENTS", 100)
+    monkeypatch.setattr(quantize, "CHUNK_ELEMENTS", max(1, 100 // torch.get_num_threads()))  # per thread
     scheme = QuantScheme().with_value(QuantValue.Q4S)
     scheme = scheme.per_tensor(ScaleDtype(dtype)) if block is None else scheme.per_block(block, ScaleDtype(dtype))
     if two_level:
@@ -176,6 +176,17 @@ def test_row_chunks_give_the_same_bytes(monkeypatch, shape, block, dtype, two_le
     x = torch.tensor(xs).reshape(shape)
     assert encode(x, scheme, Calibration(calibration)).numpy().tobytes() == expected
     assert len(quantize._row_chunks(BlockGrid.of(scheme, shape), scheme)) > 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_chunks_widen_and_gather_their_own_rows(monkeypatch, dtype):
+    """A transposed bf16 view is widened and gathered a chunk at a time: its bytes are those of its values."""
+    monkeypatch.setattr(quantize, "CHUNK_ELEMENTS", max(1, 100 // torch.get_num_threads()))
+    x = torch.tensor(data([64, 13], seed=5)).to(dtype).t()  # a [13, 64] view, not contiguous
+    xs = x.to(torch.float32).reshape(-1).tolist()  # widening is exact
+    expected, *_ = ref.quantize(xs, [13, 64], "Q4S", "PackedU32", [32], "F16", False, "MinMax")
+    assert encode(x, Q4S_B32).numpy().tobytes() == expected
+    assert len(quantize._row_chunks(BlockGrid.of(Q4S_B32, x.shape), Q4S_B32)) > 1
 
 
 def test_decode_takes_any_bytes_like_payload():

@@ -7,6 +7,7 @@ and `qcli validate-scheme RECIPE` start fast.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -83,4 +84,8 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 def main() -> None:
     """The `qcli` console script."""
+    # torch's OpenMP threads spin at every barrier by default: on a machine shared with other work a
+    # spinning thread starves its busy peer, and the CPU path ran 10-60x slower (docs/benchmarks.md).
+    # Set before torch is first imported, which is when OpenMP reads it; a user's own setting wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     sys.exit(run())

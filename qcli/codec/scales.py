@@ -28,26 +28,34 @@ def round_up(s: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
     if not dtype.has_round_up():
         raise ValueError(f"{dtype.value} has no round-up rule")  # refused by check_accepted beforehand
     step = 1 << _STEP_BITS[dtype]
-    rounded = ((s.view(torch.int32) + (step - 1)) & ~(step - 1)).view(torch.float32)
+    bits = s.view(torch.int32) + (step - 1)
+    rounded = bits.bitwise_and_(~(step - 1)).view(torch.float32)
     if dtype in _SUBNORMAL:
         smallest_normal, inverse_spacing = _SUBNORMAL[dtype]
-        subnormal = torch.ceil(s * inverse_spacing) * (1.0 / inverse_spacing)
-        rounded = torch.where(s < smallest_normal, subnormal, rounded)
-    maximum = dtype.max_representable()
-    return torch.where(s >= maximum, torch.tensor(maximum, dtype=torch.float32), rounded)
+        small = s < smallest_normal
+        if bool(small.any()):  # rare in weights: skip the passes when no scale is that small
+            subnormal = torch.ceil(s * inverse_spacing) * (1.0 / inverse_spacing)
+            rounded = torch.where(small, subnormal, rounded)
+    # Saturate: an s below the maximum rounds up to at most the maximum, which lies on the grid.
+    return rounded.clamp_(max=dtype.max_representable())
 
 
-def block_reduce(x: torch.Tensor, grid: BlockGrid, calibration: Calibration) -> torch.Tensor:
-    """Grid-shaped partial range of each block: f32 max|x| (MinMax) or f64 sum|x| (AbsMean).
+def block_reduce(
+    x: torch.Tensor, grid: BlockGrid, calibration: Calibration, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Grid-shaped partial range of each block: f32 max|x| (MinMax) or f64 sum|x| (AbsMean), written into
+    `out` when given.
 
     Both reductions propagate NaN and inf, and combine across pieces of a block by max or sum.
     """
+    if out is None:
+        out = torch.empty(grid.grid, dtype=REDUCE_DTYPE[calibration], device=x.device)
     if x.numel() == 0:
-        return torch.zeros(grid.grid, dtype=_REDUCE_DTYPE[calibration])
-    blocks = grid.to_blocks(x)
+        return out.zero_()
+    magnitudes = grid.to_blocks(x).abs()  # one read of the chunk, then reductions over cached data
     if calibration is Calibration.MinMax:
-        return torch.maximum(blocks.amax(dim=grid.block_axes), blocks.amin(dim=grid.block_axes).neg_())
-    return blocks.abs().sum(dim=grid.block_axes, dtype=torch.float64)
+        return torch.amax(magnitudes, dim=grid.block_axes, out=out)
+    return torch.sum(magnitudes, dim=grid.block_axes, dtype=torch.float64, out=out)
 
 
 def block_alpha(reduced: torch.Tensor, grid: BlockGrid, calibration: Calibration) -> torch.Tensor:
@@ -57,7 +65,7 @@ def block_alpha(reduced: torch.Tensor, grid: BlockGrid, calibration: Calibration
     return (reduced / grid.counts()).to(torch.float32)
 
 
-_REDUCE_DTYPE = {Calibration.MinMax: torch.float32, Calibration.AbsMean: torch.float64}
+REDUCE_DTYPE = {Calibration.MinMax: torch.float32, Calibration.AbsMean: torch.float64}
 
 
 @dataclass(frozen=True)
