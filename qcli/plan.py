@@ -172,11 +172,15 @@ class Plan:
         errors = self.errors()
         if not errors:
             return
+        if len(errors) == 1:  # its hint is the error's hint, said once
+            hint, problems = errors[0].hint, [str(errors[0])]
+        else:
+            hint, problems = "each problem above says what to do", [f"{p} (hint: {p.hint})" for p in errors]
         noun = "problem" if len(errors) == 1 else "problems"
         raise PlanError(
             f"the plan has {len(errors)} {noun}; no weight was read and nothing was written",
-            hint=errors[0].hint if len(errors) == 1 else "each problem above says what to do",
-            problems=[f"{p} (hint: {p.hint})" for p in errors],
+            hint=hint,
+            problems=problems,
         )
 
 
