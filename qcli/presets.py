@@ -48,7 +48,7 @@ _PRESET_LIST = [
     Preset("nvfp4-u32", QuantScheme.nvfp4().with_store(PackedU32(0)), _MINMAX,
            "nvfp4 with values in u32 words, which Burn 0.22.0-pre.2 loads more reliably than PackedNative"),
     Preset("q8s", _per_tensor(QuantValue.Q8S), _MINMAX,
-           "8-bit integers, one F32 scale per tensor: smallest error, half of BF16's size"),
+           "8-bit integers, one F32 scale per tensor: Burn's default layout; one outlier costs every value precision"),
     Preset("q8s-native", _per_tensor(QuantValue.Q8S).with_store(Native()), _MINMAX,
            "q8s with one byte per value: the only layout Burn's NdArray backend loads"),
     Preset("q8s-b32", _blocked(QuantValue.Q8S, 32), _MINMAX,
