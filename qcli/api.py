@@ -450,7 +450,6 @@ _TORCH_DTYPES = {
     "U8": "uint8",
     "BOOL": "bool",
 }
-_SCALE_TORCH_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "UE4M3": "float8_e4m3fn"}
 
 
 def qfloat_scheme(dtype: Any) -> QuantScheme | None:
@@ -492,19 +491,17 @@ def _decoded(data: Any, dtype: Any, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def _scale_stats(data: Any, scheme: QuantScheme, shape: tuple[int, ...]) -> tuple[Any, float | None]:
-    """Statistics of the stored (innermost) scales and the f32 global of a two-level scheme."""
-    import torch
-
+    """Statistics of the stored (innermost) scales and the f32 global of a two-level scheme; called after
+    `decode` accepted the scheme, so its scales are ones the codec unpacks."""
     from qcli import layout
+    from qcli.codec.decode import as_bytes
+    from qcli.codec.pack import unpack_scales
 
-    scale_dtype = scheme.scale_dtype().value
-    if scale_dtype not in _SCALE_TORCH_DTYPES:
-        raise UsageError(f"qcli cannot decode {scale_dtype} scales", hint="inspect lists it without --tensor")
     start = layout.value_bytes(scheme, shape)
     end = start + layout.scale_bytes(scheme, shape)
-    scales = torch.frombuffer(bytearray(data[start:end]), dtype=getattr(torch, _SCALE_TORCH_DTYPES[scale_dtype]))
+    scales = unpack_scales(as_bytes(data[start:end]), scheme.scale_dtype())
     global_scale = struct.unpack_from("<f", data, end)[0] if scheme.is_two_level() else None
-    return value_stats(scales.float()), global_scale
+    return value_stats(scales), global_scale
 
 
 def _suggest_tensor(name: str, names: list[str]) -> UsageError:
