@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from qcli import layout
 from qcli.errors import PlanError
-from qcli.io.burnpack import ALIGNMENT, MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE
+from qcli.io.burnpack import MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, align
 from qcli.io.dtypes import burn_dtype
 from qcli.io.safetensors import TensorInfo
 from qcli.presets import DEFAULT_PRESET, PRESETS, Preset
@@ -379,7 +379,7 @@ class _Planner:
         if count > MAX_TENSOR_COUNT:
             self.problem("size", f"the output would hold {count} tensors; Burn's reader refuses more than "
                          f"{MAX_TENSOR_COUNT}", "split the output into several files with --max-shard-size")
-        data = sum(-(-e.out_nbytes // ALIGNMENT) * ALIGNMENT for e in plan.entries)
+        data = sum(align(e.out_nbytes) for e in plan.entries)
         if data > MAX_FILE_SIZE:
             self.problem("size", f"the output would take at least {data / 1024**3:.1f} GiB; Burn's reader "
                          "refuses a file over 100 GiB",
