@@ -146,7 +146,6 @@ class Plan:
     entries: list[PlanEntry]
     problems: list[Problem]
     preset: Preset | None = None
-    recipe: Recipe | None = None
 
     def totals(self) -> Totals:
         quantized = [e for e in self.entries if e.decision.scheme is not None]
@@ -253,7 +252,7 @@ class _Planner:
         self.default_problems([e.info.name for e in entries if e.decision.rule is None])
         for entry in entries:
             self.output_problems(entry)
-        plan = Plan(entries, self.problems, self.preset, self.recipe)
+        plan = Plan(entries, self.problems, self.preset)
         if not self.split:
             self.file_problems(plan)
         return plan

@@ -44,7 +44,6 @@ MAX_CBOR_RECURSION_DEPTH = 128
 MAX_TENSOR_COUNT = 100_000
 MAX_TENSOR_SIZE = 10 * 1024**3
 U64_MAX = 2**64 - 1
-_SCALAR_KINDS = ("Int", "UInt", "Float", "Bool")
 
 _HEADER = struct.Struct("<IHI")
 _temp_serial = itertools.count()  # two writers of one process never share a temporary file
