@@ -48,10 +48,6 @@ class Decision:
     reason: str
     rule: Rule | None
 
-    @property
-    def keep(self) -> bool:
-        return self.scheme is None
-
 
 @dataclass(frozen=True)
 class PlanEntry:
