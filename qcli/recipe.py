@@ -38,6 +38,7 @@ from qcli.scheme import (
     Refusal,
     ScaleDtype,
     accept_problems,
+    same_width_instead,
 )
 
 RECIPE_VERSION = 1
@@ -472,11 +473,10 @@ class _Parser:
         return dims
 
 
-def _symmetric_of_width(value: object) -> str:
-    """A Symmetric value of the same width as `value` (Q4S when unknown)."""
+def _width(value: object) -> int:
+    """The bits of the value named `value` (4 when unknown)."""
     named = [v for v in QuantValue if isinstance(value, str) and v.name.lower() == value.lower()]
-    bits = named[0].size_bits() if named else 4
-    return next(v.value for v in QuantValue if v.is_symmetric() and v.size_bits() == bits)
+    return named[0].size_bits() if named else 4
 
 
 def _lookup_refusal(name: str | None) -> Refusal:
@@ -489,9 +489,5 @@ def _lookup_refusal(name: str | None) -> Refusal:
 
 def _zero_point_refusal(value: object, name: str | None = None) -> Refusal:
     asked = f"{name} is asymmetric" if name else "a zero point (asymmetric quantization)"
-    return Refusal(
-        f"mode Asymmetric: {asked}: {ZERO_POINT_WHY}",
-        f"use a Symmetric scheme of the same width (e.g. {_symmetric_of_width(value)} with block [32] and "
-        "F16 scales), or keep the tensor unquantized (keep = true)",
-    )
+    return Refusal(f"mode Asymmetric: {asked}: {ZERO_POINT_WHY}", same_width_instead(_width(value)))
 

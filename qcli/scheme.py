@@ -409,13 +409,7 @@ def accept_problems(scheme: QuantScheme, calibration: Calibration = Calibration.
     value, store = scheme.value, scheme.store
     bits = value.size_bits()
     if scheme.mode is QuantMode.Lookup:
-        problems.append(
-            Refusal(
-                f"mode Lookup: {LOOKUP_WHY}",
-                f"use a Symmetric scheme of the same width (e.g. {_symmetric_of_width(bits)} with block [32] "
-                "and F16 scales), or keep the tensor unquantized (keep = true)",
-            )
-        )
+        problems.append(Refusal(f"mode Lookup: {LOOKUP_WHY}", same_width_instead(bits)))
     for level, dtype in (("tensor", scheme.tensor), ("block", scheme.block and scheme.block.dtype)):
         if dtype is not None and not dtype.has_round_up():
             problems.append(
@@ -485,8 +479,11 @@ def accept_problems(scheme: QuantScheme, calibration: Calibration = Calibration.
     return problems
 
 
-def _symmetric_of_width(bits: int) -> str:
-    return {8: "Q8S", 4: "Q4S", 2: "Q2S"}[bits]
+def same_width_instead(bits: int) -> str:
+    """What to use instead of a mode Burn refuses (Lookup, a zero point): a Symmetric scheme of `bits`."""
+    symmetric = {8: "Q8S", 4: "Q4S", 2: "Q2S"}[bits]
+    return (f"use a Symmetric scheme of the same width (e.g. {symmetric} with block [32] and F16 scales), "
+            "or keep the tensor unquantized (keep = true)")
 
 
 def check_accepted(scheme: QuantScheme, calibration: Calibration = Calibration.MinMax) -> None:
