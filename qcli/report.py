@@ -333,6 +333,14 @@ class InspectReport:
     tensor_stats: TensorStats | None = None
     compare: CompareReport | None = None
 
+    def totals(self) -> dict:
+        """How many tensors are listed, their bytes and their values."""
+        return {
+            "tensors": len(self.tensors),
+            "bytes": sum(t.nbytes for t in self.tensors),
+            "params": sum(math.prod(t.shape) for t in self.tensors),
+        }
+
     def to_json(self) -> dict:
         return {
             "command": "inspect",
@@ -344,11 +352,7 @@ class InspectReport:
             "version": self.version,
             "metadata": self.metadata,
             "tensors": [t.to_json() for t in self.tensors],
-            "totals": {
-                "tensors": len(self.tensors),
-                "bytes": sum(t.nbytes for t in self.tensors),
-                "params": sum(math.prod(t.shape) for t in self.tensors),
-            },
+            "totals": self.totals(),
             "tensor_stats": None if self.tensor_stats is None else self.tensor_stats.to_json(),
             "compare": None if self.compare is None else self.compare.to_json(),
         }

@@ -63,8 +63,8 @@ def render(report: InspectReport) -> None:
     for t in report.tensors:
         table.add_row(t.name, t.dtype, _output.shape_text(t.shape), _output.human_bytes(t.nbytes))
     out.print(table)
-    doc = report.to_json()["totals"]
-    out.print(f"{doc['tensors']} tensors, {doc['params']:,} values, {_output.human_bytes(doc['bytes'])}")
+    totals = report.totals()
+    out.print(f"{totals['tensors']} tensors, {totals['params']:,} values, {_output.human_bytes(totals['bytes'])}")
     if report.tensor_stats is not None:
         s = report.tensor_stats
         stats = Table(
