@@ -103,6 +103,7 @@ def check_bound(
     """`OutputError` unless every block of `decoded` lies within `error_bound` of its source `x`."""
     import torch
 
+    x = x.to(torch.float32)  # widened once for both measures, which then take it as it is
     errors = block_errors(x, decoded, scheme)
     bounds = error_bound(x, scheme, calibration)
     over = ~(errors <= bounds)  # NaN counts as over
