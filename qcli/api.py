@@ -413,7 +413,7 @@ def _decode_once(
     x = source.take(entry.info.name)
     if entry.decision.transpose:
         x = x.t()
-    decoded = decode(_cpu_bytes(payload), entry.decision.scheme, tuple(entry.out_shape))
+    decoded = decode(payload, entry.decision.scheme, tuple(entry.out_shape))  # decode copies a GPU payload to the host
     error = ErrorRow.of(error_stats(x, decoded)) if stats else None
     timings.stats.seconds += time.perf_counter() - tick
     timings.stats.bytes += entry.info.nbytes
@@ -424,13 +424,6 @@ def _decode_once(
         check_bound(x, decoded, entry.decision.scheme, entry.decision.calibration, entry.info.name, target)
         timings.verify.seconds += time.perf_counter() - tick
     return error
-
-
-def _cpu_bytes(payload: Any) -> Any:
-    """A payload as the codec's decoder takes it: a CPU uint8 tensor or a bytes-like object."""
-    if hasattr(payload, "device") and payload.device.type != "cpu":
-        return payload.cpu()
-    return payload
 
 
 # ----------------------------------------------------------------------------- inspect
