@@ -151,6 +151,7 @@ def test_empty_tensors(scheme, shape):
     payload = encode(torch.zeros(shape), scheme)
     assert payload.numel() == layout.quantized_data_len(scheme, shape)
     assert list(decode(payload, scheme, shape).shape) == shape
+    assert list(decode(payload.numpy().tobytes(), scheme, shape).shape) == shape  # as a file gives it
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,10 @@ def as_bytes(payload: object) -> torch.Tensor:
     """A 1-D uint8 tensor over bytes-like `payload` or a tensor's raw bytes."""
     if isinstance(payload, torch.Tensor):
         return payload.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-    return torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    data = bytearray(payload)
+    if not data:  # torch.frombuffer refuses an empty buffer; a tensor with no element has no payload
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(data, dtype=torch.uint8)
 
 
 def decode(payload: object, scheme: QuantScheme, shape: Sequence[int]) -> torch.Tensor:
