@@ -3,7 +3,7 @@
 Each vector is one test, `test_vector[<index>-<source>]`, checked by the function registered for its
 index; `test_every_vector_is_accounted_for` keeps the registry and the file in step.
 
-Left to the container engineer (filtered out here by their source, `burn-pack`, `model.bpk` or
+Left to tests/test_burnpack.py (filtered out here by their source, `burn-pack`, `model.bpk` or
 `burnpack-spec`): 52-59 and 62.
 
 Vectors that do not apply to a writer, and what is asserted instead:
