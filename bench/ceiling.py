@@ -1,7 +1,7 @@
 """Where the fused Q4S block-32 kernel's time goes: the same tiles, loads and stores, with less arithmetic.
 
 Run on a CUDA machine from the repository root: `python3 -m bench.ceiling`. Variants of one program
-shape (4096 bf16 values, 4 warps, as `qcli.kernels.encode`): `move` loads, packs 4 bits of every value's
+shape (4096 bf16 values, 2 warps, as `qcli.kernels.encode` launches it): `move` loads, packs 4 bits of every value's
 bit pattern and stores words and one 2-byte scale per block (the real kernel's traffic, no math);
 `+div_rn` adds an IEEE division per value; `+markstein` adds the reciprocal-and-residual division instead;
 `qcli` is the real kernel. Prints each one's bytes in plus out per second as a fraction of copy.
@@ -52,7 +52,7 @@ def main() -> None:
     g = 4096 // 32
     grid = (x.numel() // 4096,)
     for name, divide in (("move", 0), ("+div_rn", 1), ("+markstein", 2)):
-        ms = median_ms(lambda divide=divide: _move[grid](x, words, scales, DIVIDE=divide, G=g, num_warps=4))
+        ms = median_ms(lambda divide=divide: _move[grid](x, words, scales, DIVIDE=divide, G=g, num_warps=2))
         print(f"{name:12s} {moved / ms / 1e6:7.1f} GB/s {100 * moved / (ms * 1e-3) / copy_bps:5.1f}% of copy")
     bad = torch.zeros(1, dtype=torch.int32, device="cuda")
     ms = median_ms(lambda: enqueue(x, scheme, Calibration.MinMax, out, bad))

@@ -101,6 +101,29 @@ def test_random_data_matches_codec(kernels, case):
         assert_same(run(kernels, x, scheme, calibration), expected(x, scheme, calibration))
 
 
+# Shapes that fill every program's tile (4096 values), so the kernels take their unmasked path; the
+# cases above all end in a partial tile.
+WHOLE_TILES = [
+    (QuantScheme().with_value(QuantValue.Q4S).per_block([32], ScaleDtype.F16), Calibration.MinMax),
+    (QuantScheme().with_value(QuantValue.Q8S).per_block([32], ScaleDtype.BF16), Calibration.AbsMean),
+    (QuantScheme.nvfp4(), Calibration.MinMax),
+    (QuantScheme().with_value(QuantValue.E4M3).with_store(Native()).per_block([32], ScaleDtype.UE4M3),
+     Calibration.MinMax),
+    (QuantScheme().with_value(QuantValue.Q4S).per_block([4, 32], ScaleDtype.BF16), Calibration.MinMax),
+    (QuantScheme().with_value(QuantValue.Q8S), Calibration.MinMax),
+    (QuantScheme().with_value(QuantValue.E5M2).with_store(Native()).per_tensor(ScaleDtype.F16),
+     Calibration.AbsMean),
+]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("case", WHOLE_TILES, ids=[case_id((*c, (4, 4096))) for c in WHOLE_TILES])
+def test_whole_tiles_match_codec(kernels, case):
+    scheme, calibration = case
+    x = wide((4, 4096), 11).to(torch.bfloat16)
+    assert_same(run(kernels, x, scheme, calibration), expected(x, scheme, calibration))
+
+
 HALF_SCHEMES = [c for c in CASES if c[0].value in (QuantValue.Q4S, QuantValue.E2M1)]
 
 

@@ -14,18 +14,21 @@ SAFE_HIGH = tl.constexpr(2.0**125)
 
 
 @triton.jit
-def _rint(v):
-    """Round half to even, for |v| < 2^22: adding 1.5 * 2^23 leaves no fraction bits (IEEE rounds to even)."""
-    return (v + 12582912.0) - 12582912.0
+def _rint_bits(v):
+    """The bits of RN(v) + 1.5 * 2^23, for |v| < 2^22: adding 1.5 * 2^23 leaves no fraction bits (IEEE rounds
+    half to even), and the sum's low 22 bits are RN(v) in two's complement, so a field needs no conversion."""
+    return (v + 12582912.0).to(tl.int32, bitcast=True)
+
+
+RINT_BITS = tl.constexpr(0x4B400000)  # the bits of 1.5 * 2^23: `_rint_bits(v) - RINT_BITS` is RN(v)
 
 
 @triton.jit
-def _minifloat_code(v, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, MAXV: tl.constexpr):
-    """The nearest code (ties to even mantissa) of `v` clamped to [-MAXV, MAXV]; the sign is kept, -0 too."""
-    vc = tl.minimum(tl.maximum(v, -MAXV), MAXV)
-    bits = vc.to(tl.int32, bitcast=True)
-    sign = (bits >> 31) & 1
-    mag = bits & 0x7FFFFFFF
+def _minifloat_code(a, sign, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, MAXV: tl.constexpr):
+    """The nearest code (ties to even mantissa) of the magnitude `a` clamped to MAXV, with `sign` (0 or 1,
+    int32) as its top bit, so -0 keeps its sign."""
+    a = tl.minimum(a, MAXV)
+    mag = a.to(tl.int32, bitcast=True)
     SHIFT: tl.constexpr = 23 - MBITS
     # Normal range: round the f32 mantissa to MBITS bits on the bit pattern, then rebias the exponent.
     rounded = mag + ((1 << (SHIFT - 1)) - 1) + ((mag >> SHIFT) & 1)
@@ -33,8 +36,7 @@ def _minifloat_code(v, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.conste
     # Subnormal range: multiples of 2^(1 - BIAS - MBITS); scaling by a power of two is exact.
     MIN_NORMAL: tl.constexpr = 2.0 ** (1 - BIAS)
     SUB_INV: tl.constexpr = 2.0 ** (BIAS - 1 + MBITS)
-    a = mag.to(tl.float32, bitcast=True)
-    sub = _rint(a * SUB_INV).to(tl.int32)
+    sub = _rint_bits(a * SUB_INV) - RINT_BITS
     code = tl.where(a < MIN_NORMAL, sub, normal)
     return code | (sign << (EBITS + MBITS))
 
@@ -53,20 +55,18 @@ def _quotient(x, s, r):
 def _value_field(x, s_eff, r_eff, fast, IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr,
                  HI: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
     """The stored field (low BITS bits, as int32) of RN(x / s_eff); an exact zero stays zero whatever s_eff
-    is. `fast` (one flag for the whole tile) says every scale is safe for `_quotient` with r_eff."""
+    is. `fast` (one flag for the whole tile) says every scale is safe for `_quotient` with r_eff, and so
+    finite and non-zero: a zero x then gives a zero quotient already."""
     if fast:
         v = _quotient(x, s_eff, r_eff)
     else:
-        v = tl.math.div_rn(x, s_eff)
-    v = tl.where(x == 0, x, v)
+        v = tl.where(x == 0, x, tl.math.div_rn(x, s_eff))
     if IS_FLOAT:
         # the sign of x / s is the sign of x, also where the quotient underflows to zero
-        magnitude = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-        signed = magnitude | (x.to(tl.int32, bitcast=True) & (-2147483647 - 1))
-        field = _minifloat_code(signed.to(tl.float32, bitcast=True), EBITS, MBITS, BIAS, HI)
+        sign = (x.to(tl.int32, bitcast=True) >> 31) & 1
+        return _minifloat_code(tl.abs(v), sign, EBITS, MBITS, BIAS, HI)
     else:
-        field = _rint(tl.minimum(tl.maximum(v, LO), HI)).to(tl.int32)
-    return field & ((1 << BITS) - 1)
+        return _rint_bits(tl.minimum(tl.maximum(v, LO), HI)) & ((1 << BITS) - 1)
 
 
 @triton.jit
@@ -112,7 +112,7 @@ def _scale_bits(stored, KIND: tl.constexpr):
     elif KIND == 2:
         return (bits >> 16) & 0xFFFF
     else:
-        return _minifloat_code(stored, 4, 3, 7, 448.0)
+        return _minifloat_code(stored, 0, 4, 3, 7, 448.0)
 
 
 @triton.jit

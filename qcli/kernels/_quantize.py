@@ -31,10 +31,10 @@ CAL_ABSMEAN = tl.constexpr(1)
 
 @triton.jit
 def _range_terms(x, CAL: tl.constexpr):
-    """What a block range reduces: |x| to a max (inf where x is NaN or inf, x - x is NaN exactly there),
-    or |x| in float64 to a sum (which NaN and inf reach on their own)."""
+    """What a block range reduces: the bits of |x| to a max (as integers they order like |x|, and NaN and
+    inf order above every finite value), or |x| in float64 to a sum (which NaN and inf reach on their own)."""
     if CAL == CAL_MINMAX:
-        return tl.where((x - x) == 0, tl.abs(x), float("inf"))
+        return x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     else:
         return tl.abs(x).to(tl.float64)
 
@@ -51,15 +51,42 @@ def _reduce(terms, axis: tl.constexpr, CAL: tl.constexpr):
 def _block_range(reduced, block, C, BC: tl.constexpr, CAL: tl.constexpr, MEAN: tl.constexpr, bad_ptr):
     """From a block's reduced terms: max |x| (MinMax), the float64 sum of |x|, or with MEAN its f32 mean
     over the values the block holds. Raises the flag at bad_ptr for a block with NaN or inf."""
-    a = reduced
-    bad = (a - a) != 0
-    if CAL == CAL_ABSMEAN:
+    if CAL == CAL_MINMAX:
+        bad = reduced >= 0x7F800000
+        a = reduced.to(tl.float32, bitcast=True)
+    else:
+        bad = (reduced - reduced) != 0
+        a = reduced
         if MEAN:
             count = tl.minimum(tl.maximum(C - block * BC, 0), BC).to(tl.float64)
             # f64 `/` is IEEE on every target (only f32 division is approximate on NVIDIA).
             a = (a / tl.maximum(count, 1.0)).to(tl.float32)
     tl.store(bad_ptr + block * 0, 1, mask=bad)
     return a
+
+
+@triton.jit
+def _all_safe(safe_ptr, SAFE: tl.constexpr):
+    """Whether every precomputed scale is safe for `_quotient`: known when the launch says so, else the
+    flag at safe_ptr."""
+    if SAFE:
+        return True
+    else:
+        return tl.load(safe_ptr) != 0
+
+
+@triton.jit
+def _left(remaining, TILE: tl.constexpr):
+    """How many of a tile's TILE elements lie inside, as int32 (`remaining` may be int64)."""
+    return tl.minimum(remaining, TILE).to(tl.int32)
+
+
+@triton.jit
+def _tile(first_unit, U: tl.constexpr, N: tl.constexpr, G: tl.constexpr):
+    """A program's `[G, U]` storage units and `[G, U, N]` values as int32 offsets from its first unit
+    (`first_unit`, int64), and the first value's offset: per-value index arithmetic stays 32-bit."""
+    unit = tl.arange(0, G)[:, None] * U + tl.arange(0, U)[None, :]
+    return unit, unit[:, :, None] * N + tl.arange(0, N)[None, None, :], first_unit * N
 
 
 @triton.jit
@@ -90,18 +117,23 @@ def _quantize_kernel(
     CAL: tl.constexpr, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr, KIND: tl.constexpr,
     SCALE_SIZE: tl.constexpr, DTYPE_MAX: tl.constexpr,
     IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr,
-    EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
+    EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EVEN: tl.constexpr, SAFE: tl.constexpr,
 ):
+    """EVEN: every program's tile lies wholly inside its row, so nothing is masked. SAFE: every scale the
+    scheme can produce is safe for `_quotient`, so no program needs to check its scales."""
     pid = tl.program_id(0).to(tl.int64)
     row = pid // chunks_per_row
-    block = (pid % chunks_per_row) * G + tl.arange(0, G)
-    unit = block[:, None] * U + tl.arange(0, U)[None, :]
-    k = tl.arange(0, N)[None, None, :]
-    col = unit[:, :, None] * N + k
-    inside = col < C
-    x = tl.load(x_ptr + row * C + col, mask=inside, other=0.0).to(tl.float32)
+    group = (pid % chunks_per_row) * G
+    unit, local, start = _tile(group * U, U, N, G)
+    x_tile = x_ptr + row * C + start
+    if EVEN:
+        x = tl.load(x_tile + local).to(tl.float32)
+    else:
+        inside = local < _left(C - start, G * U * N)
+        x = tl.load(x_tile + local, mask=inside, other=0.0).to(tl.float32)
 
     if MODE == MODE_FUSED:
+        block = group + tl.arange(0, G)
         terms = _reduce(_reduce(_range_terms(x, CAL), 2, CAL), 1, CAL)
         alpha = _block_range(terms, block, C, BC, CAL, True, bad_ptr)
         glob = 1.0
@@ -111,27 +143,40 @@ def _quantize_kernel(
         stored, s = _stored_scale(alpha, glob, TWO_LEVEL, HALF_RANGE, KIND)
         real = block < blocks_per_row
         _store_scale(scales_ptr, row * blocks_per_row + block, _scale_bits(stored, KIND), real, SCALE_SIZE)
-        checked = tl.where(real, s, 1.0)
-        fast = (tl.min(checked) >= SAFE_LOW) & (tl.max(checked) <= SAFE_HIGH)
+        if SAFE:
+            fast = True
+        else:
+            safe = ((s >= SAFE_LOW) & (s <= SAFE_HIGH)) | (block >= blocks_per_row)
+            fast = tl.min(safe.to(tl.int32)) != 0
         s_eff = s[:, None, None]
         r_eff = tl.math.div_rn(1.0, s)[:, None, None]
     elif MODE == MODE_BLOCKS:
-        index = tl.load(row_base_ptr + row) + col // BC
-        s_eff = tl.load(s_eff_ptr + index, mask=inside, other=1.0)
-        r_eff = tl.load(r_eff_ptr + index, mask=inside, other=1.0)
-        fast = tl.load(safe_ptr) != 0
+        # the scale of column start + local, without 64-bit arithmetic per value
+        first = tl.load(row_base_ptr + row) + start // BC
+        index = ((start % BC).to(tl.int32) + local) // BC
+        if EVEN:
+            s_eff = tl.load(s_eff_ptr + first + index)
+            r_eff = tl.load(r_eff_ptr + first + index)
+        else:
+            s_eff = tl.load(s_eff_ptr + first + index, mask=inside, other=1.0)
+            r_eff = tl.load(r_eff_ptr + first + index, mask=inside, other=1.0)
+        fast = _all_safe(safe_ptr, SAFE)
     else:
         s_eff = tl.load(s_eff_ptr)
         r_eff = tl.load(r_eff_ptr)
-        fast = tl.load(safe_ptr) != 0
+        fast = _all_safe(safe_ptr, SAFE)
 
     field = _value_field(x, s_eff, r_eff, fast, IS_FLOAT, BITS, LO, HI, EBITS, MBITS, BIAS)
-    field = tl.where(inside, field, 0)
-    packed = tl.sum(field << (k * BITS), axis=2)
-    if N * BITS == 32:
-        tl.store(values_ptr + row * units_per_row + unit, packed, mask=unit < units_per_row)
+    if not EVEN:
+        field = tl.where(inside, field, 0)
+    packed = tl.sum(field << (tl.arange(0, N)[None, None, :] * BITS), axis=2)
+    if N * BITS != 32:
+        packed = packed.to(tl.uint8)
+    units = values_ptr + row * units_per_row + group * U
+    if EVEN:
+        tl.store(units + unit, packed)
     else:
-        tl.store(values_ptr + row * units_per_row + unit, packed.to(tl.uint8), mask=unit < units_per_row)
+        tl.store(units + unit, packed, mask=unit < _left(units_per_row - group * U, G * U))
 
 
 @triton.jit
@@ -142,11 +187,13 @@ def _alpha_kernel(x_ptr, out_ptr, bad_ptr, C, blocks_per_row, chunks_per_row,
     or with PER_PROGRAM the largest f32 block range (the mean for AbsMean) of the program's G blocks."""
     pid = tl.program_id(0).to(tl.int64)
     row = pid // chunks_per_row
-    block = (pid % chunks_per_row) * G + tl.arange(0, G)
+    group = (pid % chunks_per_row) * G
+    block = group + tl.arange(0, G)
     k = tl.arange(0, BP)[None, :]
-    col = block[:, None] * BC + k
-    inside = (k < BC) & (col < C)
-    x = tl.load(x_ptr + row * C + col, mask=inside, other=0.0).to(tl.float32)
+    col = tl.arange(0, G)[:, None] * BC + k  # int32, from the program's first value
+    start = group * BC
+    inside = (k < BC) & (col < _left(C - start, G * BC))
+    x = tl.load(x_ptr + row * C + start + col, mask=inside, other=0.0).to(tl.float32)
     alpha = _block_range(_reduce(_range_terms(x, CAL), 1, CAL), block, C, BC, CAL, PER_PROGRAM, bad_ptr)
     real = block < blocks_per_row
     if PER_PROGRAM:

@@ -22,9 +22,14 @@ from qcli.kernels import _quantize as K
 from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue, ScaleDtype, check_accepted
 
 _KIND = {ScaleDtype.F32: 0, ScaleDtype.F16: 1, ScaleDtype.BF16: 2, ScaleDtype.UE4M3: 3}
+# Scale dtypes whose every value lies in [2^-125, 2^125], where the kernels' reciprocal division is exact:
+# one-level schemes with these need no per-program check of their scales.
+_SAFE_DTYPES = (ScaleDtype.F16, ScaleDtype.UE4M3)
 _MINIFLOAT = {QuantValue.E4M3: (4, 3, 7), QuantValue.E5M2: (5, 2, 15), QuantValue.E2M1: (2, 1, 1)}
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TILE = 4096          # values per program (bench/tune.py: the fastest on an H200 for most schemes)
+_WARPS = 4            # warps per program; 2 where no program checks its scales (bench/tune.py, an H200)
+_SAFE_WARPS = 2
 _TENSOR_CHUNK = 4096  # values per partial range of a per-tensor scheme
 # No multiply-add contraction: every product must round on its own, as on the CPU.
 _OPTIONS = {"enable_fp_fusion": False}
@@ -149,9 +154,11 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
     values = values.view(torch.int32) if geo.unit_bytes == 4 else values
     dtype = scheme.scale_dtype()
     two_level = scheme.is_two_level()
+    safe = not two_level and dtype in _SAFE_DTYPES
     const = dict(_value_constants(scheme.value), CAL=_cal(calibration), TWO_LEVEL=two_level,
                  HALF_RANGE=scheme.value.half_range(), KIND=_KIND[dtype], SCALE_SIZE=dtype.scale_size(),
-                 DTYPE_MAX=dtype.max_representable(), N=geo.per_unit, **_OPTIONS)
+                 DTYPE_MAX=dtype.max_representable(), N=geo.per_unit, SAFE=safe,
+                 num_warps=_SAFE_WARPS if safe else _WARPS, **_OPTIONS)
     pointers = dict(x_ptr=x, values_ptr=values, scales_ptr=out[geo.scale_offset :],
                     global_ptr=out[geo.global_offset :], s_eff_ptr=out, r_eff_ptr=out, safe_ptr=out,
                     alpha_max_ptr=out, row_base_ptr=out, bad_ptr=bad)  # `out` where a mode reads nothing
@@ -166,7 +173,7 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
         K._quantize_kernel[(rows * chunks,)](
             **pointers, C=cols, units_per_row=units_per_row, chunks_per_row=chunks,
             blocks_per_row=blocks_per_row, BC=width, G=g, U=width // geo.per_unit, MODE=K.MODE_FUSED.value,
-            **const)
+            EVEN=cols % (g * width) == 0, **const)
         return
     n_scales = math.prod(geo.grid)
     s_eff = torch.empty(n_scales, dtype=torch.float32, device=x.device)
@@ -187,7 +194,7 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
     chunks = triton.cdiv(units_per_row, g * u)
     K._quantize_kernel[(rows * chunks,)](
         **pointers, C=cols, units_per_row=units_per_row, chunks_per_row=chunks, blocks_per_row=1, BC=width,
-        G=g, U=u, MODE=mode, **const)
+        G=g, U=u, MODE=mode, EVEN=cols % (g * u * geo.per_unit) == 0, **const)
 
 
 def _scales(x, scheme: QuantScheme, calibration: Calibration, geo: _Geometry, out, s_eff, r_eff, bad,
