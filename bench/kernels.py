@@ -1,7 +1,8 @@
 """Kernel throughput per scheme against the device-to-device copy and a torch.compile'd implementation.
 
 Run on a CUDA machine from the repository root: `python3 -m bench.kernels --out DIR`. For each scheme
-and size it times the Triton path (`qcli.kernels.encode.enqueue`, every launch included), the codec's
+and size it times the Triton path (`qcli.kernels.encode.enqueue`, every launch included; once as Python
+launches it, once replayed from a CUDA graph, the device's time alone), the codec's
 own torch arithmetic run eagerly on the GPU, and the same function through torch.compile; it counts
 bytes in (the bf16 tensor) plus bytes out (the payload) over the median time, and checks the Triton
 payload, written into a poisoned buffer, against the eager one byte for byte. Writes kernels.json and
@@ -109,9 +110,13 @@ def bench(shape: tuple[int, int], label: str, scheme: QuantScheme, calibration: 
            "differing_bytes_vs_eager": int((out != eager).sum())}
     moved = x.nbytes + n
     triton_ms = median_ms(lambda: enqueue(x, scheme, calibration, out, bad))
+    # replayed from a CUDA graph: the device's time alone, without Python's launch cost
+    graph_ms = triton.testing.do_bench_cudagraph(lambda: enqueue(x, scheme, calibration, out, bad), rep=100,
+                                                 return_mode="median")
     eager_ms = median_ms(lambda: codec_on_device(x, scheme, calibration), rep=50)
     row.update(triton_ms=triton_ms, triton_gbps=moved / triton_ms / 1e6,
-               copy_fraction=moved / (triton_ms * 1e-3) / copy_bps, eager_ms=eager_ms,
+               copy_fraction=moved / (triton_ms * 1e-3) / copy_bps, graph_ms=graph_ms,
+               graph_copy_fraction=moved / (graph_ms * 1e-3) / copy_bps, eager_ms=eager_ms,
                eager_gbps=moved / eager_ms / 1e6)
     if compiled:
         torch._dynamo.reset()  # a fresh graph per scheme: its constants stay constants
@@ -152,7 +157,8 @@ def main() -> None:
                 extra = (f" compiled {row['compiled_gbps']:7.1f} GB/s ({row['speedup_vs_compiled']:.1f}x)"
                          f" compiled-diff {row['compiled_differing_bytes_vs_eager']}")
             print(f"{size:>11} {label:30s} {row['triton_gbps']:7.1f} GB/s {100 * row['copy_fraction']:5.1f}% "
-                  f"of copy  eager {row['eager_gbps']:6.1f} GB/s  =cpu {row['triton_identical_to_cpu_codec']}"
+                  f"of copy (graph {100 * row['graph_copy_fraction']:5.1f}%)  eager {row['eager_gbps']:6.1f} GB/s"
+                  f"  =cpu {row['triton_identical_to_cpu_codec']}"
                   f" =eager {row['identical_to_eager_codec']}"
                   f"{extra}", flush=True)
 

@@ -46,7 +46,7 @@ def pack_fields(fields: torch.Tensor, scheme: QuantScheme, out: torch.Tensor | N
     # so the word's top byte is the packed byte; every other partial product lands below it without
     # overlapping (no carries) or wraps out of the word. (A multiply, because torch's int16 `>>` is not
     # vectorized: ten times slower.)
-    mask = int.from_bytes(bytes([(1 << bits) - 1] * per_byte), "little")
+    mask = sum(((1 << bits) - 1) << (8 * j) for j in range(per_byte))
     gather = sum(1 << (8 * (per_byte - 1) - j * (8 - bits)) for j in range(per_byte))
     packed = rows.view(_WORD[per_byte]) & mask
     packed *= gather
