@@ -39,7 +39,7 @@ def pack_fields(fields: torch.Tensor, scheme: QuantScheme, out: torch.Tensor | N
     per_byte = 8 // bits
     if per_byte == 1 or rows.numel() == 0:
         return _into(rows.reshape(-1), out)
-    if rows.storage_offset() % per_byte:
+    if torch.compiler.is_compiling() or rows.storage_offset() % per_byte:  # compile cannot trace the offset
         rows = rows.clone()
     # The `per_byte` bytes that share an output byte, read as one little-endian integer: field j sits in
     # its byte j, at bit 8j. Masked, then one multiply moves field j to bit 8 (per_byte - 1) + j * bits,

@@ -33,7 +33,9 @@ def round_up(s: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
     if dtype in _SUBNORMAL:
         smallest_normal, inverse_spacing = _SUBNORMAL[dtype]
         small = s < smallest_normal
-        if bool(small.any()):  # rare in weights: skip the passes when no scale is that small
+        # rare in weights: skip the passes when no scale is that small (a data-dependent branch, which
+        # torch.compile cannot trace, so it takes them)
+        if torch.compiler.is_compiling() or bool(small.any()):
             subnormal = torch.ceil(s * inverse_spacing) * (1.0 / inverse_spacing)
             rounded = torch.where(small, subnormal, rounded)
     # Saturate: an s below the maximum rounds up to at most the maximum, which lies on the grid.

@@ -17,7 +17,8 @@ def to_fields(x: torch.Tensor, effective: torch.Tensor, grid: BlockGrid, value: 
     blocks = grid.to_blocks(x)
     v = blocks / grid.per_block(effective)  # IEEE division, as the GPU's div_rn
     # An exact zero stays zero. x / s already gives x for x == ±0 unless s underflowed to 0 (0/0).
-    if not bool(effective.all()):  # some scale is zero (all() is one pass, `== 0` then any() two)
+    # some scale is zero (all() is one pass, `== 0` then any() two); torch.compile takes the where always
+    if torch.compiler.is_compiling() or not bool(effective.all()):
         v = torch.where(blocks == 0, blocks, v)
     a, b = value.range()
     v = grid.from_blocks(v).clamp_(a, b)
