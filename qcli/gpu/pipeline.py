@@ -140,7 +140,7 @@ def _pieces(index: int, entry: PlanEntry, where: tuple[Path, int], budget: int, 
     row_bytes = info.nbytes // rows if rows else 0
     scheme = decision.scheme
     footprint = info.nbytes + entry.out_nbytes  # input and payload on the device at once
-    measuring = BYTES_PER_VALUE * min(math.prod(info.shape), SLICE_VALUES) if measure and scheme else 0
+    measuring = BYTES_PER_VALUE * min(math.prod(info.shape), SLICE_VALUES) if measure and scheme is not None else 0
     room = budget / 4 - measuring
     if scheme is None or decision.transpose or rows <= 1 or footprint <= room:
         chunk_rows = max(rows, 1)
