@@ -290,3 +290,22 @@ def test_gpu_pipeline_reports_a_damaged_chunk_by_its_block_in_the_tensor(tmp_pat
         "layers.0.conv.weight": 8,  # [3, 1, 16] on [6, 4, 32]: 4 * 2 blocks to each 3 rows
         "lm_head.weight": None,
     }
+
+
+@pytest.mark.parametrize("case", ["q4s-u32-block4x8-f16", "q4s-u32-tensor-absmean", "nvfp4"])
+def test_measuring_reads_nothing_back_to_the_host(case, monkeypatch) -> None:
+    # On a GPU any of these would wait for the device; here they are refused while measuring.
+    x = source((40, 48))
+    payload, _ = reference(x, case)
+    m = Measurement.on("cpu")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("read back to the host while measuring")
+
+    with monkeypatch.context() as patched:
+        for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "nonzero", "cpu", "numpy"):
+            patched.setattr(torch.Tensor, name, refuse)
+        patched.setattr(torch, "nonzero", refuse)
+        patched.setattr(measure, "SLICE_VALUES", 100)
+        m.add(x, payload, *CASES[case][:2])
+    assert m.failure() is None
