@@ -205,7 +205,7 @@ def _pipeline(directory: Path, scheme: str, target: Path) -> dict:
                    for e in plan.entries]
         with BurnpackWriter(target, entries, {"producer": "qcli-bench"}) as writer:
             write_s = 0.0
-            for entry, payload in run(plan, source):
+            for entry, payload, _ in run(plan, source):
                 tick = time.perf_counter()
                 writer.write(entry.info.name, payload)
                 write_s += time.perf_counter() - tick

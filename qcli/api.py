@@ -41,6 +41,7 @@ from qcli.scheme import QuantScheme
 if TYPE_CHECKING:
     import torch
 
+    from qcli.measure import Measurement
     from qcli.plan import Plan
     from qcli.presets import Preset
 
@@ -108,28 +109,18 @@ def select_pipeline(device: str) -> tuple[str, Callable[..., Iterator]]:
 
 
 class _TimedSource:
-    """A source that times `load` per tensor, so the pipeline's read time can be told from its compute,
-    and holds on to the tensors named in `keep` until `take`, so the decode after the write reads no
-    tensor a second time (the GPU pipeline reads the files itself: `take` loads those)."""
+    """A source that times `load` per tensor, so the CPU pipeline's read time can be told from its compute
+    (the GPU pipeline reads the files itself)."""
 
-    def __init__(self, source: Any, seconds_by_name: dict[str, float], keep: set[str]) -> None:
+    def __init__(self, source: Any, seconds_by_name: dict[str, float]) -> None:
         self._source = source
         self._seconds = seconds_by_name
-        self._keep = keep
-        self._held: dict[str, torch.Tensor] = {}
 
     def load(self, name: str) -> torch.Tensor:
         start = time.perf_counter()
         t = self._source.load(name)
         self._seconds[name] = self._seconds.get(name, 0.0) + time.perf_counter() - start
-        if name in self._keep:
-            self._held[name] = t
         return t
-
-    def take(self, name: str) -> torch.Tensor:
-        """The tensor as the pipeline loaded it (or loaded now), no longer held."""
-        t = self._held.pop(name, None)
-        return self._source.load(name) if t is None else t
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._source, attr)
@@ -154,9 +145,9 @@ def quantize_file(
     The plan is made from the headers and checked in full before any weight is read. Tensors are then
     streamed one at a time through the pipeline into the container, which is renamed onto `output` only
     once complete; an interruption or failure leaves `output` as it was (an interrupt during the rename
-    takes effect after it, as `Interrupted` saying so). With `stats` or `verify`, each quantized payload
-    is decoded once, on the CPU, right after it is written: `stats` measures its error against the
-    source, `verify` checks it lies within its scheme's error bound and reads the
+    takes effect after it, as `Interrupted` saying so). With `stats` or `verify`, the pipeline decodes
+    each quantized payload once, on the device that holds it (`qcli.measure`): `stats` reports its error
+    against the source, `verify` checks it lies within its scheme's error bound and reads the
     complete files back before the rename, checking them against the plan and the hashes of the bytes
     written (`qcli.verify`); a file that fails never reaches `output`. With `max_shard_size`, the output
     is split into `NAME-00001-of-0000N.bpk` files of at most that many bytes each.
@@ -279,8 +270,8 @@ def _write(
     progress: ProgressHook | None,
     verify: bool,
 ) -> tuple[list[TensorRow], Timings]:
-    """Stream the pipeline's payloads into the containers, time each phase, decode each quantized tensor
-    once (for its error with `stats`, for its bound check with `verify`).
+    """Stream the pipeline's payloads into the containers, time each phase, and report each quantized
+    tensor's measurement by the pipeline (its error with `stats`, its bound check with `verify`).
 
     With `verify`, the complete files are then read back (`qcli.verify.read_back`) before they are
     renamed into place.
@@ -290,8 +281,7 @@ def _write(
     shard_of = {entry.name: i for i, (_, entries) in enumerate(shards) for entry in entries}
     total = sum(e.info.nbytes for e in plan.entries)
     load_seconds: dict[str, float] = {}
-    decoded = {e.info.name for e in plan.entries if e.decision.scheme is not None} if stats or verify else set()
-    timed = _TimedSource(source, load_seconds, decoded)
+    timed = _TimedSource(source, load_seconds)
     timings, rows, done = Timings(verify=Phase() if verify else None), [], 0
     started = time.perf_counter()
     if progress:
@@ -300,7 +290,8 @@ def _write(
         writers = [stack.enter_context(BurnpackWriter(path, entries, metadata, digests=verify))
                    for path, entries in shards]
         tick = time.perf_counter()
-        for i, (entry, payload) in enumerate(_naming_files(plan, run(plan, timed))):
+        payloads = run(plan, timed, measure=stats or verify)
+        for i, (entry, payload, measured) in enumerate(_naming_files(plan, payloads)):
             name = entry.info.name
             produced = time.perf_counter() - tick
             read = load_seconds.get(name, 0.0)
@@ -315,7 +306,7 @@ def _write(
             timings.write.seconds += time.perf_counter() - tick
             timings.write.bytes += entry.out_nbytes
 
-            error = _decode_once(entry, payload, timed, writer.target, stats, timings) if name in decoded else None
+            error = _reported(entry, measured, writer.target, stats, timings) if measured is not None else None
             rows.append(TensorRow.of(entry, error))
             del payload
 
@@ -402,27 +393,24 @@ def _interrupts_held() -> Iterator[list[int]]:
         held[:] = [signum for signum in held if previous[signum] is not signal.SIG_IGN]
 
 
-def _decode_once(
-    entry: Any, payload: Any, source: _TimedSource, target: Path, stats: bool, timings: Timings
-) -> ErrorRow | None:
-    """Decode a quantized payload once: its error against its (transposed, if decided) source with
-    `stats`, and with `timings.verify` set the bound check (`qcli.verify.check_bound`) on the same decode."""
-    from qcli.codec import decode, error_stats
+def _reported(entry: Any, measured: Measurement, target: Path, stats: bool, timings: Timings) -> ErrorRow | None:
+    """A quantized tensor's measurement (`qcli.measure`), read back: its error with `stats`, and with
+    `timings.verify` set its bound check, raising `OutputError` for a block over the bound.
+
+    The decode and measuring ran in the pipeline, so they count in its quantize phase; the stats and
+    verify phases now only time reading the results back (the pipeline waited for them before yielding)."""
+    from qcli.verify import out_of_bound
 
     tick = time.perf_counter()
-    x = source.take(entry.info.name)
-    if entry.decision.transpose:
-        x = x.t()
-    decoded = decode(payload, entry.decision.scheme, tuple(entry.out_shape))  # decode copies a GPU payload to the host
-    error = ErrorRow.of(error_stats(x, decoded)) if stats else None
+    error = ErrorRow.of(measured.stats()) if stats else None
     timings.stats.seconds += time.perf_counter() - tick
     timings.stats.bytes += entry.info.nbytes
     if timings.verify is not None:
-        from qcli.verify import check_bound
-
         tick = time.perf_counter()
-        check_bound(x, decoded, entry.decision.scheme, entry.decision.calibration, entry.info.name, target)
+        failure = measured.failure()
         timings.verify.seconds += time.perf_counter() - tick
+        if failure is not None:
+            raise out_of_bound(failure, entry.decision.scheme, entry.info.name, target)
     return error
 
 

@@ -65,3 +65,25 @@ def bits_per_weight(scheme: QuantScheme, shape: Sequence[int]) -> float:
     """Payload bits per logical element, scales included."""
     numel = math.prod(shape)
     return 8 * quantized_data_len(scheme, shape) / numel if numel else 0.0
+
+
+def row_regions(scheme: QuantScheme, shape: Sequence[int], start: int, stop: int) -> list[tuple[int, int, int]]:
+    """`(offset in the payload of shape, offset in the payload of rows [start, stop) alone, length)` of each
+    region those rows fill. Rows along the first axis in whole blocks (the last run may end at the edge)
+    fill a contiguous part of the values and of the scales, and share the global; a tensor of rank < 2,
+    or all its rows, is one region."""
+    shape = tuple(shape)
+    if len(shape) < 2 or (start, stop) == (0, shape[0]):
+        return [(0, 0, quantized_data_len(scheme, shape))]
+    rows = (stop - start, *shape[1:])
+    values, scales = value_bytes(scheme, rows), scale_bytes(scheme, rows)
+    full_values = value_bytes(scheme, shape)
+    if scheme.block is None:
+        scale_offset = 0
+    else:
+        step = scheme.block.size.to_dim_vec(len(shape))[0]
+        scale_offset = start // step * scale_bytes(scheme, (step, *shape[1:]))
+    regions = [(start * value_bytes(scheme, (1, *shape[1:])), 0, values), (full_values + scale_offset, values, scales)]
+    if scheme.is_two_level():
+        regions.append((full_values + scale_bytes(scheme, shape), values + scales, global_bytes(scheme)))
+    return regions

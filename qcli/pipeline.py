@@ -1,8 +1,8 @@
 """The CPU pipeline: one tensor at a time, in plan order, from the source to payload bytes.
 
 Peak memory is bounded by the largest tensor (its source and its payload; `encode` widens and gathers a
-chunk at a time), never by the model. The GPU pipeline (`qcli.gpu.pipeline.run`) has the same signature
-and yields the same bytes.
+chunk at a time, measuring a slice at a time), never by the model. The GPU pipeline
+(`qcli.gpu.pipeline.run`) has the same signature and yields the same bytes and measurements.
 """
 
 from __future__ import annotations
@@ -14,11 +14,14 @@ if TYPE_CHECKING:
     import torch
 
     from qcli.io.safetensors import SafetensorsSource
+    from qcli.measure import Measurement
     from qcli.plan import Plan, PlanEntry
 
 
-def run(plan: Plan, source: SafetensorsSource) -> Iterator[tuple[PlanEntry, torch.Tensor]]:
-    """Yield every plan entry once, in order, with its payload as a 1-D uint8 tensor.
+def run(plan: Plan, source: SafetensorsSource, measure: bool = False
+        ) -> Iterator[tuple[PlanEntry, torch.Tensor, Measurement | None]]:
+    """Yield every plan entry once, in order, with its payload as a 1-D uint8 tensor and, with `measure`,
+    a quantized tensor's `Measurement` (its one decode against its source; None for a kept tensor).
 
     A kept tensor's payload is its source bytes, unchanged; a quantized one is `qcli.codec.encode`'s.
     Either is transposed first when the decision says so (the plan allows that for 2-D tensors only).
@@ -26,15 +29,20 @@ def run(plan: Plan, source: SafetensorsSource) -> Iterator[tuple[PlanEntry, torc
     import torch
 
     from qcli.codec import encode
+    from qcli.measure import Measurement
 
     for entry in plan.entries:
         x = source.load(entry.info.name)
         if entry.decision.transpose:
             x = x.t()
-        scheme = entry.decision.scheme
+        scheme, calibration = entry.decision.scheme, entry.decision.calibration
+        measured = None
         if scheme is None:
             payload = x.contiguous().reshape(-1).view(torch.uint8)
         else:
-            payload = encode(x, scheme, entry.decision.calibration, name=entry.info.name)
+            payload = encode(x, scheme, calibration, name=entry.info.name)
+            if measure:
+                measured = Measurement.on(x.device)
+                measured.add(x, payload, scheme, calibration)
         del x
-        yield entry, payload
+        yield entry, payload, measured

@@ -1,9 +1,10 @@
 """Verified output: each quantized tensor's one decode within its scheme's error bound, and the written
 files read back.
 
-While the output is written, each quantized payload is decoded once (the same decode gives the error
-statistics) and must lie, block by block, within its scheme's error bound of its source (`check_bound`,
-`error_bound`); the writer records the sha256 of every payload it writes, a kept tensor's being its
+While the output is written, each quantized payload is decoded once, by the pipeline on the device
+that holds it (`qcli.measure`; the same decode gives the error statistics), and must lie, block by
+block, within its scheme's error bound of its source (`block_errors`, `error_bound`; `out_of_bound` is
+the error when it does not); the writer records the sha256 of every payload it writes, a kept tensor's being its
 source bytes as written. Before the rename, the complete files are opened again with the bounded reader
 (`read_back`): every input tensor must be there exactly once, with the dtype, shape and length the plan
 gave it, and its bytes must hash to what was checked. Nothing is decoded or read from the source twice.
@@ -24,6 +25,8 @@ from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme, QuantValue, 
 
 if TYPE_CHECKING:
     import torch
+
+    from qcli.measure import BoundFailure, Whole
 
 # Half the widest gap between neighbouring values of the grid, in units of the scale: integers round
 # to the nearest whole step; a minifloat's widest gap is its top binade (416..448, 49152..57344, 4..6).
@@ -50,32 +53,44 @@ class Verified:
     seconds: float
 
 
-def error_bound(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration) -> torch.Tensor:
-    """The largest error each block of `x` may show after quantizing with `scheme`, grid-shaped f32.
+def error_bound(
+    x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, whole: Whole | None = None
+) -> torch.Tensor:
+    """The largest error each block of `x` may show after quantizing with `scheme`, grid-shaped f64.
 
     Derived from the source alone, never from the payload's own scales: with `m` the block's max |x|
     and `s` the scale the arithmetic (docs/arithmetic.md) picks, an element is off by at most half a
     grid step times `s`, plus what clamping cuts off above `reach * s` (AbsMean, Q8F's 127 of 127.5,
     a scale saturated at its dtype's maximum). `s` is bounded above by `m / h` rounded up onto the
-    scale dtype, and below by `alpha / h`.
+    scale dtype, and below by `alpha / h`. The scales of a per-tensor or two-level scheme depend on the
+    whole tensor: when `x` is rows of it, `whole` says what they depend on (else it is taken from `x`).
+    Works on `x`'s device without waiting for it.
     """
     import torch
 
     from qcli.codec.blocks import BlockGrid
 
+    if whole is None and (scheme.block is None or scheme.is_two_level()):
+        from qcli.measure import Whole
+
+        whole = Whole.of(x)
     grid = BlockGrid.of(scheme, x.shape)
-    blocks = grid.to_blocks(x.to(torch.float32)).abs()  # in f32, as the codec measures it
-    peak = blocks.amax(dim=grid.block_axes).to(torch.float64)
-    if calibration is Calibration.AbsMean:
-        alpha = blocks.sum(dim=grid.block_axes, dtype=torch.float64) / grid.counts()
-    else:
-        alpha = peak
     value, dtype = scheme.value, scheme.scale_dtype()
+    if scheme.block is None:
+        peak = whole.peak.reshape(grid.grid)
+        alpha = whole.mean().reshape(grid.grid) if calibration is Calibration.AbsMean else peak
+    else:
+        blocks = grid.to_blocks(x.to(torch.float32)).abs()  # in f32, as the codec measures it
+        peak = blocks.amax(dim=grid.block_axes).to(torch.float64)
+        if calibration is Calibration.AbsMean:
+            alpha = blocks.sum(dim=grid.block_axes, dtype=torch.float64) / grid.counts(x.device)
+        else:
+            alpha = peak
     a, b = value.range()
     h = value.half_range()
     reach = b if value.is_minifloat() else min(-a, b)
     if scheme.is_two_level():
-        global_scale = max(float(peak.max()) / h / dtype.max_representable(), F32_MIN_POSITIVE)
+        global_scale = torch.clamp(whole.peak / h / dtype.max_representable(), min=F32_MIN_POSITIVE)
         cap, floor = float("inf"), global_scale * (1 + _F32_ROUNDING) * _ROUND_UP_FLOOR[dtype]
     else:
         cap, floor = dtype.max_representable(), _ROUND_UP_FLOOR[dtype]
@@ -96,22 +111,10 @@ def block_errors(x: torch.Tensor, decoded: torch.Tensor, scheme: QuantScheme) ->
     return grid.to_blocks(difference).amax(dim=grid.block_axes).to(torch.float64)
 
 
-def check_bound(
-    x: torch.Tensor, decoded: torch.Tensor, scheme: QuantScheme, calibration: Calibration, name: str,
-    target: Path,
-) -> None:
-    """`OutputError` unless every block of `decoded` lies within `error_bound` of its source `x`."""
-    import torch
-
-    x = x.to(torch.float32)  # widened once for both measures, which then take it as it is
-    errors = block_errors(x, decoded, scheme)
-    bounds = error_bound(x, scheme, calibration)
-    over = ~(errors <= bounds)  # NaN counts as over
-    if bool(over.any()):
-        block = int(torch.nonzero(over.reshape(-1))[0])
-        error, bound = float(errors.reshape(-1)[block]), float(bounds.reshape(-1)[block])
-        raise _failed(target, f"tensor '{name}' decodes {error:.6g} away from its source in "
-                      f"block {block}, over its scheme's bound {bound:.6g} ({scheme})")
+def out_of_bound(failure: BoundFailure, scheme: QuantScheme, name: str, target: Path) -> OutputError:
+    """The `OutputError` for tensor `name` whose decode lies outside its scheme's bound in `failure`'s block."""
+    return _failed(target, f"tensor '{name}' decodes {failure.error:.6g} away from its source in "
+                   f"block {failure.block}, over its scheme's bound {failure.bound:.6g} ({scheme})")
 
 
 def read_back(

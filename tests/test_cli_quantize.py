@@ -344,8 +344,8 @@ def _interrupting_run(raise_it):
 
     real = pipeline.run
 
-    def run(plan, source):
-        for i, item in enumerate(real(plan, source)):
+    def run(plan, source, measure=False):
+        for i, item in enumerate(real(plan, source, measure)):
             if i == 1:
                 raise_it()
             yield item

@@ -384,8 +384,8 @@ def test_pipeline_yields_the_cpu_pipelines_bytes(kernels, tmp_path, monkeypatch,
     path, decisions = _checkpoint(tmp_path)
     plan, source = _plan(path, decisions)
     with source:
-        want = [(e.info.name, bytes(p.numpy())) for e, p in cpu_pipeline.run(plan, source)]
-        got = [(e.info.name, bytes(p.numpy())) for e, p in gpu_pipeline.run(plan, source)]
+        want = [(e.info.name, bytes(p.numpy())) for e, p, _ in cpu_pipeline.run(plan, source)]
+        got = [(e.info.name, bytes(p.numpy())) for e, p, _ in gpu_pipeline.run(plan, source)]
     assert [n for n, _ in got] == [n for n, _ in want]
     for (name, g), (_, w) in zip(got, want, strict=True):
         assert g == w, name

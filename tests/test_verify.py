@@ -15,11 +15,11 @@ import pytest
 import torch
 from cli_support import SINGLE, assert_user_error, cli
 
-from qcli import pipeline
 from qcli.codec import decode, encode
 from qcli.errors import OutputError
 from qcli.io.burnpack import BurnpackReader, BurnpackWriter, TensorEntry
 from qcli.io.safetensors import SafetensorsSource
+from qcli.measure import Measurement
 from qcli.plan import make_plan
 from qcli.presets import DEFAULT_PRESET, PRESETS
 from qcli.scheme import (
@@ -32,7 +32,7 @@ from qcli.scheme import (
     ScaleDtype,
     accept_problems,
 )
-from qcli.verify import block_errors, check_bound, error_bound, read_back
+from qcli.verify import block_errors, error_bound, out_of_bound, read_back
 
 # -- The bound -------------------------------------------------------------------------------------
 
@@ -150,13 +150,17 @@ def check(path: Path, good: Path) -> None:
 
 
 def check_decoded(path: Path, name: str) -> None:
-    """The bound check on `name` as written in `path`, against its source."""
+    """The bound check on `name` as written in `path`, against its source, as `qcli quantize` raises it."""
     entry = next(e for e in BurnpackReader.open(path).entries() if e.name == name)
     scheme = QuantScheme.from_serde(entry.dtype["QFloat"])
-    decoded = decode(BurnpackReader.open(path).read(name), scheme, entry.shape)
+    payload = torch.frombuffer(bytearray(BurnpackReader.open(path).read(name)), dtype=torch.uint8)
     with SafetensorsSource.open(SINGLE) as source:
         x = source.load(name)
-    check_bound(x, decoded, scheme, Calibration.MinMax, name, path)
+    measured = Measurement.on("cpu")
+    measured.add(x, payload, scheme, Calibration.MinMax)
+    failure = measured.failure()
+    if failure is not None:
+        raise out_of_bound(failure, scheme, name, path)
 
 
 def first_quantized(entries: list[TensorEntry]) -> int:
@@ -239,19 +243,18 @@ def test_a_tensor_written_with_another_scheme_fails(good: Path, tmp_path: Path) 
 
 
 def corrupt_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CPU pipeline with the first quantized payload damaged, as a faulty kernel or memory would."""
-    real = pipeline.run
+    """The CPU pipeline with every quantized payload damaged as it is encoded, as a faulty kernel or memory
+    would."""
+    import qcli.codec
 
-    def run(plan, source):
-        damaged = False
-        for entry, payload in real(plan, source):
-            if entry.decision.scheme is not None and not damaged:
-                payload = payload.clone()
-                payload[0] ^= 0x88
-                damaged = True
-            yield entry, payload
+    real = qcli.codec.encode
 
-    monkeypatch.setattr(pipeline, "run", run)
+    def encode(*args, **kwargs):
+        payload = real(*args, **kwargs)
+        payload[0] ^= 0x88
+        return payload
+
+    monkeypatch.setattr(qcli.codec, "encode", encode)
 
 
 def test_cli_never_puts_an_output_that_fails_verification_in_place(tmp_path: Path, monkeypatch) -> None:
@@ -335,7 +338,7 @@ def test_verification_cost_is_reported(tmp_path: Path) -> None:
 
 
 def test_each_source_tensor_is_read_once(tmp_path: Path, monkeypatch) -> None:
-    """The decode after the write reuses the tensor the CPU pipeline loaded; the read-back reads none."""
+    """The pipeline measures the tensor it loaded for its payload; the read-back reads none."""
     loads: list[str] = []
     real = SafetensorsSource.load
     monkeypatch.setattr(SafetensorsSource, "load", lambda self, name: loads.append(name) or real(self, name))

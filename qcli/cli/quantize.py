@@ -85,8 +85,8 @@ def quantize(
         bool,
         typer.Option(
             "--stats/--no-stats",
-            help="Measure each quantized tensor's error against its source (from the same one decode on the"
-            " CPU that --verify checks).",
+            help="Measure each quantized tensor's error against its source (from the same one decode,"
+            " on the pipeline's device, that --verify checks).",
         ),
     ] = True,
 ) -> None:

@@ -76,11 +76,12 @@ class BlockGrid:
         """A grid-shaped tensor viewed to broadcast over `to_blocks`' result."""
         return scales.reshape(self._view([1] * len(self.block)))
 
-    def counts(self) -> torch.Tensor:
-        """Float64 grid of how many elements of the tensor each block holds (edge blocks hold fewer)."""
-        counts = torch.ones((), dtype=torch.float64)
+    def counts(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """Float64 grid of how many elements of the tensor each block holds (edge blocks hold fewer), on
+        `device`."""
+        counts = torch.ones((), dtype=torch.float64, device=device)
         for d, b, g in zip(self.shape, self.block, self.grid, strict=True):
-            axis = torch.full((g,), float(b), dtype=torch.float64)
+            axis = torch.full((g,), float(b), dtype=torch.float64, device=device)
             if g:
                 axis[-1] = d - (g - 1) * b
             counts = counts.unsqueeze(-1) * axis

@@ -15,9 +15,9 @@ from qcli.scheme import LOOKUP_WHY, Native, QuantMode, QuantScheme, ScaleDtype
 
 
 def as_bytes(payload: object) -> torch.Tensor:
-    """A 1-D uint8 tensor over bytes-like `payload` or a tensor's raw bytes."""
+    """A 1-D uint8 tensor over bytes-like `payload` or a tensor's raw bytes, on the tensor's device."""
     if isinstance(payload, torch.Tensor):
-        return payload.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        return payload.detach().contiguous().reshape(-1).view(torch.uint8)
     data = bytearray(payload)
     if not data:  # torch.frombuffer refuses an empty buffer; a tensor with no element has no payload
         return torch.empty(0, dtype=torch.uint8)
@@ -27,7 +27,8 @@ def as_bytes(payload: object) -> torch.Tensor:
 def decode(payload: object, scheme: QuantScheme, shape: Sequence[int]) -> torch.Tensor:
     """f32 tensor of `shape` from a payload of exactly `quantized_data_len(scheme, shape)` bytes.
 
-    x = q * s for one level; x = (global * s_block) * q for two, the product formed in f32.
+    x = q * s for one level; x = (global * s_block) * q for two, the product formed in f32. A tensor payload
+    is decoded on its own device (multiplications only: every device gives the same values).
     """
     _check_decodable(scheme)
     shape = tuple(shape)

@@ -98,8 +98,14 @@ def table(fmt: MinifloatFormat) -> torch.Tensor:
 
 
 def decode(codes: torch.Tensor, fmt: MinifloatFormat) -> torch.Tensor:
-    """f32 values of integer `codes`."""
-    return table(fmt)[codes.long()]
+    """f32 values of integer `codes`, on their device."""
+    return _table_on(fmt, codes.device)[codes.long()]
+
+
+@functools.cache
+def _table_on(fmt: MinifloatFormat, device: torch.device) -> torch.Tensor:
+    # Cached per device: copying the table to a GPU on every decode would wait for the device each time.
+    return table(fmt).to(device)
 
 
 def _f32_bits(x: float) -> int:

@@ -13,6 +13,12 @@ output buffers of the largest payload, within 2 × the largest tensor + 1 GiB. D
 footprint exceeds a quarter of it is quantized in chunks of whole blocks along its first axis, and a
 per-tensor or two-level scheme then takes a first pass over all chunks for the range its scales need.
 
+With `measure`, each quantized chunk is also decoded and measured against its source on the compute
+stream right after its payload is enqueued (`qcli.measure.Measurement`), while the payload goes back
+to the host; the first pass then also takes what the bound of a per-tensor or two-level scheme needs
+(`qcli.measure.Whole`). Measuring works a slice of at most `SLICE_VALUES` values at a time, whose
+temporaries (`BYTES_PER_VALUE` each) are reserved out of the quarter of the budget a chunk may take.
+
 `QCLI_KERNELS=triton` with `TRITON_INTERPRET=1` runs the same pipeline on CPU tensors, without a GPU.
 """
 
@@ -35,6 +41,7 @@ import torch
 from qcli import layout
 from qcli.errors import InputError, UsageError
 from qcli.kernels.encode import NON_FINITE_HINT, Range, enqueue, interpreted, tensor_range
+from qcli.measure import BYTES_PER_VALUE, SLICE_VALUES, Measurement, Whole
 from qcli.scheme import check_accepted
 
 if TYPE_CHECKING:
@@ -76,9 +83,12 @@ class _Piece:
     last: bool            # the entry's last piece
 
 
-def run(plan: Plan, source: SafetensorsSource) -> Iterator[tuple[PlanEntry, torch.Tensor]]:
+def run(plan: Plan, source: SafetensorsSource, measure: bool = False
+        ) -> Iterator[tuple[PlanEntry, torch.Tensor, Measurement | None]]:
     """Yield every plan entry once, in order, with its payload as a 1-D uint8 tensor (pinned host memory,
-    valid until the generator is resumed twice more); the same bytes as `qcli.pipeline.run`."""
+    valid until the generator is resumed twice more) and, with `measure`, a quantized tensor's
+    `Measurement` (on the device; None for a kept tensor): the same bytes and measures as
+    `qcli.pipeline.run`."""
     device = _device()
     budget = _bytes_setting("QCLI_GPU_BUDGET", DEFAULT_BUDGET)
     piece_bytes = _bytes_setting("QCLI_PIECE_BYTES", DEFAULT_PIECE)
@@ -87,13 +97,13 @@ def run(plan: Plan, source: SafetensorsSource) -> Iterator[tuple[PlanEntry, torc
             check_accepted(entry.decision.scheme, entry.decision.calibration)
     offsets = _data_offsets(source)
     pieces = [piece for i, entry in enumerate(plan.entries)
-              for piece in _pieces(i, entry, offsets[entry.info.name], budget, piece_bytes)]
+              for piece in _pieces(i, entry, offsets[entry.info.name], budget, piece_bytes, measure)]
     if not pieces:
         return
     stage = _Stage(device, max(p.nbytes for p in pieces), max(e.out_nbytes for e in plan.entries))
     reader = _Reader(pieces, stage)
     try:
-        yield from _quantize(pieces, reader, stage)
+        yield from _quantize(pieces, reader, stage, measure)
     finally:
         reader.stop()
 
@@ -120,20 +130,24 @@ def _data_offsets(source) -> dict[str, tuple[Path, int]]:
     return offsets
 
 
-def _pieces(index: int, entry: PlanEntry, where: tuple[Path, int], budget: int, piece_bytes: int):
+def _pieces(index: int, entry: PlanEntry, where: tuple[Path, int], budget: int, piece_bytes: int,
+            measure: bool):
     """The reads of one entry: GPU chunks of whole blocks along the first axis (the whole tensor when it
-    fits a quarter of the budget, or must be transposed), each split into pieces of at most piece_bytes."""
+    fits a quarter of the budget, or must be transposed), each split into pieces of at most piece_bytes.
+    With `measure`, the quarter holds the measuring temporaries of one slice too."""
     info, decision = entry.info, entry.decision
     rows = info.shape[0] if len(info.shape) >= 2 else 1
     row_bytes = info.nbytes // rows if rows else 0
     scheme = decision.scheme
     footprint = info.nbytes + entry.out_nbytes  # input and payload on the device at once
-    if scheme is None or decision.transpose or rows <= 1 or 4 * footprint <= budget:
+    measuring = BYTES_PER_VALUE * min(math.prod(info.shape), SLICE_VALUES) if measure and scheme is not None else 0
+    room = budget / 4 - measuring
+    if scheme is None or decision.transpose or rows <= 1 or footprint <= room:
         chunk_rows = max(rows, 1)
     else:
         step = scheme.block.size.to_dim_vec(len(info.shape))[0] if scheme.block else 1
         per_row = footprint / rows
-        chunk_rows = max(step, int(budget / 4 / per_row) // step * step)
+        chunk_rows = max(step, int(max(room, 0) / per_row) // step * step)
     two_pass = scheme is not None and chunk_rows < rows and (scheme.block is None or scheme.is_two_level())
     passes = (True, False) if two_pass else (False,)
     piece_rows = max(1, piece_bytes // row_bytes) if row_bytes else 1
@@ -242,13 +256,16 @@ class _Tensor:
     piece: _Piece
     out: torch.Tensor           # pinned output buffer (slice of the payload length)
     bad: torch.Tensor
+    measured: Measurement | None
     chunk: torch.Tensor | None = None
     whole: Range | None = None
+    measure_whole: Whole | None = None  # the bound's, from the first pass of a chunked tensor
     done = None                 # event after the last copy into `out`
+    measure_done = None         # event after the last measuring work
 
 
-def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage
-              ) -> Iterator[tuple[PlanEntry, torch.Tensor]]:
+def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: bool
+              ) -> Iterator[tuple[PlanEntry, torch.Tensor, Measurement | None]]:
     pending: list[_Tensor] = []
     current: _Tensor | None = None
     for _ in pieces:
@@ -258,9 +275,11 @@ def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage
         entry = piece.entry
         if current is None or current.piece.index != piece.index:
             out = stage.outputs[piece.index % 2][: entry.out_nbytes]
-            with _on(stage.compute):  # zeroed on the stream whose kernels raise it
+            quantized = entry.decision.scheme is not None
+            with _on(stage.compute):  # zeroed on the stream whose kernels raise it (and measure into it)
                 bad = torch.zeros(1, dtype=torch.int32, device=stage.device)
-            current = _Tensor(piece, out, bad)
+                measured = Measurement.on(stage.device) if measure and quantized else None
+            current = _Tensor(piece, out, bad, measured)
         host = stage.staging[slot][: piece.nbytes]
         if entry.decision.scheme is None:
             _keep(current, piece, host)
@@ -272,6 +291,7 @@ def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage
                 _process(current, piece, stage)
         if piece.last:
             current.done = stage.event(stage.d2h)
+            current.measure_done = stage.event(stage.compute)
             pending.append(current)
             current = None
             if len(pending) == 2:
@@ -315,7 +335,8 @@ def _upload(tensor: _Tensor, piece: _Piece, host: torch.Tensor, stage: _Stage) -
 
 
 def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
-    """Quantize a whole device chunk (or collect its range, in a first pass) and copy its payload back."""
+    """Quantize a whole device chunk (or collect its range, in a first pass), copy its payload back and,
+    when measuring, measure it."""
     entry, decision = piece.entry, piece.entry.decision
     scheme = decision.scheme
     if stage.compute is not None:
@@ -327,6 +348,9 @@ def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
             part = tensor_range(x, scheme, decision.calibration, tensor.bad)
             whole = tensor.whole
             tensor.whole = part if whole is None else whole.add(part, decision.calibration, scheme)
+            if tensor.measured is not None:
+                seen = Whole.of(x)
+                tensor.measure_whole = seen if tensor.measure_whole is None else tensor.measure_whole.add(seen)
             return
         else:
             payload = torch.empty(layout.quantized_data_len(scheme, tuple(x.shape)), dtype=torch.uint8,
@@ -336,39 +360,24 @@ def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
         stage.d2h.wait_stream(stage.compute)
         payload.record_stream(stage.d2h)
     with _on(stage.d2h):
-        for (dst, src), n in _regions(entry, piece, tuple(x.shape)):
+        full = tuple(entry.out_shape)
+        stop = piece.chunk_start + (x.shape[0] if x.dim() else 1)
+        for dst, src, n in layout.row_regions(scheme, full, piece.chunk_start, stop):
             tensor.out[dst : dst + n].copy_(payload[src : src + n], non_blocking=True)
+    if tensor.measured is not None:  # after the copy back is queued, so it need not wait for the measuring
+        with _on(stage.compute):
+            tensor.measured.add(x, payload, scheme, decision.calibration, whole=tensor.measure_whole,
+                                first_row=piece.chunk_start)
 
 
-def _regions(entry: PlanEntry, piece: _Piece, shape: tuple[int, ...]):
-    """((offset in the payload, offset in the chunk's payload), length) of the chunk's values, scales and
-    global; a chunk of whole blocks along the first axis fills a contiguous part of each region."""
-    scheme = entry.decision.scheme
-    full = tuple(entry.out_shape)
-    if shape == full:
-        return [((0, 0), entry.out_nbytes)]
-    values = layout.value_bytes(scheme, shape)
-    per_row = layout.value_bytes(scheme, (1, *full[1:]))
-    scales = layout.scale_bytes(scheme, shape)
-    if scheme.block is None:
-        scale_offset = 0
-    else:
-        step = scheme.block.size.to_dim_vec(len(full))[0]
-        scale_offset = piece.chunk_start // step * layout.scale_bytes(scheme, (step, *full[1:]))
-    full_values = layout.value_bytes(scheme, full)
-    regions = [((piece.chunk_start * per_row, 0), values), ((full_values + scale_offset, values), scales)]
-    if scheme.is_two_level():
-        regions.append(((full_values + layout.scale_bytes(scheme, full), values + scales), 4))
-    return regions
-
-
-def _finish(tensor: _Tensor) -> tuple[PlanEntry, torch.Tensor]:
-    if tensor.done is not None:
-        tensor.done.synchronize()
+def _finish(tensor: _Tensor) -> tuple[PlanEntry, torch.Tensor, Measurement | None]:
+    for event in (tensor.done, tensor.measure_done):
+        if event is not None:
+            event.synchronize()
     if int(tensor.bad.item()):
         raise InputError(f"tensor {tensor.piece.entry.info.name!r} holds NaN or Inf values, which cannot be "
                          "quantized", hint=NON_FINITE_HINT)
-    return tensor.piece.entry, tensor.out
+    return tensor.piece.entry, tensor.out, tensor.measured
 
 
 class _on:
