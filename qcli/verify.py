@@ -13,7 +13,7 @@ Any failure is an `OutputError`; the caller then leaves the target untouched.
 
 from __future__ import annotations
 
-import hashlib
+import mmap
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -124,7 +124,8 @@ def read_back(
     """Read the written files back and check them against `plan`; raises `OutputError` naming what is wrong.
 
     Every name of `inputs` must be there exactly once, with the dtype, shape and length the plan gave
-    it, and its bytes must hash (sha256) to the digest the writer recorded for them (`digests`).
+    it, and its bytes must hash to the digest the writer recorded for them (`digests`, `qcli.io.digest`),
+    read through a read-only mapping of the file.
     `targets` are the names the files will have, used in messages (the files themselves may still be
     temporary ones).
     """
@@ -158,10 +159,29 @@ def read_back(
             raise _failed(target, f"tensor '{name}' is written as {written.dtype} {list(written.shape)} "
                           f"in {written.nbytes} bytes; the plan says {expected[0]} {list(expected[1])} in "
                           f"{expected[2]} bytes")
-        if hashlib.sha256(reader.read(name)).digest() != digests[name]:
-            raise _failed(target, f"tensor '{name}' reads back other bytes than were written")
-        read += written.nbytes
+    by_file: dict[Any, list[str]] = {}
+    for name, (reader, _, _) in found.items():
+        by_file.setdefault(reader, []).append(name)
+    for reader, names in by_file.items():
+        for name, got in _written_digests(reader, names).items():
+            if got != digests[name]:
+                raise _failed(found[name][2], f"tensor '{name}' reads back other bytes than were written")
+            read += found[name][1].nbytes
     return Verified(len(plan.entries), read, time.perf_counter() - started)
+
+
+def _written_digests(reader: Any, names: list[str]) -> dict[str, bytes]:
+    """The digest of each named tensor's bytes in the file `reader` opened."""
+    from qcli.io.digest import digest
+
+    with open(reader.path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        with memoryview(mapped) as data:
+            result = {}
+            for name in names:
+                start, end = reader.data_offsets(name)
+                with data[reader.data_start + start : reader.data_start + end] as part:
+                    result[name] = digest(part)
+            return result
 
 
 def _failed(path: Path, problem: str) -> OutputError:

@@ -136,9 +136,11 @@ def rewrite(good: Path, target: Path, change) -> Path:
 
 
 def written_digests(good: Path) -> dict[str, bytes]:
-    """What the writer records for the good file: the sha256 of each payload it was handed."""
+    """What the writer records for the good file: for each payload it was handed, the sha256 of the
+    sha256s of its 16 MiB pieces (these payloads are one piece each)."""
     reader = BurnpackReader.open(good)
-    return {e.name: hashlib.sha256(reader.read(e.name)).digest() for e in reader.entries()}
+    return {e.name: hashlib.sha256(hashlib.sha256(reader.read(e.name)).digest()).digest()
+            for e in reader.entries()}
 
 
 def check(path: Path, good: Path) -> None:

@@ -13,7 +13,6 @@ integers and floats (§3). The container never interprets a payload: a QFloat te
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 import os
@@ -28,6 +27,7 @@ from typing import BinaryIO
 import cbor2
 
 from qcli.errors import InputError, OutputError
+from qcli.io.digest import digest
 from qcli.io.dtypes import burn_dtype, dtype_str, element_size, parse_dtype, payload_len
 
 __all__ = ["BurnpackReader", "BurnpackWriter", "TensorEntry", "burn_dtype"]
@@ -241,7 +241,7 @@ class BurnpackWriter:
     context without `commit()`, on an exception or an interrupt, removes the temporary file; the target
     is replaced only by the rename, so it is either untouched or complete. `finish()` completes the
     file without renaming it, so that it can be checked first; with `digests`, `self.digests` maps each
-    written tensor to the sha256 of the bytes handed over, for that check.
+    written tensor to the digest of the bytes handed over (`qcli.io.digest`), for that check.
     """
 
     def __init__(
@@ -315,7 +315,7 @@ class BurnpackWriter:
             raise ValueError(f"tensor '{name}': deferred source has inconsistent length "
                              f"(expected {entry.nbytes}, got {view.nbytes})")
         if self.digests is not None:
-            self.digests[name] = hashlib.sha256(view).digest()
+            self.digests[name] = digest(view)
         start = self.data_start + self._offsets[self._next][0]
         with self._output_errors():
             self._file.write(bytes(start - self._position))
