@@ -294,6 +294,7 @@ def main() -> None:
     parser.add_argument("--parts", default="generate,floor,pipeline")
     parser.add_argument("--timeout", type=float, default=240)
     parser.add_argument("--schemes", default=",".join(SCHEMES))
+    parser.add_argument("--regimes", default="cold,cached")
     parser.add_argument("--child")
     parser.add_argument("--scheme")
     parser.add_argument("--target", type=Path)
@@ -310,7 +311,7 @@ def main() -> None:
             record["floor"] = floor(args.dir)
         else:
             for scheme in args.schemes.split(","):
-                for regime in ("cold", "cached"):
+                for regime in args.regimes.split(","):
                     run = run_child(part, args.dir, scheme, regime, args.timeout)
                     record["runs"].append(run)
                     shown = {k: v for k, v in run.items() if k != "error"}
