@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 DEFAULT_BUDGET = 8 << 30
 DEFAULT_PIECE = 256 << 20
-_READ_SLICE = 4 << 20  # bytes one reader thread reads at a time: a 100 MB weight keeps 16 threads busy
+_READ_SLICE = 16 << 20  # bytes one reader thread reads at a time
 _TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 _UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
 
