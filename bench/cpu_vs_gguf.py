@@ -149,10 +149,11 @@ Peak memory of `encode`, beyond its input: the payload, plus a few f32 temporari
 grid (4 bytes per block each), plus a few chunk-sized temporaries (a few MiB) — bounded by the tensor,
 never a whole f32 copy of it. The CPU pipeline passes tensors to `encode` without a contiguous copy.
 
-The machine is shared: other sessions' test runs take CPU time. With OpenMP's default spin-wait, torch's
-threads spin at every barrier and a spinning thread starves its busy peer; the rows above show what that
-costs, and why the `qcli` command sets OMP_WAIT_POLICY=PASSIVE (unless the user set it). Under heavy load
-even passive waiting loses to one thread, since each barrier waits for the thread that was descheduled.
+The machine is shared: other sessions' test runs take CPU time (the load average above). With OpenMP's
+default spin-wait, torch's threads spin at every barrier; while another process holds a core, a spinning
+thread starves its busy peer, which is why the `qcli` command sets OMP_WAIT_POLICY=PASSIVE (unless the
+user set it). The spin-wait rows show what spinning cost at this run's load. Under heavy load even
+passive waiting loses to one thread, since each barrier waits for the thread that was descheduled.
 """
 
 
