@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 KERNELS = ("_quantize_kernel", "_alpha_kernel", "_scales_kernel")
-_OPTION_NAMES = ("enable_fp_fusion",)
+_OPTION_NAMES = ("enable_fp_fusion", "num_warps")
 
 
 def _record(path: str) -> None:
@@ -51,7 +51,7 @@ def _record(path: str) -> None:
                     values = dict(zip(params, args, strict=False)) | kwargs
                     constexprs = {n: v for n, v in values.items() if params[n].annotation is tl.constexpr}
                     sig = {n: "constexpr" if n in constexprs else arg_type(values[n]) for n in params}
-                    seen[json.dumps([self.name, sig, constexprs], sort_keys=True)] = {}
+                    seen[json.dumps([self.name, sig, constexprs, options], sort_keys=True)] = {}
                     return self.fn[grid](*args, **kwargs, **options)
                 return launch
 
@@ -68,18 +68,17 @@ def _compile(path: str) -> None:
     from triton.backends.compiler import GPUTarget
 
     from qcli.kernels import _quantize as K
-    from qcli.kernels.encode import _OPTIONS
 
     failures = 0
     for entry in json.load(open(path)):
-        name, sig, constexprs = json.loads(entry)
+        name, sig, constexprs, options = json.loads(entry)
         src = triton.compiler.ASTSource(getattr(K, name), sig, constexprs)
         try:
-            kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=_OPTIONS)
+            kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
             ptx = kernel.asm["ptx"]
             # Flushed subnormals, approximate division or a fused multiply-add would change the bytes.
             risky = {op: ptx.count(op) for op in (".ftz", "div.approx", "div.full", "fma.rn.f32")}
-            print(f"ok   {name} {risky} {constexprs}")
+            print(f"ok   {name} {risky} {options} {constexprs}")
         except Exception as exc:  # report every variant, then fail
             failures += 1
             print(f"FAIL {name} {constexprs}: {str(exc).splitlines()[-1] if str(exc) else exc!r}")
