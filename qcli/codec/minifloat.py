@@ -33,8 +33,10 @@ class MinifloatFormat:
     top: str
 
     @property
-    def min_normal(self) -> float:
-        return 2.0 ** (1 - self.bias)
+    def min_normal_f32_bits(self) -> int:
+        """The f32 bit pattern of the smallest normal value, 2^(1 - bias): exponent field 127 + 1 - bias,
+        no mantissa."""
+        return (128 - self.bias) << 23
 
     @property
     def subnormal_spacing(self) -> float:
@@ -67,7 +69,7 @@ def encode(v: torch.Tensor, fmt: MinifloatFormat) -> torch.Tensor:
     # Subnormal: an exact scaling onto the subnormal spacing, rounded half to even.
     subnormal = torch.round(mag.view(torch.float32) * (1.0 / fmt.subnormal_spacing)).to(torch.int32)
     # Pick with a mask of all ones where subnormal (torch.where is slow on integer tensors).
-    subnormal_mask = (mag < _f32_bits(fmt.min_normal)).to(torch.int32).neg_()
+    subnormal_mask = (mag < fmt.min_normal_f32_bits).to(torch.int32).neg_()
     code &= ~subnormal_mask
     code |= subnormal & subnormal_mask
     code |= (bits >> 31) & fmt.sign_bit  # arithmetic shift: all ones for negatives
@@ -106,7 +108,3 @@ def decode(codes: torch.Tensor, fmt: MinifloatFormat) -> torch.Tensor:
 def _table_on(fmt: MinifloatFormat, device: torch.device) -> torch.Tensor:
     # Cached per device: copying the table to a GPU on every decode would wait for the device each time.
     return table(fmt).to(device)
-
-
-def _f32_bits(x: float) -> int:
-    return int(torch.tensor(x, dtype=torch.float32).view(torch.int32))
