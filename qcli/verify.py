@@ -4,11 +4,12 @@ files read back.
 While the output is written, each quantized payload is decoded once, by the pipeline on the device
 that holds it (`qcli.measure`; the same decode gives the error statistics), and must lie, block by
 block, within its scheme's error bound of its source (`block_errors`, `error_bound`; `out_of_bound` is
-the error when it does not); the writer records the sha256 of every payload it writes, a kept tensor's being its
-source bytes as written. Before the rename, the complete files are opened again with the bounded reader
-(`read_back`): every input tensor must be there exactly once, with the dtype, shape and length the plan
-gave it, and its bytes must hash to what was checked. Nothing is decoded or read from the source twice.
-Any failure is an `OutputError`; the caller then leaves the target untouched.
+the error when it does not); the writer records a digest of every payload it writes (`qcli.io.digest`),
+a kept tensor's being its source bytes as written. Before the rename, the complete files are opened
+again with the bounded reader (`read_back`): every input tensor must be there exactly once, with the
+dtype, shape and length the plan gave it, and its bytes must hash to what was checked. Nothing is
+decoded or read from the source twice. Any failure is an `OutputError`; the caller then leaves the
+target untouched.
 """
 
 from __future__ import annotations
