@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -191,7 +190,11 @@ def child(mode: str, directory: Path, scheme: str, target: Path) -> dict:
 
 
 def _rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This process's peak RSS (Linux `VmHWM`). Not `ru_maxrss`, which a child inherits from its parent's
+    peak across exec: the parent may have held a whole shard while generating the checkpoint."""
+    with open("/proc/self/status") as status:
+        kib = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+    return int(kib) * 1024
 
 
 def _pipeline(directory: Path, scheme: str, target: Path) -> dict:
