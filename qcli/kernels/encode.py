@@ -154,11 +154,11 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
     values = values.view(torch.int32) if geo.unit_bytes == 4 else values
     dtype = scheme.scale_dtype()
     two_level = scheme.is_two_level()
-    safe = not two_level and dtype in _SAFE_DTYPES
+    safe_scales = not two_level and dtype in _SAFE_DTYPES
     const = dict(_value_constants(scheme.value), CAL=_cal(calibration), TWO_LEVEL=two_level,
                  HALF_RANGE=scheme.value.half_range(), KIND=_KIND[dtype], SCALE_SIZE=dtype.scale_size(),
-                 DTYPE_MAX=dtype.max_representable(), N=geo.per_unit, SAFE=safe,
-                 num_warps=_SAFE_WARPS if safe else _WARPS, **_OPTIONS)
+                 DTYPE_MAX=dtype.max_representable(), N=geo.per_unit, SAFE=safe_scales,
+                 num_warps=_SAFE_WARPS if safe_scales else _WARPS, **_OPTIONS)
     pointers = dict(x_ptr=x, values_ptr=values, scales_ptr=out[geo.scale_offset :],
                     global_ptr=out[geo.global_offset :], s_eff_ptr=out, r_eff_ptr=out, safe_ptr=out,
                     alpha_max_ptr=out, row_base_ptr=out, bad_ptr=bad)  # `out` where a mode reads nothing
@@ -179,9 +179,10 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
     s_eff = torch.empty(n_scales, dtype=torch.float32, device=x.device)
     r_eff = torch.empty_like(s_eff)
     _scales(x, scheme, calibration, geo, out, s_eff, r_eff, bad, whole)
-    # one flag for every scale: whether the reciprocal shortcut is exact for all of them
-    safe = ((s_eff >= 2.0**-125) & (s_eff <= 2.0**125)).all().to(torch.int32).reshape(1)
-    pointers.update(s_eff_ptr=s_eff, r_eff_ptr=r_eff, safe_ptr=safe)
+    pointers.update(s_eff_ptr=s_eff, r_eff_ptr=r_eff)
+    if not safe_scales:  # one flag for every scale: whether the reciprocal shortcut is exact for all of them
+        in_range = (s_eff >= K.SAFE_LOW.value) & (s_eff <= K.SAFE_HIGH.value)
+        pointers["safe_ptr"] = in_range.all().to(torch.int32).reshape(1)
     u = max(1, 64 // geo.per_unit)
     g = _TILE // (u * geo.per_unit)
     if scheme.block is None:
