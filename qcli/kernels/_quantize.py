@@ -76,6 +76,15 @@ def _all_safe(safe_ptr, SAFE: tl.constexpr):
 
 
 @triton.jit
+def _load(pointers, inside, other, EVEN: tl.constexpr):
+    """tl.load, masked by `inside` unless the launch says every tile is whole (EVEN)."""
+    if EVEN:
+        return tl.load(pointers)
+    else:
+        return tl.load(pointers, mask=inside, other=other)
+
+
+@triton.jit
 def _left(remaining, TILE: tl.constexpr):
     """How many of a tile's TILE elements lie inside, as int32 (`remaining` may be int64)."""
     return tl.minimum(remaining, TILE).to(tl.int32)
@@ -125,12 +134,8 @@ def _quantize_kernel(
     row = pid // chunks_per_row
     group = (pid % chunks_per_row) * G
     unit, local, start = _tile(group * U, U, N, G)
-    x_tile = x_ptr + row * C + start
-    if EVEN:
-        x = tl.load(x_tile + local).to(tl.float32)
-    else:
-        inside = local < _left(C - start, G * U * N)
-        x = tl.load(x_tile + local, mask=inside, other=0.0).to(tl.float32)
+    inside = local < _left(C - start, G * U * N)
+    x = _load(x_ptr + row * C + start + local, inside, 0.0, EVEN).to(tl.float32)
 
     if MODE == MODE_FUSED:
         block = group + tl.arange(0, G)
@@ -154,12 +159,8 @@ def _quantize_kernel(
         # the scale of column start + local, without 64-bit arithmetic per value
         first = tl.load(row_base_ptr + row) + start // BC
         index = ((start % BC).to(tl.int32) + local) // BC
-        if EVEN:
-            s_eff = tl.load(s_eff_ptr + first + index)
-            r_eff = tl.load(r_eff_ptr + first + index)
-        else:
-            s_eff = tl.load(s_eff_ptr + first + index, mask=inside, other=1.0)
-            r_eff = tl.load(r_eff_ptr + first + index, mask=inside, other=1.0)
+        s_eff = _load(s_eff_ptr + first + index, inside, 1.0, EVEN)
+        r_eff = _load(r_eff_ptr + first + index, inside, 1.0, EVEN)
         fast = _all_safe(safe_ptr, SAFE)
     else:
         s_eff = tl.load(s_eff_ptr)
@@ -172,11 +173,11 @@ def _quantize_kernel(
     packed = tl.sum(field << (tl.arange(0, N)[None, None, :] * BITS), axis=2)
     if N * BITS != 32:
         packed = packed.to(tl.uint8)
-    units = values_ptr + row * units_per_row + group * U
+    units = values_ptr + row * units_per_row + group * U + unit
     if EVEN:
-        tl.store(units + unit, packed)
+        tl.store(units, packed)
     else:
-        tl.store(units + unit, packed, mask=unit < _left(units_per_row - group * U, G * U))
+        tl.store(units, packed, mask=unit < _left(units_per_row - group * U, G * U))
 
 
 @triton.jit
