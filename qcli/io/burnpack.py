@@ -29,6 +29,7 @@ import cbor2
 from qcli.errors import InputError, OutputError
 from qcli.io.digest import digest
 from qcli.io.dtypes import burn_dtype, dtype_str, element_size, parse_dtype, payload_len
+from qcli.io.writeback import Writeback
 
 __all__ = ["BurnpackReader", "BurnpackWriter", "TensorEntry", "burn_dtype"]
 
@@ -241,7 +242,8 @@ class BurnpackWriter:
     context without `commit()`, on an exception or an interrupt, removes the temporary file; the target
     is replaced only by the rename, so it is either untouched or complete. `finish()` completes the
     file without renaming it, so that it can be checked first; with `digests`, `self.digests` maps each
-    written tensor to the digest of the bytes handed over (`qcli.io.digest`), for that check.
+    written tensor to the digest of the bytes handed over (`qcli.io.digest`), for that check. The data
+    goes to disk while tensors are still being written (`qcli.io.writeback`).
     """
 
     def __init__(
@@ -273,6 +275,7 @@ class BurnpackWriter:
         self.file_size = self.data_start + max((end for _, end in self._offsets), default=0)
         self._tmp = self.target.with_name(f".{self.target.name}.{os.getpid()}-{next(_temp_serial)}.tmp")
         self._file = None
+        self._writeback: Writeback | None = None
         self._next = 0
         self._position = 0
         self._finished = False
@@ -284,6 +287,7 @@ class BurnpackWriter:
                 self._file = open(self._tmp, "wb")  # noqa: SIM115 - closed by commit() or __exit__
                 prefix = header_bytes(len(self._metadata_blob)) + self._metadata_blob
                 self._file.write(prefix + bytes(self.data_start - len(prefix)))
+                self._writeback = Writeback(self._file.fileno())
         except BaseException:
             self.__exit__()  # a failed __enter__ gets no __exit__ from the with statement
             raise
@@ -291,6 +295,12 @@ class BurnpackWriter:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        try:
+            if self._writeback is not None:
+                writeback, self._writeback = self._writeback, None
+                writeback.close()
+        except OSError:
+            pass  # the file is discarded
         try:
             if self._file is not None:
                 file, self._file = self._file, None
@@ -320,6 +330,7 @@ class BurnpackWriter:
         with self._output_errors():
             self._file.write(bytes(start - self._position))
             self._file.write(view)
+        self._writeback.wrote(start + entry.nbytes - self._position)
         self._position = start + entry.nbytes
         self._next += 1
 
@@ -335,8 +346,10 @@ class BurnpackWriter:
             first = self._entries[self._next].name
             raise ValueError(f"{missing} tensors unwritten, from {first!r}")
         file, self._file = self._file, None
+        writeback, self._writeback = self._writeback, None
         with self._output_errors():
             try:
+                writeback.close()
                 file.flush()
                 os.fsync(file.fileno())
             finally:
