@@ -14,7 +14,7 @@ target untouched.
 
 from __future__ import annotations
 
-import mmap
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -126,7 +126,7 @@ def read_back(
 
     Every name of `inputs` must be there exactly once, with the dtype, shape and length the plan gave
     it, and its bytes must hash to the digest the writer recorded for them (`digests`, `qcli.io.digest`),
-    read through a read-only mapping of the file.
+    read from the file a piece at a time.
     `targets` are the names the files will have, used in messages (the files themselves may still be
     temporary ones).
     """
@@ -173,16 +173,17 @@ def read_back(
 
 def _written_digests(reader: Any, names: list[str]) -> dict[str, bytes]:
     """The digest of each named tensor's bytes in the file `reader` opened."""
-    from qcli.io.digest import digest
+    from qcli.io.digest import digest_file
 
-    with open(reader.path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        with memoryview(mapped) as data:
-            result = {}
-            for name in names:
-                start, end = reader.data_offsets(name)
-                with data[reader.data_start + start : reader.data_start + end] as part:
-                    result[name] = digest(part)
-            return result
+    fd = os.open(reader.path, os.O_RDONLY)
+    try:
+        result = {}
+        for name in names:
+            start, end = reader.data_offsets(name)
+            result[name] = digest_file(fd, reader.data_start + start, end - start)
+        return result
+    finally:
+        os.close(fd)
 
 
 def _failed(path: Path, problem: str) -> OutputError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from qcli.io.digest import digest
+from qcli.io.digest import digest, digest_file
 
 MIB = 1 << 20
 
@@ -28,3 +28,17 @@ def test_a_swap_of_two_pieces_changes_the_digest():
 def test_small_and_empty_payloads_are_one_piece():
     assert digest(memoryview(b"qcli")) == sha(sha(b"qcli"))
     assert digest(memoryview(b"")) == sha(sha(b""))
+
+
+def test_a_file_region_is_read_and_hashed_by_pieces(tmp_path):
+    data = os.urandom(40 * MIB + 5)
+    path = tmp_path / "f"
+    path.write_bytes(b"head" + data + b"tail")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        want = sha(sha(data[: 16 * MIB]) + sha(data[16 * MIB : 32 * MIB]) + sha(data[32 * MIB :]))
+        assert digest_file(fd, 4, len(data)) == want
+        assert digest_file(fd, 4, 3) == sha(sha(data[:3]))
+        assert digest_file(fd, 4, 0) == sha(sha(b""))
+    finally:
+        os.close(fd)

@@ -24,14 +24,29 @@ def _pool() -> ThreadPoolExecutor:
 def digest(view: memoryview) -> bytes:
     """The digest of the bytes of `view` (a 1-D byte view)."""
     pieces = [view[start : start + PIECE] for start in range(0, max(view.nbytes, 1), PIECE)]  # empty: one
-    if len(pieces) > 1:
-        hashes = list(_pool().map(_sha256, pieces))
-    else:
-        hashes = [_sha256(piece) for piece in pieces]
-    for piece in pieces:  # views of a mapped file must be released before it is closed
+    hashes = _hash_all(_sha256, pieces)
+    for piece in pieces:  # the caller cannot release `view` while slices of it are alive
         piece.release()
+    return _combined(hashes)
+
+
+def digest_file(fd: int, offset: int, nbytes: int) -> bytes:
+    """The digest of `nbytes` bytes of the open file `fd` from `offset`, read a piece at a time on the
+    hashing threads, so memory holds a few pieces however large the tensor."""
+    end = offset + nbytes
+    return _combined(_hash_all(lambda start: _sha256(os.pread(fd, min(PIECE, end - start), start)),
+                               range(offset, max(end, offset + 1), PIECE)))
+
+
+def _hash_all(hash_one, items) -> list[bytes]:
+    if len(items) > 1:
+        return list(_pool().map(hash_one, items))
+    return [hash_one(item) for item in items]
+
+
+def _combined(hashes: list[bytes]) -> bytes:
     return hashlib.sha256(b"".join(hashes)).digest()
 
 
-def _sha256(piece: memoryview) -> bytes:
+def _sha256(piece) -> bytes:
     return hashlib.sha256(piece).digest()
