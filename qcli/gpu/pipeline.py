@@ -1,11 +1,12 @@
 """The GPU pipeline: safetensors bytes to QFloat payloads through the Triton kernels, overlapped.
 
-A reader thread reads each tensor, in row pieces, straight from the file into one of two pinned staging
-buffers (several threads per piece, so a cached file reads at memory speed). The main thread copies each
-piece to the device on a copy stream, runs the kernels on a compute stream once a tensor (or a row chunk
-of it) is whole, and copies the payload back into one of two pinned output buffers on a third stream.
-A payload is yielded only once the next tensor's work is queued, so the writer (the caller) writes tensor
-k while the reader reads and the GPU quantizes tensor k + 1.
+A reader thread hands each tensor, in row pieces, to threads that read it in slices straight from the
+file into one of two pinned staging buffers; it starts a piece's reads without waiting for the previous
+piece's to finish, so small tensors keep many reads in flight, and a cached file reads at memory speed.
+The main thread copies each piece to the device on a copy stream, runs the kernels on a compute stream
+once a tensor (or a row chunk of it) is whole, and copies the payload back into one of two pinned output
+buffers on a third stream. A payload is yielded only once the next tensor's work is queued, so the
+writer (the caller) writes tensor k while the reader reads and the GPU quantizes tensor k + 1.
 
 Bounds: pinned host memory is two staging pieces (`QCLI_PIECE_BYTES`, 256 MiB by default) plus two
 output buffers of the largest payload, within 2 × the largest tensor + 1 GiB. Device memory stays within
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 
 DEFAULT_BUDGET = 8 << 30
 DEFAULT_PIECE = 256 << 20
+_SLOTS = 2              # staging buffers: pieces read ahead of the device
 _READ_SLICE = 16 << 20  # bytes one reader thread reads at a time
 _TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 _UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
@@ -164,13 +166,13 @@ def _pieces(index: int, entry: PlanEntry, where: tuple[Path, int], budget: int, 
 
 
 class _Stage:
-    """Two staging buffers for reads and two output buffers for payloads, pinned when on a GPU, and the
+    """Staging buffers for reads and two output buffers for payloads, pinned when on a GPU, and the
     streams that move data between them and the device."""
 
     def __init__(self, device: torch.device, piece_bytes: int, out_bytes: int) -> None:
         self.device = device
         cuda = device.type == "cuda"
-        self.staging = [torch.empty(piece_bytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(2)]
+        self.staging = [torch.empty(piece_bytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(_SLOTS)]
         self.outputs = [torch.empty(out_bytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(2)]
         self.h2d = torch.cuda.Stream() if cuda else None
         self.compute = torch.cuda.Stream() if cuda else None
@@ -185,8 +187,9 @@ class _Stage:
 
 
 class _Reader:
-    """A thread that reads pieces, in order, into the staging buffers, alternating; a buffer is reused
-    once the copy that emptied it has finished."""
+    """A thread that starts the reads of the pieces, in order, into the staging buffers in turn; a buffer
+    is reused once the copy that emptied it has finished. `ready` yields (piece, slot, reads): the piece
+    is in its buffer once every read is done (`wait`)."""
 
     def __init__(self, pieces: list[_Piece], stage: _Stage) -> None:
         self.ready: queue.Queue = queue.Queue()
@@ -208,32 +211,34 @@ class _Reader:
         for free in self.free:
             free.put(None)
         self._thread.join()
-        self._pool.shutdown()
+        self._pool.shutdown(cancel_futures=True)
         for fd in self._fds.values():
             os.close(fd)
 
     def _run(self) -> None:
         try:
             for i, piece in enumerate(self._pieces):
-                slot = i % 2
+                slot = i % len(self.free)
                 event = self.free[slot].get()
                 if self._stopped.is_set():
                     return
                 if event is not None:
                     event.synchronize()
-                self._read(piece, self._stage.staging[slot].numpy())
-                self.ready.put((piece, slot))
+                self.ready.put((piece, slot, self._start(piece, self._stage.staging[slot].numpy())))
         except BaseException as exc:  # handed to the consumer, which raises it
-            self.ready.put((exc, None))
+            self.ready.put((exc, None, None))
 
-    def _read(self, piece: _Piece, buffer) -> None:
+    def _start(self, piece: _Piece, buffer) -> list:
         fd = self._fds.get(piece.file)
         if fd is None:
             fd = self._fds[piece.file] = os.open(piece.file, os.O_RDONLY)
-        spans = [(s, min(s + _READ_SLICE, piece.nbytes)) for s in range(0, piece.nbytes, _READ_SLICE)]
-        for done in self._pool.map(lambda span: _pread(fd, buffer[span[0] : span[1]], piece.offset + span[0]),
-                                   spans):
-            if not done:
+        return [self._pool.submit(_pread, fd, buffer[s : min(s + _READ_SLICE, piece.nbytes)], piece.offset + s)
+                for s in range(0, piece.nbytes, _READ_SLICE)]
+
+    @staticmethod
+    def wait(piece: _Piece, reads: list) -> None:
+        for read in reads:
+            if not read.result():
                 raise InputError(f"{piece.file}: cut short while reading tensor '{piece.entry.info.name}'",
                                  hint="the file changed since it was opened; run again on a complete file")
 
@@ -269,9 +274,10 @@ def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: boo
     pending: list[_Tensor] = []
     current: _Tensor | None = None
     for _ in pieces:
-        piece, slot = reader.ready.get()
+        piece, slot, reads = reader.ready.get()
         if isinstance(piece, BaseException):
             raise piece
+        reader.wait(piece, reads)
         entry = piece.entry
         if current is None or current.piece.index != piece.index:
             out = stage.outputs[piece.index % 2][: entry.out_nbytes]
