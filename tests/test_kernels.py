@@ -141,6 +141,7 @@ SPECIAL = [
     ("subnormal", lambda x: x * 1e-41),
     ("tiny", lambda x: x * 1e-36),
     ("saturating", lambda x: x * 1e33),
+    ("huge", lambda x: x / x.abs().max() * 3e38),  # scales past 2^125, for schemes of a small half range
     ("ties", lambda x: torch.round(torch.clamp(x, -6, 6) * 2) / 2 + torch.where(x > 0, 0.5, -0.5)),
     ("zero_blocks", lambda x: x * (torch.arange(x.numel()).reshape(x.shape) % 96 < 48)),
 ]
@@ -151,6 +152,8 @@ SPECIAL_SCHEMES = [
     (QuantScheme().with_value(QuantValue.Q2F).per_block([2, 16], ScaleDtype.BF16), Calibration.AbsMean,
      (5, 96)),
     (QuantScheme.nvfp4(), Calibration.MinMax, (4, 96)),
+    (QuantScheme().with_value(QuantValue.Q4F).per_block([32], ScaleDtype.BF16), Calibration.MinMax, (3, 96)),
+    (QuantScheme().with_value(QuantValue.Q2S).per_block([16], ScaleDtype.F32), Calibration.MinMax, (3, 96)),
     (QuantScheme().with_value(QuantValue.E5M2).with_store(Native()), Calibration.MinMax, (3, 96)),
     (QuantScheme().with_value(QuantValue.E4M3).per_tensor(ScaleDtype.F16), Calibration.AbsMean, (3, 96)),
 ]

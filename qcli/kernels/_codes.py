@@ -11,6 +11,8 @@ MIN_POSITIVE = tl.constexpr(1.1754943508222875e-38)  # f32::MIN_POSITIVE, the fl
 # Scales within which the reciprocal and the residual of `_quotient` neither overflow nor lose bits.
 SAFE_LOW = tl.constexpr(2.0**-125)
 SAFE_HIGH = tl.constexpr(2.0**125)
+RESCALE_UP = tl.constexpr(2.0**64)
+RESCALE_DOWN = tl.constexpr(2.0**-64)
 
 
 @triton.jit
@@ -52,15 +54,21 @@ def _quotient(x, s, r):
 
 
 @triton.jit
-def _value_field(x, s_eff, r_eff, fast, IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr,
+def _rescaling(s):
+    """A power of two p that brings the positive scale s into [SAFE_LOW, SAFE_HIGH], where `_quotient` is
+    exact; x / s = (x * p) / (s * p). The product x * p is exact wherever it matters: below SAFE_LOW the
+    block's values are tiny as well (at most its count times the half range times s), so x * 2^64 cannot
+    overflow; above SAFE_HIGH, x * 2^-64 rounds only for |x| < 2^-62, whose quotient (under 2^-187)
+    quantizes to zero either way."""
+    return tl.where(s < SAFE_LOW, RESCALE_UP, tl.where(s > SAFE_HIGH, RESCALE_DOWN, 1.0))
+
+
+@triton.jit
+def _value_field(x, s_eff, r_eff, IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr,
                  HI: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
-    """The stored field (low BITS bits, as int32) of RN(x / s_eff); an exact zero stays zero whatever s_eff
-    is. `fast` (one flag for the whole tile) says every scale is safe for `_quotient` with r_eff, and so
-    finite and non-zero: a zero x then gives a zero quotient already."""
-    if fast:
-        v = _quotient(x, s_eff, r_eff)
-    else:
-        v = tl.where(x == 0, x, tl.math.div_rn(x, s_eff))
+    """The stored field (low BITS bits, as int32) of RN(x / s_eff), from r_eff = RN(1 / s_eff), for s_eff in
+    [SAFE_LOW, SAFE_HIGH] (`_rescaling`)."""
+    v = _quotient(x, s_eff, r_eff)
     if IS_FLOAT:
         # the sign of x / s is the sign of x, also where the quotient underflows to zero
         sign = (x.to(tl.int32, bitcast=True) >> 31) & 1

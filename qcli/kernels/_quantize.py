@@ -12,9 +12,8 @@ import triton.language as tl
 
 from qcli.kernels._codes import (
     MIN_POSITIVE,
-    SAFE_HIGH,
-    SAFE_LOW,
     _one_level_scale,
+    _rescaling,
     _round_up,
     _scale_bits,
     _store_scale,
@@ -66,16 +65,6 @@ def _block_range(reduced, block, C, BC: tl.constexpr, CAL: tl.constexpr, MEAN: t
 
 
 @triton.jit
-def _all_safe(safe_ptr, SAFE: tl.constexpr):
-    """Whether every precomputed scale is safe for `_quotient`: known when the launch says so, else the
-    flag at safe_ptr."""
-    if SAFE:
-        return True
-    else:
-        return tl.load(safe_ptr) != 0
-
-
-@triton.jit
 def _load(pointers, inside, other, EVEN: tl.constexpr):
     """tl.load, masked by `inside` unless the launch says every tile is whole (EVEN)."""
     if EVEN:
@@ -120,7 +109,7 @@ def _stored_scale(alpha, glob, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr
 
 @triton.jit
 def _quantize_kernel(
-    x_ptr, values_ptr, scales_ptr, global_ptr, s_eff_ptr, r_eff_ptr, safe_ptr, alpha_max_ptr, row_base_ptr,
+    x_ptr, values_ptr, scales_ptr, global_ptr, s_eff_ptr, r_eff_ptr, alpha_max_ptr, row_base_ptr,
     bad_ptr, C, units_per_row, chunks_per_row, blocks_per_row,
     BC: tl.constexpr, G: tl.constexpr, U: tl.constexpr, N: tl.constexpr, MODE: tl.constexpr,
     CAL: tl.constexpr, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr, KIND: tl.constexpr,
@@ -129,7 +118,7 @@ def _quantize_kernel(
     EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EVEN: tl.constexpr, SAFE: tl.constexpr,
 ):
     """EVEN: every program's tile lies wholly inside its row, so nothing is masked. SAFE: every scale the
-    scheme can produce is safe for `_quotient`, so no program needs to check its scales."""
+    scheme can produce lies where `_quotient` is exact, so none is rescaled (`_rescaling`)."""
     pid = tl.program_id(0).to(tl.int64)
     row = pid // chunks_per_row
     group = (pid % chunks_per_row) * G
@@ -148,11 +137,10 @@ def _quantize_kernel(
         stored, s = _stored_scale(alpha, glob, TWO_LEVEL, HALF_RANGE, KIND)
         real = block < blocks_per_row
         _store_scale(scales_ptr, row * blocks_per_row + block, _scale_bits(stored, KIND), real, SCALE_SIZE)
-        if SAFE:
-            fast = True
-        else:
-            safe = ((s >= SAFE_LOW) & (s <= SAFE_HIGH)) | (block >= blocks_per_row)
-            fast = tl.min(safe.to(tl.int32)) != 0
+        if not SAFE:
+            p = _rescaling(s)
+            s = s * p
+            x = x * p[:, None, None]
         s_eff = s[:, None, None]
         r_eff = tl.math.div_rn(1.0, s)[:, None, None]
     elif MODE == MODE_BLOCKS:
@@ -161,13 +149,15 @@ def _quantize_kernel(
         index = ((start % BC).to(tl.int32) + local) // BC
         s_eff = _load(s_eff_ptr + first + index, inside, 1.0, EVEN)
         r_eff = _load(r_eff_ptr + first + index, inside, 1.0, EVEN)
-        fast = _all_safe(safe_ptr, SAFE)
     else:
         s_eff = tl.load(s_eff_ptr)
         r_eff = tl.load(r_eff_ptr)
-        fast = _all_safe(safe_ptr, SAFE)
+    if MODE != MODE_FUSED and not SAFE:  # r_eff is already the reciprocal of the rescaled scale
+        p = _rescaling(s_eff)
+        s_eff = s_eff * p
+        x = x * p
 
-    field = _value_field(x, s_eff, r_eff, fast, IS_FLOAT, BITS, LO, HI, EBITS, MBITS, BIAS)
+    field = _value_field(x, s_eff, r_eff, IS_FLOAT, BITS, LO, HI, EBITS, MBITS, BIAS)
     if not EVEN:
         field = tl.where(inside, field, 0)
     packed = tl.sum(field << (tl.arange(0, N)[None, None, :] * BITS), axis=2)
@@ -207,8 +197,8 @@ def _alpha_kernel(x_ptr, out_ptr, bad_ptr, C, blocks_per_row, chunks_per_row,
 def _scales_kernel(alpha_ptr, alpha_max_ptr, scales_ptr, global_ptr, s_eff_ptr, r_eff_ptr, n,
                    BLOCK: tl.constexpr, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr,
                    KIND: tl.constexpr, SCALE_SIZE: tl.constexpr, DTYPE_MAX: tl.constexpr):
-    """Stored scales (bytes into the payload), effective f32 scales and their reciprocals, from f32
-    per-block ranges."""
+    """Stored scales (bytes into the payload), effective f32 scales, and the reciprocals of the effective
+    scales brought into range (`_rescaling`), from f32 per-block ranges."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = i < n
     alpha = tl.load(alpha_ptr + i, mask=inside, other=0.0)
@@ -219,4 +209,4 @@ def _scales_kernel(alpha_ptr, alpha_max_ptr, scales_ptr, global_ptr, s_eff_ptr, 
     stored, s_eff = _stored_scale(alpha, glob, TWO_LEVEL, HALF_RANGE, KIND)
     _store_scale(scales_ptr, i, _scale_bits(stored, KIND), inside, SCALE_SIZE)
     tl.store(s_eff_ptr + i, s_eff, mask=inside)
-    tl.store(r_eff_ptr + i, tl.math.div_rn(1.0, s_eff), mask=inside)
+    tl.store(r_eff_ptr + i, tl.math.div_rn(1.0, s_eff * _rescaling(s_eff)), mask=inside)

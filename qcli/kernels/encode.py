@@ -23,13 +23,13 @@ from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue,
 
 _KIND = {ScaleDtype.F32: 0, ScaleDtype.F16: 1, ScaleDtype.BF16: 2, ScaleDtype.UE4M3: 3}
 # Scale dtypes whose every value lies in [2^-125, 2^125], where the kernels' reciprocal division is exact:
-# one-level schemes with these need no per-program check of their scales.
+# one-level schemes with these need not rescale their scales into that range.
 _SAFE_DTYPES = (ScaleDtype.F16, ScaleDtype.UE4M3)
 _MINIFLOAT = {QuantValue.E4M3: (4, 3, 7), QuantValue.E5M2: (5, 2, 15), QuantValue.E2M1: (2, 1, 1)}
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TILE = 4096          # values per program (bench/tune.py: the fastest on an H200 for most schemes)
-_WARPS = 4            # warps per program; 2 where no program checks its scales (bench/tune.py, an H200)
-_SAFE_WARPS = 2
+_WARPS = 2            # warps per program (bench/tune.py, an H200) ...
+_WIDE_WARPS = 4       # ... but 4 where a program gathers a scale per value or sums |x| in float64
 _TENSOR_CHUNK = 4096  # values per partial range of a per-tensor scheme
 # No multiply-add contraction: every product must round on its own, as on the CPU.
 _OPTIONS = {"enable_fp_fusion": False}
@@ -157,10 +157,9 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
     safe_scales = not two_level and dtype in _SAFE_DTYPES
     const = dict(_value_constants(scheme.value), CAL=_cal(calibration), TWO_LEVEL=two_level,
                  HALF_RANGE=scheme.value.half_range(), KIND=_KIND[dtype], SCALE_SIZE=dtype.scale_size(),
-                 DTYPE_MAX=dtype.max_representable(), N=geo.per_unit, SAFE=safe_scales,
-                 num_warps=_SAFE_WARPS if safe_scales else _WARPS, **_OPTIONS)
+                 DTYPE_MAX=dtype.max_representable(), N=geo.per_unit, SAFE=safe_scales, **_OPTIONS)
     pointers = dict(x_ptr=x, values_ptr=values, scales_ptr=out[geo.scale_offset :],
-                    global_ptr=out[geo.global_offset :], s_eff_ptr=out, r_eff_ptr=out, safe_ptr=out,
+                    global_ptr=out[geo.global_offset :], s_eff_ptr=out, r_eff_ptr=out,
                     alpha_max_ptr=out, row_base_ptr=out, bad_ptr=bad)  # `out` where a mode reads nothing
     if geo.fused(scheme):
         width = geo.block[-1]
@@ -173,16 +172,14 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
         K._quantize_kernel[(rows * chunks,)](
             **pointers, C=cols, units_per_row=units_per_row, chunks_per_row=chunks,
             blocks_per_row=blocks_per_row, BC=width, G=g, U=width // geo.per_unit, MODE=K.MODE_FUSED.value,
-            EVEN=cols % (g * width) == 0, **const)
+            EVEN=cols % (g * width) == 0, num_warps=_WIDE_WARPS if calibration is Calibration.AbsMean else _WARPS,
+            **const)
         return
     n_scales = math.prod(geo.grid)
     s_eff = torch.empty(n_scales, dtype=torch.float32, device=x.device)
     r_eff = torch.empty_like(s_eff)
     _scales(x, scheme, calibration, geo, out, s_eff, r_eff, bad, whole)
     pointers.update(s_eff_ptr=s_eff, r_eff_ptr=r_eff)
-    if not safe_scales:  # one flag for every scale: whether the reciprocal shortcut is exact for all of them
-        in_range = (s_eff >= K.SAFE_LOW.value) & (s_eff <= K.SAFE_HIGH.value)
-        pointers["safe_ptr"] = in_range.all().to(torch.int32).reshape(1)
     u = max(1, 64 // geo.per_unit)
     g = _TILE // (u * geo.per_unit)
     if scheme.block is None:
@@ -195,7 +192,8 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
     chunks = triton.cdiv(units_per_row, g * u)
     K._quantize_kernel[(rows * chunks,)](
         **pointers, C=cols, units_per_row=units_per_row, chunks_per_row=chunks, blocks_per_row=1, BC=width,
-        G=g, U=u, MODE=mode, EVEN=cols % (g * u * geo.per_unit) == 0, **const)
+        G=g, U=u, MODE=mode, EVEN=cols % (g * u * geo.per_unit) == 0,
+        num_warps=_WIDE_WARPS if mode == K.MODE_BLOCKS.value else _WARPS, **const)
 
 
 def _scales(x, scheme: QuantScheme, calibration: Calibration, geo: _Geometry, out, s_eff, r_eff, bad,
