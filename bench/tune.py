@@ -22,6 +22,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--shape", default="16384x16384")
+    parser.add_argument("--tiles", default="1024,2048,4096,8192", help="values per program to try")
+    parser.add_argument("--warps", default="2,4,8", help="warps per program to try")
     args = parser.parse_args()
     shape = tuple(int(d) for d in args.shape.split("x"))
     copy_bps = copy_bandwidth(1 << 30)
@@ -32,10 +34,10 @@ def main() -> None:
         out = torch.empty(layout.quantized_data_len(scheme, shape), dtype=torch.uint8, device="cuda")
         reference = None
         best = None
-        for tile in (1024, 2048, 4096, 8192):
-            for warps in (2, 4, 8):
+        for tile in map(int, args.tiles.split(",")):
+            for warps in map(int, args.warps.split(",")):
                 E._TILE = tile
-                E._WARPS = E._SAFE_WARPS = warps
+                E._WARPS = E._WIDE_WARPS = warps
                 out.fill_(0xA5)
                 E.enqueue(x, scheme, calibration, out, bad)
                 reference = out.clone() if reference is None else reference
