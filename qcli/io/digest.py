@@ -18,7 +18,7 @@ PIECE = 16 << 20
 
 @cache
 def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1)), thread_name_prefix="qcli-digest")
+    return ThreadPoolExecutor(max(1, min(32, os.cpu_count() or 1)), thread_name_prefix="qcli-digest")
 
 
 def digest(view: memoryview) -> bytes:
