@@ -1,9 +1,9 @@
 """Digests of tensor bytes, to check a written file against the bytes handed to the writer.
 
 A digest is the sha256 of the concatenated sha256s of consecutive `PIECE`-byte pieces (no bytes are
-one empty piece). The pieces are
-hashed on several threads (hashlib releases the GIL while it hashes), so gigabytes of payloads hash at
-several cores' speed instead of one's. Only qcli compares these digests, with each other.
+one empty piece). The pieces are hashed on as many threads as there are cores (hashlib releases the GIL
+while it hashes); they are small, so that a payload of tens of MiB, the size of most, keeps every thread
+busy. Only qcli compares these digests, with each other.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 
-PIECE = 16 << 20
+PIECE = 1 << 20
 
 
 @cache
