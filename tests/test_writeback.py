@@ -30,25 +30,18 @@ def recording_sync(monkeypatch: pytest.MonkeyPatch, error: int | None = None) ->
     return calls, synced
 
 
-def test_no_sync_before_a_step_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls, _ = recording_sync(monkeypatch)
-    with open(tmp_path / "f", "wb") as f:
-        w = Writeback(f.fileno(), step=100)
-        w.wrote(60)
-        w.wrote(39)
-        w.close()
-    assert calls == []
-
-
-def test_a_step_written_is_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("reports", "synced_once"), [((60, 39), False), ((60, 40), True)],
+                         ids=["short-of-a-step", "a-step"])
+def test_a_step_written_is_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reports, synced_once) -> None:
     calls, synced = recording_sync(monkeypatch)
     with open(tmp_path / "f", "wb") as f:
         w = Writeback(f.fileno(), step=100)
-        w.wrote(60)
-        w.wrote(40)
-        assert synced.wait(10)
-        w.close()
-        assert calls == [f.fileno()]
+        for n in reports:
+            w.wrote(n)
+        if synced_once:
+            assert synced.wait(10)
+        w.close()  # stops the thread: no sync can follow
+        assert calls == ([f.fileno()] if synced_once else [])
 
 
 def test_a_failed_sync_is_raised_at_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
