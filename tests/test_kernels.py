@@ -384,6 +384,7 @@ def test_pipeline_yields_the_cpu_pipelines_bytes(kernels, tmp_path, monkeypatch,
     for name, value in (("QCLI_GPU_BUDGET", budget), ("QCLI_PIECE_BYTES", piece)):
         if value is not None:
             monkeypatch.setenv(name, value)
+    monkeypatch.setattr(gpu_pipeline, "_READ_SLICE", 1000)  # several reads in flight per piece
     path, decisions = _checkpoint(tmp_path)
     plan, source = _plan(path, decisions)
     with source:
@@ -406,6 +407,18 @@ def test_pipeline_refuses_non_finite_values_naming_the_tensor(kernels, tmp_path)
     plan, source = _plan(tmp_path / "model.safetensors",
                          {"w": (QuantScheme().with_value(QuantValue.Q8S), Calibration.MinMax, False)})
     with source, pytest.raises(InputError, match="'w'"):
+        list(gpu_pipeline.run(plan, source))
+
+
+@pytest.mark.interpreter
+def test_pipeline_refuses_a_file_cut_short_after_it_was_opened(kernels, tmp_path):
+    from qcli.gpu import pipeline as gpu_pipeline
+
+    path, decisions = _checkpoint(tmp_path)
+    plan, source = _plan(path, decisions)
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - 1000)
+    with source, pytest.raises(InputError, match="cut short while reading tensor"):
         list(gpu_pipeline.run(plan, source))
 
 
