@@ -1,6 +1,6 @@
 """Burn's quantization vocabulary: how a tensor is quantized, in Burn's own names and serde form.
 
-Mirrors `cubecl-common/src/quant/scheme.rs` at cubecl 48348968 (Burn 2c06be35, 0.22.0-pre.2), so a
+Mirrors `src/quant/scheme.rs` of cubecl-common 0.11.3 (the one Burn 0.22.1 uses), so a
 line of Rust and a line of Python read alike: `QuantScheme().with_value(QuantValue.Q4S).per_block([32],
 ScaleDtype.F16)`. The serde form (`to_serde`/`from_serde`) is what burnpack stores as
 `DType::QFloat(QuantScheme)`; `accept_problems` lists every reason Burn would refuse a scheme.
@@ -151,8 +151,9 @@ class ScaleDtype(StrEnum):
         return _SCALE_MAX[self]
 
     def has_round_up(self) -> bool:
-        """Whether Burn can round a scale onto this dtype; UE8M0 has no rule at this pin."""
-        return self is not ScaleDtype.UE8M0
+        """Whether Burn can round a scale onto this dtype: every dtype at Burn 0.22.1 (cubecl 0.11.3),
+        UE8M0 onto the powers of two 2^-127..2^127."""
+        return True
 
 
 _SCALE_SIZE = {ScaleDtype.F32: 4, ScaleDtype.F16: 2, ScaleDtype.BF16: 2, ScaleDtype.UE8M0: 1, ScaleDtype.UE4M3: 1}
@@ -404,21 +405,15 @@ LOOKUP_WHY = (
 
 
 def accept_problems(scheme: QuantScheme, calibration: Calibration = Calibration.MinMax) -> list[Refusal]:
-    """Every reason Burn 0.22.0-pre.2 would refuse `scheme` (qfloat-spec §1.10); empty when it is accepted."""
+    """Every reason Burn would refuse `scheme` whichever backend loads it (burn-std 0.22.1 `quantizable`,
+    the stores' own checks); empty when it is accepted. What one backend loads is `qcli.burn_backends`'."""
     problems: list[Refusal] = []
     value, store = scheme.value, scheme.store
     bits = value.size_bits()
     if scheme.mode is QuantMode.Lookup:
         problems.append(Refusal(f"mode Lookup: {LOOKUP_WHY}", same_width_instead(bits)))
-    for level, dtype in (("tensor", scheme.tensor), ("block", scheme.block and scheme.block.dtype)):
-        if dtype is not None and not dtype.has_round_up():
-            problems.append(
-                Refusal(
-                    f"{level} scale dtype {dtype.value} is not supported by Burn 0.22.0-pre.2 "
-                    "(it has no round-up rule, so quantizable() refuses it)",
-                    "use UE4M3 or F16 scales (nvfp4 uses UE4M3 blocks of 16 under an F32 global)",
-                )
-            )
+    # Every scale dtype has a round-up rule at Burn 0.22.1 (cubecl 0.11.3), UE8M0 included, so none is
+    # refused for its own sake; UE8M0 block scales under a global are refused by the f16 rule below.
     if scheme.is_two_level():
         assert scheme.block is not None and scheme.tensor is not None
         if scheme.block.dtype.max_representable() > F16_MAX:
@@ -460,7 +455,7 @@ def accept_problems(scheme: QuantScheme, calibration: Calibration = Calibration.
     if isinstance(store, (PackedU32, PackedNative)) and store.dim != 0:
         problems.append(
             Refusal(
-                f"{store} packs along an outer axis, which Burn 0.22.0-pre.2 cannot split back into values",
+                f"{store} packs along an outer axis, which Burn's CPU backends cannot split back into values",
                 f"use {type(store).__name__}(0); to pack along another axis, transpose the tensor (transpose = true)",
             )
         )

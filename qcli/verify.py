@@ -38,10 +38,10 @@ _HALF_STEP = {
 }
 # How far above the exact scale `round_up` may land: one unit of the dtype's last mantissa bit ...
 _ROUND_UP_SLACK = {ScaleDtype.F32: 2.0**-23, ScaleDtype.F16: 2.0**-10, ScaleDtype.BF16: 2.0**-7,
-                   ScaleDtype.UE4M3: 2.0**-3}
+                   ScaleDtype.UE4M3: 2.0**-3, ScaleDtype.UE8M0: 1.0}
 # ... or, below the dtype's normal range, its subnormal spacing: round_up(f32::MIN_POSITIVE).
 _ROUND_UP_FLOOR = {ScaleDtype.F32: F32_MIN_POSITIVE, ScaleDtype.F16: 2.0**-24,
-                   ScaleDtype.BF16: F32_MIN_POSITIVE, ScaleDtype.UE4M3: 2.0**-9}
+                   ScaleDtype.BF16: F32_MIN_POSITIVE, ScaleDtype.UE4M3: 2.0**-9, ScaleDtype.UE8M0: 2.0**-126}
 _F32_ROUNDING = 2.0**-20  # generous cover for the f32 divisions and products on the way
 
 

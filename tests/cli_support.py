@@ -1,8 +1,8 @@
 """Shared helpers for the CLI tests: run the real entry point, and read QFloat bytes by hand.
 
 The hand decoder is written from qfloat-spec (PackedU32: first value in the least significant bits,
-rows padded on their own, then row-major F16 block scales), with numpy only, so the tests do not
-check qcli's codec against itself.
+rows padded on their own, then row-major F16 or UE8M0 block scales), with numpy only, so the tests do
+not check qcli's codec against itself.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_weights"
 SINGLE = SAMPLES / "tiny-llama.safetensors"
 SHARDED = SAMPLES / "tiny-llama-sharded"
-SHARED = ROOT / ".." / "shared"
 SCHEMA = json.loads((ROOT / "docs" / "json-schema.json").read_text())
 
 
@@ -104,26 +103,40 @@ def q_serde(value: str, block: int) -> dict:
     }
 
 
-def packed_len(shape: tuple[int, int], bits: int, block: int) -> int:
+# Bytes of one block scale, per scale dtype the hand decoder reads.
+SCALE_WIDTH = {"F16": 2, "UE8M0": 1}
+
+
+def packed_len(shape: tuple[int, int], bits: int, block: int, scale_dtype: str = "F16") -> int:
     rows, cols = shape
-    return rows * math.ceil(cols * bits / 32) * 4 + rows * math.ceil(cols / block) * 2
+    return rows * math.ceil(cols * bits / 32) * 4 + rows * math.ceil(cols / block) * SCALE_WIDTH[scale_dtype]
+
+
+def ue8m0_scales(codes: np.ndarray) -> np.ndarray:
+    """UE8M0 bytes as f32 (Burn 0.22.1 `ue8m0_to_f32`): a code c is 2^(c - 127), code 0 is 2^-127, 0xFF NaN."""
+    exponents = codes.astype(np.float64) - 127
+    return np.where(codes == 0xFF, np.nan, np.exp2(exponents)).astype(np.float32)
 
 
 def decode_packed(
-    payload: bytes, shape: tuple[int, int], bits: int, block: int
+    payload: bytes, shape: tuple[int, int], bits: int, block: int, scale_dtype: str = "F16"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(values, scales) of a 2-D symmetric-integer PackedU32(0) tensor with F16 block scales [block]."""
+    """(values, scales) of a 2-D symmetric-integer PackedU32(0) tensor with block scales [block], F16 (two
+    little-endian bytes each) or UE8M0 (one biased-exponent byte each)."""
     rows, cols = shape
     per_word = 32 // bits
     words_per_row = math.ceil(cols / per_word)
     value_bytes = rows * words_per_row * 4
     blocks = math.ceil(cols / block)
-    assert len(payload) == value_bytes + rows * blocks * 2
+    assert len(payload) == value_bytes + rows * blocks * SCALE_WIDTH[scale_dtype]
     words = np.frombuffer(payload[:value_bytes], dtype="<u4").reshape(rows, words_per_row)
     shifts = (np.arange(per_word) * bits).astype(np.uint32)
     fields = ((words[:, :, None] >> shifts) & ((1 << bits) - 1)).reshape(rows, -1)[:, :cols].astype(np.int64)
     q = np.where(fields >= 1 << (bits - 1), fields - (1 << bits), fields)
-    scales = np.frombuffer(payload[value_bytes:], dtype="<f2").astype(np.float32).reshape(rows, blocks)
+    if scale_dtype == "UE8M0":
+        scales = ue8m0_scales(np.frombuffer(payload[value_bytes:], dtype=np.uint8)).reshape(rows, blocks)
+    else:
+        scales = np.frombuffer(payload[value_bytes:], dtype="<f2").astype(np.float32).reshape(rows, blocks)
     return (q * np.repeat(scales, block, axis=1)[:, :cols]).astype(np.float32), scales
 
 

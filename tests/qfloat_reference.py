@@ -92,18 +92,27 @@ def _bf16_grid() -> list[float]:
     return [from_f32_bits(c << 16) for c in range(0x7F80)]
 
 
-SCALE_GRID = {"F16": _f16_grid(), "BF16": _bf16_grid(), "UE4M3": MINIFLOAT["E4M3"]}
+def _ue8m0_grid() -> list[float]:
+    """UE8M0 (Burn 0.22.1, cubecl 0.11.3): a bare biased exponent, code c standing for 2^(c - 127) for c in
+    0..254 (so 2^-127, subnormal in f32, through 2^127); code 0xFF is NaN and is no grid value."""
+    return [2.0 ** (c - 127) for c in range(255)]
+
+
+SCALE_GRID = {"F16": _f16_grid(), "BF16": _bf16_grid(), "UE4M3": MINIFLOAT["E4M3"], "UE8M0": _ue8m0_grid()}
 SCALE_MAX = {
     "F32": from_f32_bits(0x7F7FFFFF),
     "F16": 65504.0,
     "BF16": from_f32_bits(0x7F7F0000),
     "UE4M3": 448.0,
+    "UE8M0": 2.0**127,
 }
 
 
 def round_up(s: float, dtype: str) -> float:
-    """The smallest value of `dtype` that is >= s, saturating at its max (F32: s itself)."""
-    if dtype == "F32":
+    """The smallest value of `dtype` that is >= s, saturating at its max (F32: s itself).
+
+    UE8M0 has nothing below 2^-127, so every s up to it (0 included) gives 2^-127; NaN stays NaN."""
+    if dtype == "F32" or math.isnan(s):
         return s
     grid = SCALE_GRID[dtype]
     i = bisect.bisect_left(grid, s)
@@ -117,7 +126,14 @@ def scale_bytes(s: float, dtype: str) -> bytes:
         return struct.pack("<e", s)
     if dtype == "BF16":
         return struct.pack("<H", f32_bits(s) >> 16)
-    return bytes([SCALE_GRID["UE4M3"].index(s)])
+    if dtype == "UE8M0" and math.isnan(s):
+        return b"\xff"
+    return bytes([SCALE_GRID[dtype].index(s)])  # UE4M3: the e4m3 code; UE8M0: the biased exponent
+
+
+def ue8m0_value(code: int) -> float:
+    """The scale a UE8M0 byte stands for: 2^(code - 127), so code 0 is 2^-127; 0xFF is NaN."""
+    return math.nan if code == 0xFF else 2.0 ** (code - 127)
 
 
 def quantize(

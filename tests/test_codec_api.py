@@ -61,13 +61,13 @@ def test_integer_input_is_refused():
     ("scheme", "calibration"),
     [
         (QuantScheme().with_mode(QuantMode.Lookup), Calibration.MinMax),
-        (QuantScheme().per_block([32], ScaleDtype.UE8M0), Calibration.MinMax),
+        (QuantScheme().per_block([32], ScaleDtype.UE8M0).per_tensor(ScaleDtype.F32), Calibration.MinMax),
         (QuantScheme().with_value(QuantValue.Q4S).with_store(Native()), Calibration.MinMax),
         (QuantScheme().per_block([32], ScaleDtype.F32).per_tensor(ScaleDtype.F32), Calibration.MinMax),
         (QuantScheme.nvfp4(), Calibration.AbsMean),
         (QuantScheme().with_store(PackedU32(1)), Calibration.MinMax),
     ],
-    ids=["lookup", "ue8m0", "native-q4", "f32-under-global", "absmean-two-level", "packed-dim1"],
+    ids=["lookup", "ue8m0-under-global", "native-q4", "f32-under-global", "absmean-two-level", "packed-dim1"],
 )
 def test_refused_schemes_raise_scheme_error(scheme, calibration):
     with pytest.raises(SchemeError) as err:
@@ -84,14 +84,92 @@ def test_decode_refuses_a_wrong_length():
     "scheme",
     [
         QuantScheme().with_value(QuantValue.Q4F).with_mode(QuantMode.Lookup),
-        QuantScheme().per_block([32], ScaleDtype.UE8M0),
         QuantScheme().with_value(QuantValue.Q4S).with_store(PackedU32(1)),
     ],
-    ids=["lookup", "ue8m0", "packed-dim1"],
+    ids=["lookup", "packed-dim1"],
 )
 def test_decode_refuses_what_no_decoder_reads(scheme):
     with pytest.raises(SchemeError):
         decode(bytes(layout.quantized_data_len(scheme, [4, 32])), scheme, [4, 32])
+
+
+# ---- UE8M0 scales (Burn 0.22.1: one byte, the biased exponent) ---------------------------------------
+
+UE8M0_Q8S_B4 = QuantScheme().with_value(QuantValue.Q8S).with_store(Native()).per_block([4], ScaleDtype.UE8M0)
+UE8M0_INPUT = [
+    1.0, -0.5, 0.25, 2.0,                                # block 0
+    0.0, -0.0, 0.0, 0.0,                                 # block 1: all zero
+    127.0, -63.5, 1.0, 0.75,                             # block 2
+    127 * 2.0**-127, -(2.0**-127), 0.0, 64 * 2.0**-127,  # block 3: subnormal values
+    2.0**-120, -(2.0**-121), 2.0**-126, 0.0,             # block 4: a subnormal raw scale
+]
+# Worked by hand (x = q * 2^(code - 127)):
+# block 0: alpha 2, raw 2/127 = 0.01575 > 2^-6, rounds up to 2^-5: code 127 - 5 = 122 = 0x7A;
+#          q = 1/2^-5 = 32 (0x20), -16 (0xF0), 8 (0x08), 64 (0x40).
+# block 1: raw 0 takes f32::MIN_POSITIVE = 2^-126, already a power of two: code 1; q = 0 0 0 0.
+# block 2: alpha 127, raw exactly 1 = 2^0: code 127 = 0x7F; q = 127 (0x7F), -63.5 -> -64 (a tie, to
+#          even: 0xC0), 1, 0.75 -> 1.
+# block 3: alpha 127 * 2^-127, raw exactly 2^-127 (subnormal in f32), UE8M0's minimum: code 0;
+#          q = 127 (0x7F), -1 (0xFF), 0, 64 (0x40).
+# block 4: alpha 2^-120, raw 2^-120 / 127 ~ 2^-126.99 (subnormal), between 2^-127 and 2^-126, so up to
+#          2^-126: code 1; q = 2^6 = 64 (0x40), -32 (0xE0), 1, 0.
+UE8M0_PAYLOAD = bytes.fromhex("20f00840" "00000000" "7fc00101" "7fff0040" "40e00100" + "7a017f0001")
+
+
+def test_ue8m0_block_scales_hand_worked():
+    x = torch.tensor(UE8M0_INPUT, dtype=torch.float32)
+    assert layout.quantized_data_len(UE8M0_Q8S_B4, [20]) == 25
+    payload = encode(x, UE8M0_Q8S_B4)
+    assert payload.numpy().tobytes() == UE8M0_PAYLOAD
+    assert payload.numpy().tobytes() == ref.quantize(UE8M0_INPUT, [20], "Q8S", "Native", [4], "UE8M0")[0]
+    # decoded as Burn 0.22.1 does: q * 2^(code - 127), code 0 = 2^-127
+    q = [f - 256 if f > 127 else f for f in UE8M0_PAYLOAD[:20]]
+    s = [ref.ue8m0_value(c) for c in UE8M0_PAYLOAD[20:]]
+    want = [ref.f32(qi * s[i // 4]) for i, qi in enumerate(q)]
+    assert decode(payload, UE8M0_Q8S_B4, [20]).tolist() == want
+    assert want[:4] == [1.0, -0.5, 0.25, 2.0] and want[12:16] == UE8M0_INPUT[12:16]
+
+
+def test_ue8m0_per_tensor_hand_worked():
+    """[-3, 1.5, 0.7] under Q8S per tensor: raw 3/127 = 0.0236 rounds up to 2^-5 (code 122); q = -96,
+    48, 0.7 * 32 = 22.4 -> 22. PackedU32: one word 0x001630A0 (first value lowest), then the byte 0x7A."""
+    scheme = QuantScheme().with_value(QuantValue.Q8S).per_tensor(ScaleDtype.UE8M0)
+    payload = encode(torch.tensor([-3.0, 1.5, 0.7]), scheme).numpy().tobytes()
+    assert payload == struct.pack("<I", 0x001630A0) + b"\x7a"
+    assert decode(payload, scheme, [3]).tolist() == [-3.0, 1.5, 22 / 32]
+
+
+@pytest.mark.parametrize("shape", [[6, 64], [3, 40]], ids=lambda s: "x".join(map(str, s)))
+def test_ue8m0_payload_reads_back_by_hand(shape):
+    """Q4S PackedU32(0) blocks of 32 with UE8M0 scales, decoded by the numpy hand decoder of the CLI tests."""
+    from cli_support import decode_packed, packed_len
+
+    scheme = QuantScheme().with_value(QuantValue.Q4S).per_block([32], ScaleDtype.UE8M0)
+    x = torch.tensor(data(shape, seed=9), dtype=torch.float32).reshape(shape) * 1e-3
+    payload = encode(x, scheme).numpy().tobytes()
+    assert len(payload) == packed_len(tuple(shape), 4, 32, "UE8M0")
+    values, scales = decode_packed(payload, tuple(shape), bits=4, block=32, scale_dtype="UE8M0")
+    assert np.array_equal(values, decode(payload, scheme, shape).numpy())
+    assert np.array_equal(np.log2(scales), np.round(np.log2(scales)))  # every scale a power of two
+    assert (np.abs(x.numpy()) <= 7 * np.repeat(scales, 32, axis=1)[:, : shape[1]]).all()  # none clips
+
+
+def test_burns_ue8m0_block_scales_are_their_exponents():
+    """Burn's should_pack_unpack_ue8m0_block_scales: Q8S Native [4] blocks of given i8 values with block
+    scales 0.25 and 8.0 pack to 10 bytes, the scales to 0x7D and 0x82."""
+    from burn_facts import VECTORS
+
+    from qcli.codec.quantize import QuantizedParts, pack
+
+    v = next(v for v in VECTORS if v["source"].endswith("should_pack_unpack_ue8m0_block_scales"))
+    scheme = QuantScheme.from_serde(v["scheme"])
+    parts = QuantizedParts(torch.tensor(v["input"]["i8_values"], dtype=torch.int32),
+                           torch.tensor(v["input"]["block_scales"]), None)
+    payload = pack(parts, scheme, v["shape"]).numpy().tobytes()
+    assert len(payload) == v["expected"]["len"]
+    assert payload[8:].hex() == v["expected"]["ue8m0_bytes_computed"]
+    assert decode(payload, scheme, v["shape"]).tolist() == [
+        q * s for q, s in zip(v["input"]["i8_values"], [0.25] * 4 + [8.0] * 4, strict=True)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])

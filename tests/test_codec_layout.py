@@ -35,6 +35,8 @@ LEVELS = [
     ("b32F16", [32], ScaleDtype.F16, False),
     ("b16UE4M3+F32", [16], ScaleDtype.UE4M3, True),
     ("b4x32BF16", [4, 32], ScaleDtype.BF16, False),
+    ("b16UE8M0", [16], ScaleDtype.UE8M0, False),
+    ("tensorUE8M0", None, ScaleDtype.UE8M0, False),
 ]
 SHAPES = [[8, 64], [5, 36], [2, 3, 20], [3]]
 
@@ -107,7 +109,7 @@ def test_payload_matches_reference(value, store, level, shape):
 
 
 @pytest.mark.parametrize("value", ["Q8S", "Q4F", "Q2S", "E4M3", "E2M1"], ids=str)
-@pytest.mark.parametrize("level", [LEVELS[0], LEVELS[1], LEVELS[3]], ids=lambda lv: lv[0])
+@pytest.mark.parametrize("level", [LEVELS[0], LEVELS[1], LEVELS[3], LEVELS[4]], ids=lambda lv: lv[0])
 def test_absmean_payload_matches_reference(value, level):
     value = QuantValue(value)
     shape = [5, 36]
@@ -146,8 +148,22 @@ def test_powers_of_two_give_the_obvious_fields():
             QuantScheme().with_value(QuantValue.E4M3).with_store(Native()).per_tensor(ScaleDtype.BF16),
             "7eb8012a 803f",
         ),
+        # MXFP4-like, E2M1 pairs in blocks of 32 with UE8M0 scales: alpha 6, raw 6 / 6 = 1 = 2^0 -> code
+        # 127 (0x7F); v = 6, -3, 0.5 -> codes 7, 8 | 5 = 0xD, 1 -> bytes D7 01 (even element low).
+        (
+            [[6.0, -3.0, 0.5]],
+            QuantScheme().with_value(QuantValue.E2M1).with_store(PackedNative(0)).per_block([32], ScaleDtype.UE8M0),
+            "d701 7f",
+        ),
+        # Q2S per tensor, UE8M0: raw 3e38 is past 2^127, so the scale saturates at 2^127 (code 254 = 0xFE);
+        # 3e38 / 2^127 = 1.76 -> clamped to 1 (01), -1e38 / 2^127 = -0.59 -> -1 (11): byte 0b1101, one word.
+        (
+            [3e38, -1e38],
+            QuantScheme().with_value(QuantValue.Q2S).per_tensor(ScaleDtype.UE8M0),
+            "0d000000 fe",
+        ),
     ],
-    ids=["q2s-word", "nvfp4", "e4m3-native-bf16"],
+    ids=["q2s-word", "nvfp4", "e4m3-native-bf16", "mxfp4-ue8m0", "q2s-ue8m0-saturates"],
 )
 def test_hand_worked_payloads(x, scheme, hex_bytes):
     assert encode(torch.tensor(x), scheme).numpy().tobytes() == bytes.fromhex(hex_bytes)

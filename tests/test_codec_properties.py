@@ -49,10 +49,12 @@ def schemes(draw, calibration=Calibration.MinMax):
     level = draw(st.sampled_from(["tensor", "block", "two"]))
     if level == "tensor":
         scheme = scheme.per_tensor(
-            draw(st.sampled_from([ScaleDtype.F32, ScaleDtype.F16, ScaleDtype.BF16, ScaleDtype.UE4M3]))
+            draw(st.sampled_from([ScaleDtype.F32, ScaleDtype.F16, ScaleDtype.BF16, ScaleDtype.UE4M3, ScaleDtype.UE8M0]))
         )
     else:
-        dtypes = [ScaleDtype.F16, ScaleDtype.UE4M3] + ([ScaleDtype.F32, ScaleDtype.BF16] if level == "block" else [])
+        # F32, BF16 and UE8M0 block scales are wider than f16, so they have no two-level form
+        one_level_only = [ScaleDtype.F32, ScaleDtype.BF16, ScaleDtype.UE8M0]
+        dtypes = [ScaleDtype.F16, ScaleDtype.UE4M3] + (one_level_only if level == "block" else [])
         scheme = scheme.per_block(draw(st.sampled_from(BLOCKS)), draw(st.sampled_from(dtypes)))
         if level == "two":
             scheme = scheme.per_tensor(ScaleDtype.F32)

@@ -19,17 +19,65 @@ def random_scales(seed: int, n: int = 4000) -> list[float]:
     """Positive f32 values over the whole range, dense around each dtype's thresholds and maxima."""
     rng = random.Random(seed)
     out = [ref.f32(rng.uniform(0.5, 1.0) * 2.0 ** rng.randint(-149, 127)) for _ in range(n)]
-    for edge in (2.0**-14, 2.0**-24, 2.0**-6, 2.0**-9, 65504.0, 448.0, ref.SCALE_MAX["BF16"], 1.0):
+    edges = (2.0**-14, 2.0**-24, 2.0**-6, 2.0**-9, 65504.0, 448.0, ref.SCALE_MAX["BF16"], 1.0,
+             2.0**-127, 2.0**-126, 2.0**127)  # the last three: UE8M0's minimum, f32's smallest normal, UE8M0's max
+    for edge in edges:
         bits = ref.f32_bits(edge)
         out += [ref.from_f32_bits(bits + d) for d in range(-3, 4)]
     return [x for x in out if 0 < x < float("inf")] + [0.0]
 
 
-@pytest.mark.parametrize("dtype", ["F16", "BF16", "UE4M3"])
+@pytest.mark.parametrize("dtype", ["F16", "BF16", "UE4M3", "UE8M0"])
 def test_round_up_is_the_smallest_grid_value_above(dtype):
     scales = random_scales(seed=len(dtype))
     got = round_up(torch.tensor(scales, dtype=torch.float32), ScaleDtype(dtype)).tolist()
     assert got == [ref.round_up(s, dtype) for s in scales]
+
+
+# Worked by hand from cubecl 0.11.3 `round_up_to_power_of_two` (scheme.rs): at or below 2^-127 the answer
+# is 2^-127 (f32 bits 0x00400000, subnormal), at or above 2^127 it is 2^127 (0x7F000000), else the next
+# power of two up; NaN stays NaN.
+UE8M0_ROUND_UP = [
+    (0.0, 0x00400000),                      # ue8m0 has no zero: the minimum
+    (2.0**-130, 0x00400000),                # below the minimum (subnormal in f32): clamped up to it
+    (2.0**-127, 0x00400000),                # the minimum itself
+    (2.0**-126, 0x00800000),                # f32::MIN_POSITIVE is a power of two
+    (2.0**-127 * 1.5, 0x00800000),          # between 2^-127 and 2^-126: up to 2^-126
+    (0.75, 0x3F800000),                     # 1.1b * 2^-1 -> 2^0
+    (1.0, 0x3F800000),                      # already a power of two
+    (1.0000001, 0x40000000),                # one ulp above 1 (f32 0x3F800001) -> 2
+    (3.0, 0x40800000),                      # -> 4
+    (2.0**126 * 1.5, 0x7F000000),           # -> 2^127 by the step, not by the clamp
+    (2.0**127, 0x7F000000),                 # the maximum itself
+    (3e38, 0x7F000000),                     # above 2^127 (1.70e38): saturates; the step would give inf
+    (float("inf"), 0x7F000000),
+]
+
+
+@pytest.mark.parametrize(("s", "bits"), UE8M0_ROUND_UP, ids=[f"{s!r}" for s, _ in UE8M0_ROUND_UP])
+def test_round_up_ue8m0_hand_worked(s, bits):
+    got = round_up(torch.tensor([s], dtype=torch.float32), ScaleDtype.UE8M0)
+    assert ref.f32_bits(got.item()) == bits
+
+
+def test_round_up_ue8m0_keeps_nan():
+    assert round_up(torch.tensor([float("nan"), 1.0]), ScaleDtype.UE8M0).isnan().tolist() == [True, False]
+
+
+def test_ue8m0_bytes_are_the_biased_exponent():
+    """Every code 0..254 round-trips; 2^-127 is code 0, 2^-126 code 1, 1.0 code 127, 2^127 code 254, NaN 0xFF
+    (cubecl `f32_to_ue8m0` / `ue8m0_to_f32`); the expected values come from the reference's code table."""
+    from qcli.codec.pack import pack_scales, unpack_scales
+
+    values = [ref.ue8m0_value(c) for c in range(255)]
+    codes = pack_scales(torch.tensor(values, dtype=torch.float32), ScaleDtype.UE8M0)
+    assert codes.tolist() == list(range(255))
+    assert [bytes([c]) for c in codes.tolist()] == [ref.scale_bytes(v, "UE8M0") for v in values]
+    assert pack_scales(torch.tensor([2.0**-127, 2.0**-126, 1.0, 2.0**127, float("nan")]),
+                       ScaleDtype.UE8M0).tolist() == [0, 1, 127, 254, 0xFF]
+    decoded = unpack_scales(torch.arange(256, dtype=torch.int32).to(torch.uint8), ScaleDtype.UE8M0)
+    assert [ref.f32_bits(v) for v in decoded[:255].tolist()] == [0x00400000] + [c << 23 for c in range(1, 255)]
+    assert decoded[:255].tolist() == values and decoded[255].isnan()
 
 
 def test_round_up_f32_is_the_identity():
@@ -62,7 +110,8 @@ def test_raw_scale_equals_burns_doubled_formula(value):
 
 @pytest.mark.parametrize(
     ("dtype", "stored"),
-    [("F32", MIN_POSITIVE), ("F16", 2.0**-24), ("BF16", MIN_POSITIVE), ("UE4M3", 2.0**-9)],
+    [("F32", MIN_POSITIVE), ("F16", 2.0**-24), ("BF16", MIN_POSITIVE), ("UE4M3", 2.0**-9),
+     ("UE8M0", MIN_POSITIVE)],  # UE8M0: 2^-126 is a power of two (code 1), not its 2^-127 minimum
 )
 def test_all_zero_block_stores_round_up_of_min_positive_and_decodes_to_zeros(dtype, stored):
     scheme = QuantScheme().with_value(QuantValue.Q8S).per_block([4], ScaleDtype(dtype))

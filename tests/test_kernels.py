@@ -3,13 +3,12 @@
 Marker `interpreter`: small shapes on CPU tensors under TRITON_INTERPRET=1 (set here when there is no
 GPU). Marker `gpu`: large shapes on a CUDA device. Expectations come from the CPU codec
 (`qcli.codec.encode`) and, for the hand-worked cases, from Burn's literals and the spec's worked example
-(../shared/vectors/burn-vectors.json) or arithmetic done by hand in the comments.
+(tests/data/burn-vectors.json) or arithmetic done by hand in the comments.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import struct
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from burn_facts import VECTORS
 
 from bench.schemes import all_schemes
 from qcli import layout
@@ -32,7 +32,6 @@ from qcli.scheme import (
     ScaleDtype,
 )
 
-VECTORS = Path(__file__).parents[1] / ".." / "shared" / "vectors" / "burn-vectors.json"
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 POISON = 0xA5
@@ -92,8 +91,30 @@ def case_id(case) -> str:
 # ---- byte-identity with the codec on random data --------------------------------------------------
 
 
+def _ue8m0_cases() -> list[tuple[QuantScheme, Calibration, tuple[int, ...]]]:
+    """UE8M0 scales (Burn 0.22.1), one level only, shaped like bench/schemes.py's cases: every value in
+    fused blocks of 32, MXFP4 (E2M1 pairs in blocks of 32), per tensor, and blocks the fused mode cannot take."""
+    ue8m0 = ScaleDtype.UE8M0
+    cases = [(QuantScheme().with_value(v).per_block([32], ue8m0), Calibration.MinMax, (3, 80)) for v in QuantValue]
+    e2m1 = QuantScheme().with_value(QuantValue.E2M1).with_store(PackedNative(0))
+    cases += [
+        (e2m1.per_block([32], ue8m0), Calibration.MinMax, (4, 48)),
+        (e2m1.per_block([5], ue8m0), Calibration.AbsMean, (3, 13)),
+        (QuantScheme().with_value(QuantValue.Q4S).per_tensor(ue8m0), Calibration.AbsMean, (5, 37)),
+        (QuantScheme().with_value(QuantValue.E4M3).with_store(Native()).per_tensor(ue8m0), Calibration.MinMax,
+         (7, 9)),
+        (QuantScheme().with_value(QuantValue.Q8S).with_store(Native()).per_block([2, 16], ue8m0),
+         Calibration.MinMax, (3, 5, 48)),
+        (QuantScheme().with_value(QuantValue.Q2F).per_block([3, 16], ue8m0), Calibration.AbsMean, (7, 2, 19)),
+    ]
+    return cases
+
+
+UE8M0_CASES = _ue8m0_cases()
+
+
 @pytest.mark.interpreter
-@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+@pytest.mark.parametrize("case", CASES + UE8M0_CASES, ids=[case_id(c) for c in CASES + UE8M0_CASES])
 def test_random_data_matches_codec(kernels, case):
     scheme, calibration, shape = case
     for seed, dtype in enumerate((torch.float32, torch.bfloat16)):
@@ -113,6 +134,9 @@ WHOLE_TILES = [
     (QuantScheme().with_value(QuantValue.Q8S), Calibration.MinMax),
     (QuantScheme().with_value(QuantValue.E5M2).with_store(Native()).per_tensor(ScaleDtype.F16),
      Calibration.AbsMean),
+    (QuantScheme().with_value(QuantValue.E2M1).with_store(PackedNative(0)).per_block([32], ScaleDtype.UE8M0),
+     Calibration.MinMax),
+    (QuantScheme().with_value(QuantValue.Q8S).per_tensor(ScaleDtype.UE8M0), Calibration.AbsMean),
 ]
 
 
@@ -156,6 +180,13 @@ SPECIAL_SCHEMES = [
     (QuantScheme().with_value(QuantValue.Q2S).per_block([16], ScaleDtype.F32), Calibration.MinMax, (3, 96)),
     (QuantScheme().with_value(QuantValue.E5M2).with_store(Native()), Calibration.MinMax, (3, 96)),
     (QuantScheme().with_value(QuantValue.E4M3).per_tensor(ScaleDtype.F16), Calibration.AbsMean, (3, 96)),
+    # UE8M0 reaches 2^-127 (subnormal in f32) and 2^127: its scales take the rescaled division at both ends
+    (QuantScheme().with_value(QuantValue.Q2S).per_block([16], ScaleDtype.UE8M0), Calibration.MinMax, (3, 96)),
+    (QuantScheme().with_value(QuantValue.Q8S).with_store(Native()).per_block([2, 8], ScaleDtype.UE8M0),
+     Calibration.AbsMean, (5, 96)),
+    (QuantScheme().with_value(QuantValue.E2M1).with_store(PackedNative(0)).per_block([32], ScaleDtype.UE8M0),
+     Calibration.MinMax, (4, 96)),
+    (QuantScheme().with_value(QuantValue.Q4F).per_tensor(ScaleDtype.UE8M0), Calibration.MinMax, (3, 96)),
 ]
 
 
@@ -172,7 +203,7 @@ def test_edge_data_matches_codec(kernels, special, case):
 
 
 def _vector(source_end: str) -> dict:
-    return next(v for v in json.loads(VECTORS.read_text()) if v["source"].endswith(source_end))
+    return next(v for v in VECTORS if v["source"].endswith(source_end))
 
 
 def f32_bytes(*values: float) -> bytes:
@@ -275,11 +306,56 @@ def test_scale_rounds_up_saturates_and_keeps_subnormals(kernels, dtype, alpha, k
     assert run(kernels, x, scheme)[4:] == scale_bytes(stored, dtype)
 
 
+# cubecl 0.11.3 `round_up_to_power_of_two` then `f32_to_ue8m0`, worked by hand: the code is the biased
+# exponent of the smallest power of two >= the scale, clamped to 2^-127 (code 0) and 2^127 (code 254).
+UE8M0_CODES = [
+    (2.0**-130, 0x00),        # below the minimum (a subnormal raw scale): 2^-127
+    (2.0**-127, 0x00),        # the minimum
+    (1.5 * 2.0**-127, 0x01),  # up to 2^-126
+    (2.0**-126, 0x01),
+    (0.75, 0x7F),             # up to 2^0
+    (1.0, 0x7F),
+    (1.0000001, 0x80),        # f32 0x3F800001, up to 2^1
+    (3.0, 0x81),              # up to 2^2
+    (2.0**127, 0xFE),         # the maximum
+    (3e38, 0xFE),             # past the maximum: saturates
+]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("alpha,code", UE8M0_CODES, ids=[repr(a) for a, _ in UE8M0_CODES])
+def test_ue8m0_scale_is_the_exponent_rounded_up(kernels, alpha, code):
+    # Q2S has h = 1, so the raw scale is alpha itself; 16 fields of 2 bits fill one word.
+    for block in ([16], [2, 16]):  # the fused kernel, then the separate scale kernel
+        scheme = QuantScheme().with_value(QuantValue.Q2S).per_block(block, ScaleDtype.UE8M0)
+        x = torch.full((1, 16), alpha / 2)
+        x[0, 3] = -alpha
+        assert run(kernels, x, scheme)[4:] == bytes([code])
+
+
+@pytest.mark.interpreter
+def test_ue8m0_block_scales_hand_worked(kernels):
+    # Q8S Native, blocks of 4 with UE8M0 scales (x = q * 2^(code - 127)):
+    # block 0: alpha 2, raw 2/127 = 0.01575 > 2^-6 -> 2^-5, code 122 = 0x7A; q = 32, -16, 8, 64.
+    # block 1: all zero -> f32::MIN_POSITIVE = 2^-126, code 1; q = 0.
+    # block 2: alpha 127, raw exactly 1, code 127 = 0x7F; q = 127, -63.5 -> -64 (tie to even) = 0xC0, 1, 1.
+    # block 3: alpha 127 * 2^-127, raw exactly 2^-127 (subnormal), the minimum: code 0; q = 127, -1, 0, 64.
+    # block 4: alpha 2^-120, raw ~2^-126.99 (subnormal) -> 2^-126, code 1; q = 64, -32 = 0xE0, 1, 0.
+    scheme = QuantScheme().with_value(QuantValue.Q8S).with_store(Native()).per_block([4], ScaleDtype.UE8M0)
+    x = torch.tensor([1.0, -0.5, 0.25, 2.0, 0.0, -0.0, 0.0, 0.0, 127.0, -63.5, 1.0, 0.75,
+                      127 * 2.0**-127, -(2.0**-127), 0.0, 64 * 2.0**-127, 2.0**-120, -(2.0**-121), 2.0**-126, 0.0])
+    want = bytes.fromhex("20f00840" "00000000" "7fc00101" "7fff0040" "40e00100" + "7a017f0001")
+    assert run(kernels, x, scheme) == want
+    assert run(kernels, x.reshape(5, 4), scheme.per_block([1, 4], ScaleDtype.UE8M0)) == want  # not fused
+
+
 @pytest.mark.interpreter
 @pytest.mark.parametrize("dtype,floor", [(ScaleDtype.F32, struct.pack("<I", 0x00800000)),
-                                         (ScaleDtype.F16, b"\x01\x00"), (ScaleDtype.UE4M3, b"\x01")])
+                                         (ScaleDtype.F16, b"\x01\x00"), (ScaleDtype.UE4M3, b"\x01"),
+                                         (ScaleDtype.UE8M0, b"\x01")])
 def test_all_zero_block_stores_the_smallest_positive_scale(kernels, dtype, floor):
-    # An all-zero block takes round_up(f32::MIN_POSITIVE): F32 0x00800000, F16 2^-24, UE4M3 2^-9.
+    # An all-zero block takes round_up(f32::MIN_POSITIVE): F32 0x00800000, F16 2^-24, UE4M3 2^-9,
+    # UE8M0 2^-126 (code 1: f32::MIN_POSITIVE is a power of two).
     scheme = QuantScheme().with_value(QuantValue.Q4S).per_block([8], dtype)
     x = torch.tensor([0.0] * 8 + [7.0, 1, 2, 3, 4, 5, 6, -7])
     got = run(kernels, x, scheme)
@@ -309,7 +385,8 @@ def test_bad_arguments_are_usage_errors(kernels):
     with pytest.raises(UsageError, match="contiguous"):
         kernels.encode(wide((8, 8), 0).to(DEVICE).t(), scheme)
     with pytest.raises(SchemeError):
-        kernels.encode(wide((8, 8), 0).to(DEVICE), scheme.per_block([8], ScaleDtype.UE8M0))
+        # UE8M0 block scales under a global: wider than f16, so Burn has no two-level form of them
+        kernels.encode(wide((8, 8), 0).to(DEVICE), scheme.per_block([8], ScaleDtype.UE8M0).per_tensor(ScaleDtype.F32))
 
 
 # ---- large shapes on the GPU --------------------------------------------------------------------
@@ -319,7 +396,7 @@ GPU_SHAPES = [(2048, 4096), (517, 1031)]
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+@pytest.mark.parametrize("case", CASES + UE8M0_CASES, ids=[case_id(c) for c in CASES + UE8M0_CASES])
 def test_large_random_data_matches_codec_on_gpu(kernels, case):
     scheme, calibration, small = case
     for i, (rows, cols) in enumerate(GPU_SHAPES):

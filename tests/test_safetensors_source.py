@@ -1,7 +1,7 @@
 """The safetensors source: layouts it opens, headers it refuses, tensors it loads one at a time.
 
 Expectations come from the files the tests write with `safetensors.torch.save_file`, from hand-built
-headers, and from the `safetensors` library's own view of the real mnist fixture.
+headers, and from the `safetensors` library's own view of a checkpoint it wrote (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from qcli.io.burnpack import burn_dtype
 from qcli.io.safetensors import SafetensorsSource, TensorInfo
 
 REPO = Path(__file__).parents[1]
-MNIST = REPO / ".." / "shared" / "fixtures" / "burn" / "mnist.safetensors"
 
 
 def raw_file(path: Path, header: object, data: bytes = b"", *, header_bytes: bytes | None = None) -> Path:
@@ -46,22 +45,24 @@ def f32(begin: int, end: int, shape: list[int]) -> dict:
 # -- Layouts ---------------------------------------------------------------------------------------
 
 
-def test_mnist_fixture_matches_the_library_view() -> None:
-    with SafetensorsSource.open(MNIST) as source, safe_open(str(MNIST), framework="pt") as reference:
+def test_a_checkpoint_matches_the_library_view(small_checkpoint: Path) -> None:
+    with (
+        SafetensorsSource.open(small_checkpoint) as source,
+        safe_open(str(small_checkpoint), framework="pt") as reference,
+    ):
         infos = source.infos()
         assert sorted(info.name for info in infos) == sorted(reference.keys())
-        assert len(infos) == 20
         for info in infos:
             view = reference.get_slice(info.name)
-            assert (info.dtype, list(info.shape), info.file) == (view.get_dtype(), view.get_shape(), MNIST)
+            assert (info.dtype, list(info.shape), info.file) == (view.get_dtype(), view.get_shape(), small_checkpoint)
             tensor = source.load(info.name)
             assert torch.equal(tensor, reference.get_tensor(info.name)) and tensor.device.type == "cpu"
             assert info.nbytes == tensor.numel() * tensor.element_size()
-    assert source.files == [MNIST]
-    (header_size,) = struct.unpack("<Q", MNIST.read_bytes()[:8])
-    assert sum(info.nbytes for info in infos) == MNIST.stat().st_size - 8 - header_size
+    assert source.files == [small_checkpoint]
+    (header_size,) = struct.unpack("<Q", small_checkpoint.read_bytes()[:8])
+    assert sum(info.nbytes for info in infos) == small_checkpoint.stat().st_size - 8 - header_size
     fc1 = next(info for info in infos if info.name == "fc1.weight")
-    assert fc1 == TensorInfo("fc1.weight", "F32", (32, 11616), 32 * 11616 * 4, MNIST)
+    assert fc1 == TensorInfo("fc1.weight", "F32", (64, 32), 64 * 32 * 4, small_checkpoint)
 
 
 def tensors() -> dict[str, torch.Tensor]:

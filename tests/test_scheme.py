@@ -113,8 +113,8 @@ def test_malformed_serde_is_a_scheme_error(obj):
 Q8S, Q4S, Q2S = QuantValue.Q8S, QuantValue.Q4S, QuantValue.Q2S
 REFUSED = [
     ("lookup", QuantScheme().with_mode(QuantMode.Lookup), "Lookup"),
-    ("ue8m0-block", QuantScheme().per_block([32], ScaleDtype.UE8M0), "UE8M0"),
-    ("ue8m0-tensor", QuantScheme().per_tensor(ScaleDtype.UE8M0), "UE8M0"),
+    # Burn 0.22.1 quantizable(): UE8M0 reaches 2^127, past f16, so it has no two-level form.
+    ("ue8m0-under-global", QuantScheme().per_block([32], ScaleDtype.UE8M0).per_tensor(ScaleDtype.F32), "f16"),
     ("f32-under-global", QuantScheme().per_block([32], ScaleDtype.F32).per_tensor(ScaleDtype.F32), "f16"),
     ("bf16-under-global", QuantScheme().per_block([32], ScaleDtype.BF16).per_tensor(ScaleDtype.F32), "f16"),
     ("f16-global", QuantScheme().per_block([32], ScaleDtype.UE4M3).per_tensor(ScaleDtype.F16), "as f32"),
@@ -153,6 +153,12 @@ def test_quantizer_only_refusals_leave_the_layout_to_the_codec(scheme, why):
     check_accepted(scheme)
 
 
+def test_every_scale_dtype_rounds_up():
+    """Burn 0.22.1 (cubecl 0.11.3) has a round-up rule for every scale dtype, UE8M0 included."""
+    assert all(dtype.has_round_up() for dtype in ScaleDtype)
+    assert ScaleDtype.UE8M0.scale_size() == 1 and ScaleDtype.UE8M0.max_representable() == 2.0**127
+
+
 def test_absmean_has_no_two_level_form():
     assert any("AbsMean" in p.why for p in accept_problems(QuantScheme.nvfp4(), Calibration.AbsMean))
     assert not accept_problems(QuantScheme().per_block([32], ScaleDtype.F16), Calibration.AbsMean)
@@ -169,6 +175,12 @@ def test_absmean_has_no_two_level_form():
         QuantScheme().with_value(QuantValue.E4M3).with_store(Native()).per_block([32], ScaleDtype.UE4M3),
         QuantScheme().with_value(QuantValue.E2M1).per_block([4, 32], ScaleDtype.BF16),
         QuantScheme().with_value(Q8S).with_store(Native()).per_block([3], ScaleDtype.F32),
+        # Burn 0.22.1 (burn-std quantization.rs quantizable_declines_what_no_backend_can_store): one-level
+        # UE8M0 per block and per tensor, and MXFP4's E2M1 in blocks of 32 with UE8M0 scales.
+        QuantScheme().per_block([4], ScaleDtype.UE8M0),
+        QuantScheme().per_tensor(ScaleDtype.UE8M0),
+        QuantScheme().with_value(QuantValue.E2M1).per_block([32], ScaleDtype.UE8M0),
+        QuantScheme().with_value(QuantValue.E2M1).with_store(PackedNative(0)).per_block([32], ScaleDtype.UE8M0),
     ],
     ids=str,
 )

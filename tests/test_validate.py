@@ -50,7 +50,8 @@ def test_every_fault_is_reported_at_once_with_its_line(tmp_path: Path) -> None:
         '[[rule]]\nmatch = "*norm*"\nkep = true\n'  # 2, 4: unknown key
         '[[rule]]\nmatch = "*proj*"\nvalue = "Q4S"\nmode = "Lookup"\n'  # 5: a Lookup refusal
         '[[rule]]\nmatch = "lm_head*"\nvalue = "Q4S"\nblock = [32]\n'  # 9, 12: block without block_scale
-        '[[rule]]\nmatch = "*embed*"\nvalue = "Q4S"\nblock = [32]\nblock_scale = "UE8M0"\n',  # 13: refused
+        '[[rule]]\nmatch = "*embed*"\nvalue = "Q4S"\nblock = [32]\nblock_scale = "UE8M0"\n'  # 13: refused,
+        'tensor_scale = "F32"\n',  # a two-level scheme needs block scales no wider than f16
     )
     problems = validate_scheme(path)
     assert summary(problems) == [

@@ -1,10 +1,11 @@
-"""Every vector of ../shared/vectors/burn-vectors.json that concerns a writer, codec, scheme or layout.
+"""Every vector of tests/data/burn-vectors.json that concerns a writer, codec, scheme or layout.
 
 Each vector is one test, `test_vector[<index>-<source>]`, checked by the function registered for its
 index; `test_every_vector_is_accounted_for` keeps the registry and the file in step.
 
 Left to tests/test_burnpack.py (filtered out here by their source, `burn-pack`, `model.bpk` or
-`burnpack-spec`): 52-59 and 62.
+`burnpack-spec`): 52-58 and 62. 59 describes a Burn-written MNIST file the repository no longer holds:
+test_burnpack.py reads the files the Burn harness writes (tests/data/burn) instead.
 
 Vectors that do not apply to a writer, and what is asserted instead:
 - 13 (`swap_block_dims`): Burn rewrites a scheme when a packed tensor is permuted; qcli never permutes a
@@ -20,7 +21,7 @@ Vectors that do not apply to a writer, and what is asserted instead:
   (asserted), and qcli's decoder still reads it (asserted).
 - 47 (Lookup decode): Lookup does not travel as QFloat at the pin; qcli refuses it (asserted).
 - 49 (newer Burn): PackedU32(0) words asserted; the PackedU32(1) half is refused at the pin (asserted).
-- 50 (newer Burn, UE8M0): refused at the pin (asserted); only the length is checked.
+- 50 (UE8M0 block scales): the scale bytes and the payload length.
 - 51 (newer cubek): the intended E2M1 RNE encode, which qcli implements, is asserted.
 - 60 (worked example): bytes asserted with half-even rounding (qcli, CUDA); the half-away bytes
   (NdArray/Flex) differ only in the tie 2.5 -> 3 vs 2. Its block [4] is narrower than a Q4 word,
@@ -34,11 +35,11 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Callable
-from pathlib import Path
 
 import cbor2
 import pytest
 import torch
+from burn_facts import VECTORS
 
 from qcli import layout
 from qcli.codec import QuantizedParts, decode, encode, pack, quantize_parts, round_up
@@ -62,7 +63,6 @@ from qcli.scheme import (
     check_accepted,
 )
 
-VECTORS = json.loads((Path(__file__).parents[1] / ".." / "shared" / "vectors" / "burn-vectors.json").read_text())
 CONTAINER_SOURCES = ("burn-pack", "model.bpk", "burnpack-spec")
 NOT_COLLECTED = {13}  # see the module docstring
 CHECKS: dict[int, Callable[[dict], None]] = {}
@@ -174,9 +174,6 @@ def _scale_to_dtype(v):
 @check(14)
 def _round_up_each_dtype(v):
     for dtype, expected in v["expected"].items():
-        if expected is None:  # UE8M0 has no rule at the pin
-            assert not ScaleDtype(dtype).has_round_up()
-            continue
         got = round_up(torch.tensor([v["input"]["scale"]]), ScaleDtype(dtype)).item()
         assert got == f32(expected), dtype
 
@@ -423,10 +420,11 @@ def _rows_pack_on_their_own(v):
 
 
 @check(50)
-def _ue8m0_refused(v):
+def _ue8m0_block_scales(v):
     scheme = scheme_of(v)
-    with pytest.raises(SchemeError, match="UE8M0"):
-        check_accepted(scheme)
+    check_accepted(scheme)
+    scales = torch.tensor(v["input"]["block_scales"], dtype=torch.float32)
+    assert as_hex(pack_scales(scales, ScaleDtype.UE8M0)) == v["expected"]["ue8m0_bytes_computed"]
     assert layout.quantized_data_len(scheme, v["shape"]) == v["expected"]["len"]
 
 

@@ -11,7 +11,7 @@ from qcli.codec.blocks import BlockGrid
 from qcli.codec.pack import unpack_fields, unpack_scales
 from qcli.codec.values import from_fields
 from qcli.errors import InputError, SchemeError
-from qcli.scheme import LOOKUP_WHY, Native, QuantMode, QuantScheme, ScaleDtype
+from qcli.scheme import LOOKUP_WHY, Native, QuantMode, QuantScheme
 
 
 def as_bytes(payload: object) -> torch.Tensor:
@@ -55,14 +55,8 @@ def _check_decodable(scheme: QuantScheme) -> None:
     block scales under a global, PackedU32 blocks narrower than a word) still decode, as cubecl's do."""
     if scheme.mode is QuantMode.Lookup:
         raise SchemeError(f"cannot decode {scheme}: {LOOKUP_WHY}", hint="use a Symmetric scheme")
-    dtypes = [scheme.tensor, scheme.block and scheme.block.dtype]
-    if ScaleDtype.UE8M0 in dtypes:
-        raise SchemeError(
-            f"cannot decode {scheme}: UE8M0 scales have no encoding at Burn 0.22.0-pre.2",
-            hint="use UE4M3 or F16 scales",
-        )
     if not isinstance(scheme.store, Native) and scheme.num_quants() > 1 and scheme.store.dim != 0:
         raise SchemeError(
-            f"cannot decode {scheme}: values packed along an outer axis have no layout at Burn 0.22.0-pre.2",
+            f"cannot decode {scheme}: qcli reads values packed along the last axis only",
             hint="pack along the last axis (dim 0)",
         )

@@ -17,6 +17,7 @@ import torch
 
 from qcli import layout
 from qcli.codec import minifloat
+from qcli.codec.scales import UE8M0_MIN_BITS, round_up
 from qcli.scheme import QuantScheme, ScaleDtype
 
 # An integer type as wide as the bytes whose fields share one packed byte (2 or 4 of them).
@@ -85,14 +86,35 @@ def pack_scales(stored: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
     stored = stored.reshape(-1).to(torch.float32)
     if dtype is ScaleDtype.UE4M3:
         return minifloat.encode(stored.contiguous(), minifloat.E4M3).to(torch.uint8)
+    if dtype is ScaleDtype.UE8M0:
+        return _ue8m0_codes(stored.contiguous())
     return stored.to(_TORCH_SCALE[dtype]).view(torch.uint8)
+
+
+def _ue8m0_codes(stored: torch.Tensor) -> torch.Tensor:
+    """cubecl's `f32_to_ue8m0`: the f32 exponent field of the scale rounded up onto a power of two (a no-op
+    for a stored scale), so 2^-127 (subnormal, exponent field 0) is code 0, 2^-126 code 1, 1.0 code 127 and
+    2^127 code 254; NaN is 0xFF."""
+    rounded = round_up(stored, ScaleDtype.UE8M0)
+    codes = (rounded.view(torch.int32) >> 23) & 0xFF
+    return torch.where(torch.isnan(rounded), 0xFF, codes).to(torch.uint8)
 
 
 def unpack_scales(region: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
     """f32 scales from their bytes."""
     if dtype is ScaleDtype.UE4M3:
         return minifloat.decode(region, minifloat.E4M3)
+    if dtype is ScaleDtype.UE8M0:
+        return _ue8m0_values(region)
     return region.clone().view(_TORCH_SCALE[dtype]).to(torch.float32)
+
+
+def _ue8m0_values(region: torch.Tensor) -> torch.Tensor:
+    """cubecl's `ue8m0_to_f32`: code 0 is 2^-127 (f32 has no exponent field to spare for it), 0xFF is NaN,
+    any other code c is the f32 with exponent field c, 2^(c - 127)."""
+    codes = region.to(torch.int32)
+    bits = torch.where(codes == 0, UE8M0_MIN_BITS, codes << 23)
+    return torch.where(codes == 0xFF, float("nan"), bits.view(torch.float32))
 
 
 def pack_global(global_scale: float) -> torch.Tensor:

@@ -12,8 +12,11 @@ import torch
 from qcli.codec.blocks import BlockGrid
 from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme, ScaleDtype
 
-# round_up's bit-grid step per dtype: 1 << (24 - mantissa digits).
-_STEP_BITS = {ScaleDtype.F16: 13, ScaleDtype.BF16: 16, ScaleDtype.UE4M3: 20}
+# round_up's bit-grid step per dtype: 1 << (24 - mantissa digits); UE8M0 has one digit (no mantissa).
+_STEP_BITS = {ScaleDtype.F16: 13, ScaleDtype.BF16: 16, ScaleDtype.UE4M3: 20, ScaleDtype.UE8M0: 23}
+# UE8M0's range, 2^-127 (subnormal in f32) to 2^127, as f32 bit patterns (cubecl `ScaleDtype::UE8M0_MIN/MAX`).
+UE8M0_MIN_BITS = 0x00400000
+UE8M0_MAX_BITS = 0x7F000000
 # Below the smallest normal, F16 and UE4M3 round up onto their subnormal spacing instead.
 _SUBNORMAL = {ScaleDtype.F16: (2.0**-14, 2.0**24), ScaleDtype.UE4M3: (2.0**-6, 2.0**9)}
 
@@ -25,8 +28,8 @@ def round_up(s: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
     """
     if dtype is ScaleDtype.F32:
         return s
-    if not dtype.has_round_up():
-        raise ValueError(f"{dtype.value} has no round-up rule")  # refused by check_accepted beforehand
+    if dtype is ScaleDtype.UE8M0:
+        return _round_up_to_power_of_two(s)
     step = 1 << _STEP_BITS[dtype]
     bits = s.view(torch.int32) + (step - 1)
     rounded = bits.bitwise_and_(~(step - 1)).view(torch.float32)
@@ -40,6 +43,20 @@ def round_up(s: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
             rounded = torch.where(small, subnormal, rounded)
     # Saturate: an s below the maximum rounds up to at most the maximum, which lies on the grid.
     return rounded.clamp_(max=dtype.max_representable())
+
+
+def _round_up_to_power_of_two(s: torch.Tensor) -> torch.Tensor:
+    """cubecl's `round_up_to_power_of_two`: NaN stays NaN; s <= 2^-127 gives 2^-127 and s >= 2^127 gives
+    2^127 (clamped first: ue8m0 has nothing below its minimum, and the step would carry past 2^127 into
+    infinity); otherwise the f32 bits rounded up onto the powers of two, clearing every mantissa bit."""
+    step = 1 << _STEP_BITS[ScaleDtype.UE8M0]
+    bits = s.view(torch.int32)
+    rounded = torch.bitwise_and((bits + (step - 1)), ~(step - 1))
+    # the ends compared on the bits: a non-negative f32 orders like its bit pattern (a negative one, never
+    # a scale, has negative bits and clamps to the minimum as in cubecl), and no subnormal constant is needed
+    rounded = torch.where(bits <= UE8M0_MIN_BITS, UE8M0_MIN_BITS, rounded)
+    rounded = torch.where(bits >= UE8M0_MAX_BITS, UE8M0_MAX_BITS, rounded).view(torch.float32)
+    return torch.where(torch.isnan(s), s, rounded)
 
 
 def block_reduce(

@@ -4,6 +4,8 @@ Everything here is plain arithmetic, bit operations and `tl.math.div_rn`, so the
 on a GPU and under TRITON_INTERPRET=1 (libdevice is not available to the interpreter).
 """
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -43,14 +45,22 @@ def _minifloat_code(a, sign, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.
     return code | (sign << (EBITS + MBITS))
 
 
+# Triton's interpreter evaluates tl.fma as a rounded product plus an addend (runtime/interpreter.py,
+# `create_fma`), which breaks the exact residual `_quotient` relies on; there it divides instead.
+FUSED_FMA = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
+
+
 @triton.jit
 def _quotient(x, s, r):
     """RN(x / s) from r = RN(1 / s), for s in [SAFE_LOW, SAFE_HIGH] (Markstein): the residual
     x - q * s is exact in a fused multiply-add, and one correction step rounds correctly. Quotients that
     underflow may come out off by an ulp or with the wrong sign of zero; every caller takes the sign from x
     and such magnitudes quantize to zero either way."""
-    q = x * r
-    return tl.fma(tl.fma(-q, s, x), r, q)
+    if FUSED_FMA:
+        q = x * r
+        return tl.fma(tl.fma(-q, s, x), r, q)
+    else:
+        return tl.math.div_rn(x, s)
 
 
 @triton.jit
@@ -77,11 +87,25 @@ def _value_field(x, s_eff, r_eff, IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO
         return _rint_bits(tl.minimum(tl.maximum(v, LO), HI)) & ((1 << BITS) - 1)
 
 
+UE8M0_MIN_BITS = tl.constexpr(0x00400000)  # 2^-127, subnormal in f32: ue8m0 code 0
+UE8M0_MAX_BITS = tl.constexpr(0x7F000000)  # 2^127: ue8m0 code 254
+
+
 @triton.jit
 def _round_up(s, KIND: tl.constexpr):
-    """Round a positive f32 scale up onto its dtype (KIND 0 F32, 1 F16, 2 BF16, 3 UE4M3), saturating."""
+    """Round a positive f32 scale up onto its dtype (KIND 0 F32, 1 F16, 2 BF16, 3 UE4M3, 4 UE8M0),
+    saturating."""
     if KIND == 0:
         return s
+    elif KIND == 4:
+        # cubecl `round_up_to_power_of_two`: clamp to [2^-127, 2^127], else clear the mantissa rounding up.
+        # The ends are compared on the bits (a non-negative f32 orders like them), so no subnormal constant
+        # or comparison is involved; NaN stays NaN.
+        bits = s.to(tl.int32, bitcast=True)
+        up = (bits + ((1 << 23) - 1)) & ~((1 << 23) - 1)
+        up = tl.where(bits <= UE8M0_MIN_BITS, UE8M0_MIN_BITS, up)
+        up = tl.where(bits >= UE8M0_MAX_BITS, UE8M0_MAX_BITS, up)
+        return tl.where(s != s, s, up.to(tl.float32, bitcast=True))
     else:
         if KIND == 1:
             MAXR: tl.constexpr = 65504.0
@@ -119,6 +143,10 @@ def _scale_bits(stored, KIND: tl.constexpr):
         return stored.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     elif KIND == 2:
         return (bits >> 16) & 0xFFFF
+    elif KIND == 4:
+        # cubecl `f32_to_ue8m0` of a power of two in [2^-127, 2^127]: its f32 exponent field (0 for the
+        # subnormal 2^-127); a NaN's exponent field is already 0xFF, its code.
+        return (bits >> 23) & 0xFF
     else:
         return _minifloat_code(stored, 0, 4, 3, 7, 448.0)
 

@@ -21,9 +21,9 @@ from qcli.errors import InputError, UsageError
 from qcli.kernels import _quantize as K
 from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue, ScaleDtype, check_accepted
 
-_KIND = {ScaleDtype.F32: 0, ScaleDtype.F16: 1, ScaleDtype.BF16: 2, ScaleDtype.UE4M3: 3}
+_KIND = {ScaleDtype.F32: 0, ScaleDtype.F16: 1, ScaleDtype.BF16: 2, ScaleDtype.UE4M3: 3, ScaleDtype.UE8M0: 4}
 # Scale dtypes whose every value lies in [2^-125, 2^125], where the kernels' reciprocal division is exact:
-# one-level schemes with these need not rescale their scales into that range.
+# one-level schemes with these need not rescale their scales into that range (UE8M0, 2^-127 to 2^127, does).
 _SAFE_DTYPES = (ScaleDtype.F16, ScaleDtype.UE4M3)
 _MINIFLOAT = {QuantValue.E4M3: (4, 3, 7), QuantValue.E5M2: (5, 2, 15), QuantValue.E2M1: (2, 1, 1)}
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
