@@ -18,7 +18,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qcli import BURN_LAYOUT_PIN, __version__
+from qcli import BURN_VERSION, __version__
+from qcli.burn_backends import BurnBackend
 from qcli.errors import InputError, Interrupted, PlanError, UsageError
 from qcli.io.dtypes import dtype_str
 from qcli.report import (
@@ -69,12 +70,25 @@ def resolve_preset(name: str | None) -> Preset:
     return get_preset(DEFAULT_PRESET if name is None else name)
 
 
-def make_checked_plan(infos: list, recipe: Any, preset: Preset, split: bool = False) -> Plan:
+def resolve_backend(name: str | None) -> BurnBackend | None:
+    """The Burn backend `--burn-backend` names, or None for the common backends."""
+    if name is None:
+        return None
+    try:
+        return BurnBackend(name.lower())
+    except ValueError:
+        raise UsageError(f"unknown Burn backend {name!r}",
+                         hint=f"use one of {', '.join(BurnBackend)} (docs/output.md says what each loads)") from None
+
+
+def make_checked_plan(infos: list, recipe: Any, preset: Preset, split: bool = False,
+                      backend: BurnBackend | None = None) -> Plan:
     """The plan for `infos` in name order (so shards and one file give the same output); every error is
-    raised together as one PlanError. `split`: the output will be cut into several files."""
+    raised together as one PlanError. `split`: the output will be cut into several files; `backend`: the
+    Burn backend the file must load on."""
     from qcli.plan import make_plan
 
-    plan = make_plan(sorted(infos, key=lambda i: i.name), recipe, preset, split=split)
+    plan = make_plan(sorted(infos, key=lambda i: i.name), recipe, preset, split=split, backend=backend)
     plan.raise_if_errors()
     return plan
 
@@ -139,6 +153,7 @@ def quantize_file(
     progress: ProgressHook | None = None,
     verify: bool = True,
     max_shard_size: int | None = None,
+    burn_backend: str | None = None,
 ) -> QuantizeReport:
     """Quantize a safetensors checkpoint into a burnpack file (or, with `dry_run`, only plan it).
 
@@ -150,13 +165,15 @@ def quantize_file(
     against the source, `verify` checks it lies within its scheme's error bound and reads the
     complete files back before the rename, checking them against the plan and the hashes of the bytes
     written (`qcli.verify`); a file that fails never reaches `output`. With `max_shard_size`, the output
-    is split into `NAME-00001-of-0000N.bpk` files of at most that many bytes each.
+    is split into `NAME-00001-of-0000N.bpk` files of at most that many bytes each. With `burn_backend`,
+    every tensor that Burn backend cannot load stops the plan (`qcli.burn_backends`).
     """
     from qcli.io.safetensors import SafetensorsSource
     from qcli.recipe import load_recipe
 
     input = Path(input)
     preset = resolve_preset(scheme)
+    backend = resolve_backend(burn_backend)
     loaded_recipe = load_recipe(recipe) if recipe is not None else None
     target = Path(output) if output is not None else default_output(input)
     if not dry_run and target.exists() and not force:
@@ -166,13 +183,15 @@ def quantize_file(
     with SafetensorsSource.open(input) as source:
         if target.resolve() in {f.resolve() for f in [input, *source.files]}:
             raise UsageError(f"{target} is the input", hint="write the .bpk somewhere else with -o")
-        plan = make_checked_plan(source.infos(), loaded_recipe, preset, split=max_shard_size is not None)
+        plan = make_checked_plan(source.infos(), loaded_recipe, preset, split=max_shard_size is not None,
+                                 backend=backend)
         report = QuantizeReport(
             input=str(input),
             output=str(target),
             device=None,
             dry_run=dry_run,
             preset=preset.name,
+            burn_backend=None if backend is None else backend.value,
             recipe=None if recipe is None else str(recipe),
             recipe_sha256=None if loaded_recipe is None else loaded_recipe.sha256,
             source_files=[SourceFile(f.name, f.stat().st_size) for f in source.files],
@@ -250,7 +269,8 @@ def _metadata(report: QuantizeReport) -> dict[str, str]:
         "format": "burnpack",
         "producer": "qcli",
         "producer_version": __version__,
-        "burn_layout": BURN_LAYOUT_PIN,
+        "burn_version": BURN_VERSION,
+        **({} if report.burn_backend is None else {"burn_backend": report.burn_backend}),
         "source_files": json.dumps([f.to_json() for f in report.source_files]),
         "preset": report.preset,
         "transposed": json.dumps([t.name for t in report.tensors if t.transposed]),
@@ -619,9 +639,11 @@ def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
 
 
 def validate_scheme(
-    recipes: str | Path | Sequence[str | Path], *, model: str | Path | None = None, scheme: str | None = None
+    recipes: str | Path | Sequence[str | Path], *, model: str | Path | None = None, scheme: str | None = None,
+    burn_backend: str | None = None,
 ) -> ValidateReport:
-    """Every problem in each recipe, and with `model` every problem of the plan each makes from headers."""
+    """Every problem in each recipe, and with `model` every problem of the plan each makes from headers;
+    with `burn_backend`, every scheme that Burn backend cannot load."""
     from qcli import validate
 
     paths = [Path(recipes)] if isinstance(recipes, (str, Path)) else [Path(r) for r in recipes]
@@ -638,5 +660,6 @@ def validate_scheme(
         with SafetensorsSource.open(Path(model)) as source:
             infos = source.infos()
     preset = resolve_preset(scheme)
-    problems = [p for path in paths for p in validate.validate_scheme(path, infos, preset)]
+    backend = resolve_backend(burn_backend)
+    problems = [p for path in paths for p in validate.validate_scheme(path, infos, preset, backend)]
     return ValidateReport([str(p) for p in paths], None if model is None else str(model), problems)

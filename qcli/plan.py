@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from qcli import layout
+from qcli.burn_backends import COMMON_BACKENDS, BurnBackend, kept_problem, load_problem, loads_instead
 from qcli.errors import PlanError
 from qcli.io.burnpack import MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, align
 from qcli.io.dtypes import burn_dtype
@@ -185,7 +186,7 @@ def is_quantized(dtype: str) -> bool:
 
 
 def shape_problem(scheme: QuantScheme, shape: Sequence[int]) -> str | None:
-    """Why a tensor of `shape` cannot take `scheme` at Burn 0.22.0-pre.2, or None when it can."""
+    """Why a tensor of `shape` cannot take `scheme` in any Burn backend, or None when it can."""
     rank = len(shape)
     if rank == 0:
         return "a 0-D tensor (scalar) has no axis to quantize along"
@@ -211,20 +212,23 @@ def shape_problem(scheme: QuantScheme, shape: Sequence[int]) -> str | None:
 
 def make_plan(
     infos: Iterable[TensorInfo], recipe: Recipe | None = None, preset: Preset | None = None,
-    *, split: bool = False,
+    *, split: bool = False, backend: BurnBackend | None = None,
 ) -> Plan:
     """One decision per tensor and every problem found from the headers (see the module docstring).
 
     `split`: the output is cut into several files (--max-shard-size), so Burn's per-file limits are
-    the split's to keep, not one file's.
+    the split's to keep, not one file's. `backend`: every tensor that Burn backend cannot load is an
+    error; without one, what a common backend cannot load is a warning.
     """
-    return _Planner(list(infos), recipe, preset or PRESETS[DEFAULT_PRESET], split).plan()
+    return _Planner(list(infos), recipe, preset or PRESETS[DEFAULT_PRESET], split, backend).plan()
 
 
 class _Planner:
-    def __init__(self, infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False) -> None:
+    def __init__(self, infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False,
+                 backend: BurnBackend | None = None) -> None:
         self.infos = infos
         self.split = split
+        self.backend = backend
         self.recipe = recipe
         self.preset = preset
         self.problems: list[Problem] = []
@@ -248,6 +252,8 @@ class _Planner:
         self.default_problems([e.info.name for e in entries if e.decision.rule is None])
         for entry in entries:
             self.output_problems(entry)
+        for backend in [self.backend] if self.backend else COMMON_BACKENDS:
+            self.backend_problems(backend, entries)
         plan = Plan(entries, self.problems, self.preset)
         if not self.split:
             self.file_problems(plan)
@@ -368,6 +374,32 @@ class _Planner:
                 [info.name], rule=entry.decision.rule,
             )
 
+    def backend_problems(self, backend: BurnBackend, entries: Sequence[PlanEntry]) -> None:
+        """What `backend` cannot load, one problem per rule (or the preset) and reason: an error for the
+        backend asked for, a warning for a common one."""
+        failing: dict[tuple[int, str, str], list[PlanEntry]] = {}
+        for entry in entries:
+            scheme = entry.decision.scheme
+            why = (kept_problem(backend, entry.out_dtype) if scheme is None
+                   else load_problem(backend, scheme, entry.out_shape))
+            if why is not None:
+                failing.setdefault((id(entry.decision.rule), str(scheme or entry.out_dtype), why), []).append(entry)
+        for (_, written, why), group in failing.items():
+            first = group[0]
+            names = [e.info.name for e in group]
+            if first.decision.scheme is None:
+                hint = "load the file on flex (Burn's CPU backend), which builds every dtype"
+            else:
+                instead = loads_instead(backend, first.decision.scheme, first.out_shape)
+                hint = (f"use {preset_or_scheme(instead)}, which {backend} loads" if instead is not None
+                        else "keep them (keep = true), or load the file on another backend")
+            if self.backend is None:
+                hint += "; name the backend you load with by --burn-backend to check for it alone"
+            self.problem(
+                "backend", f"Burn's {backend} backend cannot load {count_and_first(names)} as {written}: {why}",
+                hint, names, severity="error" if self.backend else "warning", rule=first.decision.rule,
+            )
+
     def file_problems(self, plan: Plan) -> None:
         """Burn's per-file reader limits: the tensor count and the file size (data alone, aligned)."""
         count = len(plan.entries)
@@ -394,6 +426,12 @@ def rule_refusal(rule: Rule, covered: Sequence[str] | None = None) -> Problem | 
     kind = "lookup" if rule.mode == QuantMode.Lookup.value else "scheme"
     hint = rule.refusals[0].instead
     return Problem(kind, message, hint, rule.file, rule.line, tuple(covered or ()), "error")
+
+
+def preset_or_scheme(scheme: QuantScheme) -> str:
+    """The preset whose scheme `scheme` is (`preset q8s-b32`), else the scheme itself."""
+    preset = next((p.name for p in PRESETS.values() if p.scheme == scheme), None)
+    return f"preset {preset}" if preset is not None else str(scheme)
 
 
 def count_and_first(names: Sequence[str]) -> str:

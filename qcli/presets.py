@@ -1,8 +1,9 @@
 """Named quantization schemes: what `--scheme NAME` and a recipe's `preset = "NAME"` stand for.
 
-Each preset is a `QuantScheme` Burn 0.22.0-pre.2 accepts (`scheme.accept_problems` is empty) plus the
-calibration qcli measures its scales with. docs/presets.md tabulates them with the Burn backends that
-load each one. Names are matched case-insensitively; the canonical spelling is lower case.
+Each preset is a `QuantScheme` Burn accepts (`scheme.accept_problems` is empty) and at least one Burn
+backend loads (`qcli.burn_backends`), plus the calibration qcli measures its scales with. docs/presets.md
+tabulates them with the backends that load each one. Names are matched case-insensitively; the
+canonical spelling is lower case.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
+from qcli import BURN_VERSION
 from qcli.errors import SchemeError, UsageError
 from qcli.scheme import (
     LOOKUP_WHY,
@@ -43,10 +45,6 @@ def _per_tensor(value: QuantValue) -> QuantScheme:
 
 _MINMAX = Calibration.MinMax
 _PRESET_LIST = [
-    Preset("nvfp4", QuantScheme.nvfp4(), _MINMAX,
-           "Burn's QuantScheme::nvfp4(): E2M1 pairs, blocks of 16 with UE4M3 scales under an F32 global"),
-    Preset("nvfp4-u32", QuantScheme.nvfp4().with_store(PackedU32(0)), _MINMAX,
-           "nvfp4 with values in u32 words, which Burn 0.22.0-pre.2 loads more reliably than PackedNative"),
     Preset("q8s", _per_tensor(QuantValue.Q8S), _MINMAX,
            "8-bit integers, one F32 scale per tensor: Burn's default layout; one outlier costs every value precision"),
     Preset("q8s-native", _per_tensor(QuantValue.Q8S).with_store(Native()), _MINMAX,
@@ -69,6 +67,8 @@ _PRESET_LIST = [
            "FP8 E5M2 codes (wider range, fewer mantissa bits), one F32 scale per tensor"),
     Preset("e4m3-b32", _blocked(QuantValue.E4M3, 32), _MINMAX,
            "FP8 E4M3 codes, one F16 scale per 32 values"),
+    Preset("fp4-b32", _blocked(QuantValue.E2M1, 32), _MINMAX,
+           "FP4 E2M1 codes, one F16 scale per 32 values: the 4-bit float format Burn's GPU backends load"),
 ]
 PRESETS: dict[str, Preset] = {p.name: p for p in _PRESET_LIST}
 DEFAULT_PRESET = "q4s-b32"
@@ -77,6 +77,14 @@ DEFAULT_PRESET = "q4s-b32"
 # rather than "unknown preset". Codebooks need mode Lookup; the others a zero point.
 LOOKUP_NAMES = ("nf4", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq2_xs", "iq3_xs", "iq4_nl", "iq4_xs")
 ZERO_POINT_NAMES = ("q4_1", "q5_1", "w4a16_asym", "affine", "asym", "asymmetric", "hqq")
+# Formats Burn has a QuantScheme for but no backend of this release loads: asked for by name, they are
+# refused with the reason and what loads instead.
+UNLOADABLE = {
+    "nvfp4": "Burn's flex and ndarray backends decode no E2M1 values and wgpu reads no UE4M3 scales, and "
+             "Burn cannot read back its own QuantScheme::nvfp4() (PackedNative)",
+    "mxfp4": "Burn's flex and ndarray backends decode no E2M1 values and wgpu reads no UE8M0 scales",
+}
+UNLOADABLE_INSTEAD = "use fp4-b32 (E2M1 with F16 scales of 32 values, loads on wgpu) or q4s-b32 (flex and wgpu)"
 ZERO_POINT_WHY = (
     "Burn has no zero point: every QuantScheme is symmetric around 0, so an asymmetric "
     "(zero-point, affine) scheme has no QFloat form"
@@ -96,6 +104,8 @@ def get_preset(name: str) -> Preset:
         raise SchemeError(f"{name} is a codebook scheme (mode Lookup), refused: {LOOKUP_WHY}", instead)
     if key in ZERO_POINT_NAMES:
         raise SchemeError(f"{name} is an asymmetric scheme: {ZERO_POINT_WHY}", instead)
+    if key in UNLOADABLE:
+        raise SchemeError(f"{name} loads on no backend of Burn {BURN_VERSION}: {UNLOADABLE[key]}", UNLOADABLE_INSTEAD)
     close = difflib.get_close_matches(key, PRESETS, n=1, cutoff=0.5)
     suggestion = f"did you mean {close[0]!r}? " if close else ""
     raise UsageError(f"unknown preset {name!r}", hint=f"{suggestion}known presets: {', '.join(PRESETS)}")

@@ -10,12 +10,12 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from qcli import BURN_LAYOUT_PIN, __version__
+from qcli import BURN_VERSION, __version__
 
 if TYPE_CHECKING:
     from qcli.plan import Totals
 
-JSON_SCHEMA_VERSION = 1
+JSON_SCHEMA_VERSION = 2
 
 
 def _finite(x: float | None) -> float | None:
@@ -175,6 +175,7 @@ class QuantizeReport:
     device: str | None
     dry_run: bool
     preset: str
+    burn_backend: str | None
     recipe: str | None
     recipe_sha256: str | None
     source_files: list[SourceFile]
@@ -189,7 +190,8 @@ class QuantizeReport:
             "command": "quantize",
             "schema_version": JSON_SCHEMA_VERSION,
             "qcli_version": __version__,
-            "burn_layout": BURN_LAYOUT_PIN,
+            "burn_version": BURN_VERSION,
+            "burn_backend": self.burn_backend,
             "input": self.input,
             "output": self.output,
             "outputs": self.outputs,

@@ -13,24 +13,28 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
+from qcli.burn_backends import BurnBackend, load_problem, loads_instead
 from qcli.io.safetensors import TensorInfo
-from qcli.plan import Problem, count_and_first, make_plan, rule_refusal
+from qcli.plan import Problem, count_and_first, make_plan, preset_or_scheme, rule_refusal
 from qcli.presets import Preset
-from qcli.recipe import read_recipe
+from qcli.recipe import Rule, read_recipe
 
 
 def validate_scheme(
-    recipe_path: str | Path, infos: Iterable[TensorInfo] | None = None, preset: Preset | None = None
+    recipe_path: str | Path, infos: Iterable[TensorInfo] | None = None, preset: Preset | None = None,
+    backend: BurnBackend | None = None,
 ) -> list[Problem]:
-    """Every problem of the recipe at `recipe_path`, and of its plan for `infos` when given.
+    """Every problem of the recipe at `recipe_path`, and of its plan for `infos` when given; with
+    `backend`, every scheme that Burn backend cannot load (checked per tensor when `infos` is given).
 
     An unreadable recipe file raises `RecipeError`; everything wrong inside it is returned.
     """
     recipe, faults = read_recipe(recipe_path)
     problems = [Problem("recipe", f.message, f.hint, f.file, f.line, (), "error") for f in faults]
     if infos is None:
-        return problems + [p for rule in recipe.rules if (p := rule_refusal(rule)) is not None]
-    plan = make_plan(infos, recipe, preset)
+        problems += [p for rule in recipe.rules if (p := rule_refusal(rule)) is not None]
+        return problems + ([] if backend is None else _backend_refusals(recipe.rules, backend))
+    plan = make_plan(infos, recipe, preset, backend=backend)
     for problem in plan.problems:
         problems.append(replace(problem, severity="error") if problem.kind == "unmatched-rule" else problem)
     uncovered = [e.info.name for e in plan.entries if e.decision.rule is None]
@@ -43,3 +47,18 @@ def validate_scheme(
         ))
     return problems
 
+
+
+def _backend_refusals(rules: Iterable[Rule], backend: BurnBackend) -> list[Problem]:
+    """Each rule whose scheme `backend` cannot load whatever the tensor's shape (no model: shapes unknown)."""
+    problems = []
+    for rule in rules:
+        why = None if rule.scheme is None or rule.refusals else load_problem(backend, rule.scheme, ())
+        if why is not None:
+            instead = loads_instead(backend, rule.scheme, ())
+            hint = (f"use {preset_or_scheme(instead)}, which {backend} loads" if instead is not None
+                    else "keep those tensors (keep = true), or load the file on another backend")
+            problems.append(Problem("backend", f"rule (match {rule.match!r}) asks for {rule.describe()}, which "
+                                    f"Burn's {backend} backend cannot load: {why}", hint,
+                                    rule.file, rule.line, (), "error"))
+    return problems

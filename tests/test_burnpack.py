@@ -1,13 +1,12 @@
-"""The burnpack container against Burn's real file, the spec's worked examples and Burn's reader limits.
+"""The burnpack container against files Burn wrote, the spec's worked examples and Burn's reader limits.
 
-Expected bytes come from burn-vectors.json (Burn literals and the spec's computed examples), the real
-model.bpk written by Burn, and RFC 8949's examples for CBOR floats; never from the code under test.
+Expected bytes come from burn-vectors.json (Burn literals and the spec's computed examples), the packs
+Burn 0.22.1 wrote in tests/data/burn, and RFC 8949's examples for CBOR floats; never from the code under
+test.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import struct
 import subprocess
@@ -17,6 +16,8 @@ from pathlib import Path
 import cbor2
 import pytest
 import torch
+from burn_facts import BURN_FIXTURES, VECTORS
+from safetensors.numpy import load_file
 
 from qcli.errors import InputError, OutputError
 from qcli.io.burnpack import (
@@ -33,22 +34,18 @@ from qcli.layout import quantized_data_len
 from qcli.scheme import QuantScheme
 
 REPO = Path(__file__).parents[1]
-SHARED = REPO / ".." / "shared"
-MODEL_BPK = SHARED / "fixtures" / "burn" / "model.bpk"
-VECTORS = json.loads((SHARED / "vectors" / "burn-vectors.json").read_text())
-
-# burnpack-spec §9: the 18 tensors of Burn's mnist model.bpk, in data (module) order.
-MODEL_TENSORS = [
-    ("conv1.conv.weight", (64, 1, 3, 3)), ("conv1.conv.bias", (64,)),
-    ("conv1.norm.gamma", (64,)), ("conv1.norm.beta", (64,)),
-    ("conv1.norm.running_mean", (64,)), ("conv1.norm.running_var", (64,)),
-    ("conv2.conv.weight", (64, 64, 3, 3)), ("conv2.conv.bias", (64,)),
-    ("conv2.norm.gamma", (64,)), ("conv2.norm.beta", (64,)),
-    ("conv2.norm.running_mean", (64,)), ("conv2.norm.running_var", (64,)),
-    ("fc1.weight", (1600, 128)), ("fc1.bias", (128,)),
-    ("fc2.weight", (128, 128)), ("fc2.bias", (128,)),
-    ("fc3.weight", (128, 10)), ("fc3.bias", (10,)),
-]
+BURNS_FILE = BURN_FIXTURES / "linear-f32.bpk"
+# What Burn saved it from, read with the safetensors library rather than qcli.
+SOURCE = load_file(BURN_FIXTURES / "linear.safetensors")
+# Facts read from Burn's file: its metadata, where its data section starts, and where each tensor lies in
+# it, in the order Burn wrote them (module order, the param ids counting up).
+BURNS_METADATA = {"format": "burnpack", "producer": "burn", "version": "0.22.1"}
+BURNS_DATA_START = 512
+BURNS_OFFSETS = {
+    "layers.0.weight": (0, 32768), "layers.0.bias": (32768, 33024),
+    "layers.1.weight": (33024, 41216), "layers.1.bias": (41216, 41344),
+}
+BURNS_FILE_LEN = BURNS_DATA_START + BURNS_OFFSETS["layers.1.bias"][1]
 
 
 def write_pack(path: Path, entries: list[TensorEntry], payloads: list[object], **kwargs: object) -> bytes:
@@ -70,47 +67,47 @@ def f32_descriptor(start: int, end: int, shape: list[int]) -> dict:
     return {"dtype": "F32", "shape": shape, "data_offsets": [start, end]}
 
 
-# -- Burn's real file ------------------------------------------------------------------------------
+# -- Files Burn wrote -------------------------------------------------------------------------------
 
 
-def test_model_bpk_reads_as_burn_wrote_it() -> None:
-    expected = VECTORS[59]["expected"]
-    reader = BurnpackReader.open(MODEL_BPK)
+def test_burns_file_reads_as_burn_wrote_it() -> None:
+    reader = BurnpackReader.open(BURNS_FILE)
     entries = reader.entries()
-    assert len(entries) == expected["tensor_count"] == 18
-    assert [(e.name, e.shape) for e in entries] == MODEL_TENSORS
-    assert all(e.dtype == "F32" and e.param_id is not None for e in entries)
+    assert [e.name for e in entries] == list(BURNS_OFFSETS)
+    assert {e.name: e.shape for e in entries} == {name: array.shape for name, array in SOURCE.items()}
+    assert {e.name: e.nbytes for e in entries} == {name: array.nbytes for name, array in SOURCE.items()}
+    assert all(e.dtype == "F32" for e in entries)
+    assert [e.param_id for e in entries] == list(range(len(entries)))
     assert reader.version == 1
-    assert reader.metadata == {} and reader.scalars == {}
-    assert reader.data_start == expected["data_section_start"]
-    ((name, descriptor),) = expected["first_descriptor"].items()
-    bias = next(e for e in entries if e.name == name)
-    assert bias.shape == tuple(descriptor["shape"]) and bias.param_id == descriptor["param_id"]
-    assert reader.data_offsets(name) == tuple(descriptor["data_offsets"])
-    assert reader.data_offsets(entries[-1].name)[1] == expected["last_tensor_end"]
-    assert reader.data_offsets("conv1.conv.weight") == (0, 64 * 9 * 4)
+    assert reader.metadata == BURNS_METADATA and reader.scalars == {}
+    assert reader.data_start == BURNS_DATA_START
+    assert {e.name: reader.data_offsets(e.name) for e in entries} == BURNS_OFFSETS
+    assert BURNS_FILE.stat().st_size == BURNS_FILE_LEN
 
 
-def test_model_bpk_tensor_bytes_are_the_file_slices() -> None:
-    raw = MODEL_BPK.read_bytes()
-    reader = BurnpackReader.open(MODEL_BPK)
-    start, end = reader.data_offsets("fc3.bias")
-    assert bytes(reader.read("fc3.bias")) == raw[1536 + start : 1536 + end]
-    assert len(reader.read("fc3.bias")) == 10 * 4
+def test_burns_file_tensor_bytes_are_the_file_slices() -> None:
+    """Burn stores f32 verbatim, so each tensor is the source's little-endian bytes at its offsets."""
+    raw = BURNS_FILE.read_bytes()
+    reader = BurnpackReader.open(BURNS_FILE)
+    for name, (start, end) in BURNS_OFFSETS.items():
+        got = bytes(reader.read(name))
+        assert got == raw[BURNS_DATA_START + start : BURNS_DATA_START + end], name
+        assert SOURCE[name].dtype == "<f4" and got == SOURCE[name].tobytes(), name
 
 
-def test_model_bpk_read_then_written_back_is_identical(tmp_path: Path) -> None:
-    reader = BurnpackReader.open(MODEL_BPK)
+@pytest.mark.parametrize("name", ["linear-f32.bpk", "linear-q8s-b32.bpk", "linear-q4s-b32.bpk"])
+def test_burns_file_read_then_written_back_is_identical(tmp_path: Path, name: str) -> None:
+    """qcli's writer lays out Burn's container (header, CBOR, alignment padding) exactly as Burn does."""
+    burns = BURN_FIXTURES / name
+    reader = BurnpackReader.open(burns)
     entries = reader.entries()
-    out = write_pack(tmp_path / "copy.bpk", entries, [reader.read(e.name) for e in entries],
-                     metadata=reader.metadata)
-    assert len(out) == VECTORS[59]["expected"]["file_len"]
-    assert hashlib.sha256(out).hexdigest() == VECTORS[59]["expected"]["sha256"]
+    out = write_pack(tmp_path / name, entries, [reader.read(e.name) for e in entries], metadata=reader.metadata)
+    assert out == burns.read_bytes()
 
 
 def test_reader_appends_the_extension_when_the_path_has_none(tmp_path: Path) -> None:
-    (tmp_path / "model.bpk").write_bytes(MODEL_BPK.read_bytes())
-    assert len(BurnpackReader.open(tmp_path / "model").entries()) == 18
+    (tmp_path / "linear.bpk").write_bytes(BURNS_FILE.read_bytes())
+    assert [e.name for e in BurnpackReader.open(tmp_path / "linear").entries()] == list(BURNS_OFFSETS)
 
 
 # -- The spec's vectors ----------------------------------------------------------------------------
@@ -408,8 +405,9 @@ def test_too_many_tensors(tmp_path: Path) -> None:
 
 
 def test_truncated_data_names_the_last_tensor(tmp_path: Path) -> None:
-    error = read_error(tmp_path / "a.bpk", MODEL_BPK.read_bytes()[:-1])
-    assert "truncated: tensor 'fc3.bias' ends at byte 1044776 but the file has 1044775" in error.message
+    error = read_error(tmp_path / "a.bpk", BURNS_FILE.read_bytes()[:-1])
+    expected = f"truncated: tensor 'layers.1.bias' ends at byte {BURNS_FILE_LEN} but the file has {BURNS_FILE_LEN - 1}"
+    assert expected in error.message
 
 
 def test_truncation_counts_the_padding_before_the_data_section(tmp_path: Path) -> None:
@@ -490,9 +488,11 @@ def test_missing_file_and_directory(tmp_path: Path) -> None:
 
 
 def test_size_bound_covers_the_written_size(tmp_path: Path) -> None:
-    reader = BurnpackReader.open(MODEL_BPK)
+    reader = BurnpackReader.open(BURNS_FILE)
     entries = reader.entries()
-    assert 1044776 <= size_bound(entries) <= 1044776 + 18 * (255 + 20) + 300
+    # at least what Burn wrote, and at most 255 bytes of padding and 20 of CBOR per tensor more
+    bound = size_bound(entries, BURNS_METADATA)
+    assert BURNS_FILE_LEN <= bound <= BURNS_FILE_LEN + len(entries) * (255 + 20) + 300
     metadata = {"producer": "qcli", "format": "burnpack"}
     out = write_pack(tmp_path / "m.bpk", entries[:3], [reader.read(e.name) for e in entries[:3]],
                      metadata=metadata)
@@ -500,20 +500,21 @@ def test_size_bound_covers_the_written_size(tmp_path: Path) -> None:
 
 
 def test_split_keeps_order_and_every_file_under_the_limit(tmp_path: Path) -> None:
-    reader = BurnpackReader.open(MODEL_BPK)
+    reader = BurnpackReader.open(BURNS_FILE)
     entries = reader.entries()
-    packs = split(entries, 900_000)
+    limit = 36_000  # above layers.0.weight's 32768 bytes, below the whole file
+    packs = split(entries, limit)
     assert len(packs) >= 2
     assert [e for pack in packs for e in pack] == entries  # every tensor whole, once, in order
     for i, pack in enumerate(packs):
         out = write_pack(tmp_path / f"{i}.bpk", pack, [reader.read(e.name) for e in pack])
-        assert len(out) <= 900_000
+        assert len(out) <= limit
 
 
 def test_split_refuses_a_tensor_larger_than_a_file() -> None:
-    entries = BurnpackReader.open(MODEL_BPK).entries()
-    with pytest.raises(ValueError, match="tensor 'fc1.weight' takes 819200 bytes"):
-        split(entries, 300_000)
+    entries = BurnpackReader.open(BURNS_FILE).entries()
+    with pytest.raises(ValueError, match="tensor 'layers.0.weight' takes 32768 bytes"):
+        split(entries, 20_000)
 
 
 def test_split_keeps_burns_tensor_count_per_file() -> None:

@@ -1,4 +1,4 @@
-"""`qcli inspect` through the real entry point: sample weights, Burn's own model.bpk, qcli output."""
+"""`qcli inspect` through the real entry point: sample weights, packs Burn wrote, qcli output."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 import pytest
+from burn_facts import BURN_FIXTURES
 from cli_support import (
     SHARDED,
-    SHARED,
     SINGLE,
     assert_user_error,
     cli,
@@ -18,8 +18,8 @@ from cli_support import (
     validate_json,
 )
 
-MODEL_BPK = SHARED / "fixtures" / "burn" / "model.bpk"
-MNIST = SHARED / "fixtures" / "burn" / "mnist.safetensors"
+BURNS_FILE = BURN_FIXTURES / "linear-f32.bpk"
+BURNS_SOURCE = BURN_FIXTURES / "linear.safetensors"
 
 
 @pytest.fixture(scope="module")
@@ -64,17 +64,24 @@ def test_tensor_statistics_of_a_source_tensor():
     assert doc["tensor_stats"]["scales"] is None
 
 
-def test_reads_burns_own_model_bpk():
-    result = cli("inspect", MODEL_BPK, "--json")
+@pytest.mark.parametrize(
+    ("name", "weight_dtype"),
+    [("linear-f32.bpk", "F32"), ("linear-q8s-b32.bpk", "QFloat(Q8S Native block [32] F32)"),
+     ("linear-q4s-b32.bpk", "QFloat(Q4S PackedU32(0) block [32] F16)")],
+)
+def test_reads_burns_own_packs(name, weight_dtype):
+    """Burn quantizes the weights and keeps the biases F32; the shapes are the source's ([in, out])."""
+    result = cli("inspect", BURN_FIXTURES / name, "--json")
     assert result.code == 0, result.err
     doc = result.json
     validate_json(doc)
     assert doc["format"] == "burnpack" and doc["version"] == 1
-    assert len(doc["tensors"]) == 18 and doc["metadata"] == {}
-    shapes = {t["name"]: t["shape"] for t in doc["tensors"]}
-    assert shapes["fc1.weight"] == [1600, 128]  # Burn's Linear is [in, out]
-    assert shapes["conv1.conv.weight"] == [64, 1, 3, 3]
-    assert all(t["dtype"] == "F32" for t in doc["tensors"])
+    assert doc["metadata"] == {"format": "burnpack", "producer": "burn", "version": "0.22.1"}
+    listed = {t["name"]: (t["shape"], t["dtype"]) for t in doc["tensors"]}
+    assert listed == {
+        tensor: (list(array.shape), weight_dtype if tensor.endswith(".weight") else "F32")
+        for tensor, array in source_tensors(BURNS_SOURCE).items()
+    }
 
 
 def test_tensor_statistics_of_a_qfloat_tensor_include_its_scales(quantized):
@@ -110,16 +117,39 @@ def test_compare_against_its_source(quantized):
     assert "all tensors match" in text.out
 
 
-def test_compare_lists_missing_and_extra_tensors_and_exits_1():
-    # Burn's MNIST model.bpk and the PyTorch MNIST checkpoint are different models
-    result = cli("inspect", MODEL_BPK, "--compare", MNIST, "--json")
+def test_compare_against_burns_source_is_exact():
+    """Burn stored its f32 source verbatim, so every tensor compares exact."""
+    result = cli("inspect", BURNS_FILE, "--compare", BURNS_SOURCE, "--json")
+    assert result.code == 0, result.out
+    compare = result.json["compare"]
+    assert compare["ok"] and compare["missing"] == compare["extra"] == compare["mismatched"] == []
+    rows = {r["name"]: r for r in compare["tensors"]}
+    assert rows.keys() == source_tensors(BURNS_SOURCE).keys()
+    assert all(r["exact"] and r["rel_rms"] == 0.0 for r in rows.values())
+    assert "all tensors match" in cli("inspect", BURNS_FILE, "--compare", BURNS_SOURCE).out
+
+
+def test_compare_lists_missing_and_extra_tensors_and_exits_1(tmp_path):
+    """A checkpoint that lacks one of Burn's tensors, has one Burn lacks and one of another shape."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(BURNS_SOURCE)
+    del tensors["layers.1.bias"]
+    tensors["layers.2.weight"] = tensors["layers.1.weight"].clone()
+    tensors["layers.0.weight"] = tensors["layers.0.weight"][:64].clone()
+    other = tmp_path / "other.safetensors"
+    save_file(tensors, other)
+    result = cli("inspect", BURNS_FILE, "--compare", other, "--json")
     assert result.code == 1
     compare = result.json["compare"]
     assert not compare["ok"]
-    assert "conv3.weight" in compare["missing"] and "norm1.num_batches_tracked" in compare["missing"]
-    assert "conv1.conv.weight" in compare["extra"] and "fc3.weight" in compare["extra"]
-    assert "fc1.weight" in compare["mismatched"]  # [1600, 128] against [32, 11616]
-    assert cli("inspect", MODEL_BPK, "--compare", MNIST).code == 1
+    assert compare["missing"] == ["layers.2.weight"] and compare["extra"] == ["layers.1.bias"]
+    assert compare["mismatched"] == ["layers.0.weight"]  # [128, 64] against [64, 64]
+    text = cli("inspect", BURNS_FILE, "--compare", other)
+    assert text.code == 1
+    for phrase in ("shape [128, 64] but the source is [64, 64]", "missing from the .bpk: layers.2.weight",
+                   "not in the source: layers.1.bias", "the .bpk does not match its source"):
+        assert phrase in text.out, text.out
 
 
 def test_compare_needs_a_burnpack():
@@ -132,14 +162,15 @@ def test_unknown_tensor_suggests_a_name():
     assert "did you mean 'lm_head.weight'" in lines[0]
 
 
-def test_a_checkpoint_with_integer_scalars_round_trips_exactly(tmp_path):
-    """mnist.safetensors holds I64 scalars (num_batches_tracked) and F32 tensors; they are kept exactly."""
-    out = tmp_path / "mnist.bpk"
-    doc = cli("quantize", MNIST, "-o", out, "--device", "cpu", "--json").json
+def test_a_checkpoint_with_integer_scalars_round_trips_exactly(tmp_path, small_checkpoint):
+    """The small checkpoint holds an I64 scalar (num_batches_tracked) beside float tensors; every tensor
+    quantize keeps comes back exactly."""
+    out = tmp_path / "small.bpk"
+    doc = cli("quantize", small_checkpoint, "-o", out, "--device", "cpu", "--json").json
     kept = {t["name"]: t for t in doc["tensors"] if t["decision"] == "keep"}
     scalar = kept["norm1.num_batches_tracked"]
     assert scalar["shape"] == [] and scalar["dtype"] == "I64"
-    result = cli("inspect", out, "--compare", MNIST, "--json")
+    result = cli("inspect", out, "--compare", small_checkpoint, "--json")
     assert result.code == 0
     rows = {r["name"]: r for r in result.json["compare"]["tensors"]}
     assert all(rows[name]["exact"] for name in kept)
@@ -153,9 +184,11 @@ def test_corrupt_burnpack_is_an_input_error(tmp_path):
 
 
 def test_two_level_statistics_report_the_global_scale(tmp_path):
-    """nvfp4 (docs/arithmetic.md): global = max|x| / 6 / 448, so the block holding max|x| stores 448."""
-    out = tmp_path / "n.bpk"
-    assert cli("quantize", SINGLE, "-o", out, "--scheme", "nvfp4", "--device", "cpu", "--no-stats").code == 0
+    """NVFP4's layout (docs/arithmetic.md): global = max|x| / 6 / 448, so the block holding max|x| stores 448."""
+    out, recipe = tmp_path / "n.bpk", tmp_path / "nvfp4.toml"
+    recipe.write_text('version = 1\n[[rule]]\nmatch = "lm_head.weight"\nvalue = "E2M1"\nblock = [16]\n'
+                      'block_scale = "UE4M3"\ntensor_scale = "F32"\n')
+    assert cli("quantize", SINGLE, "-o", out, "--recipe", recipe, "--device", "cpu", "--no-stats").code == 0
     x = source_tensors()["lm_head.weight"]
     stats = cli("inspect", out, "--tensor", "lm_head.weight", "--json").json["tensor_stats"]
     assert stats["global_scale"] == pytest.approx(float(np.abs(x).max()) / 6 / 448, rel=1e-6)

@@ -30,7 +30,7 @@ from cli_support import (
     validate_json,
 )
 
-from qcli import BURN_LAYOUT_PIN, __version__
+from qcli import BURN_VERSION, __version__
 
 NORMS = ("input_layernorm", "post_attention_layernorm", "model.norm")
 
@@ -95,7 +95,7 @@ def test_metadata_map_records_producer_sources_and_layout(written):
     meta = read_bpk(out).metadata
     assert meta["producer"] == "qcli"
     assert meta["producer_version"] == __version__
-    assert meta["burn_layout"] == BURN_LAYOUT_PIN
+    assert meta["burn_version"] == BURN_VERSION
     assert json.loads(meta["source_files"]) == [{"name": SINGLE.name, "bytes": SINGLE.stat().st_size}]
     assert meta["preset"] == "q4s-b32"
     assert json.loads(meta["transposed"]) == []
@@ -265,21 +265,27 @@ def test_unknown_and_codebook_presets_are_usage_errors():
     assert "lookup quantization does not travel as a QFloat tensor" in lines[0]
 
 
-def test_nvfp4_preset_writes_burns_nvfp4_scheme(tmp_path):
-    out = tmp_path / "n.bpk"
-    assert cli("quantize", SINGLE, "-o", out, "--scheme", "NVFP4", "--device", "cpu").code == 0
-    nvfp4 = {
+def test_fp4_preset_writes_e2m1_in_u32_words_with_f16_block_scales(tmp_path):
+    out = tmp_path / "f.bpk"
+    assert cli("quantize", SINGLE, "-o", out, "--scheme", "FP4-B32", "--device", "cpu").code == 0
+    fp4 = {
         "value": "E2M1",
-        "store": {"PackedNative": 0},
+        "store": {"PackedU32": 0},
         "mode": "Symmetric",
-        "tensor": "F32",
-        "block": {"size": {"storage": [16, 1, 1, 1, 1], "len": 1}, "dtype": "UE4M3"},
+        "tensor": None,
+        "block": {"size": {"storage": [32, 1, 1, 1, 1], "len": 1}, "dtype": "F16"},
     }
     for e in read_bpk(out).entries():
         if not is_norm(e.name):
             rows, cols = e.shape
-            assert e.dtype == {"QFloat": nvfp4}
-            assert e.nbytes == rows * cols // 2 + rows * cols // 16 + 4  # codes, UE4M3 scales, f32 global
+            assert e.dtype == {"QFloat": fp4}
+            assert e.nbytes == rows * cols // 2 + rows * cols // 32 * 2  # 8 codes per word, F16 scales
+
+
+def test_nvfp4_is_refused_with_what_loads_instead(tmp_path):
+    lines = assert_user_error(cli("quantize", SINGLE, "-o", tmp_path / "n.bpk", "--scheme", "nvfp4"), 2)
+    assert "loads on no backend of Burn 0.22.1" in lines[0] and "fp4-b32" in lines[-1]
+    assert not (tmp_path / "n.bpk").exists()
 
 
 TRANSPOSE_RECIPE = """version = 1

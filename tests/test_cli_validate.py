@@ -15,7 +15,7 @@ keep = true
 
 [[rule]]
 match = "re:.*\\\\.mlp\\\\..*"
-preset = "nvfp4"
+preset = "fp4-b32"
 
 [[rule]]
 match = "*"

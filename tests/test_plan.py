@@ -138,7 +138,7 @@ def test_int8_is_kept_as_already_quantized_and_burn_can_hold_it() -> None:
     [
         ("q4s-b32", [10, 33], "last dim 33 is not a multiple of 32 (block [32])"),
         ("q4s-b128", [8, 64], "last dim 64 is not a multiple of 128 (block [128])"),
-        ("nvfp4", [8, 24], "last dim 24 is not a multiple of 16 (block [16])"),
+        ("fp4-b32", [8, 48], "last dim 48 is not a multiple of 32 (block [32])"),
         ("q8s", [8, 6], "last dim 6 is not a multiple of 4 (PackedU32 holds 4 Q8S values per word)"),
         ("e4m3", [3, 3], "last dim 3 is not a multiple of 4 (PackedU32 holds 4 E4M3 values per word)"),
     ],

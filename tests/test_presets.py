@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from qcli import layout
+from qcli.burn_backends import BurnBackend, load_problem
 from qcli.errors import SchemeError, UsageError
 from qcli.presets import DEFAULT_PRESET, PRESETS, get_preset
 from qcli.scheme import Calibration, accept_problems
@@ -22,9 +23,6 @@ def _serde(value: str, store: object, tensor: str | None, block: dict | None) ->
 
 U32 = {"PackedU32": 0}
 EXPECTED = {
-    # Burn's QuantScheme::nvfp4() (cubecl presets.rs): E2M1, PackedNative(0), block [16] UE4M3, F32 global.
-    "nvfp4": _serde("E2M1", {"PackedNative": 0}, "F32", _block(16, "UE4M3")),
-    "nvfp4-u32": _serde("E2M1", U32, "F32", _block(16, "UE4M3")),
     "q8s": _serde("Q8S", U32, "F32", None),
     "q8s-native": _serde("Q8S", "Native", "F32", None),
     "q8s-b32": _serde("Q8S", U32, None, _block(32, "F16")),
@@ -36,7 +34,12 @@ EXPECTED = {
     "e4m3": _serde("E4M3", U32, "F32", None),
     "e5m2": _serde("E5M2", U32, "F32", None),
     "e4m3-b32": _serde("E4M3", U32, None, _block(32, "F16")),
+    "fp4-b32": _serde("E2M1", U32, None, _block(32, "F16")),
 }
+
+
+def test_the_presets_are_exactly_these() -> None:
+    assert set(PRESETS) == set(EXPECTED)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -59,7 +62,7 @@ def test_default_preset_is_q4s_b32() -> None:
 
 
 def test_get_preset_is_case_insensitive() -> None:
-    assert get_preset("NVFP4") is PRESETS["nvfp4"]
+    assert get_preset("FP4-B32") is PRESETS["fp4-b32"]
     assert get_preset(" Q4S-B32 ") is PRESETS["q4s-b32"]
 
 
@@ -78,6 +81,14 @@ def test_codebook_preset_names_get_the_lookup_refusal() -> None:
     assert "Symmetric" in info.value.hint
 
 
+@pytest.mark.parametrize("name", ["nvfp4", "MXFP4"])
+def test_formats_no_burn_backend_loads_are_refused_with_what_loads_instead(name: str) -> None:
+    with pytest.raises(SchemeError) as info:
+        get_preset(name)
+    assert "loads on no backend of Burn" in info.value.message
+    assert "fp4-b32" in info.value.hint
+
+
 def test_zero_point_preset_names_are_refused() -> None:
     with pytest.raises(SchemeError) as info:
         get_preset("q4_1")
@@ -93,3 +104,24 @@ def test_docs_presets_lists_every_preset_with_its_scheme() -> None:
         assert f"| {bits:.4g} |" in rows[name].replace(".0 |", " |"), name
         # The scheme column spells the scheme the way `str(QuantScheme)` does (nvfp4 after Burn's name).
         assert str(preset.scheme) in rows[name], name
+
+
+def backend_marks(row: str, columns: int) -> list[str]:
+    """The last `columns` cells of a markdown table row."""
+    return [cell.strip() for cell in row.strip().strip("|").split("|")][-columns:]
+
+
+@pytest.mark.parametrize("doc", ["docs/presets.md", "README.md"])
+def test_the_preset_by_backend_tables_say_what_the_capability_table_says(doc: str) -> None:
+    """✓ exactly where `qcli.burn_backends` (held to Burn by tests/test_burn_backends.py) loads the preset
+    on a [4096, 4096] weight, and the pair count below the table adds up."""
+    text = (Path(__file__).parents[1] / doc).read_text()
+    rows = {row.split("|")[1].strip(" `"): row for row in text.splitlines() if row.startswith("| `")}
+    loads = 0
+    for name, preset in PRESETS.items():
+        want = ["✓" if load_problem(b, preset.scheme, (4096, 4096)) is None else "—" for b in BurnBackend]
+        assert backend_marks(rows[name], len(BurnBackend)) == want, name
+        loads += want.count("✓")
+    pairs = len(PRESETS) * len(BurnBackend)
+    count = f"Of the {pairs} preset × backend pairs, {loads} load bit-identically and {pairs - loads} are refused"
+    assert count in text

@@ -35,7 +35,7 @@ calibration = "MinMax"       # or "AbsMean"
 transpose = false            # true writes a 2-D tensor as [in, out] for Burn's default LinearLayout::Row
 [[rule]]
 match = "re:.*\\\\.mlp\\\\..*"
-preset = "nvfp4"             # a preset instead of the fields above
+preset = "fp4-b32"             # a preset instead of the fields above
 """
 
 BLOCK32 = {"size": {"storage": [32, 1, 1, 1, 1], "len": 1}, "dtype": "F16"}
@@ -82,7 +82,7 @@ def test_the_issue_example_parses_into_its_three_rules(tmp_path: Path) -> None:
     }
     assert weight.calibration.value == "MinMax"
     assert weight.refusals == ()
-    assert (mlp.match, mlp.line, mlp.preset) == (r"re:.*\.mlp\..*", 17, "nvfp4")
+    assert (mlp.match, mlp.line, mlp.preset) == (r"re:.*\.mlp\..*", 17, "fp4-b32")
     assert mlp.scheme.to_serde()["value"] == "E2M1"
 
 
@@ -122,7 +122,7 @@ def test_names_are_accepted_in_any_case_and_reported_canonical(tmp_path: Path) -
         "block": BLOCK32,
     }
     assert rule.calibration.value == "AbsMean"
-    assert rule_of(tmp_path, 'preset = "NVFP4"\n').preset == "nvfp4"
+    assert rule_of(tmp_path, 'preset = "FP4-B32"\n').preset == "fp4-b32"
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from qcli import api
+from qcli.burn_backends import BurnBackend
 from qcli.cli import _output
 from qcli.presets import DEFAULT_PRESET, PRESETS
 from qcli.report import QuantizeReport
@@ -81,6 +82,15 @@ def quantize(
             " every tensor stays whole in one file.",
         ),
     ] = None,
+    burn_backend: Annotated[
+        BurnBackend | None,
+        typer.Option(
+            "--burn-backend",
+            metavar="flex|ndarray|wgpu",
+            help="The Burn backend the file is for: refuse every tensor it cannot load (docs/output.md)."
+            " Default: warn about what flex or wgpu cannot load.",
+        ),
+    ] = None,
     stats: Annotated[
         bool,
         typer.Option(
@@ -109,6 +119,7 @@ def quantize(
             progress=hook,
             verify=verify,
             max_shard_size=None if max_shard_size is None else api.parse_size(max_shard_size),
+            burn_backend=None if burn_backend is None else burn_backend.value,
         )
     if json_output:
         _output.print_json(report.to_json())

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from qcli import api
+from qcli.burn_backends import BurnBackend
 from qcli.cli import _output
 from qcli.report import ValidateReport
 
@@ -38,6 +39,14 @@ def validate_scheme(
             "--scheme", metavar="NAME", help="With --model: the preset for tensors no rule covers, as in quantize."
         ),
     ] = None,
+    burn_backend: Annotated[
+        BurnBackend | None,
+        typer.Option(
+            "--burn-backend",
+            metavar="flex|ndarray|wgpu",
+            help="Also refuse every scheme this Burn backend cannot load (per tensor with --model).",
+        ),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
     format: Annotated[
         Format | None,
@@ -56,7 +65,8 @@ def validate_scheme(
     if json_output and format not in (None, Format.json):
         raise typer.BadParameter("--json conflicts with --format " + format.value, param_hint="--json")
     chosen = Format.json if json_output else format or Format.text
-    report = api.validate_scheme(recipes, model=model, scheme=scheme)
+    report = api.validate_scheme(recipes, model=model, scheme=scheme,
+                                 burn_backend=None if burn_backend is None else burn_backend.value)
     {Format.text: _text, Format.json: _json, Format.github: _github}[chosen](report)
     if not report.ok:
         raise typer.Exit(1)

@@ -1,0 +1,154 @@
+"""The Burn harness (tests/burn): built once per test run with cargo, run as a child process.
+
+Tests that use it carry the `burn` marker. Where cargo is missing they skip, and where no Vulkan driver
+is installed the wgpu backend's tests skip, each with the reason; under CI=true both fail instead, so a
+CI machine cannot pass without Burn.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from qcli.burn_backends import BurnBackend
+from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
+
+CRATE = Path(__file__).parent / "burn"
+FIXTURES = Path(__file__).parent / "data" / "burn"
+# Outside the clone, so a fresh clone reuses an earlier build (.ci/run builds the same directory).
+TARGET_DIR = Path(os.environ.get("QCLI_BURN_TARGET_DIR", Path.home() / ".cache" / "qcli" / "burn-harness"))
+VULKAN_ICDS = (Path("/usr/share/vulkan/icd.d"), Path("/etc/vulkan/icd.d"))
+BACKENDS = tuple(BurnBackend)
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason}, and CI needs it (.ci/run installs it)")
+    pytest.skip(reason)
+
+
+@functools.cache
+def _build() -> Path | str:
+    """The harness binary, or why it could not be built."""
+    cargo = shutil.which("cargo")
+    if cargo is None:
+        return "cargo is not installed: the Burn harness cannot be built"
+    done = subprocess.run([cargo, "build", "--quiet", "--bins", "--examples", "--manifest-path",
+                           str(CRATE / "Cargo.toml"), "--target-dir", str(TARGET_DIR)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.fail(f"the Burn harness did not build:\n{done.stderr[-4000:]}")
+    return TARGET_DIR / "debug" / "burn-harness"
+
+
+def harness() -> Path:
+    """The built harness; skips (or fails under CI) where cargo is missing."""
+    built = _build()
+    if isinstance(built, str):
+        _unavailable(built)
+    return built
+
+
+def example(name: str) -> Path:
+    """An example program of the harness crate (tests/burn/examples), built with it."""
+    return harness().parent / "examples" / name
+
+
+def require(backend: BurnBackend) -> None:
+    """Skip (or fail under CI) when `backend` cannot run here: wgpu needs a Vulkan driver."""
+    harness()
+    if backend is BurnBackend.wgpu and not any(any(d.glob("*.json")) for d in VULKAN_ICDS if d.is_dir()):
+        _unavailable("no Vulkan driver is installed (Debian: mesa-vulkan-drivers), so wgpu has no device")
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+
+def run(*args: str | Path) -> Run:
+    """The harness with `args`; wgpu gets a runtime directory of its own so it does not warn about one."""
+    env = dict(os.environ)
+    env.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
+    done = subprocess.run([str(harness()), *map(str, args)], capture_output=True, text=True, env=env, timeout=600)
+    return Run(done.returncode, done.stdout, done.stderr)
+
+
+def dequantize(backend: BurnBackend, bpk: Path, out: Path) -> dict[str, torch.Tensor]:
+    """What Burn decodes every tensor of `bpk` to on `backend`, as f32; fails the test on a Burn error."""
+    require(backend)
+    done = run("dequantize", "--backend", backend.value, bpk, out)
+    assert done.code == 0, f"Burn ({backend}) could not decode {bpk.name}:\n{done.err[-4000:]}"
+    return load_file(out)
+
+
+def probe(backend: BurnBackend, bpk: Path, out: Path) -> dict[str, torch.Tensor | str]:
+    """Each tensor of `bpk` decoded by Burn on `backend` (f32), or Burn's error message for it."""
+    require(backend)
+    done = run("probe", "--backend", backend.value, bpk, out)
+    assert done.code == 0, f"the harness failed on {bpk.name}:\n{done.err[-4000:]}"
+    decoded = load_file(out)
+    verdicts = [json.loads(line) for line in done.out.splitlines()]
+    return {v["name"]: decoded[v["name"]] if v["ok"] else v["error"] for v in verdicts}
+
+
+def save_f32(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
+    save_file({name: t.to(torch.float32).contiguous() for name, t in tensors.items()}, str(path))
+    return path
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-identical f32 tensors of the same shape (NaNs and signed zeros included)."""
+    a, b = a.to(torch.float32).contiguous(), b.to(torch.float32).contiguous()
+    return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+# Files Burn wrote, for the tests to read: a Linear stack saved by `BurnpackStore`, as f32 and with its
+# weights quantized by Burn's own quantizer on flex and on wgpu. Regenerate with `python3 tests/burn_harness.py`.
+FIXTURE_SOURCE = "linear.safetensors"
+FIXTURE_SCHEMES: dict[str, tuple[BurnBackend, QuantScheme | None]] = {
+    "linear-f32.bpk": (BurnBackend.flex, None),
+    "linear-q8s-b32.bpk": (
+        BurnBackend.flex,
+        QuantScheme().with_value(QuantValue.Q8S).with_store(PackedU32(0)).per_block([32], ScaleDtype.F32),
+    ),
+    "linear-q4s-b32.bpk": (
+        BurnBackend.wgpu,
+        QuantScheme().with_value(QuantValue.Q4S).with_store(PackedU32(0)).per_block([32], ScaleDtype.F16),
+    ),
+}
+
+
+def write_fixtures(directory: Path) -> None:
+    """FIXTURE_SOURCE (seeded weights, [d_input, d_output] as Burn's Row layout keeps them) and each of
+    FIXTURE_SCHEMES written from it by the harness, into `directory`."""
+    generator = torch.Generator().manual_seed(0)
+    weights = {
+        "layers.0.weight": torch.randn(128, 64, generator=generator) * 0.05,
+        "layers.0.bias": torch.randn(64, generator=generator) * 0.1,
+        "layers.1.weight": torch.randn(64, 32, generator=generator) * 0.05,
+        "layers.1.bias": torch.randn(32, generator=generator) * 0.1,
+    }
+    weights["layers.0.weight"][5, 7] = 1.25  # an outlier, so blocks get different scales
+    save_f32(directory / FIXTURE_SOURCE, weights)
+    for name, (backend, scheme) in FIXTURE_SCHEMES.items():
+        require(backend)
+        scheme_args = [] if scheme is None else ["--scheme", json.dumps(scheme.to_serde())]
+        done = run("write-fixture", "--backend", backend.value, *scheme_args, directory / FIXTURE_SOURCE,
+                   directory / name)
+        assert done.code == 0, f"the harness could not write {name}:\n{done.err[-4000:]}"
+
+
+if __name__ == "__main__":
+    write_fixtures(FIXTURES)

@@ -1,0 +1,110 @@
+"""The capability table of qcli.burn_backends held to Burn itself: every scheme qcli writes, on every backend.
+
+Each case is encoded by qcli's codec and written with qcli's writer; the harness builds it on the backend
+with `Tensor::from_data` and dequantizes it. A case "loads" when Burn returns qcli's decode bit for bit.
+The table must say exactly which cases load: a case it accepts must load, and a case it refuses must
+really fail (a panic or a wrong decode), so the table can neither let a bad file through nor refuse a
+good one.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from burn_harness import BACKENDS, probe, same_bits
+
+from qcli.burn_backends import BurnBackend, kept_problem, load_problem
+from qcli.codec import decode, encode
+from qcli.io.burnpack import BurnpackWriter, TensorEntry
+from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype, accept_problems
+
+pytestmark = pytest.mark.burn
+
+WHOLE = (16, 64)
+RAGGED = ((36,), (6, 36), (2, 3, 36))  # 36 values fill no whole u32 word of 8-, 4- or 2-bit values
+LEVELS = {
+    "tensor": lambda scheme, dtype: scheme.per_tensor(dtype),
+    "block[32]": lambda scheme, dtype: scheme.per_block([32], dtype),
+    "block[4,16]": lambda scheme, dtype: scheme.per_block([4, 16], dtype),
+    "two-level[16]": lambda scheme, dtype: scheme.per_block([16], dtype).per_tensor(ScaleDtype.F32),
+}
+KEPT = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+        "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8}
+
+
+def sample(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=generator) * 0.05
+    x.view(-1)[seed % x.numel()] = 1.5  # an outlier, so blocks get different scales
+    return x
+
+
+def quantized_cases() -> dict[str, tuple[QuantScheme, tuple[int, ...]]]:
+    """Every value x store x scale dtype x level qcli writes, on whole rows; and every packed value on
+    ragged rows of each rank."""
+    cases = {}
+    for value, store, dtype, (level, make) in itertools.product(
+        QuantValue, (Native(), PackedU32(0), PackedNative(0)), ScaleDtype, LEVELS.items()
+    ):
+        scheme = make(QuantScheme().with_value(value).with_store(store), dtype)
+        if not accept_problems(scheme):
+            cases[f"{scheme} {level}"] = (scheme, WHOLE)
+    for value, shape in itertools.product(QuantValue, RAGGED):
+        scheme = QuantScheme().with_value(value).with_store(PackedU32(0)).per_tensor(ScaleDtype.F32)
+        cases[f"{scheme} ragged {list(shape)}"] = (scheme, shape)
+    return cases
+
+
+QUANTIZED = quantized_cases()
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
+    """One burnpack holding every case (qcli's payloads) and every kept dtype; the expected f32 values."""
+    entries, payloads, expected = [], [], {}
+    for seed, (name, (scheme, shape)) in enumerate(QUANTIZED.items()):
+        payload = encode(sample(shape, seed), scheme)
+        entries.append(TensorEntry(name, {"QFloat": scheme.to_serde()}, shape, payload.numel()))
+        payloads.append(payload)
+        expected[name] = decode(payload, scheme, shape)
+    for name, dtype in KEPT.items():
+        x = (sample(WHOLE, 0) * 1000).to(dtype)
+        entries.append(TensorEntry(f"kept {name}", name, WHOLE, x.numel() * x.element_size()))
+        payloads.append(x)
+        expected[f"kept {name}"] = x.to(torch.float32)
+    path = tmp_path_factory.mktemp("sweep") / "sweep.bpk"
+    with BurnpackWriter(path, entries) as writer:
+        for entry, payload in zip(entries, payloads, strict=True):
+            writer.write(entry.name, payload)
+        writer.commit()
+    return path, expected
+
+
+def test_the_sweep_covers_every_value_store_scale_dtype_and_level() -> None:
+    schemes = [scheme for scheme, _ in QUANTIZED.values()]
+    assert {s.value for s in schemes} == set(QuantValue)
+    assert {type(s.store) for s in schemes} == {Native, PackedU32, PackedNative}
+    assert {s.scale_dtype() for s in schemes} == set(ScaleDtype)
+    assert any(s.is_two_level() for s in schemes) and any(s.block and s.block.size.len == 2 for s in schemes)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=str)
+def test_the_table_says_exactly_what_burn_loads(backend: BurnBackend, sweep, tmp_path: Path) -> None:
+    path, expected = sweep
+    decoded = probe(backend, path, tmp_path / "decoded.safetensors")
+    wrong = []
+    for name, want in expected.items():
+        got = decoded[name]
+        loads = isinstance(got, torch.Tensor) and same_bits(got, want)
+        if name.startswith("kept "):
+            table = kept_problem(backend, name.removeprefix("kept "))
+        else:
+            scheme, shape = QUANTIZED[name]
+            table = load_problem(backend, scheme, shape)
+        if loads != (table is None):
+            burn = "decodes it exactly" if loads else (got if isinstance(got, str) else "decodes it wrongly")
+            wrong.append(f"{name}: the table says {table or 'it loads'}, but Burn {burn}")
+    assert not wrong, f"{len(wrong)} of {len(expected)} cases disagree on {backend}:\n" + "\n".join(wrong)
