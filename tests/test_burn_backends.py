@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from burn_harness import BACKENDS, probe, same_bits
+from burn_harness import BACKENDS, probe, same_bits, save_f32
+from cli_support import cli
 
 from qcli.burn_backends import BurnBackend, kept_problem, load_problem
 from qcli.codec import decode, encode
-from qcli.io.burnpack import BurnpackWriter, TensorEntry
+from qcli.io.burnpack import BurnpackReader, BurnpackWriter, TensorEntry
 from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype, accept_problems
 
 pytestmark = pytest.mark.burn
@@ -108,3 +109,46 @@ def test_the_table_says_exactly_what_burn_loads(backend: BurnBackend, sweep, tmp
             burn = "decodes it exactly" if loads else (got if isinstance(got, str) else "decodes it wrongly")
             wrong.append(f"{name}: the table says {table or 'it loads'}, but Burn {burn}")
     assert not wrong, f"{len(wrong)} of {len(expected)} cases disagree on {backend}:\n" + "\n".join(wrong)
+
+
+def recipe_rule(name: str, scheme: QuantScheme) -> str:
+    """A recipe rule giving tensor `name` exactly `scheme`, in the recipe's keys (docs/recipes.md)."""
+    lines = ["[[rule]]", f"match = {name!r}".replace("'", '"'), f'value = "{scheme.value}"',
+             f'store = "{type(scheme.store).__name__}"']
+    if scheme.block is not None:
+        lines += [f"block = {scheme.block.size.dims()}", f'block_scale = "{scheme.block.dtype}"']
+    if scheme.tensor is not None:
+        lines.append(f'tensor_scale = "{scheme.tensor}"')
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def through_the_cli(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every whole-row case quantized by `qcli quantize` itself: one tensor per case, one recipe rule each."""
+    cases = {name: scheme for name, (scheme, shape) in QUANTIZED.items() if shape == WHOLE}
+    names = {name: f"case{i}.weight" for i, name in enumerate(cases)}
+    folder = tmp_path_factory.mktemp("recipe")
+    source = save_f32(folder / "cases.safetensors", {names[n]: sample(WHOLE, i) for i, n in enumerate(cases)})
+    recipe = folder / "cases.toml"
+    recipe.write_text("version = 1\n\n" + "\n".join(recipe_rule(names[n], s) for n, s in cases.items()))
+    out = folder / "cases.bpk"
+    result = cli("quantize", source, "-o", out, "--recipe", recipe, "--device", "cpu")
+    assert result.code == 0, result.err
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=str)
+def test_a_recipe_of_every_scheme_decodes_in_burn_wherever_the_table_accepts_it(backend, through_the_cli, tmp_path):
+    """The whole CLI path (plan, pipeline, writer, verify): every tensor the table says `backend` loads,
+    Burn decodes bit for bit as qcli does."""
+    reader = BurnpackReader.open(through_the_cli)
+    decoded = probe(backend, through_the_cli, tmp_path / "decoded.safetensors")
+    accepted = 0
+    for entry in reader.entries():
+        scheme = QuantScheme.from_serde(entry.dtype["QFloat"])
+        if load_problem(backend, scheme, entry.shape) is None:
+            accepted += 1
+            want = decode(bytes(reader.read(entry.name)), scheme, entry.shape)
+            got = decoded[entry.name]
+            assert isinstance(got, torch.Tensor) and same_bits(got, want), f"{entry.name} ({scheme}): {got}"
+    assert accepted > 0

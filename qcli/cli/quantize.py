@@ -125,7 +125,7 @@ def quantize(
         _output.print_json(report.to_json())
         return
     for problem in report.warnings:
-        _output.warn(str(problem))
+        _output.warn(f"{problem} (hint: {problem.hint})")
     render(report)
 
 
