@@ -9,79 +9,30 @@ good one.
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import pytest
 import torch
 from burn_harness import BACKENDS, probe, same_bits, save_f32
 from cli_support import cli
+from safetensors.torch import load_file
 
+from bench import burn_sweep
+from bench.burn_sweep import QUANTIZED, WHOLE, sample
 from qcli.burn_backends import BurnBackend, kept_problem, load_problem
-from qcli.codec import decode, encode
-from qcli.io.burnpack import BurnpackReader, BurnpackWriter, TensorEntry
-from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype, accept_problems
+from qcli.codec import decode
+from qcli.io.burnpack import BurnpackReader
+from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype
 
 pytestmark = pytest.mark.burn
-
-WHOLE = (16, 64)
-RAGGED = ((36,), (6, 36), (2, 3, 36))  # 36 values fill no whole u32 word of 8-, 4- or 2-bit values
-LEVELS = {
-    "tensor": lambda scheme, dtype: scheme.per_tensor(dtype),
-    "block[32]": lambda scheme, dtype: scheme.per_block([32], dtype),
-    "block[4,16]": lambda scheme, dtype: scheme.per_block([4, 16], dtype),
-    "two-level[16]": lambda scheme, dtype: scheme.per_block([16], dtype).per_tensor(ScaleDtype.F32),
-}
-KEPT = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-        "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8}
-
-
-def sample(shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=generator) * 0.05
-    x.view(-1)[seed % x.numel()] = 1.5  # an outlier, so blocks get different scales
-    return x
-
-
-def quantized_cases() -> dict[str, tuple[QuantScheme, tuple[int, ...]]]:
-    """Every value x store x scale dtype x level qcli writes, on whole rows; and every packed value on
-    ragged rows of each rank."""
-    cases = {}
-    for value, store, dtype, (level, make) in itertools.product(
-        QuantValue, (Native(), PackedU32(0), PackedNative(0)), ScaleDtype, LEVELS.items()
-    ):
-        scheme = make(QuantScheme().with_value(value).with_store(store), dtype)
-        if not accept_problems(scheme):
-            cases[f"{scheme} {level}"] = (scheme, WHOLE)
-    for value, shape in itertools.product(QuantValue, RAGGED):
-        scheme = QuantScheme().with_value(value).with_store(PackedU32(0)).per_tensor(ScaleDtype.F32)
-        cases[f"{scheme} ragged {list(shape)}"] = (scheme, shape)
-    return cases
-
-
-QUANTIZED = quantized_cases()
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
     """One burnpack holding every case (qcli's payloads) and every kept dtype; the expected f32 values."""
-    entries, payloads, expected = [], [], {}
-    for seed, (name, (scheme, shape)) in enumerate(QUANTIZED.items()):
-        payload = encode(sample(shape, seed), scheme)
-        entries.append(TensorEntry(name, {"QFloat": scheme.to_serde()}, shape, payload.numel()))
-        payloads.append(payload)
-        expected[name] = decode(payload, scheme, shape)
-    for name, dtype in KEPT.items():
-        x = (sample(WHOLE, 0) * 1000).to(dtype)
-        entries.append(TensorEntry(f"kept {name}", name, WHOLE, x.numel() * x.element_size()))
-        payloads.append(x)
-        expected[f"kept {name}"] = x.to(torch.float32)
-    path = tmp_path_factory.mktemp("sweep") / "sweep.bpk"
-    with BurnpackWriter(path, entries) as writer:
-        for entry, payload in zip(entries, payloads, strict=True):
-            writer.write(entry.name, payload)
-        writer.commit()
-    return path, expected
+    folder = tmp_path_factory.mktemp("sweep")
+    burn_sweep.write(folder)
+    return folder / "sweep.bpk", load_file(folder / "expected.safetensors")
 
 
 def test_the_sweep_covers_every_value_store_scale_dtype_and_level() -> None:

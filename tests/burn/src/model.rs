@@ -88,7 +88,7 @@ pub fn forward(
         y = layer.forward(y);
     }
     let shape = y.dims().to_vec();
-    tensors::write_f32(
+    crate::report::write_f32(
         output,
         &[("y".to_string(), shape, tensors::into_f32(y.into_data())?)],
     )
