@@ -3,9 +3,9 @@
 tests/test_burn_backends.py runs it through the Burn harness on every backend and holds
 `qcli.burn_backends` to the result; this module also runs it on another machine:
 
-    python3 -m bench.burn_sweep write DIR                  # DIR/sweep.bpk and qcli's decode of it
+    python3 -m bench.burn_sweep write DIR [VERSION]             # DIR/sweep.bpk and qcli's decode of it
     burn-harness probe --backend wgpu DIR/sweep.bpk DIR/burn.safetensors > DIR/verdicts.jsonl
-    python3 -m bench.burn_sweep compare DIR [BACKEND]      # Burn against qcli and the table, case by case
+    python3 -m bench.burn_sweep compare DIR [BACKEND [VERSION]] # Burn against qcli and the table
 
 docs/output.md records the run on an NVIDIA H200 (wgpu through the NVIDIA Vulkan driver).
 """
@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from qcli.burn_backends import BurnBackend, kept_problem, load_problem
+from qcli import BURN_VERSION
+from qcli.burn_backends import BurnBackend, hold_problem, kept_problem, load_problem, scheme_serde
 from qcli.codec import decode, encode
 from qcli.io.burnpack import BurnpackWriter, TensorEntry
 from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype, accept_problems
@@ -63,13 +64,18 @@ def quantized_cases() -> dict[str, tuple[QuantScheme, tuple[int, ...]]]:
 QUANTIZED = quantized_cases()
 
 
-def write(folder: Path) -> None:
-    """`folder/sweep.bpk` (qcli's payloads, kept tensors as they are) and `folder/expected.safetensors`
-    (qcli's decode of each, as f32)."""
+def cases_for(version: str) -> dict[str, tuple[QuantScheme, tuple[int, ...]]]:
+    """The cases Burn `version` has a form for (0.21 has no two-level scheme)."""
+    return {name: case for name, case in QUANTIZED.items() if hold_problem(case[0], version) is None}
+
+
+def write(folder: Path, version: str = BURN_VERSION) -> None:
+    """`folder/sweep.bpk` (qcli's payloads in Burn `version`'s serde, kept tensors as they are) and
+    `folder/expected.safetensors` (qcli's decode of each, as f32)."""
     entries, payloads, expected = [], [], {}
-    for seed, (name, (scheme, shape)) in enumerate(QUANTIZED.items()):
+    for seed, (name, (scheme, shape)) in enumerate(cases_for(version).items()):
         payload = encode(sample(shape, seed), scheme)
-        entries.append(TensorEntry(name, {"QFloat": scheme.to_serde()}, shape, payload.numel()))
+        entries.append(TensorEntry(name, {"QFloat": scheme_serde(scheme, version)}, shape, payload.numel()))
         payloads.append(payload)
         expected[name] = decode(payload, scheme, shape)
     for name, dtype in KEPT.items():
@@ -84,7 +90,7 @@ def write(folder: Path) -> None:
     save_file({name: t.contiguous() for name, t in expected.items()}, str(folder / "expected.safetensors"))
 
 
-def compare(folder: Path, backend: BurnBackend) -> int:
+def compare(folder: Path, backend: BurnBackend, version: str = BURN_VERSION) -> int:
     """Prints each case whose outcome the table does not predict; returns how many."""
     expected, decoded = load_file(folder / "expected.safetensors"), load_file(folder / "burn.safetensors")
     disagree = 0
@@ -94,19 +100,20 @@ def compare(folder: Path, backend: BurnBackend) -> int:
         want, got = expected[name].contiguous(), decoded.get(name)
         loads = verdict["ok"] and got is not None and torch.equal(got.contiguous().view(torch.int32),
                                                                   want.view(torch.int32))
-        table = (kept_problem(backend, name.removeprefix("kept ")) if name.startswith("kept ")
-                 else load_problem(backend, *QUANTIZED[name]))
+        table = (kept_problem(backend, name.removeprefix("kept "), version) if name.startswith("kept ")
+                 else load_problem(backend, *QUANTIZED[name], version))
         if loads != (table is None):
             disagree += 1
             print(f"{name}: Burn {'loads it' if loads else verdict.get('error', 'decodes it wrongly')}; "
                   f"the table says {table or 'it loads'}")
-    print(f"{len(lines)} cases, {disagree} disagree with the {backend} table")
+    print(f"{len(lines)} cases, {disagree} disagree with the Burn {version} {backend} table")
     return disagree
 
 
 if __name__ == "__main__":
-    command, folder = sys.argv[1], Path(sys.argv[2])
+    command, folder, *rest = sys.argv[1:]
     if command == "write":
-        write(folder)
+        write(folder, *rest)
     else:
-        sys.exit(1 if compare(folder, BurnBackend(sys.argv[3] if len(sys.argv) > 3 else "wgpu")) else 0)
+        backend, *version = rest or ["wgpu"]
+        sys.exit(1 if compare(folder, BurnBackend(backend), *version) else 0)

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from qcli import BURN_VERSION, __version__
+from qcli import __version__
 
 if TYPE_CHECKING:
     from qcli.plan import Totals
@@ -176,6 +176,7 @@ class QuantizeReport:
     dry_run: bool
     preset: str
     burn_backend: str | None
+    burn_version: str
     recipe: str | None
     recipe_sha256: str | None
     source_files: list[SourceFile]
@@ -190,7 +191,7 @@ class QuantizeReport:
             "command": "quantize",
             "schema_version": JSON_SCHEMA_VERSION,
             "qcli_version": __version__,
-            "burn_version": BURN_VERSION,
+            "burn_version": self.burn_version,
             "burn_backend": self.burn_backend,
             "input": self.input,
             "output": self.output,

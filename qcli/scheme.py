@@ -312,15 +312,22 @@ class QuantScheme:
         """Values per storage element."""
         return self.size_bits_stored() // self.value.size_bits()
 
-    def to_serde(self) -> dict:
-        """Burn's serde form: all five keys, in declaration order."""
-        return {
+    def to_serde(self, *, with_0_21_keys: bool = False) -> dict:
+        """Burn's serde form: all five keys, in declaration order. `with_0_21_keys` adds the keys Burn 0.21
+        reads instead of `tensor` and `block` (`param`, the innermost scale dtype, and `level`), which
+        0.22 ignores: both releases read such a map (one level only; 0.21 has no two-level form)."""
+        serde = {
             "value": self.value.value,
             "store": self.store.to_serde(),
             "mode": self.mode.value,
             "tensor": None if self.tensor is None else self.tensor.value,
             "block": None if self.block is None else self.block.to_serde(),
         }
+        if with_0_21_keys:
+            assert not self.is_two_level(), f"Burn 0.21 has no two-level scheme: {self}"
+            serde["param"] = self.scale_dtype().value
+            serde["level"] = "Tensor" if self.block is None else {"Block": self.block.size.to_serde()}
+        return serde
 
     @staticmethod
     def from_serde(obj: object) -> QuantScheme:

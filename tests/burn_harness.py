@@ -20,13 +20,17 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from qcli.burn_backends import BurnBackend
+from qcli import BURN_VERSION
+from qcli.burn_backends import BURN_VERSIONS, BurnBackend
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 
 CRATE = Path(__file__).parent / "burn"
 FIXTURES = Path(__file__).parent / "data" / "burn"
-# Outside the clone, so a fresh clone reuses an earlier build (.ci/run builds the same directory).
-TARGET_DIR = Path(os.environ.get("QCLI_BURN_TARGET_DIR", Path.home() / ".cache" / "qcli" / "burn-harness"))
+# The harness of each Burn release qcli writes for: its crate and binary.
+HARNESSES = {"0.22.1": (CRATE, "burn-harness"), "0.21.0": (Path(__file__).parent / "burn-0.21", "burn-harness-021")}
+assert tuple(HARNESSES) == BURN_VERSIONS
+# Outside the clone, so a fresh clone reuses an earlier build (.ci/run builds the same directories).
+TARGET_ROOT = Path(os.environ.get("QCLI_BURN_TARGET_DIR", Path.home() / ".cache" / "qcli"))
 VULKAN_ICDS = (Path("/usr/share/vulkan/icd.d"), Path("/etc/vulkan/icd.d"))
 BACKENDS = tuple(BurnBackend)
 
@@ -37,22 +41,29 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
+def target_dir(version: str) -> Path:
+    """Where cargo builds the harness of Burn `version` (.ci/run builds there too)."""
+    return TARGET_ROOT / HARNESSES[version][0].name.replace("burn", "burn-harness")  # burn-harness-0.21
+
+
 @functools.cache
-def _build() -> Path | str:
-    """The harness binary, or why it could not be built."""
+def _build(version: str) -> Path | str:
+    """The harness binary for Burn `version`, or why it could not be built."""
     cargo = shutil.which("cargo")
     if cargo is None:
         return "cargo is not installed: the Burn harness cannot be built"
+    crate, binary = HARNESSES[version]
     done = subprocess.run([cargo, "build", "--quiet", "--bins", "--examples", "--manifest-path",
-                           str(CRATE / "Cargo.toml"), "--target-dir", str(TARGET_DIR)], capture_output=True, text=True)
+                           str(crate / "Cargo.toml"), "--target-dir", str(target_dir(version))],
+                          capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.fail(f"the Burn harness did not build:\n{done.stderr[-4000:]}")
-    return TARGET_DIR / "debug" / "burn-harness"
+        pytest.fail(f"the Burn {version} harness did not build:\n{done.stderr[-4000:]}")
+    return target_dir(version) / "debug" / binary
 
 
-def harness() -> Path:
-    """The built harness; skips (or fails under CI) where cargo is missing."""
-    built = _build()
+def harness(version: str = BURN_VERSION) -> Path:
+    """The built harness of Burn `version`; skips (or fails under CI) where cargo is missing."""
+    built = _build(version)
     if isinstance(built, str):
         _unavailable(built)
     return built
@@ -63,9 +74,9 @@ def example(name: str) -> Path:
     return harness().parent / "examples" / name
 
 
-def require(backend: BurnBackend) -> None:
+def require(backend: BurnBackend, version: str = BURN_VERSION) -> None:
     """Skip (or fail under CI) when `backend` cannot run here: wgpu needs a Vulkan driver."""
-    harness()
+    harness(version)
     if backend is BurnBackend.wgpu and not any(any(d.glob("*.json")) for d in VULKAN_ICDS if d.is_dir()):
         _unavailable("no Vulkan driver is installed (Debian: mesa-vulkan-drivers), so wgpu has no device")
 
@@ -77,26 +88,28 @@ class Run:
     err: str
 
 
-def run(*args: str | Path) -> Run:
-    """The harness with `args`; wgpu gets a runtime directory of its own so it does not warn about one."""
+def run(*args: str | Path, version: str = BURN_VERSION) -> Run:
+    """The harness of Burn `version` with `args`; wgpu gets a runtime directory of its own so it does not
+    warn about one."""
     env = dict(os.environ)
     env.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
-    done = subprocess.run([str(harness()), *map(str, args)], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run([str(harness(version)), *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=600)
     return Run(done.returncode, done.stdout, done.stderr)
 
 
-def dequantize(backend: BurnBackend, bpk: Path, out: Path) -> dict[str, torch.Tensor]:
+def dequantize(backend: BurnBackend, bpk: Path, out: Path, version: str = BURN_VERSION) -> dict[str, torch.Tensor]:
     """What Burn decodes every tensor of `bpk` to on `backend`, as f32; fails the test on a Burn error."""
-    require(backend)
-    done = run("dequantize", "--backend", backend.value, bpk, out)
+    require(backend, version)
+    done = run("dequantize", "--backend", backend.value, bpk, out, version=version)
     assert done.code == 0, f"Burn ({backend}) could not decode {bpk.name}:\n{done.err[-4000:]}"
     return load_file(out)
 
 
-def probe(backend: BurnBackend, bpk: Path, out: Path) -> dict[str, torch.Tensor | str]:
-    """Each tensor of `bpk` decoded by Burn on `backend` (f32), or Burn's error message for it."""
-    require(backend)
-    done = run("probe", "--backend", backend.value, bpk, out)
+def probe(backend: BurnBackend, bpk: Path, out: Path, version: str = BURN_VERSION) -> dict[str, torch.Tensor | str]:
+    """Each tensor of `bpk` decoded by Burn `version` on `backend` (f32), or Burn's error message for it."""
+    require(backend, version)
+    done = run("probe", "--backend", backend.value, bpk, out, version=version)
     assert done.code == 0, f"the harness failed on {bpk.name}:\n{done.err[-4000:]}"
     decoded = load_file(out)
     verdicts = [json.loads(line) for line in done.out.splitlines()]

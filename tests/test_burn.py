@@ -20,6 +20,7 @@ from burn_harness import (
     FIXTURE_SCHEMES,
     FIXTURE_SOURCE,
     FIXTURES,
+    HARNESSES,
     dequantize,
     example,
     probe,
@@ -33,7 +34,7 @@ from cli_support import ROOT, SINGLE, cli
 from safetensors.torch import load_file
 
 from qcli import BURN_VERSION
-from qcli.burn_backends import BurnBackend
+from qcli.burn_backends import BURN_VERSIONS, BurnBackend
 from qcli.codec import decode, encode
 from qcli.io.burnpack import BurnpackReader, BurnpackWriter, TensorEntry
 from qcli.presets import PRESETS
@@ -73,19 +74,21 @@ def qcli_decodes(bpk: Path) -> dict[str, torch.Tensor]:
     return decoded
 
 
+@pytest.mark.parametrize("version", BURN_VERSIONS)
 @pytest.mark.parametrize("backend", BACKENDS, ids=str)
 @pytest.mark.parametrize("preset", PRESETS, ids=str)
-def test_every_preset_loads_in_burn_or_is_refused_for_that_backend(preset, backend, tmp_path):
-    """With --burn-backend, a preset either writes a file the backend decodes exactly as qcli does, kept
-    tensors bit-identical to the source, or is refused (exit 2) for a reason Burn confirms: written
-    anyway, the backend fails on it or decodes it wrongly."""
-    require(backend)
+def test_every_preset_loads_in_burn_or_is_refused_for_that_backend(preset, backend, version, tmp_path):
+    """With --burn-version and --burn-backend, a preset either writes a file that release's backend decodes
+    exactly as qcli does, kept tensors bit-identical to the source, or is refused (exit 2) for a reason
+    Burn confirms: written anyway, the backend fails on it or decodes it wrongly."""
+    require(backend, version)
     source = checkpoint(tmp_path / "model.safetensors")
     out = tmp_path / "model.bpk"
-    result = cli("quantize", source, "-o", out, "--device", "cpu", "--scheme", preset, "--burn-backend", backend)
+    target = ["--device", "cpu", "--scheme", preset, "--burn-version", version]
+    result = cli("quantize", source, "-o", out, *target, "--burn-backend", backend)
     if result.code == 0:
-        burn, mine, original = dequantize(backend, out, tmp_path / "burn.safetensors"), qcli_decodes(out), \
-            load_file(source)
+        burn, mine, original = dequantize(backend, out, tmp_path / "burn.safetensors", version), \
+            qcli_decodes(out), load_file(source)
         assert sorted(burn) == sorted(original)
         for name, got in burn.items():
             assert same_bits(got, mine[name]), f"{name}: Burn ({backend}) decodes other values than qcli"
@@ -93,9 +96,9 @@ def test_every_preset_loads_in_burn_or_is_refused_for_that_backend(preset, backe
             assert same_bits(burn[name], original[name])
         return
     assert result.code == 2, result.err
-    assert f"Burn's {backend} backend cannot load" in result.err and "hint: " in result.err
-    assert cli("quantize", source, "-o", out, "--device", "cpu", "--scheme", preset, "--force").code == 0
-    decoded, mine = probe(backend, out, tmp_path / "burn.safetensors"), qcli_decodes(out)
+    assert f"{backend} backend cannot load" in result.err and "hint: " in result.err
+    assert cli("quantize", source, "-o", out, *target, "--force").code == 0
+    decoded, mine = probe(backend, out, tmp_path / "burn.safetensors", version), qcli_decodes(out)
     failed = [n for n, got in decoded.items() if isinstance(got, str) or not same_bits(got, mine[n])]
     assert failed, f"--burn-backend {backend} refused {preset}, but Burn decodes every tensor exactly"
 
@@ -305,12 +308,14 @@ def scale_per_value(raw: bytes, scheme: QuantScheme, shape: tuple[int, ...]) -> 
 # -- The release, the fixtures Burn wrote, and the README's example ------------------------------
 
 
-def test_the_harness_links_the_burn_release_qcli_targets():
-    require(BurnBackend.flex)
-    done = run("version")
-    assert (done.code, done.out.strip()) == (0, BURN_VERSION)
-    assert f'version = "={BURN_VERSION}"' in (CRATE / "Cargo.toml").read_text()
-    assert f"Burn {BURN_VERSION}" in (ROOT / "README.md").read_text()
+@pytest.mark.parametrize("version", BURN_VERSIONS)
+def test_each_harness_links_the_burn_release_it_stands_for(version):
+    require(BurnBackend.flex, version)
+    done = run("version", version=version)
+    assert (done.code, done.out.strip()) == (0, version)
+    assert f'version = "={version}"' in (HARNESSES[version][0] / "Cargo.toml").read_text()
+    assert f"Burn {version}" in (ROOT / "README.md").read_text()
+    assert BURN_VERSIONS[0] == BURN_VERSION  # the default is the newest stable release
 
 
 def test_the_burn_fixtures_regenerate_byte_for_byte(tmp_path):
@@ -353,3 +358,19 @@ def test_the_readmes_burn_example_compiles_and_loads_a_qcli_file(tmp_path):
     assert cli("quantize", source, "-o", out, "--recipe", tmp_path / "row.toml", "--burn-backend", "flex").code == 0
     done = subprocess.run([example("load_qcli"), out], capture_output=True, text=True, timeout=300)
     assert (done.returncode, done.stdout.strip()) == (0, "[1, 64]"), done.stderr
+
+
+def test_a_bf16_model_loads_on_ndarray_with_its_kept_tensors_cast_to_f32(tmp_path):
+    """ndarray builds no BF16 tensor: `cast_kept = "F32"` writes the norms as F32, which it loads, their
+    values the source's exactly (BF16 widens to F32 without rounding)."""
+    recipe = tmp_path / "f32.toml"
+    recipe.write_text('version = 1\n\n[defaults]\ncast_kept = "F32"\n')
+    out = tmp_path / "tiny.bpk"
+    args = ["quantize", SINGLE, "-o", out, "--scheme", "q8s-b32", "--recipe", recipe, "--burn-backend", "ndarray"]
+    assert cli(*args, "--device", "cpu").code == 0
+    burn, original = dequantize(BurnBackend.ndarray, out, tmp_path / "burn.safetensors"), load_file(SINGLE)
+    mine = qcli_decodes(out)
+    for name, got in burn.items():
+        assert same_bits(got, mine[name]), name
+        if "norm" in name:
+            assert same_bits(got, original[name].to(torch.float32)), name

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from bench import burn_sweep
 from bench.burn_sweep import QUANTIZED, WHOLE, sample
-from qcli.burn_backends import BurnBackend, kept_problem, load_problem
+from qcli.burn_backends import BURN_VERSIONS, BurnBackend, kept_problem, load_problem
 from qcli.codec import decode
 from qcli.io.burnpack import BurnpackReader
 from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype
@@ -27,12 +27,13 @@ from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue
 pytestmark = pytest.mark.burn
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
-    """One burnpack holding every case (qcli's payloads) and every kept dtype; the expected f32 values."""
+@pytest.fixture(scope="module", params=BURN_VERSIONS)
+def sweep(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, dict[str, torch.Tensor]]:
+    """For each Burn release, one burnpack holding every case it has a form for (qcli's payloads, in its
+    serde) and every kept dtype; the expected f32 values."""
     folder = tmp_path_factory.mktemp("sweep")
-    burn_sweep.write(folder)
-    return folder / "sweep.bpk", load_file(folder / "expected.safetensors")
+    burn_sweep.write(folder, request.param)
+    return request.param, folder / "sweep.bpk", load_file(folder / "expected.safetensors")
 
 
 def test_the_sweep_covers_every_value_store_scale_dtype_and_level() -> None:
@@ -45,21 +46,22 @@ def test_the_sweep_covers_every_value_store_scale_dtype_and_level() -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=str)
 def test_the_table_says_exactly_what_burn_loads(backend: BurnBackend, sweep, tmp_path: Path) -> None:
-    path, expected = sweep
-    decoded = probe(backend, path, tmp_path / "decoded.safetensors")
+    version, path, expected = sweep
+    decoded = probe(backend, path, tmp_path / "decoded.safetensors", version)
     wrong = []
     for name, want in expected.items():
         got = decoded[name]
         loads = isinstance(got, torch.Tensor) and same_bits(got, want)
         if name.startswith("kept "):
-            table = kept_problem(backend, name.removeprefix("kept "))
+            table = kept_problem(backend, name.removeprefix("kept "), version)
         else:
             scheme, shape = QUANTIZED[name]
-            table = load_problem(backend, scheme, shape)
+            table = load_problem(backend, scheme, shape, version)
         if loads != (table is None):
             burn = "decodes it exactly" if loads else (got if isinstance(got, str) else "decodes it wrongly")
             wrong.append(f"{name}: the table says {table or 'it loads'}, but Burn {burn}")
-    assert not wrong, f"{len(wrong)} of {len(expected)} cases disagree on {backend}:\n" + "\n".join(wrong)
+    assert not wrong, f"{len(wrong)} of {len(expected)} cases disagree on Burn {version} {backend}:\n" + \
+        "\n".join(wrong)
 
 
 def recipe_rule(name: str, scheme: QuantScheme) -> str:
@@ -73,31 +75,34 @@ def recipe_rule(name: str, scheme: QuantScheme) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.fixture(scope="module")
-def through_the_cli(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every whole-row case quantized by `qcli quantize` itself: one tensor per case, one recipe rule each."""
-    cases = {name: scheme for name, (scheme, shape) in QUANTIZED.items() if shape == WHOLE}
+@pytest.fixture(scope="module", params=BURN_VERSIONS)
+def through_the_cli(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """For each Burn release, every whole-row case it has a form for quantized by `qcli quantize --burn-version`
+    itself: one tensor per case, one recipe rule each."""
+    version = request.param
+    cases = {name: scheme for name, (scheme, shape) in burn_sweep.cases_for(version).items() if shape == WHOLE}
     names = {name: f"case{i}.weight" for i, name in enumerate(cases)}
     folder = tmp_path_factory.mktemp("recipe")
     source = save_f32(folder / "cases.safetensors", {names[n]: sample(WHOLE, i) for i, n in enumerate(cases)})
     recipe = folder / "cases.toml"
     recipe.write_text("version = 1\n\n" + "\n".join(recipe_rule(names[n], s) for n, s in cases.items()))
     out = folder / "cases.bpk"
-    result = cli("quantize", source, "-o", out, "--recipe", recipe, "--device", "cpu")
+    result = cli("quantize", source, "-o", out, "--recipe", recipe, "--device", "cpu", "--burn-version", version)
     assert result.code == 0, result.err
-    return out
+    return version, out
 
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=str)
 def test_a_recipe_of_every_scheme_decodes_in_burn_wherever_the_table_accepts_it(backend, through_the_cli, tmp_path):
     """The whole CLI path (plan, pipeline, writer, verify): every tensor the table says `backend` loads,
     Burn decodes bit for bit as qcli does."""
-    reader = BurnpackReader.open(through_the_cli)
-    decoded = probe(backend, through_the_cli, tmp_path / "decoded.safetensors")
+    version, out = through_the_cli
+    reader = BurnpackReader.open(out)
+    decoded = probe(backend, out, tmp_path / "decoded.safetensors", version)
     accepted = 0
     for entry in reader.entries():
         scheme = QuantScheme.from_serde(entry.dtype["QFloat"])
-        if load_problem(backend, scheme, entry.shape) is None:
+        if load_problem(backend, scheme, entry.shape, version) is None:
             accepted += 1
             want = decode(bytes(reader.read(entry.name)), scheme, entry.shape)
             got = decoded[entry.name]

@@ -52,9 +52,13 @@ def parse_dtype(obj: object) -> object:
             return {"Bool": inner}
         if kind == "QFloat":
             try:
-                return {"QFloat": QuantScheme.from_serde(inner).to_serde()}
+                scheme = QuantScheme.from_serde(inner)
             except SchemeError as exc:
                 raise ValueError(exc.message) from None
+            older = isinstance(inner, dict) and ("param" in inner or "level" in inner)
+            if older and (scheme.is_two_level() or inner != scheme.to_serde(with_0_21_keys=True)):
+                raise ValueError(f"the Burn 0.21 keys of {inner!r} do not say what its other keys say")
+            return {"QFloat": scheme.to_serde(with_0_21_keys=older)}
     raise ValueError(f"not a Burn DType: {obj!r}")
 
 

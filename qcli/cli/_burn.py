@@ -1,0 +1,29 @@
+"""The options that name the Burn a file is for, shared by `quantize` and `validate-scheme`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from qcli import BURN_VERSION
+from qcli.burn_backends import BURN_VERSIONS, BurnBackend
+
+BurnBackendOption = Annotated[
+    BurnBackend | None,
+    typer.Option(
+        "--burn-backend",
+        metavar="flex|ndarray|wgpu",
+        help="The Burn backend the file is for: refuse every tensor (or, without a model, scheme) it cannot"
+        " load (docs/output.md). Default: warn about what flex or wgpu cannot load.",
+    ),
+]
+BurnVersionOption = Annotated[
+    str | None,
+    typer.Option(
+        "--burn-version",
+        metavar="VERSION",
+        help=f"The Burn release the file is for: {', '.join(BURN_VERSIONS)} (default {BURN_VERSION}, the"
+        " newest stable). 0.21 reads one-level schemes only.",
+    ),
+]

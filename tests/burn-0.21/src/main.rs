@@ -1,0 +1,76 @@
+//! qcli's files in the older published Burn 0.21.0, for `--burn-version 0.21`: opens burnpack files
+//! the way a Burn user does, on a chosen backend, and writes what Burn decoded as f32 safetensors.
+//! The `dequantize` and `probe` commands and their output are those of tests/burn (Burn 0.22).
+//!
+//! ```text
+//! burn-harness-021 dequantize --backend BACKEND IN.bpk OUT.safetensors
+//! burn-harness-021 probe      --backend BACKEND IN.bpk OUT.safetensors    (one verdict per tensor)
+//! burn-harness-021 version                                              (burn-store's, as linked)
+//! ```
+
+#[path = "../../burn/common/cli.rs"]
+mod cli;
+#[path = "../../burn/common/report.rs"]
+mod report;
+
+mod backend;
+mod decode;
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use burn::tensor::backend::Backend;
+use burn_store::BurnpackStore;
+
+use crate::cli::{Args, Failure};
+
+const USAGE: &str = "usage:
+  burn-harness-021 dequantize --backend BACKEND IN.bpk OUT.safetensors
+  burn-harness-021 probe --backend BACKEND IN.bpk OUT.safetensors
+  burn-harness-021 version
+backends: flex, ndarray, wgpu";
+
+/// `dequantize` or `probe` of one file, run on whichever backend is named.
+struct Decode<'a> {
+    probe: bool,
+    input: &'a Path,
+    output: &'a Path,
+}
+
+impl backend::Command for Decode<'_> {
+    fn run<B: Backend>(self, device: &B::Device) -> Result<(), String> {
+        let tensors = decode::open(self.input)?;
+        let decoded = if self.probe {
+            report::probe_each(tensors, |data| decode::decode::<B>(device, data))
+        } else {
+            report::decode_all(tensors, |data| decode::decode::<B>(device, data))?
+        };
+        report::write_f32(self.output, &decoded)
+    }
+}
+
+fn run(args: &Args) -> Result<(), Failure> {
+    match args.command.as_str() {
+        "version" => {
+            println!("{}", BurnpackStore::default_metadata()["version"]);
+            Ok(())
+        }
+        command @ ("dequantize" | "probe") => {
+            let [input, output] = args.paths()?;
+            let name = backend::parse(args.option("backend")?).map_err(Failure::Usage)?;
+            Ok(backend::run(
+                &name,
+                Decode {
+                    probe: command == "probe",
+                    input,
+                    output,
+                },
+            )?)
+        }
+        other => Err(Failure::Usage(format!("unknown command {other:?}"))),
+    }
+}
+
+fn main() -> ExitCode {
+    cli::main(USAGE, run)
+}
