@@ -20,6 +20,11 @@ TARGETS = {
     "safetensors": "test_fuzz_safetensors_header",
     "burnpack": "test_fuzz_burnpack_mutated",
     "recipe": "test_fuzz_recipe",
+    "safetensors-hostile": "test_fuzz_safetensors_hostile_structures",
+    "index-hostile": "test_fuzz_index_hostile_structures",
+    "burnpack-hostile": "test_fuzz_burnpack_hostile_metadata",
+    "recipe-hostile": "test_fuzz_recipe_hostile_structures",
+    "non-regular-files": "test_fuzz_non_regular_files",
 }
 
 

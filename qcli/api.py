@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qcli import BURN_VERSION, __version__
-from qcli.burn_backends import BurnBackend
+from qcli.burn_backends import BURN_VERSIONS, BurnBackend
 from qcli.errors import InputError, Interrupted, PlanError, UsageError
 from qcli.io.dtypes import dtype_str
+from qcli.io.safetensors import NOT_REGULAR_HINT, not_regular_problem, printable
 from qcli.report import (
     CompareReport,
     CompareRow,
@@ -63,6 +64,37 @@ def default_output(input: Path) -> Path:
     return input.with_suffix(".bpk")
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """The same path after links, or the same inode (a hard link)."""
+    try:
+        if a.resolve() == b.resolve():
+            return True
+    except (OSError, RuntimeError):
+        pass
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+def _refuse_input_as_output(output: Path, inputs: list[tuple[Path, str]]) -> None:
+    """UsageError when `output` is one of the files the run reads (`(path, what it is)` pairs)."""
+    for path, role in inputs:
+        if _same_file(output, path):
+            raise UsageError(printable(f"{output} is {role}"), hint="write the .bpk somewhere else with -o; "
+                             "nothing was written")
+
+
+def _refuse_special_output(output: Path) -> None:
+    """UsageError when `output` exists and is not a regular file: --force replaces a file, never a device,
+    a FIFO, a socket or a directory."""
+    kind = not_regular_problem(output)
+    if kind is not None:
+        raise UsageError(printable(f"{output} is not a regular file ({kind}); qcli writes a new file or "
+                                   "replaces a regular one"),
+                         hint="give -o the path of a .bpk file; --force replaces only regular files")
+
+
 def resolve_preset(name: str | None) -> Preset:
     """The preset `--scheme` names (any case), or the default; codebook and zero-point names are refused."""
     from qcli.presets import DEFAULT_PRESET, get_preset
@@ -81,14 +113,26 @@ def resolve_backend(name: str | None) -> BurnBackend | None:
                          hint=f"use one of {', '.join(BurnBackend)} (docs/output.md says what each loads)") from None
 
 
+def resolve_version(name: str | None) -> str:
+    """The Burn release `--burn-version` names (`0.21` or `0.21.0`), or the newest stable one qcli targets."""
+    if name is None:
+        return BURN_VERSION
+    chosen = [v for v in BURN_VERSIONS if name.strip() in (v, v.rsplit(".", 1)[0])]
+    if not chosen:
+        raise UsageError(f"Burn {name!r} is not a release qcli writes for",
+                         hint=f"use one of {', '.join(BURN_VERSIONS)} (the default is {BURN_VERSION})")
+    return chosen[0]
+
+
 def make_checked_plan(infos: list, recipe: Any, preset: Preset, split: bool = False,
-                      backend: BurnBackend | None = None) -> Plan:
+                      backend: BurnBackend | None = None, burn_version: str = BURN_VERSION) -> Plan:
     """The plan for `infos` in name order (so shards and one file give the same output); every error is
-    raised together as one PlanError. `split`: the output will be cut into several files; `backend`: the
-    Burn backend the file must load on."""
+    raised together as one PlanError. `split`: the output will be cut into several files; `backend` and
+    `burn_version`: the Burn backend and release the file must load on."""
     from qcli.plan import make_plan
 
-    plan = make_plan(sorted(infos, key=lambda i: i.name), recipe, preset, split=split, backend=backend)
+    plan = make_plan(sorted(infos, key=lambda i: i.name), recipe, preset, split=split, backend=backend,
+                     burn_version=burn_version)
     plan.raise_if_errors()
     return plan
 
@@ -154,6 +198,7 @@ def quantize_file(
     verify: bool = True,
     max_shard_size: int | None = None,
     burn_backend: str | None = None,
+    burn_version: str | None = None,
 ) -> QuantizeReport:
     """Quantize a safetensors checkpoint into a burnpack file (or, with `dry_run`, only plan it).
 
@@ -166,7 +211,8 @@ def quantize_file(
     complete files back before the rename, checking them against the plan and the hashes of the bytes
     written (`qcli.verify`); a file that fails never reaches `output`. With `max_shard_size`, the output
     is split into `NAME-00001-of-0000N.bpk` files of at most that many bytes each. With `burn_backend`,
-    every tensor that Burn backend cannot load stops the plan (`qcli.burn_backends`).
+    every tensor that Burn backend cannot load stops the plan (`qcli.burn_backends`); `burn_version` is
+    the Burn release to write for (default: the newest stable one, `qcli.BURN_VERSION`).
     """
     from qcli.io.safetensors import SafetensorsSource
     from qcli.recipe import load_recipe
@@ -174,17 +220,24 @@ def quantize_file(
     input = Path(input)
     preset = resolve_preset(scheme)
     backend = resolve_backend(burn_backend)
+    version = resolve_version(burn_version)
     loaded_recipe = load_recipe(recipe) if recipe is not None else None
     target = Path(output) if output is not None else default_output(input)
+    if not dry_run:
+        _refuse_special_output(target)
     if not dry_run and target.exists() and not force:
         raise UsageError(
-            f"{target} already exists", hint="pass --force to replace it, or -o to write somewhere else"
+            printable(f"{target} already exists"), hint="pass --force to replace it, or -o to write somewhere else"
         )
     with SafetensorsSource.open(input) as source:
-        if target.resolve() in {f.resolve() for f in [input, *source.files]}:
-            raise UsageError(f"{target} is the input", hint="write the .bpk somewhere else with -o")
+        inputs = [(input, "the input"), *((f, "the input") for f in source.files)]
+        if source.index is not None:
+            inputs.append((source.index, "the input's index"))
+        if recipe is not None:
+            inputs.append((Path(recipe), "the recipe"))
+        _refuse_input_as_output(target, inputs)
         plan = make_checked_plan(source.infos(), loaded_recipe, preset, split=max_shard_size is not None,
-                                 backend=backend)
+                                 backend=backend, burn_version=version)
         report = QuantizeReport(
             input=str(input),
             output=str(target),
@@ -192,6 +245,7 @@ def quantize_file(
             dry_run=dry_run,
             preset=preset.name,
             burn_backend=None if backend is None else backend.value,
+            burn_version=version,
             recipe=None if recipe is None else str(recipe),
             recipe_sha256=None if loaded_recipe is None else loaded_recipe.sha256,
             source_files=[SourceFile(f.name, f.stat().st_size) for f in source.files],
@@ -202,8 +256,12 @@ def quantize_file(
         metadata = _metadata(report)
         shards = _shards(plan, target, max_shard_size, metadata)
         report.outputs = [str(path) for path, _ in shards]
+        for path, _ in shards if len(shards) > 1 else []:  # one file is `target`, checked above
+            _refuse_input_as_output(path, inputs)
         if dry_run:
             return report
+        for path, _ in shards:
+            _refuse_special_output(path)
         taken = [path for path, _ in shards if path.exists()] if len(shards) > 1 and not force else []
         if taken:
             raise UsageError(f"{taken[0]} already exists", hint="pass --force to replace the files, or -o "
@@ -223,8 +281,9 @@ def parse_size(text: str) -> int:
         elif number.endswith(prefix):
             number, scale = number[:-1], 1000**i
     try:
-        size = int(float(number) * scale)
-    except ValueError:
+        value = float(number) * scale
+        size = int(value) if math.isfinite(value) else 0  # inf, nan, 1e400: no size
+    except (ValueError, OverflowError):
         size = 0
     if size <= 0:
         raise UsageError(f"--max-shard-size {text!r} is not a size",
@@ -269,7 +328,7 @@ def _metadata(report: QuantizeReport) -> dict[str, str]:
         "format": "burnpack",
         "producer": "qcli",
         "producer_version": __version__,
-        "burn_version": BURN_VERSION,
+        "burn_version": report.burn_version,
         **({} if report.burn_backend is None else {"burn_backend": report.burn_backend}),
         "source_files": json.dumps([f.to_json() for f in report.source_files]),
         "preset": report.preset,
@@ -453,6 +512,9 @@ _TORCH_DTYPES = {
 }
 
 
+_CASTABLE = {"F64", "F32", "F16", "BF16"}  # a kept tensor written in another of these was cast (recipe `cast`)
+
+
 def qfloat_scheme(dtype: Any) -> QuantScheme | None:
     """The scheme of a `{"QFloat": …}` Burn DType (serde form, as the reader gives it); None otherwise."""
     if isinstance(dtype, dict) and "QFloat" in dtype:
@@ -475,6 +537,14 @@ def _tensor_from_bytes(data: Any, dtype: Any, shape: tuple[int, ...]) -> torch.T
         raise UsageError(
             f"qcli cannot decode dtype {dtype_str(dtype)}", hint="inspect lists it without --tensor"
         )
+    if key == "BOOL":
+        # Burn's Bool(U32) holds a u32 per element, Bool(Native|U8) and safetensors' BOOL a byte; any
+        # nonzero element is true (a torch bool read from a byte other than 0 or 1 is undefined).
+        store = dtype.get("Bool") if isinstance(dtype, dict) else None
+        if math.prod(shape) == 0:
+            return torch.empty(shape, dtype=torch.bool)
+        raw = torch.int32 if store == "U32" else torch.uint8
+        return torch.frombuffer(bytearray(data), dtype=raw).reshape(shape).ne(0)
     t = getattr(torch, _TORCH_DTYPES[key])
     if math.prod(shape) == 0:
         return torch.empty(shape, dtype=t)
@@ -586,7 +656,9 @@ def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None
 
 
 def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
-    """Each written tensor against its source: kept ones must be byte-identical, quantized ones measured."""
+    """Each written tensor against its source: kept ones must be byte-identical (to the source cast to the
+    written dtype, for a kept tensor a recipe's cast wrote in another floating dtype), quantized ones
+    measured."""
     import torch
 
     from qcli.codec import error_stats
@@ -620,8 +692,18 @@ def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
                 continue
             data = reader.read(e.name)
             if qfloat_scheme(e.dtype) is None:
+                written_as, source_dtype = _dtype_key(e.dtype), infos[e.name].dtype
+                cast = written_as != source_dtype and {written_as, source_dtype} <= _CASTABLE
+                if cast:
+                    from qcli.pipeline import cast_kept
+
+                    try:
+                        x = cast_kept(x, written_as, e.name)
+                    except InputError:
+                        x = x.to(getattr(torch, _TORCH_DTYPES[written_as]))  # the difference shows below
                 exact = bytes(data) == x.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-                problem = None if exact else "a kept tensor differs from its source"
+                problem = None if exact else (f"a kept tensor differs from its source cast to {written_as}" if cast
+                                              else "a kept tensor differs from its source")
                 error = ErrorRow(0.0, math.inf, 0.0) if exact else None
                 rows.append(CompareRow(e.name, text, flip, exact, error, problem))
                 continue
@@ -641,6 +723,7 @@ def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
 def validate_scheme(
     recipes: str | Path | Sequence[str | Path], *, model: str | Path | None = None, scheme: str | None = None,
     burn_backend: str | None = None,
+    burn_version: str | None = None,
 ) -> ValidateReport:
     """Every problem in each recipe, and with `model` every problem of the plan each makes from headers;
     with `burn_backend`, every scheme that Burn backend cannot load."""
@@ -648,9 +731,15 @@ def validate_scheme(
 
     paths = [Path(recipes)] if isinstance(recipes, (str, Path)) else [Path(r) for r in recipes]
     for path in paths:
+        kind = not_regular_problem(path)
+        if kind is not None:
+            raise UsageError(
+                printable(f"cannot read recipe {path}: not a regular file ({kind})"),
+                hint=NOT_REGULAR_HINT,
+            )
         if not path.is_file():
             raise UsageError(
-                f"cannot read recipe {path}: no such file",
+                printable(f"cannot read recipe {path}: no such file"),
                 hint="pass the path of a TOML recipe (docs/recipes.md)",
             )
     infos = None
@@ -661,5 +750,6 @@ def validate_scheme(
             infos = source.infos()
     preset = resolve_preset(scheme)
     backend = resolve_backend(burn_backend)
-    problems = [p for path in paths for p in validate.validate_scheme(path, infos, preset, backend)]
+    version = resolve_version(burn_version)
+    problems = [p for path in paths for p in validate.validate_scheme(path, infos, preset, backend, version)]
     return ValidateReport([str(p) for p in paths], None if model is None else str(model), problems)

@@ -60,6 +60,18 @@ class InputError(QcliError):
     exit_code = 3
 
 
+NON_FINITE_HINT = "fix or drop the non-finite values, or keep the tensor unquantized (keep = true)"
+
+
+def non_finite(name: str, beyond_float32: bool | None) -> InputError:
+    """The one wording for a tensor with a value that is not finite in float32: NaN or Inf
+    (`beyond_float32` False), finite float64 values past float32's range (True), or either (None, where
+    the tensor is no longer at hand to tell)."""
+    what = {False: "NaN or Inf values", True: "values beyond the float32 range (finite only in float64)",
+            None: "NaN or Inf values, or values beyond the float32 range"}[beyond_float32]
+    return InputError(f"tensor {name!r} holds {what}, which cannot be quantized", hint=NON_FINITE_HINT)
+
+
 class OutputError(QcliError):
     """The output could not be written; the target path was left as it was."""
 

@@ -17,14 +17,18 @@ if TYPE_CHECKING:
     from qcli.measure import Measurement
     from qcli.plan import Plan, PlanEntry
 
+# torch's name of each floating safetensors dtype: what a kept tensor is viewed as before a cast.
+FLOAT_TORCH = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
 
 def run(plan: Plan, source: SafetensorsSource, measure: bool = False
         ) -> Iterator[tuple[PlanEntry, torch.Tensor, Measurement | None]]:
     """Yield every plan entry once, in order, with its payload as a 1-D uint8 tensor and, with `measure`,
     a quantized tensor's `Measurement` (its one decode against its source; None for a kept tensor).
 
-    A kept tensor's payload is its source bytes, unchanged; a quantized one is `qcli.codec.encode`'s.
-    Either is transposed first when the decision says so (the plan allows that for 2-D tensors only).
+    A kept tensor's payload is its source bytes, unchanged, or its values cast (`cast_kept`) when the
+    decision says so; a quantized one is `qcli.codec.encode`'s. Either is transposed first when the
+    decision says so (the plan allows that for 2-D tensors only).
     """
     import torch
 
@@ -38,6 +42,8 @@ def run(plan: Plan, source: SafetensorsSource, measure: bool = False
         scheme, calibration = entry.decision.scheme, entry.decision.calibration
         measured = None
         if scheme is None:
+            if entry.decision.cast is not None:
+                x = cast_kept(x, entry.decision.cast, entry.info.name)
             payload = x.contiguous().reshape(-1).view(torch.uint8)
         else:
             payload = encode(x, scheme, calibration, name=entry.info.name)
@@ -46,3 +52,24 @@ def run(plan: Plan, source: SafetensorsSource, measure: bool = False
                 measured.add(x, payload, scheme, calibration)
         del x
         yield entry, payload, measured
+
+
+def cast_kept(x: torch.Tensor, dtype: str, name: str) -> torch.Tensor:
+    """A kept floating tensor's values in `dtype` (F32, F16, BF16), rounded as torch's `.to()` rounds (to
+    nearest, ties to even); the CPU and GPU pipelines both cast with it, and `inspect --compare` compares with it.
+
+    `InputError` when a finite value does not fit `dtype` (over 65504 for F16) and would become infinite.
+    """
+    import torch
+
+    from qcli.errors import InputError
+
+    y = x.to(getattr(torch, FLOAT_TORCH[dtype]))
+    if y.dtype.itemsize <= x.dtype.itemsize and x.dtype != y.dtype:  # a narrowing cast can overflow
+        overflow = torch.isinf(y) & torch.isfinite(x)
+        if bool(overflow.any()):
+            worst = float(x[overflow].abs().max())
+            raise InputError(f"tensor '{name}' holds {worst:g}, which {dtype} cannot hold: cast = \"{dtype}\" "
+                             "would write it as infinity",
+                             hint="cast it to a wider dtype (F32, or BF16 for its range), or keep its own dtype")
+    return y

@@ -2,8 +2,9 @@
 
 A tensor takes the first recipe rule that matches its name; tensors no rule matches follow the default
 policy with the preset (docs/recipes.md): quantize floating tensors of rank >= 2 whose shape can take
-the scheme, keep everything else with the reason. Nothing here reads a weight, so a plan is checked in
-full (and `--dry-run` printed) before the first tensor is loaded.
+the scheme (with a smaller block when the preset's does not divide the row; the token embedding and the
+output head at 8 bits when the preset is narrower), keep everything else with the reason. Nothing here
+reads a weight, so a plan is checked in full (and `--dry-run` printed) before the first tensor is loaded.
 """
 
 from __future__ import annotations
@@ -12,11 +13,19 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from qcli import layout
-from qcli.burn_backends import COMMON_BACKENDS, BurnBackend, kept_problem, load_problem, loads_instead
+from qcli import BURN_VERSION, layout
+from qcli.burn_backends import (
+    COMMON_BACKENDS,
+    BurnBackend,
+    hold_problem,
+    kept_problem,
+    load_problem,
+    loads_instead,
+    scheme_serde,
+)
 from qcli.errors import PlanError
 from qcli.io.burnpack import MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, align
-from qcli.io.dtypes import burn_dtype
+from qcli.io.dtypes import BURN_PLAIN_SIZES, burn_dtype
 from qcli.io.safetensors import TensorInfo
 from qcli.presets import DEFAULT_PRESET, PRESETS, Preset
 from qcli.recipe import Recipe, Rule
@@ -37,6 +46,13 @@ QUANTIZED_DTYPES = ("I8", "U8")
 QUANTIZED_PREFIXES = ("F8_", "F6_", "F4")
 SCALE_SUFFIXES = ("_scale_inv", "_scale", ".scale")
 FIRST_NAMES = 3
+# The token embedding and the output head, by the module names common checkpoints give them (Llama and
+# most Hugging Face models, GPT-2, Meta's Llama, BERT, GPT-NeoX): quantized at `WIDE_PRESET` by default
+# when the preset is narrower than 8 bits.
+EMBEDDING_MODULES = ("embed_tokens", "wte", "tok_embeddings", "word_embeddings", "embed_in")
+HEAD_MODULES = ("lm_head", "embed_out")
+HEAD_NAMES = ("output.weight",)  # Meta's Llama: a top-level `output` module
+WIDE_PRESET = "q8s-b32"
 
 
 @dataclass(frozen=True)
@@ -48,12 +64,14 @@ class Decision:
     transpose: bool
     reason: str
     rule: Rule | None
+    cast: str | None = None  # a kept floating tensor written in this dtype (F32, F16, BF16) instead of its own
 
 
 @dataclass(frozen=True)
 class PlanEntry:
     info: TensorInfo
     decision: Decision
+    burn_version: str = BURN_VERSION
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -63,14 +81,16 @@ class PlanEntry:
 
     @property
     def out_dtype(self) -> object:
-        """Burn's DType serde: the source dtype for a kept tensor, else `{"QFloat": scheme}`."""
+        """Burn's DType serde: the source dtype (or the cast's) for a kept tensor, else `{"QFloat": scheme}`."""
         if self.decision.scheme is None:
-            return burn_dtype(self.info.dtype)
-        return {"QFloat": self.decision.scheme.to_serde()}
+            return burn_dtype(self.decision.cast or self.info.dtype)
+        return {"QFloat": scheme_serde(self.decision.scheme, self.burn_version)}
 
     @property
     def out_nbytes(self) -> int:
         if self.decision.scheme is None:
+            if self.decision.cast is not None:
+                return self.numel * BURN_PLAIN_SIZES[self.decision.cast]
             return self.info.nbytes
         return layout.quantized_data_len(self.decision.scheme, self.out_shape)
 
@@ -86,9 +106,10 @@ class PlanEntry:
     def peak_bytes(self) -> int:
         """Host memory while this tensor is processed: its source, an f32 copy of it and its payload (the
         decode for --stats/--verify holds as much: the source, the f32 decode, the payload); a kept
-        tensor holds its source bytes, twice when transposed."""
+        tensor holds its source bytes, twice when transposed, and its cast beside them."""
         if self.decision.scheme is None:
-            return self.info.nbytes * (2 if self.decision.transpose else 1)
+            cast = self.out_nbytes if self.decision.cast is not None else 0
+            return self.info.nbytes * (2 if self.decision.transpose else 1) + cast
         return self.info.nbytes + 4 * self.numel + self.out_nbytes
 
 
@@ -210,25 +231,57 @@ def shape_problem(scheme: QuantScheme, shape: Sequence[int]) -> str | None:
     return None
 
 
+def tensor_role(name: str) -> str | None:
+    """"token embedding" or "output head" for the names checkpoints give them (`model.embed_tokens.weight`,
+    `transformer.wte.weight`, `tok_embeddings.weight`, `lm_head.weight`, Meta's `output.weight`), else None."""
+    if name in HEAD_NAMES:
+        return "output head"
+    parts = name.split(".")
+    module = parts[-2] if len(parts) > 1 and parts[-1] == "weight" else parts[-1]
+    if module in EMBEDDING_MODULES:
+        return "token embedding"
+    return "output head" if module in HEAD_MODULES else None
+
+
+def smaller_block(scheme: QuantScheme, shape: Sequence[int], calibration: Calibration = Calibration.MinMax
+                  ) -> QuantScheme | None:
+    """`scheme` with its one-axis block halved until `shape` can take it, no smaller than the values one
+    storage word holds (8 for 4-bit PackedU32), the value, store and scale dtype unchanged: the largest
+    such block; None for a scheme without a one-axis block, or when no such block fits."""
+    block = scheme.block
+    if block is None or block.size.len != 1 or not shape:
+        return None
+    extent, floor = block.size.dims()[0] // 2, max(scheme.num_quants(), 1)
+    while extent >= floor:
+        if shape[-1] % extent == 0:
+            candidate = scheme.per_block([extent], block.dtype)
+            if shape_problem(candidate, shape) is None and not accept_problems(candidate, calibration):
+                return candidate
+        extent //= 2
+    return None
+
+
 def make_plan(
     infos: Iterable[TensorInfo], recipe: Recipe | None = None, preset: Preset | None = None,
-    *, split: bool = False, backend: BurnBackend | None = None,
+    *, split: bool = False, backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
 ) -> Plan:
     """One decision per tensor and every problem found from the headers (see the module docstring).
 
     `split`: the output is cut into several files (--max-shard-size), so Burn's per-file limits are
     the split's to keep, not one file's. `backend`: every tensor that Burn backend cannot load is an
-    error; without one, what a common backend cannot load is a warning.
+    error; without one, what a common backend cannot load is a warning. `burn_version`: the Burn release
+    the file is for; a scheme it has no form for is an error.
     """
-    return _Planner(list(infos), recipe, preset or PRESETS[DEFAULT_PRESET], split, backend).plan()
+    return _Planner(list(infos), recipe, preset or PRESETS[DEFAULT_PRESET], split, backend, burn_version).plan()
 
 
 class _Planner:
     def __init__(self, infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False,
-                 backend: BurnBackend | None = None) -> None:
+                 backend: BurnBackend | None = None, burn_version: str = BURN_VERSION) -> None:
         self.infos = infos
         self.split = split
         self.backend = backend
+        self.burn_version = burn_version
         self.recipe = recipe
         self.preset = preset
         self.problems: list[Problem] = []
@@ -237,6 +290,9 @@ class _Planner:
         for name in sorted(self.quantized_sources):
             self.quantized_modules.setdefault(name.rpartition(".")[0], name)
         self.not_2d: dict[int, list[str]] = {}  # id(rule) -> tensors it asks to transpose that are not 2-D
+        self.not_float: dict[int, list[str]] = {}  # id(rule) -> tensors it asks to cast that are not floating
+        self.unquantized: dict[int, list[str]] = {}  # id(rule) -> its tensors that cannot take its scheme, why
+        self.cast_kept = recipe.cast_kept if recipe is not None else None
 
     def plan(self) -> Plan:
         rules = self.recipe.rules if self.recipe else []
@@ -246,17 +302,20 @@ class _Planner:
             rule = next((r for r in rules if r.matches(info.name)), None)
             if rule is not None:
                 covered[id(rule)].append(info.name)
-            entries.append(PlanEntry(info, self.by_rule(info, rule) if rule else self.by_default(info)))
+            decision = self.by_rule(info, rule) if rule else self.by_default(info)
+            entries.append(PlanEntry(info, decision, self.burn_version))
         for rule in rules:
-            self.rule_problems(rule, covered[id(rule)])
+            self.rule_problems(rule, covered[id(rule)], entries, rules)
         self.default_problems([e.info.name for e in entries if e.decision.rule is None])
         for entry in entries:
             self.output_problems(entry)
+        self.version_problems(entries)
         for backend in [self.backend] if self.backend else COMMON_BACKENDS:
             self.backend_problems(backend, entries)
         plan = Plan(entries, self.problems, self.preset)
         if not self.split:
             self.file_problems(plan)
+        self.nothing_quantized(entries)
         return plan
 
     def problem(self, kind: str, message: str, hint: str, tensors: Sequence[str] = (),
@@ -264,9 +323,22 @@ class _Planner:
         self.problems.append(Problem(kind, message, hint, rule.file if rule else None,
                                      rule.line if rule else None, tuple(tensors), severity))
 
+    def cast_of(self, info: TensorInfo, cast: str | None) -> str | None:
+        """The dtype a kept `info` is written in when `cast` is asked: None for its own dtype, or for a tensor
+        that is not floating (`[defaults] cast_kept` passes those by; a rule's cast is checked in `by_rule`)."""
+        return cast if cast is not None and info.dtype in FLOAT_DTYPES and cast != info.dtype else None
+
+    def kept(self, info: TensorInfo, reason: str, rule: Rule | None, transpose: bool = False,
+             calibration: Calibration = Calibration.MinMax, cast: str | None = None) -> Decision:
+        """A keep decision, written as `cast` (else `[defaults] cast_kept`) where that applies."""
+        cast = self.cast_of(info, cast or self.cast_kept)
+        if cast is not None:
+            reason += f", cast {info.dtype} to {cast}"
+        return Decision(None, calibration, transpose, reason, rule, cast)
+
     def by_default(self, info: TensorInfo) -> Decision:
         def keep(reason: str) -> Decision:
-            return Decision(None, Calibration.MinMax, False, f"default: keep, {reason}", None)
+            return self.kept(info, f"default: keep, {reason}", None)
 
         rank = len(info.shape)
         if is_quantized(info.dtype):
@@ -279,12 +351,30 @@ class _Planner:
             return keep(f"{kind} tensor ({info.dtype})")
         if rank < 2:
             return keep("0-D tensor (scalar)" if rank == 0 else "1-D tensor (norm/bias)")
-        scheme = self.preset.scheme
-        why_not = shape_problem(scheme, info.shape)
-        if why_not is not None:
-            return keep(f"cannot take {self.preset.name}: {why_not}")
-        return Decision(scheme, self.preset.calibration, False,
-                        f"default: {info.dtype} tensor of rank {rank} -> {self.preset.name}", None)
+        role = tensor_role(info.name)
+        if role is not None and self.preset.scheme.value.size_bits() < 8:
+            wide = self.default_scheme(info, PRESETS[WIDE_PRESET], f"default: {role}, 8 bits")
+            if wide is not None:
+                return wide
+        decision = self.default_scheme(info, self.preset)
+        if decision is not None:
+            return decision
+        return keep(f"cannot take {self.preset.name}: {shape_problem(self.preset.scheme, info.shape)}")
+
+    def default_scheme(self, info: TensorInfo, preset: Preset, why: str | None = None) -> Decision | None:
+        """`preset` for a floating tensor of rank >= 2, with a smaller block (`smaller_block`) when its own does
+        not divide the row; None when the shape takes neither. `why` replaces the reason's start (kept short:
+        the reason is a column of quantize's table)."""
+        reason = f"{why or f'default: {info.dtype} tensor of rank {len(info.shape)}'} -> {preset.name}"
+        scheme = preset.scheme
+        if shape_problem(scheme, info.shape) is not None:
+            smaller = smaller_block(scheme, info.shape, preset.calibration)
+            if smaller is None:
+                return None
+            reason += (f" → block {smaller.block.size}: {info.shape[-1]} is not a multiple of "
+                       f"{scheme.block.size.dims()[0]}")
+            scheme = smaller
+        return Decision(scheme, preset.calibration, False, reason, None)
 
     def by_rule(self, info: TensorInfo, rule: Rule) -> Decision:
         where = f"rule {rule.location}"
@@ -295,7 +385,10 @@ class _Planner:
         if rule.transpose and not transpose:
             self.not_2d.setdefault(id(rule), []).append(info.name)
         if rule.keep:
-            return Decision(None, rule.calibration, transpose, f"{where}: keep", rule)
+            if rule.cast is not None and info.dtype not in FLOAT_DTYPES:
+                self.not_float.setdefault(id(rule), []).append(info.name)
+                return Decision(None, rule.calibration, transpose, f"{where}: keep", rule)
+            return self.kept(info, f"{where}: keep", rule, transpose, rule.calibration, rule.cast)
         assert rule.scheme is not None
         shape = info.shape[::-1] if transpose else info.shape
         why_not = self.cannot_take(info, rule.scheme, shape)
@@ -309,8 +402,10 @@ class _Planner:
                 "change the rule's block or store, add a keep rule for it, or set on_indivisible = \"keep\"",
                 [info.name], rule=rule,
             )
+        self.unquantized.setdefault(id(rule), []).append(
+            f"{info.name} {list(info.shape)}{' transposed' if transpose else ''}: {why_not}")
         reason = f"{where}: keep, cannot take the scheme: {why_not}"
-        return Decision(None, rule.calibration, transpose, reason, rule)
+        return self.kept(info, reason, rule, transpose, rule.calibration)
 
     def cannot_take(self, info: TensorInfo, scheme: QuantScheme, shape: Sequence[int]) -> str | None:
         if is_quantized(info.dtype):
@@ -328,7 +423,8 @@ class _Planner:
         module, _, leaf = name.rpartition(".")
         return self.quantized_modules.get(module) if "scale" in leaf else None
 
-    def rule_problems(self, rule: Rule, names: list[str]) -> None:
+    def rule_problems(self, rule: Rule, names: list[str], entries: Sequence[PlanEntry] = (),
+                      rules: Sequence[Rule] = ()) -> None:
         refused = rule_refusal(rule, names)
         if refused is not None:
             self.problems.append(refused)
@@ -340,12 +436,60 @@ class _Planner:
                 "narrow the match to 2-D weights (a rule before it can keep the others), or drop transpose",
                 not_2d, rule=rule,
             )
+        not_float = self.not_float.get(id(rule), [])
+        if not_float:
+            dtypes = sorted({e.info.dtype for e in entries if e.info.name in set(not_float)})
+            self.problem(
+                "cast", f"rule (match {rule.match!r}) asks to cast {count_and_first(not_float)} to {rule.cast}, "
+                f"which are not floating ({', '.join(dtypes)}); cast converts F64, F32, F16 and BF16 tensors only",
+                "narrow the match to floating tensors (a keep rule before it can take the others), or drop cast",
+                not_float, rule=rule,
+            )
+        unquantized = self.unquantized.get(id(rule), [])
+        strict = self.recipe is not None and self.recipe.on_indivisible == "error"  # each is an error already
+        if names and len(unquantized) == len(names) and not strict:
+            self.problem(
+                "unquantized-rule", f"rule (match {rule.match!r}) matches {count_and_first(names)} but "
+                f"quantizes none of them with {rule.describe()}: {unquantized[0]}",
+                "change the rule's block, store or value so the shapes take it, or say keep = true if keeping "
+                "them is meant",
+                names, severity="warning", rule=rule,
+            )
         if not names:
+            shadowed = [e for e in entries if rule.matches(e.info.name)]
+            if shadowed:
+                earlier = list({id(e.decision.rule): e.decision.rule for e in shadowed}.values())
+                by = ", ".join(f"rule {rule_number(r, rules)} ({r.location})" for r in earlier)
+                self.problem(
+                    "unmatched-rule", f"rule (match {rule.match!r}) is shadowed by {by}: every tensor it "
+                    f"matches, {count_and_first([e.info.name for e in shadowed])}, is taken by "
+                    f"{'that rule' if len(earlier) == 1 else 'those rules'} first",
+                    "the first rule that matches a tensor decides it: move this rule before "
+                    f"{'it' if len(earlier) == 1 else 'them'}, narrow the earlier match, or remove this rule",
+                    severity="warning", rule=rule,
+                )
+                return
             self.problem(
                 "unmatched-rule", f"rule (match {rule.match!r}) matches no tensor",
                 "check the pattern against `qcli inspect` names (a glob matches the full name), or remove it",
                 severity="warning", rule=rule,
             )
+
+    def nothing_quantized(self, entries: Sequence[PlanEntry]) -> None:
+        """A plan without errors that quantizes no tensor at all: a warning, with the first tensor's reason."""
+        if not entries or any(e.decision.scheme is not None for e in entries) or any(
+            p.severity == "error" for p in self.problems
+        ):
+            return
+        names = [e.info.name for e in entries]
+        first = entries[0]
+        self.problem(
+            "nothing-quantized", f"nothing is quantized: all {count_and_first(names)} are kept; the first "
+            f"because {first.decision.reason}",
+            "the output would be about as large as the input: check --scheme and the recipe's rules against "
+            "each tensor's reason in `qcli quantize --dry-run`",
+            names, severity="warning",
+        )
 
     def default_problems(self, names: list[str]) -> None:
         """A preset Burn refuses is reported once, like a rule (the CLI only offers accepted presets)."""
@@ -374,30 +518,47 @@ class _Planner:
                 [info.name], rule=entry.decision.rule,
             )
 
+    def version_problems(self, entries: Sequence[PlanEntry]) -> None:
+        """Schemes the target Burn release has no form for, whatever the backend: one error per rule."""
+        unheld: dict[tuple[int, str], list[PlanEntry]] = {}
+        for entry in entries:
+            why = entry.decision.scheme and hold_problem(entry.decision.scheme, self.burn_version)
+            if why:
+                unheld.setdefault((id(entry.decision.rule), why), []).append(entry)
+        for (_, why), group in unheld.items():
+            names = [e.info.name for e in group]
+            self.problem("version", f"{count_and_first(names)} cannot be written as {group[0].decision.scheme}: "
+                         f"{why}", "use a one-level scheme (drop tensor_scale), or --burn-version "
+                         f"{BURN_VERSION}", names, rule=group[0].decision.rule)
+
     def backend_problems(self, backend: BurnBackend, entries: Sequence[PlanEntry]) -> None:
         """What `backend` cannot load, one problem per rule (or the preset) and reason: an error for the
         backend asked for, a warning for a common one."""
         failing: dict[tuple[int, str, str], list[PlanEntry]] = {}
+        version = self.burn_version
         for entry in entries:
             scheme = entry.decision.scheme
-            why = (kept_problem(backend, entry.out_dtype) if scheme is None
-                   else load_problem(backend, scheme, entry.out_shape))
+            if scheme is not None and hold_problem(scheme, version) is not None:
+                continue  # `version_problems` reports it once, for every backend
+            why = (kept_problem(backend, entry.out_dtype, version) if scheme is None
+                   else load_problem(backend, scheme, entry.out_shape, version))
             if why is not None:
                 failing.setdefault((id(entry.decision.rule), str(scheme or entry.out_dtype), why), []).append(entry)
         for (_, written, why), group in failing.items():
             first = group[0]
             names = [e.info.name for e in group]
             if first.decision.scheme is None:
-                hint = "load the file on flex (Burn's CPU backend), which builds every dtype"
+                hint = ("load the file on flex (Burn's CPU backend), which builds every dtype, or write them as F32: "
+                        "cast = \"F32\" on their keep rule, or cast_kept = \"F32\" in [defaults]")
             else:
-                instead = loads_instead(backend, first.decision.scheme, first.out_shape)
+                instead = loads_instead(backend, first.decision.scheme, first.out_shape, version)
                 hint = (f"use {preset_or_scheme(instead)}, which {backend} loads" if instead is not None
                         else "keep them (keep = true), or load the file on another backend")
             if self.backend is None:
                 hint += "; name the backend you load with by --burn-backend to check for it alone"
             self.problem(
-                "backend", f"Burn's {backend} backend cannot load {count_and_first(names)} as {written}: {why}",
-                hint, names, severity="error" if self.backend else "warning", rule=first.decision.rule,
+                "backend", f"Burn {version}'s {backend} backend cannot load {count_and_first(names)} as {written}: "
+                f"{why}", hint, names, severity="error" if self.backend else "warning", rule=first.decision.rule,
             )
 
     def file_problems(self, plan: Plan) -> None:
@@ -426,6 +587,12 @@ def rule_refusal(rule: Rule, covered: Sequence[str] | None = None) -> Problem | 
     kind = "lookup" if rule.mode == QuantMode.Lookup.value else "scheme"
     hint = rule.refusals[0].instead
     return Problem(kind, message, hint, rule.file, rule.line, tuple(covered or ()), "error")
+
+
+def rule_number(rule: Rule, rules: Sequence[Rule]) -> int:
+    """The rule's number in its recipe (1 for the first [[rule]]), as the recipe counted it."""
+    number = getattr(rule, "number", None)
+    return number if number else next(i for i, r in enumerate(rules, 1) if r is rule)
 
 
 def preset_or_scheme(scheme: QuantScheme) -> str:

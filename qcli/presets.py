@@ -91,14 +91,68 @@ ZERO_POINT_WHY = (
 )
 
 
+# llama.cpp (GGUF) and FP8 names: refused, each with the Burn preset nearest to it and, where that is not
+# the same grid, the difference in one phrase. GGUF's byte layout is never Burn's; these are about values.
+_E4M3 = ("e4m3", "FP8 E4M3 codes, one F32 scale per tensor (e4m3-b32: F16 scales per 32 values); loads on "
+         "Burn's wgpu only", "an FP8 format's")
+FOREIGN_NAMES: dict[str, tuple[str, str, str]] = {
+    "q8_0": ("q8s-b32", "8-bit, blocks of 32 with F16 scales, as Q8_0 (the same [-127, 127] grid)", "llama.cpp's"),
+    "q4_0": ("q4f-b32", "4-bit over the full range [-8, 7] in blocks of 32 with F16 scales, as Q4_0, but scaled by "
+             "max|x| / 7.5 where Q4_0 divides the signed max by -8", "llama.cpp's"),
+    "q5_0": ("q8s-b32", "8-bit, blocks of 32 with F16 scales: Burn has no 5-bit values (q4f-b32 is the smaller "
+             "choice)", "llama.cpp's"),
+    **dict.fromkeys(("fp8", "f8", "float8", "fp8_e4m3", "f8_e4m3", "fp8_e4m3fn", "f8_e4m3fn", "e4m3fn"), _E4M3),
+    **dict.fromkeys(("fp8_e5m2", "f8_e5m2"), ("e5m2", "FP8 E5M2 codes, one F32 scale per tensor; loads on Burn's "
+                                              "wgpu only", "an FP8 format's")),
+}
+# llama.cpp's K-quants: super-blocks of 256 values with integer sub-block scales under an F16 scale, and
+# for Q2_K, Q4_K and Q5_K an integer min per sub-block. Burn's block scales are floats and it has no min
+# (zero point), so none has a QFloat form. `_s`, `_m`, `_l` name llama.cpp's mixes of them.
+_K_MINS = ("integer sub-block scales and mins under an F16 scale; Burn has no zero point (a min) and its "
+           "block scales are floats (F16, BF16, F32, UE4M3, UE8M0), not integers")
+_K_SYMMETRIC = ("integer sub-block scales under an F16 scale; Burn's block scales are floats (F16, BF16, F32, "
+                "UE4M3, UE8M0), not integers")
+K_QUANTS: dict[str, tuple[str, str, str]] = {
+    "q2_k": (_K_MINS, "q4s-b32", "4-bit, blocks of 32 with F16 scales; q2s-b32 is ternary, for BitNet-style "
+             "models only"),
+    "q3_k": (_K_SYMMETRIC, "q4s-b32", "4-bit, blocks of 32 with F16 scales"),
+    "q4_k": (_K_MINS, "q4s-b32", "4-bit, blocks of 32 with F16 scales and no min"),
+    "q5_k": (_K_MINS, "q8s-b32", "8-bit, blocks of 32: Burn has no 5-bit values; q4s-b32 is the smaller choice"),
+    "q6_k": (_K_SYMMETRIC, "q8s-b32", "8-bit, blocks of 32: Burn has no 6-bit values; q4s-b32 is the smaller "
+             "choice"),
+}
+K_QUANT_MIXES = ("_xs", "_s", "_m", "_l")
+
+
+def foreign_preset(name: str) -> SchemeError | UsageError | None:
+    """The error for a llama.cpp or FP8 name (`q8_0`, `q4_k_m`, `fp8`), naming the nearest Burn preset; None
+    for any other name. A name with a near preset is a `UsageError`, a K-quant (no QFloat form) a
+    `SchemeError`."""
+    key = name.strip().lower().replace("-", "_")
+    if key in FOREIGN_NAMES:
+        preset, what, origin = FOREIGN_NAMES[key]
+        return UsageError(f"{name.strip()!r} is {origin} name, not a qcli preset", hint=f"use {preset}: {what}")
+    base = next((key[: -len(mix)] for mix in K_QUANT_MIXES if key.endswith(mix)), key)
+    if base in K_QUANTS:
+        layout, preset, what = K_QUANTS[base]
+        mix = " mix" if base != key else ""
+        return SchemeError(f"{name.strip()} is a llama.cpp K-quant{mix}, refused: super-blocks of 256 values with "
+                           f"{layout}", f"use {preset} ({what}), or keep the tensor")
+    return None
+
+
 def get_preset(name: str) -> Preset:
     """The preset called `name` (any case).
 
-    `SchemeError` for a codebook or zero-point scheme Burn cannot hold, `UsageError` for any other name.
+    `SchemeError` for a codebook, K-quant or zero-point scheme Burn cannot hold, `UsageError` for any other
+    name: a llama.cpp or FP8 name (`q8_0`, `fp8`) gets the nearest preset, a typo the closest name.
     """
     key = name.strip().lower()
     if key in PRESETS:
         return PRESETS[key]
+    foreign = foreign_preset(name)
+    if foreign is not None:
+        raise foreign
     instead = f"use a Symmetric scheme of the same width, e.g. --scheme {DEFAULT_PRESET}, or keep the tensor"
     if key in LOOKUP_NAMES:
         raise SchemeError(f"{name} is a codebook scheme (mode Lookup), refused: {LOOKUP_WHY}", instead)

@@ -13,16 +13,22 @@ tensors the rule would have covered before refusing it.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import re
+import sys
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from fnmatch import fnmatchcase
 from pathlib import Path
+from re import _compiler as _re_compiler
+from re import _constants as _re_constants
+from re import _parser as _re_parser
 
 from qcli.errors import RecipeError, SchemeError
+from qcli.io.safetensors import NOT_REGULAR_HINT, NotRegularFile, open_regular, printable, shown
 from qcli.presets import DEFAULT_PRESET, LOOKUP_NAMES, PRESETS, ZERO_POINT_NAMES, ZERO_POINT_WHY
 from qcli.scheme import (
     LOOKUP_WHY,
@@ -44,10 +50,11 @@ from qcli.scheme import (
 RECIPE_VERSION = 1
 ON_INDIVISIBLE = ("keep", "error")
 TOP_KEYS = ("version", "defaults", "rule")
-DEFAULTS_KEYS = ("on_indivisible",)
+DEFAULTS_KEYS = ("on_indivisible", "cast_kept")
+CAST_DTYPES = ("F32", "F16", "BF16")  # what `cast` (a keep rule) and `cast_kept` write a kept floating tensor as
 SCHEME_KEYS = ("value", "store", "mode", "block", "block_scale", "tensor_scale", "calibration")
 ZERO_POINT_KEYS = ("zero_point", "asymmetric", "symmetric")
-DOCUMENTED_RULE_KEYS = ("match", "keep", *SCHEME_KEYS, "transpose", "preset")
+DOCUMENTED_RULE_KEYS = ("match", "keep", *SCHEME_KEYS, "transpose", "preset", "cast")
 RULE_KEYS = (*DOCUMENTED_RULE_KEYS, *ZERO_POINT_KEYS)  # zero-point keys are read only to be refused
 STORES = {"PackedU32": PackedU32, "Native": Native, "PackedNative": PackedNative}
 ZERO_POINT_MODES = ("Asymmetric", "Affine")
@@ -73,11 +80,14 @@ class Rule:
     preset: str | None
     mode: str = QuantMode.Symmetric.value
     refusals: tuple[Refusal, ...] = ()
+    cast: str | None = None  # keep rules: the dtype a kept floating tensor is written in (CAST_DTYPES)
+    number: int = 0  # its place in the recipe: 1 for the first [[rule]]
 
     def matches(self, name: str) -> bool:
-        """Glob on the full name (`fnmatchcase`), or a full regex match after `re:`."""
+        """Glob on the full name (`fnmatchcase`), or a full regex match after `re:`, in time linear in
+        the name's length (`regex_matcher`)."""
         if self.match.startswith(REGEX_PREFIX):
-            return re.fullmatch(self.match[len(REGEX_PREFIX) :], name) is not None
+            return regex_matcher(self.match[len(REGEX_PREFIX) :])(name)
         return fnmatchcase(name, self.match)
 
     @property
@@ -101,6 +111,7 @@ class Recipe:
     on_indivisible: str
     rules: list[Rule]
     sha256: str
+    cast_kept: str | None = None  # [defaults]: the dtype every kept floating tensor is written in
 
 
 @dataclass(frozen=True)
@@ -124,15 +135,24 @@ def load_recipe(path: str | Path) -> Recipe:
     raise RecipeError(f"{first.file}:{first.line}: {first.message}", hint)
 
 
+MAX_RECIPE_SIZE = 10_000_000  # bytes; a recipe is a few hundred
+
+
 def read_recipe(path: str | Path) -> tuple[Recipe, list[RecipeFault]]:
     """Read a recipe, collecting every fault; the recipe holds the rules that parsed."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with open_regular(path) as file:
+            data = file.read(MAX_RECIPE_SIZE + 1)
+    except NotRegularFile as exc:
+        raise RecipeError(printable(f"cannot read recipe {path}: {exc}"), hint=NOT_REGULAR_HINT) from None
     except OSError as exc:
         raise RecipeError(
-            f"cannot read recipe {path}: {exc.strerror or exc}", hint="check the path given to --recipe"
+            printable(f"cannot read recipe {path}: {exc.strerror or exc}"), hint="check the path given to --recipe"
         ) from None
+    if len(data) > MAX_RECIPE_SIZE:
+        raise RecipeError(printable(f"cannot read recipe {path}: it is larger than {MAX_RECIPE_SIZE} bytes"),
+                          hint="a recipe is a short TOML file of rules (docs/recipes.md)")
     return parse_recipe(data, str(path), path)
 
 
@@ -142,8 +162,9 @@ def parse_recipe(
     """Parse recipe bytes named `file` in messages; returns the recipe and every fault found."""
     sha256 = hashlib.sha256(data).hexdigest()
     empty = Recipe(path, "keep", [], sha256)
+    file = printable(file)
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # an editor's byte order mark is not part of the TOML
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         return empty, [RecipeFault(file, line, "the recipe is not UTF-8 text", "save the recipe as UTF-8")]
@@ -151,12 +172,32 @@ def parse_recipe(
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         return empty, [_syntax_fault(file, exc)]
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        return empty, [RecipeFault(file, _deepest_line(text), "invalid TOML: arrays or inline tables are "
+                                   "nested too deeply", "a recipe's values are strings, numbers, booleans "
+                                   "and flat arrays (docs/recipes.md)")]
+    except ValueError:  # tomllib's other ValueError: an integer past int's digit limit
+        return empty, [RecipeFault(file, _longest_number_line(text), "invalid TOML: an integer of more "
+                                   f"than {sys.get_int_max_str_digits()} digits", "block extents and the "
+                                   "version are small integers (docs/recipes.md)")]
     parser = _Parser(file, text)
     on_indivisible, rules = parser.recipe(doc)
-    return Recipe(path, on_indivisible, rules, sha256), parser.faults
+    return Recipe(path, on_indivisible, rules, sha256, parser.cast_kept), parser.faults
 
 
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column \d+\)\s*$")
+
+
+def _deepest_line(text: str) -> int:
+    """The line holding the most opening brackets: where a too-deep nesting starts."""
+    counts = [line.count("[") + line.count("{") for line in text.splitlines()] or [0]
+    return counts.index(max(counts)) + 1
+
+
+def _longest_number_line(text: str) -> int:
+    """The line holding the longest run of digits."""
+    runs = [max((len(run) for run in re.findall(r"[0-9_]+", line)), default=0) for line in text.splitlines()]
+    return runs.index(max(runs)) + 1 if runs else 1
 
 
 def _syntax_fault(file: str, exc: tomllib.TOMLDecodeError) -> RecipeFault:
@@ -164,28 +205,57 @@ def _syntax_fault(file: str, exc: tomllib.TOMLDecodeError) -> RecipeFault:
     position = _TOML_POSITION.search(message)
     line = int(position.group(1)) if position else 1
     return RecipeFault(
-        file, line, f"invalid TOML: {_TOML_POSITION.sub('', message)}",
+        file, line, printable(f"invalid TOML: {_TOML_POSITION.sub('', message)}"),
         "fix the TOML syntax; docs/recipes.md shows a complete recipe",
     )
 
 
-class _Lines:
-    """Where tables and keys sit in the recipe text, found by scanning (tomllib reports no positions)."""
+_HEADER_NAME_PUNCTUATION = frozenset(".-\"' _")
 
-    _HEADER = re.compile(r"^\s*\[\[?\s*([\w.\-\"' ]+?)\s*\]\]?\s*(?:#.*)?$")
+
+def _header_name(line: str) -> str | None:
+    """The table name of a `[name]` or `[[name]]` line (a comment may follow), else None.
+
+    A scan in one pass over the line: `\\s*\\[\\[?\\s*([\\w.\\-"' ]+?)\\s*\\]\\]?\\s*(?:#.*)?$` as a regular
+    expression backtracks in time cubic in the line's length (its three space-matching parts overlap).
+    """
+    rest = line.lstrip()
+    if not rest.startswith("["):
+        return None
+    rest = rest[2:] if rest.startswith("[[") else rest[1:]
+    close = rest.find("]")
+    if close < 0:
+        return None
+    name, tail = rest[:close].strip(), rest[close + 1 :]
+    tail = (tail[1:] if tail.startswith("]") else tail).lstrip()
+    if not name or (tail and not tail.startswith("#")):
+        return None
+    quoted = len(name) > 1 and name[0] == name[-1] and name[0] in "\"'"  # a quoted key holds anything
+    if not quoted and not all(ch.isalnum() or ch in _HEADER_NAME_PUNCTUATION for ch in name):
+        return None
+    return name.strip("\"'")
+
+
+class _Lines:
+    """Where tables and keys sit in the recipe text, found by scanning (tomllib reports no positions).
+
+    Every scan is linear in the text: a recipe is hostile input too (a 100 kB line, 100,000 rules).
+    """
 
     def __init__(self, text: str) -> None:
         self.lines = text.splitlines()
         # (name, line) of every table header (`[name]` or `[[name]]`), lines counted from 1
         self.headers: list[tuple[str, int]] = []
+        self._by_name: dict[str, list[int]] = {}  # name -> indices into headers
         for number, line in enumerate(self.lines, 1):
-            header = self._HEADER.match(line)
-            if header:
-                self.headers.append((header.group(1).strip("\"'"), number))
+            name = _header_name(line)
+            if name is not None:
+                self._by_name.setdefault(name, []).append(len(self.headers))
+                self.headers.append((name, number))
 
     def table(self, name: str, index: int = 0) -> tuple[int, int] | None:
         """The 1-based line span (header, last line) of the `index`-th table called `name`."""
-        found = [i for i, (n, _) in enumerate(self.headers) if n == name]
+        found = self._by_name.get(name, [])
         if index >= len(found):
             return None
         i = found[index]
@@ -195,13 +265,24 @@ class _Lines:
     def key(self, key: str, span: tuple[int, int] | None) -> int:
         """The line of `key = ...` in `span` (the top level when None), else the span's first line."""
         start, end = span or (1, self.headers[0][1] - 1 if self.headers else len(self.lines))
-        pattern = re.compile(rf"^\s*(?:{re.escape(key)}|\"{re.escape(key)}\"|'{re.escape(key)}')\s*[=.]")
+        spellings = (key, f'"{key}"', f"'{key}'")
         for number in range(start, end + 1):
-            if pattern.match(self.lines[number - 1]):
-                return number
+            line = self.lines[number - 1].lstrip()
+            for spelling in spellings:
+                if line.startswith(spelling) and line[len(spelling) :].lstrip()[:1] in ("=", "."):
+                    return number
         if span is None:  # a top-level key may be a table: its header is its line
             return next((line for name, line in self.headers if name.split(".")[0] == key), 1)
         return max(start, 1)
+
+
+MAX_MESSAGE = 500  # characters of a fault's message (a value from the recipe can be any length)
+
+
+def _bounded(text: str) -> str:
+    """`text` escaped onto one line and cut to MAX_MESSAGE characters."""
+    text = printable(text)
+    return text if len(text) <= MAX_MESSAGE else f"{text[:MAX_MESSAGE]}... ({len(text)} characters)"
 
 
 def _suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
@@ -226,17 +307,18 @@ class _Parser:
         self.file = file
         self.lines = _Lines(text)
         self.faults: list[RecipeFault] = []
+        self.cast_kept: str | None = None
 
     def fault(self, line: int, message: str, hint: str) -> None:
-        self.faults.append(RecipeFault(self.file, line, message, hint))
+        self.faults.append(RecipeFault(self.file, line, _bounded(message), _bounded(hint)))
 
     def unknown_keys(self, table: dict, known: tuple[str, ...], where: str, span: tuple[int, int] | None,
-                     shown: tuple[str, ...] | None = None) -> None:
+                     listed: tuple[str, ...] | None = None) -> None:
         for key in table:
             if key not in known:
                 self.fault(
-                    self.lines.key(key, span), f"unknown key {key!r} in {where}",
-                    f"{_suggest(key, known)}known keys: {', '.join(shown or known)}",
+                    self.lines.key(key, span), f"unknown key {shown(key)} in {where}",
+                    f"{_suggest(key, known)}known keys: {', '.join(listed or known)}",
                 )
 
     def recipe(self, doc: dict) -> tuple[str, list[Rule]]:
@@ -246,7 +328,7 @@ class _Parser:
             self.fault(1, "the recipe has no version", f"add `version = {RECIPE_VERSION}` as its first line")
         elif type(version) is not int or version != RECIPE_VERSION:
             self.fault(
-                self.lines.key("version", None), f"unsupported recipe version {version!r}",
+                self.lines.key("version", None), f"unsupported recipe version {shown(version)}",
                 f"this qcli reads version = {RECIPE_VERSION}",
             )
         on_indivisible = self.defaults(doc.get("defaults", {}))
@@ -266,11 +348,13 @@ class _Parser:
             self.fault(self.lines.key("defaults", None), "defaults must be a table", "write it as [defaults]")
             return "keep"
         self.unknown_keys(table, DEFAULTS_KEYS, "[defaults]", span)
+        if "cast_kept" in table:
+            self.cast_kept = self.cast(table, "cast_kept", lambda key: self.lines.key(key, span))
         value = table.get("on_indivisible", "keep")
         if value not in ON_INDIVISIBLE:
             self.fault(
                 self.lines.key("on_indivisible", span),
-                f"on_indivisible must be \"keep\" or \"error\", got {value!r}",
+                f"on_indivisible must be \"keep\" or \"error\", got {shown(value)}",
                 "\"keep\" keeps a tensor whose shape cannot take its scheme; \"error\" stops the plan",
             )
             return "keep"
@@ -306,6 +390,13 @@ class _Parser:
                 line(scheme_keys[0]), f"preset cannot be combined with {', '.join(scheme_keys)}",
                 "a preset is a whole scheme: use either preset = \"...\" or value/store/block/... keys",
             )
+        cast = self.cast(table, "cast", line) if "cast" in table else None
+        if "cast" in table and not keep:
+            self.fault(
+                line("cast"), "cast needs keep = true: it sets the dtype a kept tensor is written in",
+                "add keep = true to write the tensors unquantized in that dtype, or remove cast (a quantized "
+                "tensor's dtype is its scheme)",
+            )
         keep_invalid = "keep" in table and not isinstance(table["keep"], bool)  # already a fault
         asks = keep or keep_invalid or misspelt or "preset" in table or "value" in table
         if not asks and mode == QuantMode.Symmetric.value:
@@ -332,7 +423,7 @@ class _Parser:
         return Rule(
             match=match, file=self.file, line=header, keep=keep, scheme=scheme,
             calibration=calibration or Calibration.MinMax, transpose=transpose, preset=preset,
-            mode=mode, refusals=refusals,
+            mode=mode, refusals=refusals, cast=cast, number=index + 1,
         )
 
     def pattern(self, match: object, line: int) -> str | None:
@@ -340,29 +431,43 @@ class _Parser:
             self.fault(line, "the rule has no match", "add match = \"*.weight\" (a glob) or \"re:<regex>\"")
             return None
         if not isinstance(match, str) or not match:
-            self.fault(line, f"match must be a non-empty string, got {match!r}", "e.g. match = \"*.weight\"")
+            self.fault(line, f"match must be a non-empty string, got {shown(match)}", "e.g. match = \"*.weight\"")
             return None
         if match.startswith(REGEX_PREFIX):
             try:
-                re.compile(match[len(REGEX_PREFIX) :])
+                regex_matcher(match[len(REGEX_PREFIX) :])
             except re.error as exc:
-                self.fault(line, f"invalid regular expression {match!r}: {exc}",
+                self.fault(line, f"invalid regular expression {shown(match)}: {exc}",
                            "fix the pattern after re:, or use a shell glob without the re: prefix")
+                return None
+            except PatternUnsupported as exc:
+                self.fault(line, f"pattern {shown(match)} {exc}", exc.hint)
                 return None
         return match
 
     def boolean(self, table: dict, key: str, line: LineOf) -> bool:
         value = table.get(key, False)
         if not isinstance(value, bool):
-            self.fault(line(key), f"{key} must be true or false, got {_type_name(value)} {value!r}",
+            self.fault(line(key), f"{key} must be true or false, got {_type_name(value)} {shown(value)}",
                        f"write {key} = true or {key} = false")
             return False
         return value
 
+    def cast(self, table: dict, key: str, line: LineOf) -> str | None:
+        """A dtype of CAST_DTYPES by name, any case; None (with a fault) for anything else."""
+        name = self.string(table, key, line)
+        if name is None:
+            return None
+        canonical = next((d for d in CAST_DTYPES if d.lower() == name.strip().lower()), None)
+        if canonical is None:
+            self.fault(line(key), f"unknown {key} {shown(name)}",
+                       f"{_suggest(name, CAST_DTYPES)}one of {', '.join(CAST_DTYPES)} (floating dtypes Burn holds)")
+        return canonical
+
     def string(self, table: dict, key: str, line: LineOf) -> str | None:
         value = table.get(key)
         if value is not None and not isinstance(value, str):
-            self.fault(line(key), f"{key} must be a string, got {_type_name(value)} {value!r}",
+            self.fault(line(key), f"{key} must be a string, got {_type_name(value)} {shown(value)}",
                        f"write {key} = \"...\" with quotes")
             return None
         return value
@@ -376,7 +481,7 @@ class _Parser:
             if member.name.lower() == name.lower():
                 return member
         names = [m.name for m in enum]
-        self.fault(line(key), f"unknown {key} {name!r}", f"{_suggest(name, names)}one of {', '.join(names)}")
+        self.fault(line(key), f"unknown {key} {shown(name)}", f"{_suggest(name, names)}one of {', '.join(names)}")
         return None
 
     def mode(self, table: dict, line: LineOf) -> str:
@@ -384,7 +489,7 @@ class _Parser:
         `asymmetric = true`, `symmetric = false`), which Burn has no form for."""
         for key in ("asymmetric", "symmetric"):
             if key in table and not isinstance(table[key], bool):
-                self.fault(line(key), f"{key} must be true or false, got {table[key]!r}",
+                self.fault(line(key), f"{key} must be true or false, got {shown(table[key])}",
                            "Burn's schemes are all symmetric; remove the key")
         name = self.string(table, "mode", line)
         if name is not None:
@@ -403,7 +508,7 @@ class _Parser:
     ) -> tuple[str | None, QuantScheme | None, Calibration | None, tuple[Refusal, ...]]:
         """(canonical name, scheme, calibration, refusals) of a preset; Nones and a fault when unknown."""
         if not isinstance(name, str):
-            self.fault(line, f"preset must be a string, got {name!r}", f"e.g. preset = \"{DEFAULT_PRESET}\"")
+            self.fault(line, f"preset must be a string, got {shown(name)}", f"e.g. preset = \"{DEFAULT_PRESET}\"")
             return None, None, None, ()
         key = name.strip().lower()
         if key in PRESETS:
@@ -413,7 +518,7 @@ class _Parser:
             return name, None, None, (_lookup_refusal(name),)
         if key in ZERO_POINT_NAMES:
             return name, None, None, (_zero_point_refusal(None, name),)
-        self.fault(line, f"unknown preset {name!r}", f"{_suggest(key, list(PRESETS))}known presets: "
+        self.fault(line, f"unknown preset {shown(name)}", f"{_suggest(key, list(PRESETS))}known presets: "
                    f"{', '.join(PRESETS)} (docs/presets.md)")
         return None, None, None, ()
 
@@ -446,10 +551,11 @@ class _Parser:
         name = self.string(table, "store", line) if "store" in table else "PackedU32"
         if name is None:
             return None
-        parsed = re.fullmatch(r"\s*(\w+)\s*(?:\(\s*(\d+)\s*\))?\s*", name)
+        # stripped first: `\s*(\w+)\s*(...)?\s*` would backtrack quadratically over a run of spaces
+        parsed = re.fullmatch(r"(\w+)\s*(?:\(\s*(\d{1,4})\s*\))?", name.strip())
         kind = parsed and next((k for k in STORES if k.lower() == parsed.group(1).lower()), None)
         if not kind or (kind == "Native" and parsed.group(2)):
-            self.fault(line("store"), f"unknown store {name!r}",
+            self.fault(line("store"), f"unknown store {shown(name)}",
                        f"{_suggest(name, list(STORES))}one of {', '.join(STORES)}")
             return None
         return Native() if kind == "Native" else STORES[kind](int(parsed.group(2) or 0))
@@ -462,7 +568,7 @@ class _Parser:
         if not isinstance(dims, list) or not dims or not all(
             isinstance(d, int) and not isinstance(d, bool) for d in dims
         ):
-            self.fault(line("block"), f"block must be an integer or an array of integers, got {raw!r}",
+            self.fault(line("block"), f"block must be an integer or an array of integers, got {shown(raw)}",
                        "e.g. block = [32], or block = [4, 32] for 4x32 tiles")
             return None
         try:
@@ -491,3 +597,271 @@ def _zero_point_refusal(value: object, name: str | None = None) -> Refusal:
     asked = f"{name} is asymmetric" if name else "a zero point (asymmetric quantization)"
     return Refusal(f"mode Asymmetric: {asked}: {ZERO_POINT_WHY}", same_width_instead(_width(value)))
 
+
+# -- regular expressions in linear time ---------------------------------------------------------------
+#
+# Python's `re` backtracks: `(a+)+$` or `(.*\.)*mlp\..*` takes exponential time on a name that almost
+# matches, and even `.*\.mlp\..*weight` quadratic time on a long one. A `re:` rule is therefore run as
+# an automaton (Thompson's construction, simulated as a DFA built lazily, one state set per step): time
+# linear in the name's length whatever the pattern. Python's parser reads the pattern, so the syntax and
+# each character class (case folding, \d, \w, ...) are exactly `re`'s. What an automaton cannot do,
+# lookaround, backreferences, conditionals, atomic groups and possessive repeats, is refused, and so is
+# a pattern whose automaton would exceed MAX_PATTERN_STATES (e.g. `(a{100}){100}`).
+
+MAX_PATTERN_STATES = 2_000
+_MAX_TRANSITIONS = 100_000  # cached DFA steps per pattern before the cache starts again
+_c = _re_constants
+_CHARACTER_OPS = (_c.LITERAL, _c.NOT_LITERAL, _c.ANY, _c.IN)
+_REPEAT_OPS = (_c.MAX_REPEAT, _c.MIN_REPEAT)
+_UNSUPPORTED = {
+    _c.ASSERT: "a lookahead or lookbehind", _c.ASSERT_NOT: "a negative lookahead or lookbehind",
+    _c.GROUPREF: "a backreference", _c.GROUPREF_EXISTS: "a conditional group",
+    _c.ATOMIC_GROUP: "an atomic group", _c.POSSESSIVE_REPEAT: "a possessive repeat",
+}
+_CHAR, _SPLIT, _ASSERT, _MATCH = range(4)
+_END_NEWLINE = "\n$"  # the key of "the next character is a final newline" (`$` matches before it)
+
+
+class PatternUnsupported(ValueError):
+    """A `re:` pattern qcli will not run (message: what it does; `hint`: what to write instead)."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+def _is_word(ch: str | None, ascii_only: bool) -> bool:
+    """sre's word character: alphanumeric or `_` (ASCII ones only under re.ASCII); None is the edge."""
+    if ch is None:
+        return False
+    return (ch.isalnum() and (not ascii_only or ch.isascii())) or ch == "_"
+
+
+def _holds(code: object, flags: int, before: str | None, after: str | None) -> bool:
+    """Whether the anchor `code` (sre's AT_*) holds between `before` and `after` (None: the string's
+    edge; `_END_NEWLINE`: a newline that ends the string), exactly as sre decides it."""
+    multiline = bool(flags & re.MULTILINE)
+    newline_after = after in ("\n", _END_NEWLINE)
+    if code is _c.AT_BEGINNING_STRING:
+        return before is None
+    if code is _c.AT_BEGINNING:
+        return before is None or (multiline and before == "\n")
+    if code is _c.AT_END_STRING:
+        return after is None
+    if code is _c.AT_END:
+        return after is None or after == _END_NEWLINE or (multiline and newline_after)
+    if code in (_c.AT_BOUNDARY, _c.AT_NON_BOUNDARY):
+        if before is None and after is None:
+            return False  # sre: neither \b nor \B holds in an empty string
+        ascii_only = bool(flags & re.ASCII)
+        after_char = "\n" if after == _END_NEWLINE else after
+        boundary = _is_word(before, ascii_only) != _is_word(after_char, ascii_only)
+        return boundary if code is _c.AT_BOUNDARY else not boundary
+    raise PatternUnsupported(f"uses the anchor {code}, which qcli does not support", _REGEX_HINT)
+
+
+_REGEX_HINT = ("write the rules in order instead (the first rule that matches a name decides), or use a "
+               "shell glob without the re: prefix")
+
+
+class _Automaton:
+    """The NFA of one pattern (states in parallel lists), and the DFA over its state sets, built lazily."""
+
+    def __init__(self, pattern: str) -> None:
+        parsed = _re_parser.parse(pattern)
+        self.kind: list[int] = []
+        self.arg: list[object] = []
+        self.out: list[int] = []
+        self.alt: list[int] = []
+        self._predicates: dict[tuple, Callable[[str], object]] = {}
+        self.final = self._new(_MATCH)
+        self.start = self._sequence(parsed.data, parsed.state.flags, self.final)
+        self.anchored = _ASSERT in self.kind  # steps then depend on the characters around them
+        self._reset()
+
+    # construction (right to left: each piece is built knowing the state that follows it)
+
+    def _new(self, kind: int, arg: object = None, out: int = -1, alt: int = -1) -> int:
+        if len(self.kind) >= MAX_PATTERN_STATES:
+            raise PatternUnsupported(
+                f"is too complex: its automaton would need more than {MAX_PATTERN_STATES} states",
+                "shorten counted repeats like {100}, or split the pattern into several rules")
+        self.kind.append(kind)
+        self.arg.append(arg)
+        self.out.append(out)
+        self.alt.append(alt)
+        return len(self.kind) - 1
+
+    def _sequence(self, items: Iterable, flags: int, after: int) -> int:
+        for op, av in reversed(list(items)):
+            after = self._item(op, av, flags, after)
+        return after
+
+    def _item(self, op: object, av: object, flags: int, after: int) -> int:
+        if op in _CHARACTER_OPS:
+            return self._new(_CHAR, self._predicate(op, av, flags), after)
+        if op is _c.AT:
+            return self._new(_ASSERT, (av, flags), after)
+        if op is _c.SUBPATTERN:
+            _, add, remove, body = av
+            return self._sequence(body, (flags | add) & ~remove, after)
+        if op is _c.BRANCH:
+            starts = [self._sequence(branch, flags, after) for branch in av[1]]
+            start = starts[-1]
+            for other in reversed(starts[:-1]):
+                start = self._new(_SPLIT, None, other, start)
+            return start
+        if op in _REPEAT_OPS:  # greedy or lazy: the same names match in full
+            low, high, body = av
+            size = len(self.kind)
+            self._sequence(body, flags, after)
+            if len(self.kind) == size:  # the body is empty: so is any repeat of it
+                return after
+            if high == _c.MAXREPEAT:
+                loop = self._new(_SPLIT, None, -1, after)
+                self.out[loop] = self._sequence(body, flags, loop)
+                start = loop
+            else:
+                start = after
+                for _ in range(high - low):
+                    start = self._new(_SPLIT, None, self._sequence(body, flags, start), after)
+            for _ in range(low):
+                start = self._sequence(body, flags, start)
+            return start
+        what = _UNSUPPORTED.get(op, f"the construct {op}")
+        raise PatternUnsupported(f"uses {what}, which qcli does not run: it matches re: patterns with an "
+                                 "automaton, in time linear in the name", _REGEX_HINT)
+
+    def _predicate(self, op: object, av: object, flags: int) -> Callable[[str], object]:
+        """`re`'s own test of one character for a LITERAL, NOT_LITERAL, ANY or IN item under `flags`."""
+        key = (op, repr(av), flags)
+        test = self._predicates.get(key)
+        if test is None:
+            state = _re_parser.State()
+            state.flags = flags
+            test = _re_compiler.compile(_re_parser.SubPattern(state, [(op, av)]), flags).match
+            self._predicates[key] = test
+        return test
+
+    # matching
+
+    def _reset(self) -> None:
+        self._ids: dict[frozenset[int], int] = {}
+        self._sets: list[frozenset[int]] = []
+        self._accepts: list[bool] = []
+        self._steps: dict[tuple, int] = {}
+        self._starts: dict[object, int] = {}
+
+    def _closure(self, states: Iterable[int], before: str | None, after: str | None) -> int:
+        """The id of the set of character and final states reachable from `states` without a character."""
+        seen: set[int] = set()
+        stack = list(states)
+        found = []
+        kind, out, alt, arg = self.kind, self.out, self.alt, self.arg
+        while stack:
+            state = stack.pop()
+            if state in seen:
+                continue
+            seen.add(state)
+            if kind[state] == _SPLIT:
+                stack.append(alt[state])
+                stack.append(out[state])
+            elif kind[state] == _ASSERT:
+                code, flags = arg[state]  # type: ignore[misc]
+                if _holds(code, flags, before, after):
+                    stack.append(out[state])
+            else:
+                found.append(state)
+        key = frozenset(found)
+        number = self._ids.get(key)
+        if number is None:
+            number = self._ids[key] = len(self._sets)
+            self._sets.append(key)
+            self._accepts.append(self.final in key)
+        return number
+
+    def _step(self, current: int, ch: str, after: str | None) -> int:
+        kind, arg, out = self.kind, self.arg, self.out
+        moved = [out[s] for s in self._sets[current] if kind[s] == _CHAR and arg[s](ch)]  # type: ignore[operator]
+        return self._closure(moved, ch, after)
+
+    def fullmatch(self, name: str) -> bool:
+        if len(self._sets) > _MAX_TRANSITIONS:
+            self._reset()
+        steps = self._steps
+        if not self.anchored:  # the common case: one cached step per character
+            current = self._starts.get(None)
+            if current is None:
+                current = self._starts[None] = self._closure([self.start], None, None)
+            for ch in name:
+                following = steps.get((current, ch))
+                if following is None:
+                    if len(steps) > _MAX_TRANSITIONS:
+                        steps.clear()
+                    following = steps[(current, ch)] = self._step(current, ch, None)
+                current = following
+                if not self._sets[current]:
+                    return False
+            return self._accepts[current]
+        n = len(name)
+
+        def after(i: int) -> str | None:  # what follows position i, as the anchors need it
+            if i == n:
+                return None
+            return _END_NEWLINE if i == n - 1 and name[i] == "\n" else name[i]
+
+        first = after(0)
+        current = self._starts.get(first)
+        if current is None:
+            current = self._starts[first] = self._closure([self.start], None, first)
+        for i, ch in enumerate(name):
+            key = (current, ch, after(i + 1))
+            following = steps.get(key)
+            if following is None:
+                if len(steps) > _MAX_TRANSITIONS:
+                    steps.clear()
+                following = steps[key] = self._step(current, ch, key[2])
+            current = following
+            if not self._sets[current]:
+                return False
+        return self._accepts[current]
+
+
+def _flat(items: Iterable) -> Iterable:
+    """The items with groups opened (their flags are `re`'s business on the simple path)."""
+    for op, av in items:
+        if op is _c.SUBPATTERN:
+            yield from _flat(av[3])
+        else:
+            yield op, av
+
+
+def _is_simple(items: Iterable) -> bool:
+    """No alternation and at most one repeat, of one character: `re` itself runs it in linear time."""
+    repeats = 0
+    for op, av in _flat(items):
+        if op in _REPEAT_OPS:
+            repeats += 1
+            body = list(_flat(av[2]))
+            if repeats > 1 or len(body) != 1 or body[0][0] not in _CHARACTER_OPS:
+                return False
+        elif op not in _CHARACTER_OPS and op is not _c.AT:
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=512)
+def regex_matcher(pattern: str) -> Callable[[str], bool]:
+    """A test of whether `pattern` matches a whole name, linear in the name's length.
+
+    `re.error` for a pattern Python cannot compile; `PatternUnsupported` for one qcli will not run.
+    """
+    try:
+        compiled = re.compile(pattern)
+        parsed = _re_parser.parse(pattern)
+        if _is_simple(parsed.data):
+            return lambda name: compiled.fullmatch(name) is not None
+        automaton = _Automaton(pattern)
+    except RecursionError:
+        raise PatternUnsupported("is nested too deeply", "write it with fewer groups inside groups") from None
+    return automaton.fullmatch

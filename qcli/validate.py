@@ -3,8 +3,9 @@
 Unlike `load_recipe`, nothing is raised for a faulty recipe: parse errors, schemes Burn refuses and
 Lookup or zero-point requests all come back together, each with its file and line so CI can annotate
 the recipe. With the model's `TensorInfo`s the plan is resolved from the headers too: tensors that
-cannot take their scheme, rules that match nothing (an error here, a warning in `make_plan`) and
-tensors no rule covers (a warning: they follow the default policy).
+cannot take their scheme, rules that decide nothing (matching no tensor, shadowed by earlier rules, or
+quantizing none of the tensors they match: errors here, warnings in `make_plan`), tensors no rule covers
+and a plan that quantizes nothing (warnings).
 """
 
 from __future__ import annotations
@@ -13,16 +14,20 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
+from qcli import BURN_VERSION
 from qcli.burn_backends import BurnBackend, load_problem, loads_instead
 from qcli.io.safetensors import TensorInfo
 from qcli.plan import Problem, count_and_first, make_plan, preset_or_scheme, rule_refusal
 from qcli.presets import Preset
 from qcli.recipe import Rule, read_recipe
 
+# Warnings of `make_plan` that are errors here: a rule that decides nothing is a mistake in the recipe.
+RULE_KINDS = ("unmatched-rule", "unquantized-rule")
+
 
 def validate_scheme(
     recipe_path: str | Path, infos: Iterable[TensorInfo] | None = None, preset: Preset | None = None,
-    backend: BurnBackend | None = None,
+    backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
 ) -> list[Problem]:
     """Every problem of the recipe at `recipe_path`, and of its plan for `infos` when given; with
     `backend`, every scheme that Burn backend cannot load (checked per tensor when `infos` is given).
@@ -33,10 +38,10 @@ def validate_scheme(
     problems = [Problem("recipe", f.message, f.hint, f.file, f.line, (), "error") for f in faults]
     if infos is None:
         problems += [p for rule in recipe.rules if (p := rule_refusal(rule)) is not None]
-        return problems + ([] if backend is None else _backend_refusals(recipe.rules, backend))
-    plan = make_plan(infos, recipe, preset, backend=backend)
+        return problems + ([] if backend is None else _backend_refusals(recipe.rules, backend, burn_version))
+    plan = make_plan(infos, recipe, preset, backend=backend, burn_version=burn_version)
     for problem in plan.problems:
-        problems.append(replace(problem, severity="error") if problem.kind == "unmatched-rule" else problem)
+        problems.append(replace(problem, severity="error") if problem.kind in RULE_KINDS else problem)
     uncovered = [e.info.name for e in plan.entries if e.decision.rule is None]
     if uncovered:
         problems.append(Problem(
@@ -49,16 +54,17 @@ def validate_scheme(
 
 
 
-def _backend_refusals(rules: Iterable[Rule], backend: BurnBackend) -> list[Problem]:
-    """Each rule whose scheme `backend` cannot load whatever the tensor's shape (no model: shapes unknown)."""
+def _backend_refusals(rules: Iterable[Rule], backend: BurnBackend, version: str) -> list[Problem]:
+    """Each rule whose scheme `backend` of Burn `version` cannot load whatever the tensor's shape (no model:
+    shapes unknown)."""
     problems = []
     for rule in rules:
-        why = None if rule.scheme is None or rule.refusals else load_problem(backend, rule.scheme, ())
+        why = None if rule.scheme is None or rule.refusals else load_problem(backend, rule.scheme, (), version)
         if why is not None:
-            instead = loads_instead(backend, rule.scheme, ())
+            instead = loads_instead(backend, rule.scheme, (), version)
             hint = (f"use {preset_or_scheme(instead)}, which {backend} loads" if instead is not None
                     else "keep those tensors (keep = true), or load the file on another backend")
             problems.append(Problem("backend", f"rule (match {rule.match!r}) asks for {rule.describe()}, which "
-                                    f"Burn's {backend} backend cannot load: {why}", hint,
+                                    f"Burn {version}'s {backend} backend cannot load: {why}", hint,
                                     rule.file, rule.line, (), "error"))
     return problems

@@ -520,3 +520,70 @@ def test_split_refuses_a_tensor_larger_than_a_file() -> None:
 def test_split_keeps_burns_tensor_count_per_file() -> None:
     entries = [TensorEntry(f"t{i}", "U8", (0,), 0) for i in range(100_001)]
     assert [len(pack) for pack in split(entries, 10**12)] == [100_000, 1]
+
+
+# -- hostile files: non-regular, CBOR tags and colliding keys; long target names ------------------------
+
+
+def test_the_reader_refuses_a_fifo_and_a_device_without_blocking(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "a.bpk")
+    (tmp_path / "z.bpk").symlink_to("/dev/zero")
+    for path, kind in ((tmp_path / "a.bpk", "a FIFO"), (tmp_path / "z.bpk", "a character device")):
+        with pytest.raises(InputError, match=f"not a regular file \\({kind}\\)"):
+            BurnpackReader.open(path)
+
+
+# cbor2's built-in tags, as of cbor2 6.3: every one must be refused (Burn and qcli write no tag)
+CBOR2_TAGS = [0, 1, 2, 3, 4, 5, 25, 28, 29, 30, 35, 36, 37, 52, 54, 100, 256, 258, 260, 261, 1004, 43000, 55799]
+
+
+@pytest.mark.parametrize("tag", [*CBOR2_TAGS, 6, 24, 27, 65535, 2**32, 2**63])
+def test_every_cbor_tag_is_refused(tmp_path: Path, tag: int) -> None:
+    blob = cbor2.dumps({"tensors": cbor2.CBORTag(tag, {})})
+    message = read_error(tmp_path / "a.bpk", raw_pack(None, encoded=blob)).message
+    assert f"metadata holds CBOR tag {tag}" in message
+
+
+def test_shared_references_are_refused_before_they_are_walked(tmp_path: Path) -> None:
+    import time
+
+    parts = [b"\xd8\x1c\x82\x01\x01"]  # tag 28 [1, 1]; then 59 levels of tag 28 [ref i-1, ref i-1]
+    parts += [b"\xd8\x1c\x82" + (b"\xd8\x1d\x18" + bytes([i - 1])) * 2 for i in range(1, 60)]
+    dag = bytes([0x98, 60]) + b"".join(parts)  # 2**60 leaves in 300 bytes
+    for blob in (b"\xa1\x67tensors\xa1\x61w\xa3\x65dtype\x63F32\x65shape" + dag + b"\x6cdata_offsets\x82\x00\x00",
+                 b"\xa1" + dag + b"\x00", b"\xa1\x67tensors" + dag):
+        start = time.perf_counter()
+        assert "metadata holds CBOR tag 28" in read_error(tmp_path / "a.bpk", raw_pack(None, encoded=blob)).message
+        assert time.perf_counter() - start < 1.0
+
+
+def test_map_keys_must_be_strings(tmp_path: Path) -> None:
+    """Integer keys k * (2**61 - 1) all hash alike: 40,000 of them took about 10 s to decode."""
+    keys = b"".join(cbor2.dumps(k * (2**61 - 1)) + b"\x00" for k in range(1, 40_001))
+    blob = b"\xa1\x67tensors\xb9" + (40_000).to_bytes(2, "big") + keys
+    assert "map key" in read_error(tmp_path / "a.bpk", raw_pack(None, encoded=blob)).message
+
+
+def test_metadata_messages_stay_short(tmp_path: Path) -> None:
+    huge = {"tensors": {"w": {"dtype": ["F32"] * 200_000, "shape": [1], "data_offsets": [0, 4]}}}
+    message = read_error(tmp_path / "a.bpk", raw_pack(huge, bytes(4))).message
+    assert len(message) < 700 and "not a Burn DType" in message
+    deep = {"tensors": {"w": f32_descriptor(0, 4, [1]) | {"shape": [[[[[[[1]]]]]]] * 1000}}}
+    message = read_error(tmp_path / "b.bpk", raw_pack(deep, bytes(4))).message
+    assert len(message) < 300 and "[[[...]]], ...]" in message
+
+
+@pytest.mark.parametrize("name", ["m" * 250 + ".bpk", "é" * 125 + ".bpk", "中" * 83 + ".bpk", "x.bpk"])
+def test_temporary_names_fit_the_name_limit(tmp_path: Path, name: str) -> None:
+    from qcli.io.burnpack import temporary_name
+
+    temporary = temporary_name(name, 12345)
+    assert len(os.fsencode(temporary)) <= 255 and temporary.startswith(".") and temporary.endswith("-12345.tmp")
+    assert temporary_name(name, 1) != temporary_name(name + "x", 1)
+    if len(os.fsencode(name)) < 230:
+        assert temporary == f".{name}.{os.getpid()}-12345.tmp"  # short names as before
+    target = tmp_path / name
+    with BurnpackWriter(target, [TensorEntry("w", "F32", (1,), 4)]) as writer:
+        writer.write("w", b"\x00" * 4)
+        writer.commit()
+    assert [p.name for p in tmp_path.iterdir()] == [name]

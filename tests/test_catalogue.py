@@ -7,16 +7,23 @@ output path does not exist and no temporary file is left beside it.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
+import signal
+import stat
 import struct
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import cbor2
 import pytest
 import torch
-from cli_support import SINGLE, assert_user_error, cli, cli_subprocess
+from cli_support import SAMPLES, SINGLE, Result, assert_user_error, cli, cli_subprocess
 from safetensors.torch import save_file
 
 from qcli.io.burnpack import data_section_start
@@ -427,3 +434,313 @@ def test_catalogue_from_a_fresh_interpreter(case: Case, tmp_path: Path) -> None:
     lines = assert_user_error(cli_subprocess(*args), case.code)
     assert all(needle in lines[0] for needle in case.needles) and len(lines) == 2
     assert {p.name for p in tmp_path.iterdir()} == before
+
+
+# -- hostile input, round two: non-regular files, nesting, shared references, huge numbers --------------
+#
+# Each case must also finish in well under a second: before these were fixed, several blocked forever
+# (a FIFO, /dev/zero), recursed out of the interpreter's stack, or ran for hours (CBOR shared references,
+# colliding map keys, a backtracking line scanner). `within` turns a hang in Python code (a blocked open or
+# read) into a failure; one inside C (sre backtracking, cbor2 hashing a key) cannot be interrupted, and
+# needs the runner's own timeout.
+
+DEADLINE = 1.0  # seconds a refusal may take
+
+
+class Hang(BaseException):  # not an Exception: no handler in qcli may swallow it
+    pass
+
+
+@contextmanager
+def within(seconds: float) -> Iterator[None]:
+    def on_alarm(*_: object) -> None:
+        raise Hang(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def timed_cli(*args: str | Path) -> tuple[Result, float]:
+    start = time.perf_counter()
+    with within(10):
+        result = cli(*args)
+    return result, time.perf_counter() - start
+
+
+def fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def char_device(path: Path) -> Path:
+    """A copy of /dev/null's device node at `path`: an output test must never risk the real one."""
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except (PermissionError, AttributeError):
+        pytest.skip("creating a device node needs CAP_MKNOD")
+    return path
+
+
+def shards_with(folder: Path, second: Callable[[Path], object]) -> Path:
+    """An index naming s1 (a real shard) and s2, which `second` makes."""
+    save_file({"a.weight": torch.zeros(2, 2)}, folder / "s1.safetensors")
+    second(folder / "s2.safetensors")
+    index = folder / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"a.weight": "s1.safetensors", "b.weight": "s2.safetensors"}}))
+    return index
+
+
+def nested_json(depth: int) -> bytes:
+    return b'{"w": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+def shared_cbor(levels: int = 60) -> bytes:
+    """Tag 28 marks a value shareable, tag 29 n refers to the n-th: each level is a pair of references
+    to the level before, so `levels` levels of a few bytes each describe 2**levels leaves."""
+    parts = [b"\xd8\x1c\x82\x01\x01"]
+    for i in range(1, levels):
+        ref = b"\xd8\x1d\x18" + bytes([i - 1])
+        parts.append(b"\xd8\x1c\x82" + ref + ref)
+    return bytes([0x98, levels]) + b"".join(parts)
+
+
+def cbor_text(text: str) -> bytes:
+    return cbor2.dumps(text)
+
+
+def bpk_shared_shape(folder: Path) -> list[str | Path]:
+    blob = (b"\xa1" + cbor_text("tensors") + b"\xa1" + cbor_text("w") + b"\xa3" + cbor_text("dtype")
+            + cbor_text("F32") + cbor_text("shape") + shared_cbor() + cbor_text("data_offsets") + b"\x82\x00\x00")
+    return bpk(folder, blob=blob)
+
+
+def bpk_shared_key(folder: Path) -> list[str | Path]:
+    # a map key: cbor2 hashes the 2**60-leaf tuple while decoding
+    return bpk(folder, blob=b"\xa1" + shared_cbor() + b"\x00")
+
+
+def bpk_colliding_keys(folder: Path, n: int = 40_000) -> list[str | Path]:
+    # integers k * (2**61 - 1) all hash to 0 in Python: inserting n of them takes n**2 / 2 probes
+    keys = b"".join(cbor2.dumps(k * (2**61 - 1)) + b"\x00" for k in range(1, n + 1))
+    return bpk(folder, blob=b"\xa1" + cbor_text("tensors") + b"\xb9" + n.to_bytes(2, "big") + keys)
+
+
+def recipe_file(folder: Path, text: str | bytes) -> Path:
+    path = folder / "r.toml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+def quantize_with_recipe(path: Path) -> list[str | Path]:
+    return ["quantize", SINGLE, "--recipe", path, "-o", path.parent / "out.bpk", "--device", "cpu"]
+
+
+HEADER_100K = '["' + " " * 100_000 + '!"]'  # valid TOML: a table named by a quoted key
+
+HOSTILE = [
+    # non-regular files where a file is read (exit 3 for inputs, 2 for a recipe)
+    Case("st-input-fifo", lambda f: quantize(fifo(f / "in.safetensors")), 3,
+         ("in.safetensors", "not a regular file (a FIFO)")),
+    Case("st-input-dev-zero", lambda f: ["quantize", "/dev/zero", "-o", f / "out.bpk", "--device", "cpu"], 3,
+         ("/dev/zero", "not a regular file (a character device)")),
+    Case("st-input-dev-null", lambda f: ["quantize", "/dev/null", "-o", f / "out.bpk", "--device", "cpu"], 3,
+         ("/dev/null", "not a regular file (a character device)")),
+    Case("st-index-fifo", lambda f: ["quantize", fifo(f / "model.safetensors.index.json"), "-o", f / "out.bpk"], 3,
+         ("model.safetensors.index.json", "not a regular file (a FIFO)")),
+    Case("st-index-shard-fifo", lambda f: ["quantize", shards_with(f, fifo), "-o", f / "out.bpk"], 3,
+         ("model.safetensors.index.json", "shard 's2.safetensors' is not a regular file (a FIFO)")),
+    Case("st-index-shard-dev-zero",
+         lambda f: ["quantize", shards_with(f, lambda p: p.symlink_to("/dev/zero")), "-o", f / "out.bpk"], 3,
+         ("model.safetensors.index.json", "shard 's2.safetensors' is not a regular file (a character device)")),
+    Case("inspect-fifo-bpk", lambda f: ["inspect", fifo(f / "in.bpk")], 3, ("in.bpk", "not a regular file (a FIFO)")),
+    Case("inspect-fifo-safetensors", lambda f: ["inspect", fifo(f / "in.safetensors")], 3,
+         ("in.safetensors", "not a regular file (a FIFO)")),
+    Case("inspect-dev-zero", lambda f: ["inspect", "/dev/zero"], 3,
+         ("/dev/zero", "not a regular file (a character device)")),
+    Case("inspect-compare-fifo", lambda f: (
+        cli("quantize", SINGLE, "-o", f / "m.bpk", "--device", "cpu", "--no-verify", "--no-stats"),
+        ["inspect", f / "m.bpk", "--compare", fifo(f / "src.safetensors")])[1], 3,
+         ("src.safetensors", "not a regular file (a FIFO)")),
+    Case("recipe-fifo", lambda f: quantize_with_recipe(fifo(f / "r.toml")), 2,
+         ("r.toml", "not a regular file (a FIFO)")),
+    Case("recipe-fifo-validate", lambda f: ["validate-scheme", fifo(f / "r.toml")], 2,
+         ("r.toml", "not a regular file (a FIFO)")),
+    Case("recipe-dev-zero", lambda f: ["quantize", SINGLE, "--recipe", "/dev/zero", "-o", f / "out.bpk"], 2,
+         ("/dev/zero", "not a regular file (a character device)")),
+    Case("recipe-dev-zero-validate", lambda f: ["validate-scheme", "/dev/zero"], 2,
+         ("/dev/zero", "not a regular file (a character device)")),
+    # outputs: never over a device, never over an input (exit 2, before anything is written)
+    Case("out-device-force", lambda f: ["quantize", SINGLE, "-o", char_device(f / "out.bpk"), "--force", "--device",
+                                        "cpu"], 2, ("out.bpk", "is not a regular file (a character device)")),
+    Case("out-fifo-force", lambda f: ["quantize", SINGLE, "-o", fifo(f / "out.bpk"), "--force", "--device", "cpu"], 2,
+         ("out.bpk", "is not a regular file (a FIFO)")),
+    Case("out-is-the-index", lambda f: (
+        shards_with(f, lambda p: save_file({"b.weight": torch.zeros(2, 2)}, p)),
+        ["quantize", f, "-o", f / "model.safetensors.index.json", "--force", "--device", "cpu"])[1], 2,
+         ("model.safetensors.index.json is the input's index",)),
+    Case("out-is-the-recipe", lambda f: [
+        "quantize", SINGLE, "--recipe", recipe_file(f, RULE + "keep = true\n"), "-o", f / "r.toml", "--force",
+        "--device", "cpu"], 2, ("r.toml is the recipe",)),
+    # nesting and numbers past what a parser's stack or int can take (exit 3 / 2)
+    Case("st-json-nested-100k", lambda f: quantize(st_file(f, None, raw=nested_json(100_000))), 3,
+         ("in.safetensors", "the JSON header is nested too deeply")),
+    Case("st-index-nested-100k", lambda f: (
+        (f / "model.safetensors.index.json").write_bytes(nested_json(100_000)),
+        ["quantize", f / "model.safetensors.index.json", "-o", f / "out.bpk"])[1], 3,
+         ("model.safetensors.index.json", "the JSON header is nested too deeply")),
+    Case("st-json-integer-5000-digits", lambda f: quantize(st_file(
+        f, None, bytes(4), raw=b'{"w": {"dtype": "F32", "shape": [' + b"7" * 5000 + b'], "data_offsets": [0, 4]}}')),
+         3, ("in.safetensors", "the JSON header holds an integer of more than 4300 digits")),
+    Case("st-json-integer-400-digits", lambda f: quantize(st_file(
+        f, None, bytes(4), raw=b'{"w": {"dtype": "F32", "shape": [' + b"7" * 400 + b'], "data_offsets": [0, 4]}}')),
+         3, ("in.safetensors", "tensor 'w' spans 4 bytes but its shape [777", "need 3111")),
+    Case("bpk-cbor-shared-references", bpk_shared_shape, 3,
+         ("in.bpk", "metadata holds CBOR tag 28 (a shared value), which burnpack metadata never uses")),
+    Case("bpk-cbor-shared-map-key", bpk_shared_key, 3, ("in.bpk", "metadata holds CBOR tag 28")),
+    Case("bpk-cbor-colliding-keys", bpk_colliding_keys, 3, ("in.bpk", "metadata is not valid CBOR", "map key")),
+    Case("recipe-toml-nested-100k", lambda f: quantize_with_recipe(
+        recipe_file(f, "version = 1\nx = " + "[" * 100_000 + "]" * 100_000 + "\n")), 2,
+         ("r.toml:2:", "nested too deeply")),
+    Case("recipe-toml-integer-5000-digits", lambda f: quantize_with_recipe(
+        recipe_file(f, RULE + "value = \"Q4S\"\nblock = [" + "3" * 5000 + "]\n")), 2,
+         ("r.toml:5:", "an integer of more than 4300 digits")),
+    Case("recipe-store-5000-digits", lambda f: quantize_with_recipe(
+        recipe_file(f, RULE + f'value = "Q4S"\nstore = "PackedU32({"9" * 5000})"\n')), 2,
+         ("r.toml:5:", "unknown store 'PackedU32(9999")),
+    Case("recipe-line-100kb", lambda f: quantize_with_recipe(recipe_file(f, "version = 1\n" + HEADER_100K + "\n")), 2,
+         ("r.toml:2:", "unknown key")),
+    Case("recipe-regex-too-complex", lambda f: quantize_with_recipe(
+        recipe_file(f, 'version = 1\n[[rule]]\nmatch = "re:(a{100}){100}"\nkeep = true\n')), 2,
+         ("r.toml:3:", "pattern 're:(a{100}){100}' is too complex")),
+    Case("recipe-regex-lookahead", lambda f: quantize_with_recipe(
+        recipe_file(f, 'version = 1\n[[rule]]\nkeep = true\nmatch = "re:(?!.*norm).*"\n')), 2,
+         ("r.toml:4:", "uses a negative lookahead or lookbehind")),
+    # numbers on the command line
+    *(Case(f"max-shard-size-{text}", lambda f, text=text: [*quantize(SINGLE), "--max-shard-size", text], 2,
+           (f"--max-shard-size '{text}' is not a size",)) for text in ("inf", "1e400", "nan", "-inf", "1e400GB")),
+    # control characters: escaped, so the error stays one line and the terminal is not driven
+    Case("st-escape-in-name", lambda f: quantize(st_file(f, {"\x1b[31mw": {"dtype": "F12", "shape": [1],
+                                                                            "data_offsets": [0, 4]}}, bytes(4))), 3,
+         ("in.safetensors", "tensor '\\x1b[31mw' has the unknown dtype 'F12'")),
+    Case("path-with-newline", lambda f: quantize(st_file(f, None, raw=b"{").rename(f / "a\nb.safetensors")), 3,
+         ("a\\nb.safetensors", "the JSON header does not parse")),
+    Case("bpk-escape-in-tensor-name", lambda f: bpk(f, {"tensors": {"\x1b]0;owned\x07": descriptor(0, 4, [9])}},
+                                                       bytes(4)), 3,
+         ("in.bpk", "tensor '\\x1b]0;owned\\x07' spans 4 bytes")),
+]
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=lambda c: c.id)
+def test_hostile(case: Case, tmp_path: Path) -> None:
+    args = case.make(tmp_path)
+    before = {p.name for p in tmp_path.iterdir()}
+    result, seconds = timed_cli(*args)
+    lines = assert_user_error(result, case.code)
+    for needle in case.needles:
+        assert needle in lines[0], (needle, lines)
+    assert len(lines) == 2, lines
+    assert "\x1b" not in result.err and "\x07" not in result.err
+    assert {p.name for p in tmp_path.iterdir()} == before
+    assert seconds < DEADLINE, seconds
+
+
+def test_a_device_is_still_a_device_after_force(tmp_path: Path) -> None:
+    device = char_device(tmp_path / "null")
+    assert_user_error(timed_cli("quantize", SINGLE, "-o", device, "--force", "--device", "cpu")[0], 2)
+    assert stat.S_ISCHR(os.stat(device).st_mode)
+    assert_user_error(timed_cli("quantize", SINGLE, "-o", device, "--force", "--max-shard-size", "300KB")[0], 2)
+    assert stat.S_ISCHR(os.stat(device).st_mode)
+
+
+def test_validate_scheme_model_fifo(tmp_path: Path) -> None:
+    (tmp_path / "r.toml").write_text(RULE + "keep = true\n")
+    result, seconds = timed_cli("validate-scheme", tmp_path / "r.toml", "--model", fifo(tmp_path / "m.safetensors"))
+    assert "not a regular file (a FIFO)" in assert_user_error(result, 3)[0] and seconds < DEADLINE
+
+
+def test_long_output_name_gets_a_short_temporary_name(tmp_path: Path) -> None:
+    """254 bytes is a legal name; `.NAME.PID-N.tmp` would be 270, so the writer shortens it."""
+    target = tmp_path / ("m" * 250 + ".bpk")
+    result, _ = timed_cli("quantize", SINGLE, "-o", target, "--device", "cpu", "--no-stats")
+    assert result.code == 0, result.err
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
+def test_recipe_with_a_byte_order_mark(tmp_path: Path) -> None:
+    path = recipe_file(tmp_path, b"\xef\xbb\xbf" + (SAMPLES / "tiny-llama.toml").read_bytes())
+    result, _ = timed_cli("quantize", SINGLE, "--recipe", path, "--dry-run", "--json")
+    assert result.code == 0, result.err
+    assert result.json["recipe_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def catastrophic_names(folder: Path) -> Path:
+    names = ["model.layers.10.mlp.down_proj.weight", "model.layers.10.self_attn.q_proj.weight",
+             "model." * 40 + "norm", "a" * 5000 + "!", "a." * 20_000 + "x", "x" * 200]
+    save_file({name: torch.zeros(2) for name in names}, folder / "m.safetensors")
+    return folder / "m.safetensors"
+
+
+@pytest.mark.parametrize("pattern", [r"(a+)+$", r"(.*\\.)*mlp\\..*", r"(a|a)*$", r"(\\w+\\.?)*$",
+                                     r".*\\.mlp\\..*weight", r"(.*a){20}", r"(x+x+)+y"])
+def test_catastrophic_patterns_match_in_linear_time(tmp_path: Path, pattern: str) -> None:
+    """Patterns that make a backtracking engine take exponential (or quadratic) time on these names."""
+    model = catastrophic_names(tmp_path)
+    recipe = recipe_file(tmp_path, f'version = 1\n[[rule]]\nmatch = "re:{pattern}"\nkeep = true\n'
+                         '[[rule]]\nmatch = "*"\nkeep = true\n')
+    result, seconds = timed_cli("quantize", model, "--recipe", recipe, "--dry-run", "--json")
+    assert result.code == 0, result.err
+    regex = pattern.replace("\\\\", "\\")  # the TOML string's escapes undone
+    expected = {t["name"] for t in result.json["tensors"] if len(t["name"]) < 100 and re.fullmatch(regex, t["name"])}
+    matched = {t["name"] for t in result.json["tensors"] if "r.toml:2" in t["reason"]}
+    assert {n for n in matched if len(n) < 100} == expected
+    assert seconds < DEADLINE, seconds
+
+
+def test_bool_tensors_of_every_store_inspect(tmp_path: Path) -> None:
+    from qcli.io.burnpack import BurnpackWriter, TensorEntry
+
+    for store, payload in (("U32", struct.pack("<4I", 1, 0, 7, 1)), ("U8", bytes([1, 0, 2, 1])),
+                           ("Native", bytes([1, 0, 1, 1]))):
+        path = tmp_path / f"{store}.bpk"
+        with BurnpackWriter(path, [TensorEntry("mask", {"Bool": store}, (2, 2), len(payload))]) as writer:
+            writer.write("mask", payload)
+            writer.commit()
+        result, seconds = timed_cli("inspect", path, "--tensor", "mask", "--json")
+        assert result.code == 0, (store, result.err)
+        values = result.json["tensor_stats"]["values"]
+        assert (values["min"], values["max"], values["mean"]) == (0.0, 1.0, 0.75), store
+        assert seconds < DEADLINE
+
+
+def test_escape_sequences_in_tables(tmp_path: Path) -> None:
+    save_file({"\x1b[31mred": torch.zeros(2)}, tmp_path / "m.safetensors")
+    for args in (("inspect", tmp_path / "m.safetensors"), ("quantize", tmp_path / "m.safetensors", "--dry-run")):
+        result = cli(*args)
+        assert result.code == 0 and "\x1b" not in result.out and "\\x1b[31mred" in result.out
+
+
+def test_f64_beyond_the_float32_range(tmp_path: Path) -> None:
+    weight = torch.randn(64, 64, dtype=torch.float64)
+    weight[1, 1] = 1e300
+    save_file({"layer.weight": weight}, tmp_path / "in.safetensors")
+    lines = assert_user_error(cli(*quantize(tmp_path / "in.safetensors")), 3)
+    assert "beyond the float32 range" in lines[0] and "NaN" not in lines[0]
+
+
+def test_an_output_shard_that_is_an_input(tmp_path: Path) -> None:
+    """`-o model.bpk --max-shard-size` writes model-00001-of-0000N.bpk: that name may be an input too."""
+    import shutil
+
+    probe = cli("quantize", SINGLE, "-o", tmp_path / "model.bpk", "--max-shard-size", "300KB", "--dry-run", "--json")
+    first = Path(probe.json["outputs"][0])
+    assert len(probe.json["outputs"]) > 1
+    shutil.copy(SINGLE, first)  # the checkpoint, saved under the name of the first output shard
+    result, seconds = timed_cli("quantize", first, "-o", tmp_path / "model.bpk", "--max-shard-size", "300KB",
+                                "--force", "--device", "cpu")
+    assert f"{first.name} is the input" in assert_user_error(result, 2)[0] and seconds < DEADLINE
+    assert first.read_bytes() == SINGLE.read_bytes()

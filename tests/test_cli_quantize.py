@@ -33,6 +33,13 @@ from cli_support import (
 from qcli import BURN_VERSION, __version__
 
 NORMS = ("input_layernorm", "post_attention_layernorm", "model.norm")
+# The default policy writes the token embedding and the output head in 8 bits (q8s-b32) under a 4-bit preset.
+WIDE = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def default_bits(name: str) -> int:
+    """Bits per value the default policy (q4s-b32) gives a matrix of the sample."""
+    return 8 if name in WIDE else 4
 
 
 def is_norm(name: str) -> bool:
@@ -84,10 +91,11 @@ def test_default_policy_quantizes_matrices_and_keeps_norms(written):
             assert e.dtype == "BF16"
             assert payload == raw[name]  # kept: the source bytes, unchanged
             continue
-        assert e.dtype == {"QFloat": q_serde("Q4S", 32)}
-        assert e.nbytes == len(payload) == packed_len(x.shape, 4, 32)
-        decoded, _ = decode_packed(payload, x.shape, bits=4, block=32)
-        assert np.all(np.abs(decoded - x) <= half_step_bound(x, 7.0, 32)), name
+        bits = default_bits(name)
+        assert e.dtype == {"QFloat": q_serde(f"Q{bits}S", 32)}
+        assert e.nbytes == len(payload) == packed_len(x.shape, bits, 32)
+        decoded, _ = decode_packed(payload, x.shape, bits=bits, block=32)
+        assert np.all(np.abs(decoded - x) <= half_step_bound(x, 2.0 ** (bits - 1) - 1, 32)), name
 
 
 def test_metadata_map_records_producer_sources_and_layout(written):
@@ -117,8 +125,9 @@ def test_json_document_validates_and_its_errors_are_the_decoded_ones(written):
         if t["decision"] == "keep":
             assert t["rel_rms"] is None and t["scheme"] is None
             continue
-        assert t["scheme"] == q_serde("Q4S", 32)
-        decoded, _ = decode_packed(bytes(reader.read(t["name"])), x.shape, 4, 32)
+        bits = default_bits(t["name"])
+        assert t["scheme"] == q_serde(f"Q{bits}S", 32)
+        decoded, _ = decode_packed(bytes(reader.read(t["name"])), x.shape, bits, 32)
         diff = (decoded - x).astype(np.float64)
         rel = math.sqrt((diff**2).sum() / (x.astype(np.float64) ** 2).sum())
         assert t["rel_rms"] == pytest.approx(rel, rel=1e-4)
@@ -146,14 +155,15 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, no_weight_reads):
     assert f"would write {tmp_path / 'm.bpk'}" in result.out
     lines = {line.split()[1]: line for line in result.out.splitlines() if line.startswith("│")}
     assert "keep" in lines["model.norm.weight"] and "1-D" in lines["model.norm.weight"]
-    assert "Q4S" in lines["lm_head.weight"] and "1000×128" in lines["lm_head.weight"]
+    assert "Q8S" in lines["lm_head.weight"] and "1000×128" in lines["lm_head.weight"]  # 8 bits by default
+    assert "Q4S" in lines["model.layers.0.mlp.up_proj.weight"]
     doc = cli("quantize", src, "--dry-run", "--json").json
     validate_json(doc)
     assert doc["dry_run"] and doc["timings"] is None
-    # 1000×128 Q4S block [32] F16: 1000 rows of 16 words, plus 1000×4 f16 scales
+    # 1000×128 Q8S block [32] F16: 1000 rows of 32 words, plus 1000×4 f16 scales
     lm_head = next(t for t in doc["tensors"] if t["name"] == "lm_head.weight")
-    assert lm_head["bytes_out"] == 1000 * 16 * 4 + 1000 * 4 * 2
-    assert lm_head["bits_per_weight"] == pytest.approx(4.5)
+    assert lm_head["bytes_out"] == 1000 * 32 * 4 + 1000 * 4 * 2
+    assert lm_head["bits_per_weight"] == pytest.approx(8.5)
     no_leftovers(tmp_path, {"m.safetensors"})
 
 
@@ -276,7 +286,7 @@ def test_fp4_preset_writes_e2m1_in_u32_words_with_f16_block_scales(tmp_path):
         "block": {"size": {"storage": [32, 1, 1, 1, 1], "len": 1}, "dtype": "F16"},
     }
     for e in read_bpk(out).entries():
-        if not is_norm(e.name):
+        if not is_norm(e.name) and e.name not in WIDE:
             rows, cols = e.shape
             assert e.dtype == {"QFloat": fp4}
             assert e.nbytes == rows * cols // 2 + rows * cols // 32 * 2  # 8 codes per word, F16 scales
@@ -475,3 +485,239 @@ def test_plan_warnings_go_to_stderr(tmp_path):
     assert result.code == 0
     assert result.err.startswith("warning: ") and "matches no tensor" in result.err
     assert "vision[in, out]" in result.err
+
+
+# ----------------------------------------------------------------------------- daily use, round two
+
+
+def test_larger_blocks_never_give_a_larger_file_than_q4s_b32(tmp_path):
+    """down_proj's rows of 352 take no block of 64 or 128: the default policy falls back to blocks of 32."""
+    sizes, docs = {}, {}
+    for preset in ("q4s-b32", "q4s-b64", "q4s-b128"):
+        out = tmp_path / f"{preset}.bpk"
+        result = cli("quantize", SINGLE, "-o", out, "--scheme", preset, "--device", "cpu", "--json")
+        assert result.code == 0, result.err
+        sizes[preset], docs[preset] = out.stat().st_size, result.json
+    assert sizes["q4s-b64"] <= sizes["q4s-b32"] and sizes["q4s-b128"] <= sizes["q4s-b32"]
+    for preset in ("q4s-b64", "q4s-b128"):
+        down = next(t for t in docs[preset]["tensors"] if t["name"] == "model.layers.0.mlp.down_proj.weight")
+        assert down["scheme"] == q_serde("Q4S", 32)
+        assert down["reason"] == (f"default: BF16 tensor of rank 2 -> {preset} → block [32]: 352 is not a multiple "
+                                  f"of {preset[5:]}")
+        assert docs[preset]["totals"]["kept"] == 5  # the norms only
+
+
+CAST_RECIPE = """version = 1
+
+[[rule]]
+match = "*norm*"
+keep = true
+cast = "F32"
+"""
+
+
+def test_cast_writes_kept_norms_as_f32_and_inspect_compares_with_the_cast(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    recipe = tmp_path / "cast.toml"
+    recipe.write_text(CAST_RECIPE)
+    out = tmp_path / "cast.bpk"
+    result = cli("quantize", SINGLE, "-o", out, "--recipe", recipe, "--device", "cpu", "--json")
+    assert result.code == 0, result.err
+    reader, sources = read_bpk(out), load_file(SINGLE)
+    norms = [e for e in reader.entries() if is_norm(e.name)]
+    assert len(norms) == 5
+    for e in norms:
+        assert (e.dtype, e.nbytes) == ("F32", 128 * 4)
+        assert bytes(reader.read(e.name)) == sources[e.name].to(torch.float32).numpy().tobytes()
+    row = next(t for t in result.json["tensors"] if t["name"] == "model.norm.weight")
+    assert (row["bytes_out"], row["bits_per_weight"]) == (512, 32.0)
+    assert row["reason"] == f"rule {recipe}:3: keep, cast BF16 to F32"
+    compare = cli("inspect", out, "--compare", SINGLE, "--json")
+    assert compare.code == 0, compare.out
+    assert all(r["problem"] is None for r in compare.json["compare"]["tensors"])
+
+
+def test_ndarray_loads_a_bf16_model_with_its_kept_norms_cast_to_f32(tmp_path):
+    lines = assert_user_error(cli("quantize", SINGLE, "--dry-run", "--burn-backend", "ndarray", "--scheme", "q8s-b32"),
+                              2)
+    assert "ndarray has no F16 or BF16 tensors" in "\n".join(lines) and 'cast = "F32"' in lines[-1]
+    recipe = tmp_path / "ndarray.toml"
+    recipe.write_text('version = 1\n[defaults]\ncast_kept = "F32"\n')
+    result = cli("quantize", SINGLE, "--dry-run", "--burn-backend", "ndarray", "--scheme", "q8s-b32", "--recipe",
+                 recipe)
+    assert result.code == 0, result.err
+
+
+def _cast_checkpoint(folder: Path) -> Path:
+    """F32 tensors whose values sit on F16 and BF16 rounding ties, one 2-D to be transposed."""
+    import torch
+    from safetensors.torch import save_file
+
+    ties = torch.tensor([1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-11), 0.1, 3e-8, 65504.0],
+                        dtype=torch.float32)
+    generator = torch.Generator().manual_seed(1)
+    tensors = {
+        "a.norm": ties,
+        "b.table": (torch.randn(6, 8, generator=generator) * 100).to(torch.float32),
+        "c.weight": torch.randn(16, 64, generator=generator),
+        "d.bias": torch.randn(64, generator=generator).to(torch.float64),
+        "e.table": torch.randn(32, 8, generator=generator),
+    }
+    path = folder / "cast.safetensors"
+    save_file(tensors, path)
+    return path
+
+
+CAST_EVERY = """version = 1
+
+[[rule]]
+match = "a.*"
+keep = true
+cast = "F16"
+
+[[rule]]
+match = "b.*"
+keep = true
+cast = "BF16"
+transpose = true
+
+[[rule]]
+match = "d.*"
+keep = true
+cast = "F32"
+
+[[rule]]
+match = "e.*"
+keep = true
+cast = "F16"
+"""
+
+
+def test_cast_rounds_to_nearest_even_as_torch_does(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    source = _cast_checkpoint(tmp_path)
+    recipe = tmp_path / "every.toml"
+    recipe.write_text(CAST_EVERY)
+    out = tmp_path / "cpu.bpk"
+    assert cli("quantize", source, "-o", out, "--recipe", recipe, "--device", "cpu").code == 0
+    reader, x = read_bpk(out), load_file(source)
+    entries = {e.name: e for e in reader.entries()}
+    f16 = np.frombuffer(bytes(reader.read("a.norm")), dtype="<f2")
+    assert f16[:5].tolist() == [1.0, 1 + 2**-9, 1 + 2**-8, 1 + 3 * 2**-8, -1.0]  # ties go to the even mantissa
+    assert bytes(reader.read("a.norm")) == x["a.norm"].to(torch.float16).numpy().tobytes()
+    assert (entries["b.table"].dtype, tuple(entries["b.table"].shape)) == ("BF16", (8, 6))
+    assert bytes(reader.read("b.table")) == x["b.table"].t().contiguous().to(torch.bfloat16).view(torch.uint16) \
+        .numpy().tobytes()
+    assert bytes(reader.read("d.bias")) == x["d.bias"].to(torch.float32).numpy().tobytes()
+    assert bytes(reader.read("e.table")) == x["e.table"].to(torch.float16).numpy().tobytes()
+    assert cli("inspect", out, "--compare", source).code == 0
+
+
+@pytest.mark.interpreter
+def test_the_gpu_pipeline_casts_as_the_cpu_pipeline_does(tmp_path):
+    source = _cast_checkpoint(tmp_path)
+    recipe = tmp_path / "every.toml"
+    recipe.write_text(CAST_EVERY)
+    cpu, triton = tmp_path / "cpu.bpk", tmp_path / "triton.bpk"
+    assert cli("quantize", source, "-o", cpu, "--recipe", recipe, "--device", "cpu", "--no-stats").code == 0
+    # Pieces of 64 bytes: e.table's rows of 32 bytes are read (and cast) two at a time.
+    env = {"QCLI_KERNELS": "triton", "TRITON_INTERPRET": "1", "QCLI_PIECE_BYTES": "64"}
+    result = cli_subprocess("quantize", source, "-o", triton, "--recipe", recipe, "--no-stats", "--json", env=env)
+    assert result.code == 0, result.err
+    assert '"device": "triton"' in result.out
+    assert triton.read_bytes() == cpu.read_bytes()
+
+
+def test_a_cast_that_overflows_is_an_input_error(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    source = tmp_path / "big.safetensors"
+    save_file({"n.norm": torch.tensor([1.0, 70000.0])}, source)
+    recipe = tmp_path / "f16.toml"
+    recipe.write_text('version = 1\n[[rule]]\nmatch = "*"\nkeep = true\ncast = "F16"\n')
+    lines = assert_user_error(cli("quantize", source, "-o", tmp_path / "o.bpk", "--recipe", recipe, "--device", "cpu"),
+                              3)
+    assert "70000" in lines[0] and "F16" in lines[0] and "wider dtype" in lines[-1]
+    no_leftovers(tmp_path, {"big.safetensors", "f16.toml"})
+
+
+def test_cast_of_an_integer_tensor_is_refused_before_anything_is_read(tmp_path, small_checkpoint, no_weight_reads):
+    recipe = tmp_path / "ints.toml"
+    recipe.write_text('version = 1\n[[rule]]\nmatch = "*"\nkeep = true\ncast = "F32"\n')
+    lines = assert_user_error(cli("quantize", small_checkpoint, "-o", tmp_path / "o.bpk", "--recipe", recipe), 2)
+    assert lines[0] == "error: the plan has 1 problem; no weight was read and nothing was written"
+    assert lines[1].strip() == (f"{recipe}:2: rule (match '*') asks to cast 2 tensors (norm1.num_batches_tracked, "
+                                "positions) to F32, which are not floating (I64); cast converts F64, F32, F16 and "
+                                "BF16 tensors only")
+    assert "drop cast" in lines[-1]
+
+
+def test_cast_with_a_scheme_is_a_recipe_error(tmp_path):
+    recipe = tmp_path / "bad.toml"
+    recipe.write_text('version = 1\n[[rule]]\nmatch = "*"\npreset = "q8s-b32"\ncast = "F32"\n')
+    lines = assert_user_error(cli("quantize", SINGLE, "--dry-run", "--recipe", recipe), 2)
+    assert lines[0] == f"error: {recipe}:5: cast needs keep = true: it sets the dtype a kept tensor is written in"
+
+
+def test_quantize_warns_about_a_rule_that_quantizes_nothing_and_a_plan_that_quantizes_nothing(tmp_path):
+    recipe = tmp_path / "w.toml"
+    recipe.write_text('version = 1\n[[rule]]\nmatch = "*.mlp.*"\nvalue = "Q8S"\nblock = [48]\nblock_scale = "F16"\n')
+    result = cli("quantize", SINGLE, "--dry-run", "--recipe", recipe)
+    assert result.code == 0
+    assert f"warning: {recipe}:2: rule (match '*.mlp.*') matches 6 tensors" in result.err
+    assert "but quantizes none of them with Q8S PackedU32(0) block [48] F16: model.layers.0.mlp.down_proj.weight " \
+        "[128, 352]: last dim 352 is not a multiple of 48 (block [48])" in result.err
+    recipe.write_text('version = 1\n[[rule]]\nmatch = "*"\nkeep = true\n')
+    result = cli("quantize", SINGLE, "--dry-run", "--recipe", recipe)
+    assert result.code == 0
+    assert result.err.startswith("warning: nothing is quantized: all 21 tensors (lm_head.weight, ")
+
+
+def test_a_llama_cpp_scheme_name_is_refused_naming_the_burn_preset():
+    lines = assert_user_error(cli("quantize", SINGLE, "--dry-run", "--scheme", "Q4_K_M"), 2)
+    assert lines[0].startswith("error: Q4_K_M is a llama.cpp K-quant mix, refused: ")
+    assert lines[-1].startswith("hint: use q4s-b32 (")
+    lines = assert_user_error(cli("quantize", SINGLE, "--dry-run", "--scheme", "fp8"), 2)
+    assert lines[-1].startswith("hint: use e4m3: ") and "nvfp4" not in lines[-1]
+
+
+TWO_LEVEL_RECIPE = """version = 1
+
+[[rule]]
+match = "*.mlp.*_proj.weight"
+value = "E2M1"
+block = [16]
+block_scale = "UE4M3"
+tensor_scale = "F32"
+"""
+
+
+def test_burn_0_21_gets_both_key_sets_and_its_version_in_the_metadata(tmp_path):
+    """Burn 0.21 reads `param` and `level` (cubecl-common 0.10 scheme.rs), 0.22 `tensor` and `block`."""
+    out = tmp_path / "old.bpk"
+    assert cli("quantize", SINGLE, "-o", out, "--scheme", "q8s", "--burn-version", "0.21", "--device", "cpu").code == 0
+    reader = read_bpk(out)
+    assert reader.metadata["burn_version"] == "0.21.0"
+    weight = next(e for e in reader.entries() if e.name == "lm_head.weight")
+    assert weight.dtype["QFloat"]["param"] == "F32" and weight.dtype["QFloat"]["level"] == "Tensor"
+    assert weight.dtype["QFloat"]["tensor"] == "F32" and weight.dtype["QFloat"]["block"] is None
+
+
+def test_burn_0_21_has_no_two_level_scheme(tmp_path):
+    recipe = tmp_path / "two.toml"
+    recipe.write_text(TWO_LEVEL_RECIPE)
+    args = ["quantize", SINGLE, "-o", tmp_path / "o.bpk", "--recipe", recipe, "--burn-version", "0.21.0"]
+    lines = assert_user_error(cli(*args), 2)
+    assert "Burn 0.21.0 has no two-level scheme" in "\n".join(lines)
+    assert not (tmp_path / "o.bpk").exists()
+    assert cli(*args[:-2], "--dry-run").code == 0  # the default release holds it
+
+
+def test_an_unknown_burn_version_is_a_usage_error(tmp_path):
+    lines = assert_user_error(cli("quantize", SINGLE, "-o", tmp_path / "o.bpk", "--burn-version", "0.19"), 2)
+    assert "0.22.1" in lines[-1] and "0.21.0" in lines[-1]

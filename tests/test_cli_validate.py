@@ -153,3 +153,40 @@ def test_scheme_sets_the_preset_for_uncovered_tensors(recipe):
     (uncovered,) = [p for p in doc["problems"] if p["kind"] == "uncovered"]
     assert "q8s-b32" in uncovered["message"]
     assert cli("validate-scheme", path, "--scheme", "q4s-b33").code == 2
+
+
+SHADOWED = """version = 1
+
+[[rule]]
+match = "*"
+preset = "q4s-b32"
+
+[[rule]]
+match = "*norm*"
+keep = true
+"""
+
+
+def test_a_shadowed_rule_is_an_error_naming_the_rule_that_shadows_it(recipe):
+    path = recipe(SHADOWED)
+    text = cli("validate-scheme", path, "--model", SINGLE)
+    assert text.code == 1
+    line = next(row for row in text.out.splitlines() if "shadowed" in row)
+    assert line.startswith(f"{path}:7: error: rule (match '*norm*') is shadowed by rule 1 ({path}:3): ")
+    assert "matches no tensor" not in text.out
+
+
+def test_a_plan_that_quantizes_nothing_is_a_warning_with_a_model(recipe):
+    doc = cli("validate-scheme", recipe('version = 1\n[[rule]]\nmatch = "*"\nkeep = true\n'), "--model", SINGLE,
+              "--json")
+    assert doc.code == 0
+    validate_json(doc.json)
+    (problem,) = doc.json["problems"]
+    assert (problem["kind"], problem["severity"]) == ("nothing-quantized", "warning")
+    assert problem["message"].startswith("nothing is quantized: all 21 tensors")
+
+
+def test_a_llama_cpp_scheme_name_is_a_usage_error_naming_the_preset(recipe):
+    lines = assert_user_error(cli("validate-scheme", recipe(GOOD), "--model", SINGLE, "--scheme", "q8_0"), 2)
+    assert lines[0] == "error: 'q8_0' is llama.cpp's name, not a qcli preset"
+    assert lines[-1].startswith("hint: use q8s-b32: 8-bit, blocks of 32 with F16 scales, as Q8_0")

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import struct
 import tempfile
+import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import cbor2
@@ -264,11 +267,12 @@ def recipe_texts(draw: st.DrawFn) -> bytes:
 
 def check_recipe(content: bytes) -> None:
     CALLS["recipe"] += 1
-    recipe, faults = parse_recipe(content, "r.toml")
+    path = scratch("r.toml", content)
+    recipe, faults = parse_recipe(content, str(path))  # the same file name as load_recipe's rules carry
     lines = content.count(b"\n") + 1
     for fault in faults:
         assert fault.message and fault.hint and 1 <= fault.line <= lines, fault
-    path = scratch("r.toml", content)
+        assert "\n" not in fault.message and len(fault.message) < 1_000, fault
     try:
         loaded = load_recipe(path)
     except RecipeError as error:
@@ -281,3 +285,226 @@ def check_recipe(content: bytes) -> None:
 @given(recipe_texts())
 def test_fuzz_recipe(content: bytes) -> None:
     check_recipe(content)
+
+
+# -- hostile structures: nesting depth, huge integers, CBOR tags and shared references, special files ----
+#
+# The same properties, on the inputs that once hung or escaped: each example must also finish in
+# SECONDS (before the fixes, a deep header raised RecursionError, a 5000-digit integer ValueError, CBOR
+# shared references and colliding integer keys ran for hours, and a FIFO blocked forever).
+
+SECONDS = 2.0
+DEPTHS = st.sampled_from([1, 3, 64, 128, 129, 500, 990, 1010, 5_000, 100_000])
+DIGITS = st.sampled_from([1, 19, 20, 21, 400, 4_300, 4_301, 10_000])
+
+
+def timed(check: Callable[[bytes], object], content: bytes) -> None:
+    start = time.perf_counter()
+    check(content)
+    assert time.perf_counter() - start < SECONDS, f"{time.perf_counter() - start:.1f} s"
+
+
+@st.composite
+def json_nestings(draw: st.DrawFn) -> bytes:
+    depth = draw(DEPTHS)
+    if draw(st.booleans()):
+        return b"[" * depth + b"]" * depth
+    return b'{"a": ' * depth + b"1" + b"}" * depth
+
+
+@st.composite
+def json_integers(draw: st.DrawFn) -> bytes:
+    digits = draw(DIGITS)
+    return (b"-" if draw(st.booleans()) else b"") + draw(st.sampled_from([b"1", b"9"])) * digits
+
+
+@st.composite
+def hostile_safetensors(draw: st.DrawFn) -> bytes:
+    """A one-tensor header with a deep structure or a huge integer where a field, the descriptor, the
+    metadata or the whole header belongs."""
+    pairs = st.tuples(json_integers(), json_integers()).map(lambda p: b"[" + p[0] + b", " + p[1] + b"]")
+    value = draw(st.one_of(json_nestings(), json_integers(), pairs))
+    fields = {b"dtype": b'"F32"', b"shape": b"[1]", b"data_offsets": b"[0, 4]"}
+    where = draw(st.sampled_from([b"dtype", b"shape", b"data_offsets", b"tensor", b"metadata", b"header", b"inside"]))
+    if where in fields:
+        fields[where] = value
+    elif where == b"inside":
+        fields[b"shape"] = b"[" + value + b"]"
+    descriptor = b"{" + b", ".join(b'"' + k + b'": ' + v for k, v in fields.items()) + b"}"
+    blob = {b"tensor": b'{"w": ' + value + b"}", b"metadata": b'{"__metadata__": ' + value + b', "w": ' + descriptor +
+            b"}", b"header": value}.get(where, b'{"w": ' + descriptor + b"}")
+    return struct.pack("<Q", len(blob)) + blob + bytes(4)
+
+
+@FUZZ
+@given(hostile_safetensors())
+def test_fuzz_safetensors_hostile_structures(content: bytes) -> None:
+    timed(check_safetensors, content)
+
+
+def check_index(content: bytes) -> None:
+    CALLS["index"] += 1
+    folder = _SCRATCH / "index"
+    folder.mkdir(exist_ok=True)
+    if not (folder / "s.safetensors").exists():
+        (folder / "s.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
+    index = folder / "model.safetensors.index.json"
+    index.write_bytes(content)
+    try:
+        SafetensorsSource.open(index).close()
+    except InputError as error:
+        assert error.hint and str(index) in error.message and "\n" not in error.message
+
+
+@FUZZ
+@given(st.one_of(json_nestings(), json_integers()).flatmap(lambda v: st.sampled_from([
+    v, b'{"weight_map": ' + v + b"}", b'{"metadata": ' + v + b', "weight_map": {}}',
+    b'{"weight_map": {"w": ' + v + b"}}"])))
+def test_fuzz_index_hostile_structures(content: bytes) -> None:
+    timed(check_index, content)
+
+
+def shared_references(levels: int, tag_bytes: bytes = b"\xd8\x1c") -> bytes:
+    """`levels` levels of a pair of references to the level before: 2**levels leaves in a few bytes."""
+    parts = [tag_bytes + b"\x82\x01\x01"]
+    parts += [tag_bytes + b"\x82" + (b"\xd8\x1d\x18" + bytes([i - 1])) * 2 for i in range(1, levels)]
+    return bytes([0x98, levels]) + b"".join(parts)
+
+
+@st.composite
+def hostile_cbor_values(draw: st.DrawFn) -> bytes:
+    kind = draw(st.sampled_from(["shared", "tag", "colliding", "bignum", "deep", "strings"]))
+    if kind == "shared":
+        # tag 28 written minimally, or in a longer form cbor2 also reads
+        return shared_references(draw(st.integers(1, 64)), draw(st.sampled_from([b"\xd8\x1c", b"\xd9\x00\x1c"])))
+    if kind == "tag":
+        tag = draw(st.one_of(st.sampled_from([0, 1, 2, 3, 4, 5, 25, 28, 29, 30, 35, 36, 37, 52, 54, 100, 256, 258, 260,
+                                              261, 1004, 43000, 55799]), st.integers(0, 2**64 - 1)))
+        return cbor2.dumps(cbor2.CBORTag(tag, draw(CBOR_VALUES)))
+    if kind == "colliding":  # integer keys that all hash to 0, and float keys
+        n = draw(st.integers(1, 3_000))
+        keys = [k * (2**61 - 1) for k in range(1, n + 1)] if draw(st.booleans()) else [float(k) for k in range(n)]
+        return cbor2.dumps(dict.fromkeys(keys, 0))
+    if kind == "bignum":
+        return cbor2.dumps(draw(st.sampled_from([1, -1])) * 10 ** draw(DIGITS))
+    if kind == "deep":
+        depth = draw(DEPTHS)
+        return b"\x81" * min(depth, 10_000) + b"\x00"
+    return cbor2.dumps(draw(st.text(alphabet="\x1b\n\u2028a[", max_size=50)))
+
+
+@st.composite
+def hostile_packs(draw: st.DrawFn) -> bytes:
+    value = draw(hostile_cbor_values())
+    t, s = cbor2.dumps("tensors"), cbor2.dumps
+    where = draw(st.sampled_from(["top", "tensors", "descriptor", "dtype", "shape", "offsets", "metadata", "name"]))
+    descriptor = {"dtype": s("F32"), "shape": s([1]), "data_offsets": s([0, 4])}
+    if where in ("dtype", "shape"):
+        descriptor[where] = value
+    elif where == "offsets":
+        descriptor["data_offsets"] = value
+    body = b"\xa3" + b"".join(s(k) + v for k, v in descriptor.items())
+    blob = {
+        "top": value,
+        "tensors": b"\xa1" + t + value,
+        "metadata": b"\xa2" + t + b"\xa1" + s("w") + body + s("metadata") + value,
+        "name": b"\xa1" + t + b"\xa1" + value + body,
+    }.get(where, b"\xa1" + t + b"\xa1" + s("w") + (value if where == "descriptor" else body))
+    head = struct.pack("<IHI", 0x4255524E, 1, len(blob)) + blob
+    return head + bytes(-len(head) % 256) + bytes(4)
+
+
+@FUZZ
+@given(hostile_packs())
+def test_fuzz_burnpack_hostile_metadata(content: bytes) -> None:
+    def check(data: bytes) -> None:
+        CALLS["burnpack"] += 1
+        path = scratch("h.bpk", data)
+        try:
+            BurnpackReader.open(path)
+        except InputError as error:
+            assert error.hint and str(path) in error.message and error.message.isprintable()
+            assert len(error.message) < 1_000
+
+    timed(check, content)
+
+
+CATASTROPHIC = [r"(a+)+$", r"(.*\.)*mlp\..*", r"(a|aa)*b", r"(\w+\s?)*$", r".*\.mlp\..*weight", r"(.*a){12}",
+                r"(x+x+)+y", r"(a{100}){100}", r"((a{10}){10}){10}", r"(?=a)a", r"(a)\1", r"a*+", r"(?>a)"]
+
+
+@st.composite
+def hostile_recipes(draw: st.DrawFn) -> bytes:
+    """Recipes with deep arrays or inline tables, huge integers, a byte order mark, 100 kB lines, control
+    characters and catastrophic patterns."""
+    kind = draw(st.sampled_from(["nesting", "table", "integer", "line", "header", "pattern", "control", "store"]))
+    depth = draw(DEPTHS)
+    rule = '[[rule]]\nmatch = "x"\n'
+    body = {
+        "nesting": f"x = {'[' * depth}{']' * depth}\n",
+        "table": f"x = {'{a = ' * min(depth, 20_000)}1{'}' * min(depth, 20_000)}\n",
+        "integer": f"{rule}value = \"Q4S\"\nblock = [{'7' * draw(DIGITS)}]\nblock_scale = \"F16\"\n",
+        "line": f"{rule}keep = true\n# {' ' * 100_000}\nx = \"{' ' * 100_000}\"\n",
+        "header": f"[\"{' ' * 100_000}{draw(st.sampled_from(['', '!', ']', '#']))}\"]\n",
+        "pattern": f"[[rule]]\nmatch = {json.dumps('re:' + draw(st.sampled_from(CATASTROPHIC)))}\nkeep = true\n",
+        "control": f"{rule}{json.dumps(draw(st.text(alphabet=chr(27) + chr(10) + chr(0x2028) + 'ab[', min_size=1)))}"
+                   " = 1\n",
+        "store": f"{rule}value = \"Q4S\"\nstore = \"PackedU32({'9' * draw(DIGITS)})\"\n",
+    }[kind]
+    text = ("version = 1\n" + body).encode()
+    return (b"\xef\xbb\xbf" if draw(st.booleans()) else b"") + text
+
+
+@FUZZ
+@given(hostile_recipes())
+def test_fuzz_recipe_hostile_structures(content: bytes) -> None:
+    timed(check_recipe, content)
+
+
+# -- files that are not regular files --------------------------------------------------------------------
+
+
+def _special(kind: str, path: Path) -> None:
+    if path.is_symlink() or path.exists():
+        path.unlink() if not path.is_dir() or path.is_symlink() else path.rmdir()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(str(path))
+    elif kind == "directory":
+        path.mkdir()
+    else:  # a character device, through a link
+        path.symlink_to(kind)
+
+
+@FUZZ
+@given(st.sampled_from(["fifo", "socket", "directory", "/dev/zero", "/dev/null", "/dev/urandom"]),
+       st.sampled_from(["safetensors", "shard", "index", "burnpack", "recipe"]))
+def test_fuzz_non_regular_files(kind: str, reader: str) -> None:
+    """Every reader refuses a FIFO, a socket, a device or a directory as `not a regular file`, at once."""
+    CALLS["special"] += 1
+    folder = _SCRATCH / "special"
+    folder.mkdir(exist_ok=True)
+    name = {"safetensors": "m.safetensors", "shard": "s.safetensors", "index": "model.safetensors.index.json",
+            "burnpack": "m.bpk", "recipe": "r.toml"}[reader]
+    _special(kind, folder / name)
+    start = time.perf_counter()
+    try:
+        if reader in ("safetensors", "shard"):
+            if reader == "shard":
+                (folder / "i.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": name}}))
+            SafetensorsSource.open(folder / ("i.safetensors.index.json" if reader == "shard" else name))
+        elif reader == "index":
+            SafetensorsSource.open(folder / name)
+        elif reader == "burnpack":
+            BurnpackReader.open(folder / name)
+        else:
+            load_recipe(folder / name)
+    except (InputError, RecipeError) as error:
+        directory = kind == "directory" and ("holds neither" in error.message or "is a directory" in error.message)
+        assert "not a regular file" in error.message or directory, error.message
+        assert error.hint
+    else:
+        raise AssertionError(f"{reader} read {kind}")
+    assert time.perf_counter() - start < SECONDS

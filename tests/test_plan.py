@@ -64,10 +64,14 @@ def test_default_policy_on_a_llama_checkpoint() -> None:
     plan = make_plan(LLAMA)
     assert [e.info.name for e in plan.entries] == [i.name for i in LLAMA]
     entries = by_name(plan)
-    for name in ("model.embed_tokens.weight", f"{LAYER}.self_attn.q_proj.weight", "lm_head.weight"):
-        assert entries[name].decision.scheme.to_serde() == Q4S_B32
-        assert entries[name].decision.reason == "default: BF16 tensor of rank 2 -> q4s-b32"
-        assert entries[name].out_dtype == {"QFloat": Q4S_B32}
+    q = entries[f"{LAYER}.self_attn.q_proj.weight"]
+    assert q.decision.scheme.to_serde() == Q4S_B32
+    assert q.decision.reason == "default: BF16 tensor of rank 2 -> q4s-b32"
+    assert q.out_dtype == {"QFloat": Q4S_B32}
+    # The token embedding and the output head take 8 bits (q8s-b32) under a narrower preset.
+    for name, role in (("model.embed_tokens.weight", "token embedding"), ("lm_head.weight", "output head")):
+        assert entries[name].decision.scheme is PRESETS["q8s-b32"].scheme
+        assert entries[name].decision.reason == f"default: {role}, 8 bits -> q8s-b32"
     norm = entries[f"{LAYER}.input_layernorm.weight"]
     assert norm.decision.scheme is None
     assert norm.decision.reason == "default: keep, 1-D tensor (norm/bias)"
@@ -95,12 +99,14 @@ def test_totals() -> None:
     assert (totals.tensors, totals.quantized, totals.kept, totals.transposed) == (9, 6, 3, 0)
     assert totals.bytes_in == sum(i.nbytes for i in LLAMA)
     kept = 4096 * 2 * 2 + 2048 * 8
-    quantized = sum(math.prod(i.shape) for i in LLAMA if len(i.shape) == 2 and i.dtype == "BF16") * 9 // 16
-    assert totals.bytes_out == kept + quantized
+    wide = ("model.embed_tokens.weight", "lm_head.weight")  # 8.5 bits: q8s-b32
+    quantized = sum(math.prod(i.shape) for i in LLAMA if len(i.shape) == 2 and i.dtype == "BF16"
+                    and i.name not in wide) * 9 // 16
+    assert totals.bytes_out == kept + quantized + 2 * 32000 * 4096 * 17 // 16
     assert totals.ratio == pytest.approx(totals.bytes_in / totals.bytes_out)
-    # The largest tensor, embed_tokens: its BF16 source, an f32 working copy, its payload.
+    # The largest tensor, embed_tokens: its BF16 source, an f32 working copy, its q8s-b32 payload.
     numel = 32000 * 4096
-    assert totals.peak_bytes == numel * 2 + numel * 4 + numel * 9 // 16
+    assert totals.peak_bytes == numel * 2 + numel * 4 + numel * 17 // 16
 
 
 def test_already_quantized_tensors_and_their_scale_companions_are_kept() -> None:
@@ -130,15 +136,15 @@ def test_int8_is_kept_as_already_quantized_and_burn_can_hold_it() -> None:
     assert entries["w"].decision.reason == "default: keep, already quantized (I8)"
     assert entries["w"].out_dtype == "I8"
     assert entries["w_scale"].decision.reason == "default: keep, scale of the already-quantized tensor w"
-    assert plan.problems == []
+    assert [p.kind for p in plan.problems] == ["nothing-quantized"]  # a warning: the plan goes ahead
 
 
 @pytest.mark.parametrize(
     ("preset", "shape", "why"),
     [
+        # 33 is odd: no block of 16 or 8 divides it either (and 8 is the fewest 4-bit values a u32 word holds)
         ("q4s-b32", [10, 33], "last dim 33 is not a multiple of 32 (block [32])"),
-        ("q4s-b128", [8, 64], "last dim 64 is not a multiple of 128 (block [128])"),
-        ("fp4-b32", [8, 48], "last dim 48 is not a multiple of 32 (block [32])"),
+        ("q4s-b128", [8, 36], "last dim 36 is not a multiple of 128 (block [128])"),
         ("q8s", [8, 6], "last dim 6 is not a multiple of 4 (PackedU32 holds 4 Q8S values per word)"),
         ("e4m3", [3, 3], "last dim 3 is not a multiple of 4 (PackedU32 holds 4 E4M3 values per word)"),
     ],
@@ -149,7 +155,7 @@ def test_default_policy_keeps_a_shape_that_cannot_take_the_preset(
     plan = make_plan([info("w", "F32", shape)], preset=PRESETS[preset])
     assert plan.entries[0].decision.scheme is None
     assert plan.entries[0].decision.reason == f"default: keep, cannot take {preset}: {why}"
-    assert plan.problems == []
+    assert [p.kind for p in plan.problems] == ["nothing-quantized"]
 
 
 def test_native_q8_takes_any_last_dim() -> None:
@@ -253,13 +259,15 @@ def test_transpose_of_a_tensor_that_is_not_2d_is_a_problem(tmp_path: Path) -> No
 
 def test_on_indivisible_keep_keeps_with_the_reason(tmp_path: Path) -> None:
     plan = make_plan(
-        [info("odd.weight", "F32", [10, 33])], recipe(tmp_path, '[[rule]]\nmatch = "*"\npreset = "q4s-b32"\n')
+        [info("odd.weight", "F32", [10, 33]), info("ok.weight", "F32", [2, 32])],
+        recipe(tmp_path, '[[rule]]\nmatch = "odd.*"\npreset = "q4s-b32"\n'),
     )
     assert plan.entries[0].decision.scheme is None
     assert plan.entries[0].decision.reason.endswith(
         "keep, cannot take the scheme: last dim 33 is not a multiple of 32 (block [32])"
     )
-    assert plan.problems == []
+    # The rule quantizes none of the tensors it matches: a warning (see test_a_rule_that_quantizes_none...)
+    assert [(p.kind, p.severity) for p in plan.problems] == [("unquantized-rule", "warning")]
 
 
 def test_on_indivisible_error_reports_every_tensor(tmp_path: Path) -> None:
@@ -374,3 +382,199 @@ def test_burns_per_file_limits() -> None:
     many = [TensorInfo(f"b{i}", "F32", (1,), 4, SOURCE) for i in range(100_001)]
     (problem,) = make_plan(many).errors()
     assert "100001 tensors" in problem.message and "100000" in problem.message
+
+
+# ----------------------------------------------------------------------------- daily use, round two
+
+
+def test_a_rule_that_quantizes_none_of_its_tensors_is_a_warning_naming_why(tmp_path: Path) -> None:
+    """Block [48] divides none of the projections' rows (4096, 11008): every one is kept."""
+    plan = make_plan(
+        LLAMA, recipe(tmp_path, '[[rule]]\nmatch = "*proj.weight"\nvalue = "Q8S"\nblock = [48]\nblock_scale = "F16"\n')
+    )
+    (problem,) = plan.problems
+    assert (problem.kind, problem.severity, problem.file, problem.line) == (
+        "unquantized-rule", "warning", str(tmp_path / "recipe.toml"), 2)
+    assert problem.tensors == tuple(i.name for i in LLAMA if i.name.endswith("proj.weight"))
+    assert problem.message == (
+        "rule (match '*proj.weight') matches 4 tensors (model.layers.0.self_attn.q_proj.weight, "
+        "model.layers.0.self_attn.k_proj.weight, model.layers.0.mlp.up_proj.weight, ...) but quantizes none "
+        "of them with Q8S PackedU32(0) block [48] F16: model.layers.0.self_attn.q_proj.weight [4096, 4096]: "
+        "last dim 4096 is not a multiple of 48 (block [48])"
+    )
+    assert "keep = true" in problem.hint
+    plan.raise_if_errors()  # a warning in quantize
+
+
+def test_a_rule_that_quantizes_some_of_its_tensors_is_no_problem(tmp_path: Path) -> None:
+    plan = make_plan(
+        [info("odd.weight", "F32", [10, 33]), info("ok.weight", "F32", [2, 32])],
+        recipe(tmp_path, '[[rule]]\nmatch = "*"\npreset = "q4s-b32"\n'),
+    )
+    assert plan.problems == []
+
+
+def test_a_plan_that_quantizes_nothing_warns() -> None:
+    norms = [info("a.norm.weight", "BF16", [64]), info("b.norm.weight", "BF16", [64])]
+    (problem,) = make_plan(norms).problems
+    assert (problem.kind, problem.severity, problem.file) == ("nothing-quantized", "warning", None)
+    assert problem.message == (
+        "nothing is quantized: all 2 tensors (a.norm.weight, b.norm.weight) are kept; the first because "
+        "default: keep, 1-D tensor (norm/bias)"
+    )
+    assert problem.tensors == ("a.norm.weight", "b.norm.weight")
+    # A plan with errors says those instead; an empty one says nothing.
+    assert [p.kind for p in make_plan(FP8[:1]).problems] == ["dtype"]
+    assert make_plan([]).problems == []
+
+
+def test_a_shadowed_rule_names_the_rule_that_takes_its_tensors(tmp_path: Path) -> None:
+    plan = make_plan(
+        LLAMA,
+        recipe(
+            tmp_path,
+            '[[rule]]\nmatch = "*.weight"\npreset = "q4s-b32"\n'  # rule 1, line 2: takes every weight
+            '[[rule]]\nmatch = "*norm*"\nkeep = true\n'  # rule 2, line 5: every norm is a weight
+            '[[rule]]\nmatch = "*.bias"\nkeep = true\n',  # rule 3, line 8: matches nothing at all
+        ),
+    )
+    file = tmp_path / "recipe.toml"
+    shadowed, unmatched = plan.problems
+    assert (shadowed.kind, shadowed.severity, shadowed.line) == ("unmatched-rule", "warning", 5)
+    assert shadowed.message == (
+        f"rule (match '*norm*') is shadowed by rule 1 ({file}:2): every tensor it matches, 2 tensors "
+        "(model.layers.0.input_layernorm.weight, model.norm.weight), is taken by that rule first"
+    )
+    assert "move this rule before it" in shadowed.hint
+    assert (unmatched.line, unmatched.message) == (8, "rule (match '*.bias') matches no tensor")
+
+
+def test_a_rule_shadowed_by_two_rules_names_both(tmp_path: Path) -> None:
+    plan = make_plan(
+        LLAMA,
+        recipe(
+            tmp_path,
+            '[[rule]]\nmatch = "*embed*"\nkeep = true\n'
+            '[[rule]]\nmatch = "lm_head*"\nkeep = true\n'
+            '[[rule]]\nmatch = "re:(model\\\\.embed_tokens|lm_head)\\\\.weight"\npreset = "q8s-b32"\n',
+        ),
+    )
+    (problem,) = [p for p in plan.problems if p.kind == "unmatched-rule"]
+    file = tmp_path / "recipe.toml"
+    assert f"is shadowed by rule 1 ({file}:2), rule 2 ({file}:5): " in problem.message
+    assert "taken by those rules first" in problem.message and "before them" in problem.hint
+
+
+@pytest.mark.parametrize(
+    ("preset", "shape", "block", "why"),
+    [
+        ("q4s-b128", [128, 352], 32, "352 is not a multiple of 128"),
+        ("q4s-b64", [128, 352], 32, "352 is not a multiple of 64"),
+        ("q4s-b128", [8, 64], 64, "64 is not a multiple of 128"),
+        ("q4s-b32", [10, 48], 16, "48 is not a multiple of 32"),
+        ("q4s-b32", [10, 40], 8, "40 is not a multiple of 32"),  # 8: the 4-bit values of one u32 word
+        ("fp4-b32", [8, 48], 16, "48 is not a multiple of 32"),
+        ("q8s-b32", [4, 36], 4, "36 is not a multiple of 32"),
+    ],
+)
+def test_default_policy_falls_back_to_the_largest_block_that_divides_the_row(
+    preset: str, shape: list[int], block: int, why: str
+) -> None:
+    entry = make_plan([info("w", "F32", shape)], preset=PRESETS[preset]).entries[0]
+    expected = PRESETS[preset].scheme.per_block([block], ScaleDtype.F16)  # the same value, store, scale dtype
+    assert entry.decision.scheme == expected
+    assert entry.decision.reason == f"default: F32 tensor of rank 2 -> {preset} → block [{block}]: {why}"
+    assert entry.out_nbytes == shape[0] * shape[1] * expected.value.size_bits() // 8 + shape[0] * shape[1] // block * 2
+
+
+def test_a_rule_keeps_its_block_no_fallback(tmp_path: Path) -> None:
+    plan = make_plan([info("w", "F32", [8, 48])], recipe(tmp_path, '[[rule]]\nmatch = "w"\npreset = "q4s-b32"\n'))
+    assert plan.entries[0].decision.scheme is None
+
+
+@pytest.mark.parametrize(
+    ("name", "role"),
+    [
+        ("model.embed_tokens.weight", "token embedding"),
+        ("model.language_model.embed_tokens.weight", "token embedding"),
+        ("transformer.wte.weight", "token embedding"),
+        ("wte", "token embedding"),
+        ("tok_embeddings.weight", "token embedding"),
+        ("lm_head.weight", "output head"),
+        ("output.weight", "output head"),
+    ],
+)
+def test_the_embedding_and_the_head_take_8_bits_under_a_narrower_preset(name: str, role: str) -> None:
+    for preset in ("q4s-b32", "q4s-b128", "q2s-b32", "fp4-b32"):
+        decision = make_plan([info(name, "BF16", [256, 128])], preset=PRESETS[preset]).entries[0].decision
+        assert decision.scheme is PRESETS["q8s-b32"].scheme, preset
+        assert decision.reason == f"default: {role}, 8 bits -> q8s-b32"
+    for preset in ("q8s", "e4m3", "q8s-native"):  # not narrower than 8 bits: the preset itself
+        assert make_plan([info(name, "BF16", [256, 128])], preset=PRESETS[preset]).entries[0].decision.scheme \
+            is PRESETS[preset].scheme
+
+
+def test_only_those_names_take_8_bits(tmp_path: Path) -> None:
+    names = ["model.layers.0.attention.output.weight", "model.layers.0.self_attn.o_proj.weight", "wte.bias"]
+    plan = make_plan([info(n, "BF16", [64, 64]) for n in names])
+    assert [e.decision.scheme for e in plan.entries] == [PRESETS["q4s-b32"].scheme] * 3
+
+
+def test_a_rule_overrides_the_8_bit_default(tmp_path: Path) -> None:
+    plan = make_plan(LLAMA, recipe(tmp_path, '[[rule]]\nmatch = "lm_head.weight"\npreset = "q4s-b32"\n'))
+    entries = by_name(plan)
+    assert entries["lm_head.weight"].decision.scheme is PRESETS["q4s-b32"].scheme
+    assert entries["model.embed_tokens.weight"].decision.scheme is PRESETS["q8s-b32"].scheme  # no rule: default
+
+
+def test_cast_writes_a_kept_tensor_in_another_floating_dtype(tmp_path: Path) -> None:
+    plan = make_plan(
+        LLAMA, recipe(tmp_path, '[[rule]]\nmatch = "*norm*"\nkeep = true\ncast = "f32"\n')
+    )
+    norm = by_name(plan)["model.norm.weight"]
+    assert norm.decision.cast == "F32"
+    assert (norm.out_dtype, norm.out_nbytes, norm.bits_per_weight) == ("F32", 4096 * 4, 32.0)
+    assert norm.decision.reason == f"rule {tmp_path / 'recipe.toml'}:2: keep, cast BF16 to F32"
+    assert norm.peak_bytes == 4096 * 2 + 4096 * 4  # the source and its cast
+    assert plan.problems == []
+
+
+def test_a_cast_to_the_source_dtype_is_no_cast(tmp_path: Path) -> None:
+    plan = make_plan(LLAMA[5:6], recipe(tmp_path, '[[rule]]\nmatch = "*"\nkeep = true\ncast = "BF16"\n'))
+    assert (plan.entries[0].decision.cast, plan.entries[0].out_dtype) == (None, "BF16")
+
+
+def test_cast_of_a_tensor_that_is_not_floating_is_an_error(tmp_path: Path) -> None:
+    plan = make_plan(LLAMA + FP8[:1], recipe(tmp_path, '[[rule]]\nmatch = "*"\nkeep = true\ncast = "F32"\n'))
+    cast = [p for p in plan.errors() if p.kind == "cast"]
+    assert len(cast) == 1
+    assert cast[0].tensors == ("model.rotary.position_ids", "model.layers.1.mlp.gate_proj.weight")
+    assert (cast[0].file, cast[0].line) == (str(tmp_path / "recipe.toml"), 2)
+    assert "not floating (F8_E4M3, I64)" in cast[0].message and "drop cast" in cast[0].hint
+    with pytest.raises(PlanError):
+        plan.raise_if_errors()
+
+
+def test_cast_kept_casts_every_kept_floating_tensor(tmp_path: Path) -> None:
+    plan = make_plan(
+        LLAMA + [info("odd.weight", "F16", [4, 33])],
+        recipe(tmp_path, '[defaults]\ncast_kept = "F32"\n[[rule]]\nmatch = "odd.*"\npreset = "q4s-b32"\n'),
+    )
+    entries = by_name(plan)
+    assert entries["model.norm.weight"].out_dtype == "F32"
+    assert entries["model.norm.weight"].decision.reason == "default: keep, 1-D tensor (norm/bias), cast BF16 to F32"
+    assert entries["odd.weight"].out_dtype == "F32"  # kept because it cannot take its rule's scheme
+    assert entries["model.rotary.position_ids"].out_dtype == "I64"  # not floating: passed by
+    assert entries["lm_head.weight"].decision.cast is None  # quantized
+    assert [p.kind for p in plan.errors()] == []
+
+
+def test_ndarray_loads_bf16_norms_cast_to_f32(tmp_path: Path) -> None:
+    from qcli.burn_backends import BurnBackend
+
+    bf16 = make_plan(LLAMA, preset=PRESETS["q8s-b32"], backend=BurnBackend.ndarray)
+    (problem,) = bf16.errors()
+    assert problem.kind == "backend" and "cast = \"F32\"" in problem.hint
+    cast = make_plan(LLAMA, recipe(tmp_path, '[defaults]\ncast_kept = "F32"\n'), PRESETS["q8s-b32"],
+                     backend=BurnBackend.ndarray)
+    assert cast.errors() == []

@@ -96,7 +96,7 @@ def test_zero_point_preset_names_are_refused() -> None:
 
 
 def test_docs_presets_lists_every_preset_with_its_scheme() -> None:
-    docs = (Path(__file__).parents[1] / "docs" / "presets.md").read_text()
+    docs = (Path(__file__).parents[1] / "docs" / "presets.md").read_text().split("<!-- burn 0.21 -->")[0]
     rows = {row.split("|")[1].strip(" `"): row for row in docs.splitlines() if row.startswith("| `")}
     assert set(rows) == set(PRESETS)
     for name, preset in PRESETS.items():
@@ -111,17 +111,60 @@ def backend_marks(row: str, columns: int) -> list[str]:
     return [cell.strip() for cell in row.strip().strip("|").split("|")][-columns:]
 
 
-@pytest.mark.parametrize("doc", ["docs/presets.md", "README.md"])
-def test_the_preset_by_backend_tables_say_what_the_capability_table_says(doc: str) -> None:
+@pytest.mark.parametrize(("doc", "version"), [("docs/presets.md", "0.22.1"), ("README.md", "0.22.1"),
+                                              ("docs/presets.md", "0.21.0")])
+def test_the_preset_by_backend_tables_say_what_the_capability_table_says(doc: str, version: str) -> None:
     """✓ exactly where `qcli.burn_backends` (held to Burn by tests/test_burn_backends.py) loads the preset
-    on a [4096, 4096] weight, and the pair count below the table adds up."""
+    on a [4096, 4096] weight, and the pair count below the table adds up. Burn 0.21's table follows the
+    marker `<!-- burn 0.21 -->`; the default release's comes first."""
     text = (Path(__file__).parents[1] / doc).read_text()
+    older = "<!-- burn 0.21 -->"
+    text = text.split(older)[1] if version == "0.21.0" else text.split(older)[0]
     rows = {row.split("|")[1].strip(" `"): row for row in text.splitlines() if row.startswith("| `")}
     loads = 0
     for name, preset in PRESETS.items():
-        want = ["✓" if load_problem(b, preset.scheme, (4096, 4096)) is None else "—" for b in BurnBackend]
+        want = ["✓" if load_problem(b, preset.scheme, (4096, 4096), version) is None else "—" for b in BurnBackend]
         assert backend_marks(rows[name], len(BurnBackend)) == want, name
         loads += want.count("✓")
     pairs = len(PRESETS) * len(BurnBackend)
     count = f"Of the {pairs} preset × backend pairs, {loads} load bit-identically and {pairs - loads} are refused"
     assert count in text
+
+
+@pytest.mark.parametrize(
+    ("name", "preset", "phrase"),
+    [
+        ("q8_0", "q8s-b32", "8-bit, blocks of 32 with F16 scales, as Q8_0"),
+        ("Q8_0", "q8s-b32", "the same [-127, 127] grid"),
+        ("q4_0", "q4f-b32", "max|x| / 7.5 where Q4_0 divides the signed max by -8"),
+        ("fp8", "e4m3", "FP8 E4M3"),
+        ("f8", "e4m3", "FP8 E4M3"),
+        ("fp8_e4m3", "e4m3", "FP8 E4M3"),
+        ("FP8-E4M3", "e4m3", "FP8 E4M3"),
+        ("fp8_e5m2", "e5m2", "FP8 E5M2"),
+    ],
+)
+def test_llama_cpp_and_fp8_names_are_refused_naming_the_nearest_preset(name: str, preset: str, phrase: str) -> None:
+    with pytest.raises(UsageError) as info:
+        get_preset(name)
+    assert info.value.exit_code == 2
+    origin = "llama.cpp's" if name.lower().startswith("q") else "an FP8 format's"
+    assert info.value.message == f"{name!r} is {origin} name, not a qcli preset"
+    assert info.value.hint.startswith(f"use {preset}: ") and phrase in info.value.hint
+    assert "nvfp4" not in info.value.hint and "did you mean" not in info.value.hint
+
+
+@pytest.mark.parametrize(("name", "preset"), [("q4_k_m", "q4s-b32"), ("q4_k", "q4s-b32"), ("Q4_K_S", "q4s-b32"),
+                                              ("q6_k", "q8s-b32"), ("q2_k", "q4s-b32")])
+def test_k_quants_are_refused_with_why_and_a_symmetric_preset(name: str, preset: str) -> None:
+    with pytest.raises(SchemeError) as info:
+        get_preset(name)
+    assert info.value.message.startswith(f"{name} is a llama.cpp K-quant")
+    assert "super-blocks of 256 values with integer sub-block scales" in info.value.message
+    assert info.value.hint.startswith(f"use {preset} (")
+
+
+def test_typos_still_get_did_you_mean() -> None:
+    with pytest.raises(UsageError) as info:
+        get_preset("q8s-b23")
+    assert "did you mean 'q8s-b32'" in info.value.hint

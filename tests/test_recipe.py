@@ -427,3 +427,164 @@ def test_any_rule_table_parses_into_rules_or_located_faults(rules: list[dict]) -
     plan = make_plan(FUZZ_MODEL, recipe)
     assert [e.info.name for e in plan.entries] == [i.name for i in FUZZ_MODEL]
     assert all(e.decision.reason and e.out_nbytes > 0 for e in plan.entries)
+
+
+def test_cast_on_a_keep_rule_parses_in_any_case(tmp_path: Path) -> None:
+    recipe = load_recipe(write(tmp_path, 'version = 1\n[[rule]]\nmatch = "*norm*"\nkeep = true\ncast = "bf16"\n'))
+    (rule,) = recipe.rules
+    assert (rule.keep, rule.cast, rule.number) == (True, "BF16", 1)
+    assert recipe.cast_kept is None
+
+
+def test_cast_needs_keep_and_a_known_dtype(tmp_path: Path) -> None:
+    line, message, hint = single_fault(
+        tmp_path, 'version = 1\n[[rule]]\nmatch = "*"\npreset = "q4s-b32"\ncast = "F32"\n'
+    )
+    assert (line, message) == (5, "cast needs keep = true: it sets the dtype a kept tensor is written in")
+    assert "remove cast" in hint
+    line, message, hint = single_fault(tmp_path, 'version = 1\n[[rule]]\nmatch = "*"\nkeep = true\ncast = "FP32"\n')
+    assert (line, message) == (5, "unknown cast 'FP32'")
+    assert hint.startswith("did you mean 'F32'? one of F32, F16, BF16")
+    line, message, _ = single_fault(tmp_path, 'version = 1\n[[rule]]\nmatch = "*"\nkeep = true\ncast = 32\n')
+    assert (line, message) == (5, "cast must be a string, got an integer 32")
+    with pytest.raises(RecipeError) as raised:
+        load_recipe(write(tmp_path, 'version = 1\n[[rule]]\nmatch = "*"\nvalue = "Q8S"\ncast = "F16"\n'))
+    assert raised.value.exit_code == 2
+
+
+def test_cast_kept_in_defaults(tmp_path: Path) -> None:
+    recipe = load_recipe(write(tmp_path, 'version = 1\n[defaults]\ncast_kept = "F32"\n'))
+    assert recipe.cast_kept == "F32"
+    line, message, hint = single_fault(tmp_path, 'version = 1\n[defaults]\n\ncast_kept = "F8"\n')
+    assert (line, message) == (4, "unknown cast_kept 'F8'")
+    assert "one of F32, F16, BF16" in hint
+
+
+def test_rules_know_their_number_in_the_recipe_even_after_a_faulty_one(tmp_path: Path) -> None:
+    recipe, faults = read_recipe(write(
+        tmp_path, 'version = 1\n[[rule]]\nmatch = "a"\nkep = true\n[[rule]]\nmatch = "b"\nkeep = true\n'
+    ))
+    assert len(faults) == 1
+    assert [(r.match, r.number) for r in recipe.rules] == [("b", 2)]
+
+
+# -- hostile recipes: linear-time scanning and matching ---------------------------------------------------
+
+
+def _seconds(fn, *args):  # type: ignore[no-untyped-def]
+    import time
+
+    start = time.perf_counter()
+    result = fn(*args)
+    return result, time.perf_counter() - start
+
+
+def test_the_line_scanner_is_linear_in_a_100_kb_line() -> None:
+    """`_Lines` found headers with a regex that backtracked over runs of spaces (about 30 s here)."""
+    from qcli.recipe import _Lines
+
+    for line in ('["' + " " * 100_000 + '!"]', "[" + " " * 100_000, "[[" + " " * 100_000 + "x]] # " + " " * 1000,
+                 " " * 100_000 + "= 1", "version" + " " * 100_000 + "x"):
+        lines, seconds = _seconds(_Lines, f"version = 1\n{line}\n[[rule]]\nmatch = 'x'\n")
+        assert seconds < 0.5, (line[:10], seconds)
+        assert ("rule", 3) in lines.headers
+        assert lines.key("match", lines.table("rule")) == 4
+
+
+def test_header_scanner_agrees_with_the_old_regex() -> None:
+    from qcli.recipe import _header_name
+
+    old = re.compile(r"^\s*\[\[?\s*([\w.\-\"' ]+?)\s*\]\]?\s*(?:#.*)?$")
+    for line in ("[rule]", "[[rule]]", "  [ defaults ]  # x", "[[rule]] x", "[a.b-c]", "['q']", "[]", "[[rule]",
+                 "[rule]]", "x = [1]", "[a\tb]", "[é]", "[[ rule ]]#", "[a]]]"):
+        match = old.match(line)
+        assert _header_name(line) == (match.group(1).strip("\"'") if match else None), line
+
+
+def test_a_rule_count_of_20000_reads_in_linear_time() -> None:
+    text = "version = 1\n" + "[[rule]]\nmatch = 'x'\nkeep = true\n" * 20_000
+    (recipe, faults), seconds = _seconds(parse_recipe, text.encode())
+    assert not faults and len(recipe.rules) == 20_000 and recipe.rules[-1].line == 1 + 3 * 19_999 + 1
+    assert seconds < 5, seconds  # tomllib itself takes most of it; the scan was quadratic (minutes)
+
+
+def test_a_byte_order_mark_is_not_part_of_the_recipe() -> None:
+    plain = b'version = 1\n[[rule]]\nmatch = "*"\nkeep = true\n'
+    recipe, faults = parse_recipe(b"\xef\xbb\xbf" + plain)
+    assert not faults and recipe.rules == parse_recipe(plain)[0].rules
+    assert recipe.sha256 == hashlib.sha256(b"\xef\xbb\xbf" + plain).hexdigest()  # of the file as it is
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        ("version = 1\nx = " + "[" * 100_000 + "]" * 100_000 + "\n", 2, "nested too deeply"),
+        ("version = 1\nx = " + "{a = " * 5000 + "1" + "}" * 5000 + "\n", 2, "nested too deeply"),
+        ("version = 1\n[[rule]]\nmatch = 'x'\nblock = [" + "1" * 5000 + "]\n", 4, "more than 4300 digits"),
+        ("version = 1\n[[rule]]\nmatch = 'x'\nvalue = 'Q4S'\nstore = 'PackedU32(" + "9" * 5000 + ")'\n", 5,
+         "unknown store"),
+        ("version = 1\n[[rule]]\nmatch = 'x'\nvalue = 'Q4S'\nstore = 'Native" + " " * 100_000 + "x'\n", 5,
+         "unknown store"),
+        ("version = 1\n[[rule]]\nmatch = " + "[" * 200 + "]" * 200 + "\nkeep = true\n", 3, "match must be"),
+        ("version = 1\n[[rule]]\nmatch = 're:" + "(" * 5000 + ")" * 5000 + "'\nkeep = true\n", 3, "nested"),
+        ("version = 1\n[[rule]]\nmatch = 're:(a{100}){100}'\nkeep = true\n", 3, "is too complex"),
+        ("version = 1\n[[rule]]\nmatch = 're:(a)\\1'\nkeep = true\n", 3, "backreference"),
+        ("version = 1\n[[rule]]\nmatch = 're:(?<=x)a'\nkeep = true\n", 3, "lookahead or lookbehind"),
+        ("version = 1\n[[rule]]\nmatch = 're:a*+'\nkeep = true\n", 3, "possessive repeat"),
+    ],
+)
+def test_hostile_recipes_are_located_faults_in_well_under_a_second(text: str, line: int, message: str) -> None:
+    (_, faults), seconds = _seconds(parse_recipe, text.encode(), "r.toml")
+    assert faults and faults[0].line == line and message in faults[0].message, faults
+    assert len(faults[0].message) < 400 and "\n" not in faults[0].message
+    assert seconds < 1.0, seconds
+
+
+def test_control_characters_in_faults_are_escaped() -> None:
+    _, faults = parse_recipe(b'version = 1\n[[rule]]\nmatch = "x"\n"\\u001b[31mblok" = 1\nkeep = true\n', "r\n.toml")
+    assert faults and "\x1b" not in faults[0].message and "\\x1b[31mblok" in faults[0].message
+    assert faults[0].file == "r\\n.toml"
+
+
+# The matcher must agree with re.fullmatch wherever both run, and take time linear in the name.
+REGEX_ATOMS = st.sampled_from(["a", "b", ".", "\\.", "[ab]", "[^a]", "\\d", "\\w", "\\W", "\\s", "\\b", "\\B", "^",
+                               "$", "\\A", "\\Z", "(?i:A)", "x", "\\n", "(?s:.)"])
+
+
+def _regexes() -> st.SearchStrategy[str]:
+    def extend(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+        return st.one_of(
+            st.tuples(inner, inner).map("".join),
+            st.tuples(inner, inner).map(lambda p: f"(?:{p[0]}|{p[1]})"),
+            st.tuples(inner, st.sampled_from(["*", "+", "?", "*?", "{2}", "{0,2}", "{1,}", "{2,3}?"]))
+            .map(lambda p: f"(?:{p[0]}){p[1]}"),
+            inner.map(lambda p: f"({p})"),
+        )
+
+    return st.recursive(REGEX_ATOMS, extend, max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(_regexes(), st.lists(st.text("ab.1x \nA_é", max_size=7), min_size=1, max_size=8),
+       st.sampled_from(["", "(?m)", "(?a)", "(?i)", "(?s)"]))
+def test_the_linear_matcher_agrees_with_re(pattern: str, names: list[str], flags: str) -> None:
+    from qcli.recipe import regex_matcher
+
+    pattern = flags + pattern
+    matcher = regex_matcher(pattern)
+    for name in names:
+        assert matcher(name) == (re.fullmatch(pattern, name) is not None), (pattern, name)
+
+
+@pytest.mark.parametrize("pattern", [r"(a+)+$", r"(.*\.)*mlp\..*", r"(a|aa)*b", r"(\w+\s?)*$", r".*\.mlp\..*weight",
+                                     r"(.*a){12}", r"(?:a*)*b", r"(x+x+)+y", r"^(([a-z])+.)+[A-Z]([a-z])+$"])
+def test_catastrophic_patterns_run_in_linear_time(pattern: str) -> None:
+    from qcli.recipe import regex_matcher
+
+    matcher = regex_matcher(pattern)
+    for name in ("model.layers.10.mlp.down_proj.weight", "a" * 100_000 + "!", "model." * 20_000 + "x",
+                 ".mlp." * 20_000, "x" * 100_000):
+        _, seconds = _seconds(matcher, name)
+        assert seconds < 1.0, (pattern, name[:12], seconds)
+    assert matcher("model.layers.10.mlp.down_proj.weight") == bool(
+        re.fullmatch(pattern, "model.layers.10.mlp.down_proj.weight"))

@@ -278,3 +278,99 @@ def test_a_file_changed_after_opening_fails_on_load(tmp_path: Path) -> None:
     (tmp_path / "x.safetensors").write_bytes(b"gone")
     with pytest.raises(InputError, match="cannot load tensor 'a.weight'"):
         source.load("a.weight")
+
+
+# -- hostile files and text ---------------------------------------------------------------------------
+
+
+def _kinds(folder: Path) -> dict[str, Path]:
+    """A FIFO, a socket, a character device and a directory, each where a file is expected."""
+    import os
+    import socket
+
+    os.mkfifo(folder / "fifo")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(folder / "sock"))
+    sock.close()
+    (folder / "dir").mkdir()
+    (folder / "zero").symlink_to("/dev/zero")
+    return {"a FIFO": folder / "fifo", "a socket": folder / "sock", "a character device": folder / "zero",
+            "a directory": folder / "dir"}
+
+
+def test_open_regular_refuses_every_other_kind_without_blocking(tmp_path: Path) -> None:
+    from qcli.io.safetensors import NotRegularFile, open_regular
+
+    for kind, path in _kinds(tmp_path).items():
+        with pytest.raises(NotRegularFile, match=f"not a regular file \\({kind}\\)"):
+            open_regular(path)
+    (tmp_path / "f").write_bytes(b"abc")
+    with open_regular(tmp_path / "f") as file:
+        assert file.read() == b"abc"
+    with pytest.raises(FileNotFoundError):
+        open_regular(tmp_path / "missing")
+
+
+def test_read_header_refuses_non_regular_files(tmp_path: Path) -> None:
+    from qcli.io.safetensors import read_header
+
+    for kind, path in _kinds(tmp_path).items():
+        if kind == "a directory":
+            continue  # a directory is a checkpoint folder to SafetensorsSource.open
+        with pytest.raises(InputError, match=f"not a regular file \\({kind}\\)") as info:
+            SafetensorsSource.open(path)
+        assert info.value.exit_code == 3 and "regular files" in info.value.hint
+        with pytest.raises(InputError, match="not a regular file"):
+            read_header(path)
+
+
+def test_a_directory_whose_model_is_a_fifo(tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "model.safetensors")
+    with pytest.raises(InputError, match="model.safetensors: not a regular file \\(a FIFO\\)"):
+        SafetensorsSource.open(tmp_path)
+
+
+def test_the_source_knows_its_index(tmp_path: Path) -> None:
+    save_file({"a": torch.zeros(1)}, tmp_path / "s1.safetensors")
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"a": "s1.safetensors"}}))
+    with SafetensorsSource.open(tmp_path) as source:
+        assert source.index == index and source.files == [tmp_path / "s1.safetensors"]
+    with SafetensorsSource.open(tmp_path / "s1.safetensors") as source:
+        assert source.index is None
+
+
+@pytest.mark.parametrize(
+    ("blob", "message"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"w": ' + b"{\"a\": " * 50_000 + b"1" + b"}" * 50_001, "nested too deeply"),
+        (b'{"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, ' + b"9" * 4301 + b"]}}", "4300 digits"),
+        (b'{"w": {"dtype": "F32", "shape": [' + b"1, " * 10_000 + b'1], "data_offsets": [0, 3]}}', "need 4"),
+        (b'{"w": {"dtype": "F4", "shape": [3], "data_offsets": [0, 1]}}', "need 1.5"),
+        (b'{"w": {"dtype": "F32", "shape": [' + b"9" * 1000 + b'], "data_offsets": [0, 4]}}', "need 3999"),
+        (b'{"w": {"dtype": ' + b"[" * 500 + b"]" * 500 + b', "shape": [1], "data_offsets": [0, 4]}}', "[[[[...]]]]"),
+        (b'{"w": {"dtype": "' + b"x" * 100_000 + b'", "shape": [1], "data_offsets": [0, 4]}}', "xxx...xxx"),
+        (b'{"\\u001b[2J\\u001b[31m": {"dtype": "F12", "shape": [1], "data_offsets": [0, 4]}}', "'\\x1b[2J\\x1b[31m'"),
+        (b'{"' + b"n" * 100_000 + b'": {"dtype": "F12", "shape": [1], "data_offsets": [0, 4]}}', "(100000 characters)"),
+    ],
+)
+def test_hostile_headers_give_one_short_line(tmp_path: Path, blob: bytes, message: str) -> None:
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob + bytes(4))
+    with pytest.raises(InputError) as info:
+        SafetensorsSource.open(path)
+    text = info.value.message
+    assert message in text and len(text) < 600 and text.isprintable(), text[:300]
+
+
+def test_printable_escapes_what_breaks_a_line_or_drives_a_terminal() -> None:
+    from qcli.io.safetensors import printable
+
+    assert printable("model.layers.0.weight é ü 中") == "model.layers.0.weight é ü 中"
+    assert printable("a\x1b[31mb\nc\td\re\x7f\x85\u2028\u202e\x00") == (
+        "a\\x1b[31mb\\nc\\td\\re\\x7f\\x85\\u2028\\u202e\\x00")
+    assert printable("a\u00a0b") == "a\u00a0b"  # a no-break space is shown as it is
+    assert len(printable("\x1b\n").splitlines()) == 1

@@ -106,3 +106,35 @@ def test_with_a_model_a_lookup_refusal_names_the_tensors(tmp_path: Path) -> None
 def test_an_unreadable_recipe_is_raised(tmp_path: Path) -> None:
     with pytest.raises(RecipeError):
         validate_scheme(tmp_path / "missing.toml")
+
+
+def test_with_a_model_a_rule_that_quantizes_nothing_is_an_error_naming_why(tmp_path: Path) -> None:
+    path = write(tmp_path, 'version = 1\n[[rule]]\nmatch = "model.odd.*"\npreset = "q4s-b32"\n')
+    problems = validate_scheme(path, MODEL)
+    assert summary(problems)[0] == ("error", "unquantized-rule", 2)
+    assert problems[0].file == str(path)
+    assert problems[0].message == (
+        "rule (match 'model.odd.*') matches 1 tensor (model.odd.weight) but quantizes none of them with "
+        "preset q4s-b32: model.odd.weight [4, 36]: last dim 36 is not a multiple of 32 (block [32])"
+    )
+
+
+def test_with_a_model_a_shadowed_rule_says_which_rule_takes_its_tensors(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        'version = 1\n[[rule]]\nmatch = "*"\npreset = "q4s-b32"\n'
+        '[[rule]]\nmatch = "*norm*"\nkeep = true\n'
+        '[[rule]]\nmatch = "*.bias"\nkeep = true\n',
+    )
+    shadowed, unmatched = validate_scheme(path, MODEL)
+    assert summary([shadowed, unmatched]) == [("error", "unmatched-rule", 5), ("error", "unmatched-rule", 8)]
+    assert f"is shadowed by rule 1 ({path}:2)" in shadowed.message
+    assert "matches no tensor" not in shadowed.message
+    assert unmatched.message == "rule (match '*.bias') matches no tensor"
+
+
+def test_with_a_model_a_plan_that_quantizes_nothing_is_a_warning(tmp_path: Path) -> None:
+    path = write(tmp_path, 'version = 1\n[[rule]]\nmatch = "*"\nkeep = true\n')
+    (problem,) = validate_scheme(path, MODEL)
+    assert (problem.severity, problem.kind) == ("warning", "nothing-quantized")
+    assert problem.message.startswith("nothing is quantized: all 6 tensors (")

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from types import FrameType
 
 from qcli.errors import Interrupted, PlanError, QcliError
+from qcli.io.safetensors import printable
 
 INTERNAL_ERROR = 70
 
@@ -37,11 +38,11 @@ def emit(error: QcliError) -> int:
     """Print `error:`, a plan's problems one per line, and `hint:`; return the exit code."""
     if debug():
         traceback.print_exception(error, file=sys.stderr)
-    lines = [f"error: {error.message}"]
+    lines = [f"error: {printable(error.message)}"]
     if isinstance(error, PlanError):
-        lines += [f"  {p}" for p in error.problems]
+        lines += [f"  {printable(p)}" for p in error.problems]
     if error.hint:
-        lines.append(f"hint: {error.hint}")
+        lines.append(f"hint: {printable(error.hint)}")
     sys.stderr.write("\n".join(lines) + "\n")
     return error.exit_code
 
@@ -53,7 +54,7 @@ def interrupted() -> int:
 
 
 def internal(exc: BaseException) -> int:
-    first = (str(exc).splitlines() or [""])[0]
+    first = printable((str(exc).splitlines() or [""])[0])
     sys.stderr.write(
         f"error: internal error: {type(exc).__name__}{': ' + first if first else ''}\n"
         "hint: set QCLI_DEBUG=1 for the traceback, and report it with the command you ran\n"

@@ -20,6 +20,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from qcli.io.safetensors import printable
+
 # Piped output is data: wide enough that tensor names are not folded.
 PIPE_WIDTH = 200
 
@@ -43,7 +45,7 @@ def print_json(doc: Any) -> None:
 
 def warn(message: str) -> None:
     """`warning: …` on stderr; the message is printed as it is (no markup)."""
-    stderr().print(Text.assemble(("warning", "yellow"), f": {message}"), soft_wrap=True)
+    stderr().print(Text.assemble(("warning", "yellow"), f": {printable(message)}"), soft_wrap=True)
 
 
 def progress_enabled(json_output: bool) -> bool:

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from qcli import api
 from qcli.cli import _output
+from qcli.io.safetensors import printable
 from qcli.report import InspectReport
 
 
@@ -51,24 +52,24 @@ def inspect(
 
 def render(report: InspectReport) -> None:
     out = _output.stdout()
-    files = ", ".join(f"{f.name} ({_output.human_bytes(f.bytes)})" for f in report.files)
+    files = ", ".join(f"{printable(f.name)} ({_output.human_bytes(f.bytes)})" for f in report.files)
     version = f", burnpack version {report.version}" if report.version is not None else ""
-    out.print(f"{report.path}: {report.format}{version}; files: {files}")
+    out.print(f"{printable(report.path)}: {report.format}{version}; files: {files}")
     if report.metadata:
         meta = Table("metadata key", "value", title="metadata", title_justify="left")
         for key, value in report.metadata.items():
-            meta.add_row(key, value)
+            meta.add_row(printable(key), printable(value))
         out.print(meta)
     table = Table("tensor", "dtype", "shape", "bytes", title="tensors", title_justify="left")
     for t in report.tensors:
-        table.add_row(t.name, t.dtype, _output.shape_text(t.shape), _output.human_bytes(t.nbytes))
+        table.add_row(printable(t.name), t.dtype, _output.shape_text(t.shape), _output.human_bytes(t.nbytes))
     out.print(table)
     totals = report.totals()
     out.print(f"{totals['tensors']} tensors, {totals['params']:,} values, {_output.human_bytes(totals['bytes'])}")
     if report.tensor_stats is not None:
         s = report.tensor_stats
         stats = Table(
-            "of", "min", "max", "mean", "std", "rms", title=f"statistics of {s.name}", title_justify="left"
+            "of", "min", "max", "mean", "std", "rms", title=f"statistics of {printable(s.name)}", title_justify="left"
         )
         for label, v in (("values", s.values), ("scales", s.scales)):
             if v is not None:
@@ -90,14 +91,14 @@ def _render_compare(report: InspectReport, out: Console) -> None:
         "SQNR dB",
         "max abs",
         "status",
-        title=f"compared with {c.source}",
+        title=f"compared with {printable(c.source)}",
         title_justify="left",
     )
     for r in c.rows:
         err = r.error
         status = r.problem or ("exact" if r.exact else "ok") + (" (transposed)" if r.transposed else "")
         table.add_row(
-            r.name,
+            printable(r.name),
             r.dtype,
             _output.number(err and err.rel_rms, ".2e"),
             _output.number(err and err.sqnr_db, ".1f"),
@@ -107,5 +108,5 @@ def _render_compare(report: InspectReport, out: Console) -> None:
     out.print(table)
     for label, names in (("missing from the .bpk", c.missing), ("not in the source", c.extra)):
         if names:
-            out.print(f"{len(names)} tensor(s) {label}: {', '.join(names)}")
+            out.print(f"{len(names)} tensor(s) {label}: {printable(', '.join(names))}")
     out.print("all tensors match" if c.ok else "the .bpk does not match its source")

@@ -10,8 +10,9 @@ import typer
 from rich.table import Table
 
 from qcli import api
-from qcli.burn_backends import BurnBackend
 from qcli.cli import _output
+from qcli.cli._burn import BurnBackendOption, BurnVersionOption
+from qcli.io.safetensors import printable
 from qcli.presets import DEFAULT_PRESET, PRESETS
 from qcli.report import QuantizeReport
 
@@ -82,15 +83,8 @@ def quantize(
             " every tensor stays whole in one file.",
         ),
     ] = None,
-    burn_backend: Annotated[
-        BurnBackend | None,
-        typer.Option(
-            "--burn-backend",
-            metavar="flex|ndarray|wgpu",
-            help="The Burn backend the file is for: refuse every tensor it cannot load (docs/output.md)."
-            " Default: warn about what flex or wgpu cannot load.",
-        ),
-    ] = None,
+    burn_backend: BurnBackendOption = None,
+    burn_version: BurnVersionOption = None,
     stats: Annotated[
         bool,
         typer.Option(
@@ -120,6 +114,7 @@ def quantize(
             verify=verify,
             max_shard_size=None if max_shard_size is None else api.parse_size(max_shard_size),
             burn_backend=None if burn_backend is None else burn_backend.value,
+            burn_version=burn_version,
         )
     if json_output:
         _output.print_json(report.to_json())
@@ -154,11 +149,11 @@ def render(report: QuantizeReport) -> None:
         if t.transposed:
             shape += f" → {_output.shape_text(t.out_shape)} (T)"
         cells = [
-            t.name,
+            printable(t.name),
             shape,
             t.dtype,
             "keep" if t.scheme is None else str(t.scheme),
-            t.reason,
+            printable(t.reason),
             _output.human_bytes(t.bytes_in),
             _output.human_bytes(t.bytes_out),
             f"{t.bits_per_weight:.2f}",
@@ -180,7 +175,7 @@ def render(report: QuantizeReport) -> None:
         f" expected peak memory {_output.human_bytes(totals.peak_bytes)}"
     )
     if report.timings is None:
-        out.print(f"would write {', '.join(report.outputs)}")
+        out.print(f"would write {printable(', '.join(report.outputs))}")
         return
     timings = report.timings
     phases = []
@@ -190,4 +185,4 @@ def render(report: QuantizeReport) -> None:
             rate = f", {phase.gb_per_s:.3g} GB/s" if phase.gb_per_s is not None else ""
             phases.append(f"{name} {phase.seconds:.2f} s{rate}")
     out.print("; ".join(phases) + f"; total {timings.total_seconds:.2f} s on {report.device}")
-    out.print(f"wrote {', '.join(report.outputs)}")
+    out.print(f"wrote {printable(', '.join(report.outputs))}")

@@ -9,8 +9,8 @@ from typing import Annotated, Any
 import typer
 
 from qcli import api
-from qcli.burn_backends import BurnBackend
 from qcli.cli import _output
+from qcli.cli._burn import BurnBackendOption, BurnVersionOption
 from qcli.report import ValidateReport
 
 MAX_NAMES = 5
@@ -39,14 +39,8 @@ def validate_scheme(
             "--scheme", metavar="NAME", help="With --model: the preset for tensors no rule covers, as in quantize."
         ),
     ] = None,
-    burn_backend: Annotated[
-        BurnBackend | None,
-        typer.Option(
-            "--burn-backend",
-            metavar="flex|ndarray|wgpu",
-            help="Also refuse every scheme this Burn backend cannot load (per tensor with --model).",
-        ),
-    ] = None,
+    burn_backend: BurnBackendOption = None,
+    burn_version: BurnVersionOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
     format: Annotated[
         Format | None,
@@ -66,7 +60,8 @@ def validate_scheme(
         raise typer.BadParameter("--json conflicts with --format " + format.value, param_hint="--json")
     chosen = Format.json if json_output else format or Format.text
     report = api.validate_scheme(recipes, model=model, scheme=scheme,
-                                 burn_backend=None if burn_backend is None else burn_backend.value)
+                                 burn_backend=None if burn_backend is None else burn_backend.value,
+                                 burn_version=burn_version)
     {Format.text: _text, Format.json: _json, Format.github: _github}[chosen](report)
     if not report.ok:
         raise typer.Exit(1)

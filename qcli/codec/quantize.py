@@ -17,7 +17,7 @@ from qcli.codec.blocks import BlockGrid
 from qcli.codec.pack import pack_fields, pack_global, pack_scales
 from qcli.codec.scales import REDUCE_DTYPE, Scales, block_alpha, block_reduce, scales_from_alpha
 from qcli.codec.values import to_fields
-from qcli.errors import InputError
+from qcli.errors import InputError, non_finite
 from qcli.scheme import Calibration, QuantScheme, check_accepted
 
 # Elements per chunk and thread: 1 MiB of f32, so each core's share of a chunk and its temporaries stay
@@ -117,10 +117,7 @@ def _prepare(
         reduced = reduced.amax(0) if calibration is Calibration.MinMax else reduced.sum(0)
     alpha = block_alpha(reduced, grid, calibration)
     if not bool(torch.isfinite(alpha).all()):
-        raise InputError(
-            f"tensor {name!r} holds NaN or Inf values, which cannot be quantized",
-            hint="keep it unquantized with a `keep = true` rule, or fix the checkpoint",
-        )
+        raise non_finite(name, x.dtype == torch.float64 and bool(torch.isfinite(x).all()))
     return work, chunks, scales_from_alpha(alpha, scheme)
 
 

@@ -40,9 +40,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from qcli import layout
-from qcli.errors import InputError, UsageError
-from qcli.kernels.encode import NON_FINITE_HINT, Range, enqueue, interpreted, tensor_range
+from qcli.errors import InputError, UsageError, non_finite
+from qcli.kernels.encode import Range, enqueue, interpreted, tensor_range
 from qcli.measure import BYTES_PER_VALUE, SLICE_VALUES, Measurement, Whole
+from qcli.pipeline import FLOAT_TORCH, cast_kept
 from qcli.scheme import check_accepted
 
 if TYPE_CHECKING:
@@ -310,11 +311,21 @@ _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _keep(tensor: _Tensor, piece: _Piece, host: torch.Tensor) -> None:
-    """A kept tensor's source bytes into its payload, transposed (as whole elements) if decided."""
-    info = piece.entry.info
-    if not piece.entry.decision.transpose:
-        row_bytes = piece.nbytes // max(piece.stop - piece.start, 1)
-        tensor.out[piece.start * row_bytes :][: piece.nbytes].copy_(host)
+    """A kept tensor's source bytes into its payload, transposed (as whole elements) if decided, and cast
+    piece by piece (`qcli.pipeline.cast_kept`, as the CPU pipeline casts) when the decision says so."""
+    info, decision = piece.entry.info, piece.entry.decision
+    cast = decision.cast
+    if cast is not None:
+        host = host.view(getattr(torch, FLOAT_TORCH[info.dtype]))
+    if not decision.transpose:
+        rows = max(piece.stop - piece.start, 1)
+        data = host if cast is None else cast_kept(host, cast, info.name).view(torch.uint8)
+        row_bytes = data.numel() // rows
+        tensor.out[piece.start * row_bytes :][: data.numel()].copy_(data)
+        return
+    if cast is not None:  # transposed kept tensors come whole, in one piece
+        values = cast_kept(host.reshape(info.shape).t(), cast, info.name)
+        tensor.out.view(values.dtype).reshape(tuple(piece.entry.out_shape)).copy_(values)
         return
     element = _INT_OF_SIZE[info.nbytes // math.prod(info.shape)]
     tensor.out.view(element).reshape(tuple(piece.entry.out_shape)).copy_(host.view(element).reshape(info.shape).t())
@@ -381,8 +392,8 @@ def _finish(tensor: _Tensor) -> tuple[PlanEntry, torch.Tensor, Measurement | Non
         if event is not None:
             event.synchronize()
     if int(tensor.bad.item()):
-        raise InputError(f"tensor {tensor.piece.entry.info.name!r} holds NaN or Inf values, which cannot be "
-                         "quantized", hint=NON_FINITE_HINT)
+        float64 = tensor.piece.entry.info.dtype == "F64"
+        raise non_finite(tensor.piece.entry.info.name, None if float64 else False)
     return tensor.piece.entry, tensor.out, tensor.measured
 
 

@@ -13,9 +13,11 @@ integers and floats (§3). The container never interprets a payload: a QFloat te
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import os
+import re
 import struct
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,6 +31,7 @@ import cbor2
 from qcli.errors import InputError, OutputError
 from qcli.io.digest import digest
 from qcli.io.dtypes import burn_dtype, dtype_str, element_size, parse_dtype, payload_len
+from qcli.io.safetensors import NOT_REGULAR_HINT, NotRegularFile, open_regular, printable, shown
 from qcli.io.writeback import Writeback
 
 __all__ = ["BurnpackReader", "BurnpackWriter", "TensorEntry", "burn_dtype"]
@@ -48,6 +51,7 @@ U64_MAX = 2**64 - 1
 
 _HEADER = struct.Struct("<IHI")
 _temp_serial = itertools.count()  # two writers of one process never share a temporary file
+NAME_MAX = 255  # bytes of one file name on Linux, macOS and Windows filesystems
 
 
 @dataclass(frozen=True)
@@ -234,6 +238,24 @@ def _byte_view(data: object) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
+def temporary_name(name: str, serial: int) -> str:
+    """`.NAME.PID-N.tmp`, the writer's temporary file beside a target called `name`.
+
+    A name too long for that to fit in NAME_MAX bytes keeps its start, then `~` and 8 hex digits of the
+    sha256 of the whole name: `.NAME-START~1a2b3c4d.PID-N.tmp`, still recognisable and distinct.
+    """
+    suffix = f".{os.getpid()}-{serial}.tmp"
+    whole = f".{name}{suffix}"
+    if len(os.fsencode(whole)) <= NAME_MAX:
+        return whole
+    tag = "~" + hashlib.sha256(os.fsencode(name)).hexdigest()[:8]
+    room = NAME_MAX - len(os.fsencode(f".{tag}{suffix}"))
+    start = name
+    while len(os.fsencode(start)) > room:  # cut whole characters (never split a UTF-8 sequence)
+        start = start[: max(len(start) - max(len(os.fsencode(start)) - room, 1), 0)]
+    return f".{start}{tag}{suffix}"
+
+
 class BurnpackWriter:
     """Streams a burnpack to a temporary file beside `target` and renames it into place on `commit()`.
 
@@ -273,7 +295,7 @@ class BurnpackWriter:
             raise ValueError(f"{len(self._metadata_blob)} bytes of metadata do not fit the u32 header field")
         self.data_start = data_section_start(len(self._metadata_blob))
         self.file_size = self.data_start + max((end for _, end in self._offsets), default=0)
-        self._tmp = self.target.with_name(f".{self.target.name}.{os.getpid()}-{next(_temp_serial)}.tmp")
+        self._tmp = self.target.with_name(temporary_name(self.target.name, next(_temp_serial)))
         self._file = None
         self._writeback: Writeback | None = None
         self._next = 0
@@ -418,13 +440,15 @@ class BurnpackReader:
         if not path.exists() and path.suffix == "":
             path = path.with_suffix(EXTENSION)  # as Burn's reader does
         if path.is_dir():
-            raise InputError(f"cannot read {path}: it is a directory", hint="give the path of a .bpk file")
+            raise InputError(printable(f"cannot read {path}: it is a directory"),
+                             hint="give the path of a .bpk file")
         try:
-            size = path.stat().st_size
-            with open(path, "rb") as file:
-                return _open(path, file, size)
+            with open_regular(path) as file:
+                return _open(path, file, os.fstat(file.fileno()).st_size)
+        except NotRegularFile as exc:
+            raise InputError(printable(f"cannot read {path}: {exc}"), hint=NOT_REGULAR_HINT) from None
         except OSError as exc:
-            raise InputError(f"cannot read {path}: {exc.strerror or exc}",
+            raise InputError(printable(f"cannot read {path}: {exc.strerror or exc}"),
                              hint="check the path and its permissions") from exc
 
     def entries(self) -> list[TensorEntry]:
@@ -440,20 +464,67 @@ class BurnpackReader:
         start, end = self._offsets[name]
         buffer = bytearray(end - start)
         try:
-            with open(self.path, "rb") as file:
+            with open_regular(self.path) as file:  # not a FIFO swapped in since open()
                 file.seek(self.data_start + start)
                 got = file.readinto(buffer)
         except OSError as exc:
-            raise InputError(f"cannot read {self.path}: tensor '{name}': {exc.strerror or exc}",
+            raise InputError(printable(f"cannot read {self.path}: tensor '{name}': {exc.strerror or exc}"),
                              hint="check the file and its permissions") from exc
         if got != len(buffer):
-            raise InputError(f"{self.path}: tensor '{name}' is cut short ({got} of {len(buffer)} bytes)",
+            raise InputError(printable(f"{self.path}: tensor '{name}' is cut short ({got} of {len(buffer)} "
+                                       "bytes)"),
                              hint="the file changed or was truncated after it was opened; copy it again")
         return memoryview(buffer)
 
 
+MAX_MESSAGE = 500  # characters of a message about the metadata (a value's repr can be any size)
+
+
 def _fail(path: Path, message: str, hint: str) -> InputError:
-    return InputError(f"{path}: {message}", hint=hint)
+    if len(message) > MAX_MESSAGE:
+        message = message[:MAX_MESSAGE] + f"... ({len(message)} characters)"
+    return InputError(printable(f"{path}: {message}"), hint=hint)
+
+
+class _TagRefused(Exception):
+    """Raised inside cbor2 for a tagged item (see `_NO_TAGS`)."""
+
+
+def _refuse_tag(*_: object) -> None:
+    raise _TagRefused
+
+
+class _NoTags(dict):
+    """cbor2's `semantic_decoders`: every tag, the built-in ones too, is refused.
+
+    Burn (ciborium) and qcli never write a tag, and cbor2's built-in ones are hostile input's tools:
+    shared references (28/29) make a few hundred bytes a structure of 2^60 items that any walk, repr
+    or hash of a map key never finishes; a rational (30) of two huge bignums spends hours in gcd.
+    """
+
+    def __missing__(self, tag: object) -> object:
+        return _refuse_tag
+
+    def __contains__(self, tag: object) -> bool:
+        return True
+
+    def get(self, tag: object, default: object = None) -> object:
+        return _refuse_tag
+
+
+_NO_TAGS = _NoTags()
+_TAG_NAMES = {2: "a bignum", 3: "a bignum", 28: "a shared value", 29: "a shared reference", 30: "a rational",
+              258: "a set"}
+
+
+def _cbor_problem(exc: Exception) -> str:
+    """The decoder's error in words; a refused tag by its number."""
+    found = re.search(r"semantic tag (\d+)", str(exc))
+    if found or any(isinstance(e, _TagRefused) for e in (exc, exc.__cause__, exc.__context__)):
+        tag = int(found.group(1)) if found else None
+        what = "a tag" if tag is None else f"tag {tag}" + (f" ({_TAG_NAMES[tag]})" if tag in _TAG_NAMES else "")
+        return f"metadata holds CBOR {what}, which burnpack metadata never uses"
+    return f"metadata is not valid CBOR: {exc}"
 
 
 _CORRUPT_HINT = "the file is damaged or was not written by Burn or qcli; write it again from its source"
@@ -485,9 +556,12 @@ def _open(path: Path, file: BinaryIO, size: int) -> BurnpackReader:
     blob = file.read(metadata_size)
     try:
         # Untrusted bytes: any failure of the decoder is a corrupt file, whatever exception it takes.
-        top = cbor2.loads(blob, max_depth=MAX_CBOR_RECURSION_DEPTH, allow_duplicate_keys=False)
+        # No tags (see `_NoTags`), and map keys only strings: an attacker's integer keys can all share
+        # one hash, and inserting n of them takes n^2 steps.
+        top = cbor2.loads(blob, max_depth=MAX_CBOR_RECURSION_DEPTH, allow_duplicate_keys=False,
+                          semantic_decoders=_NO_TAGS, tag_hook=_refuse_tag, strict_hashable_types=True)
     except Exception as exc:  # noqa: BLE001
-        raise _fail(path, f"metadata is not valid CBOR: {exc}", _CORRUPT_HINT) from None
+        raise _fail(path, _cbor_problem(exc), _CORRUPT_HINT) from None
     tensors, metadata, scalars = _parse_metadata(path, top)
     if len(tensors) > MAX_TENSOR_COUNT:
         raise _fail(path, f"file contains {len(tensors)} tensors, exceeding the maximum of "
@@ -551,7 +625,7 @@ def _parse_metadata(
     tensors = {}
     for name, descriptor in top["tensors"].items():
         if not isinstance(name, str):
-            raise bad(f"tensor name {name!r} is not a string")
+            raise bad(f"tensor name {shown(name)} is not a string")
         if not isinstance(descriptor, dict) or not {"dtype", "shape", "data_offsets"} <= descriptor.keys():
             raise bad(f"tensor '{name}' lacks dtype, shape or data_offsets")
         try:
@@ -560,11 +634,11 @@ def _parse_metadata(
             raise bad(f"tensor '{name}': {exc}") from None
         shape, offsets = descriptor["shape"], descriptor["data_offsets"]
         if not isinstance(shape, list) or not all(_is_u64(d) for d in shape):
-            raise bad(f"tensor '{name}': shape {shape!r} is not a list of u64")
+            raise bad(f"tensor '{name}': shape {shown(shape)} is not a list of u64")
         if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_u64(o) for o in offsets):
-            raise bad(f"tensor '{name}': data_offsets {offsets!r} is not a [start, end] pair of u64")
+            raise bad(f"tensor '{name}': data_offsets {shown(offsets)} is not a [start, end] pair of u64")
         param_id = descriptor.get("param_id")
         if param_id is not None and not _is_u64(param_id):
-            raise bad(f"tensor '{name}': param_id {param_id!r} is not a u64")
+            raise bad(f"tensor '{name}': param_id {shown(param_id)} is not a u64")
         tensors[name] = (dtype, tuple(shape), tuple(offsets), param_id)
     return tensors, metadata, scalars

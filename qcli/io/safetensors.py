@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import reprlib
+import stat
 import struct
+import sys
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from qcli.errors import InputError
 from qcli.io.dtypes import SAFETENSORS_BITS
@@ -28,13 +33,103 @@ from qcli.io.dtypes import SAFETENSORS_BITS
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SafetensorsSource", "TensorInfo"]
+__all__ = ["NotRegularFile", "SafetensorsSource", "TensorInfo", "open_regular", "printable", "shown"]
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 MAX_HEADER_SIZE = 100_000_000  # the safetensors library refuses larger headers
 _CORRUPT_HINT = "the file is damaged or was not written as safetensors; download or export it again"
 _INDEX_HINT = "the index and its shards do not belong together; download or export the checkpoint again"
+NOT_REGULAR_HINT = "qcli reads regular files only, not pipes, devices or sockets; save the data to a file first"
+
+
+# -- hostile text and files ------------------------------------------------------------------------
+
+# Characters that would break a one-line message or drive the terminal: C0 and C1 controls (ESC among
+# them) and DEL, the line and paragraph separators (str.splitlines() breaks on them), and the bidi
+# controls that reorder what a terminal shows.
+_BIDI = {0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
+
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(ch: str) -> str:
+    code = ord(ch)
+    if unicodedata.category(ch) in ("Cc", "Zl", "Zp") or code in _BIDI:
+        return _NAMED.get(ch) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+    return ch
+
+
+def printable(text: object) -> str:
+    """`text` with every control character escaped (`\\x1b`, `\\n`, `\\u2028`), safe on one terminal line."""
+    text = str(text)
+    if text.isprintable():  # the common case: nothing to escape (spaces and non-ASCII letters pass)
+        return text
+    return "".join(_escaped(ch) for ch in text)
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxdict = 3, 6, 6, 4
+_SHORT.maxstring, _SHORT.maxlong, _SHORT.maxother = 60, 40, 60
+
+
+def shown(value: object) -> str:
+    """A bounded repr of a value read from a hostile file: nesting, lengths and long numbers cut short, so
+    a message stays one short line (and a shared or deep structure is never walked in full)."""
+    try:
+        return printable(_SHORT.repr(value))
+    except (ValueError, RecursionError):  # an int over Python's digit limit, a structure too deep
+        return f"<{type(value).__name__}>"
+
+
+class NotRegularFile(OSError):
+    """The path names a FIFO, a device, a socket or a directory where a regular file is read."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"not a regular file ({kind})")
+        self.kind = kind
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular `st_mode` is, in words."""
+    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return kind
+    return "not a file"
+
+
+def open_regular(path: Path | str) -> BinaryIO:
+    """`path` opened for reading, only if it is a regular file (after symbolic links).
+
+    A FIFO, a device or a socket raises `NotRegularFile` (an `OSError`) without being opened: opening a
+    FIFO blocks until a writer comes, and a device like /dev/zero never ends. The check is made again on
+    the open descriptor (opened non-blocking), so a FIFO swapped in between cannot block either.
+    """
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise NotRegularFile(file_kind(mode))
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(file_kind(mode))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def not_regular_problem(path: Path) -> str | None:
+    """None when `path` is missing or a regular file (after links), else what it is (`a FIFO`, ...)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return None if stat.S_ISREG(mode) else file_kind(mode)
 
 
 @dataclass(frozen=True)
@@ -51,8 +146,9 @@ class TensorInfo:
 class SafetensorsSource:
     """A checkpoint's headers, checked on `open`, and its tensors, loaded one at a time by `load`."""
 
-    def __init__(self, files: list[Path], infos: list[TensorInfo]) -> None:
+    def __init__(self, files: list[Path], infos: list[TensorInfo], index: Path | None = None) -> None:
         self.files = files
+        self.index = index  # the index file of a sharded checkpoint
         self._infos = infos
         self._by_name = {info.name: info for info in infos}
         self._handles: dict[Path, Any] = {}
@@ -62,17 +158,18 @@ class SafetensorsSource:
         """A `.safetensors` file, a directory with `model.safetensors` or its index, or the index itself."""
         path = Path(path)
         if path.is_dir():
+            # exists(), not is_file(): a FIFO or device under the name is refused as such when read
             single, index = path / SINGLE_FILE, path / INDEX_FILE
-            if single.is_file() and index.is_file():
-                raise InputError(f"{path} holds both {SINGLE_FILE} and {INDEX_FILE}",
+            if single.exists() and index.exists():
+                raise InputError(printable(f"{path} holds both {SINGLE_FILE} and {INDEX_FILE}"),
                                  hint="give the path of the one to read")
-            if index.is_file():
+            if index.exists():
                 return _open_index(index)
-            if single.is_file():
+            if single.exists():
                 return _open_files([single])
             found = ", ".join(sorted(p.name for p in path.glob("*.safetensors")))
-            raise InputError(f"{path} holds neither {SINGLE_FILE} nor {INDEX_FILE}",
-                             hint=f"give the .safetensors file itself (found here: {found})" if found
+            raise InputError(printable(f"{path} holds neither {SINGLE_FILE} nor {INDEX_FILE}"),
+                             hint=printable(f"give the .safetensors file itself (found here: {found})") if found
                              else "give a .safetensors file or a directory that holds one")
         if path.name.endswith(".index.json"):
             return _open_index(path)
@@ -106,7 +203,7 @@ class SafetensorsSource:
             return handle.get_tensor(name)
         except Exception as exc:  # noqa: BLE001 - the library's own errors and OS errors all mean unreadable
             raise InputError(
-                f"{info.file}: cannot load tensor '{name}' ({info.dtype} {list(info.shape)}): {exc}",
+                printable(f"{info.file}: cannot load tensor {_name(name)} ({info.dtype} {list(info.shape)}): {exc}"),
                 hint="the file changed since it was opened, or torch has no type for this dtype; "
                 "keep the tensor out of the recipe or export it in another dtype",
             ) from exc
@@ -117,11 +214,24 @@ def _open_files(files: list[Path]) -> SafetensorsSource:
 
 
 def _fail(path: Path, message: str, hint: str = _CORRUPT_HINT) -> InputError:
-    return InputError(f"{path}: {message}", hint=hint)
+    return InputError(printable(f"{path}: {message}"), hint=hint)
 
 
 def _unreadable(path: Path, exc: OSError) -> InputError:
-    return InputError(f"cannot read {path}: {exc.strerror or exc}", hint="check the path and its permissions")
+    if isinstance(exc, NotRegularFile):
+        return InputError(printable(f"cannot read {path}: {exc}"), hint=NOT_REGULAR_HINT)
+    return InputError(printable(f"cannot read {path}: {exc.strerror or exc}"),
+                      hint="check the path and its permissions")
+
+
+MAX_NAME_SHOWN = 200  # characters of a tensor name a message shows
+
+
+def _name(name: str) -> str:
+    """A tensor name for a message, quoted; a very long one is cut in the middle."""
+    if len(name) > MAX_NAME_SHOWN:
+        name = f"{name[:MAX_NAME_SHOWN // 2]}...({len(name)} characters)...{name[-MAX_NAME_SHOWN // 4:]}"
+    return f"'{name}'"
 
 
 def _unique_keys(path: Path) -> Callable[[list[tuple[str, object]]], dict[str, object]]:
@@ -131,7 +241,7 @@ def _unique_keys(path: Path) -> Callable[[list[tuple[str, object]]], dict[str, o
         result: dict[str, object] = {}
         for key, value in pairs:
             if key in result:
-                raise _fail(path, f"'{key}' appears twice in the JSON")
+                raise _fail(path, f"{_name(key)} appears twice in the JSON")
             result[key] = value
         return result
 
@@ -145,6 +255,12 @@ def _read_json(path: Path, data: bytes) -> object:
         raise _fail(path, f"the JSON header is not UTF-8 ({exc.reason} at byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise _fail(path, f"the JSON header does not parse: {exc}") from None
+    except RecursionError:  # `[[[[...` deeper than the interpreter's stack; a real header nests 3 deep
+        raise _fail(path, "the JSON header is nested too deeply (arrays or objects inside each other "
+                    "past Python's recursion limit)") from None
+    except ValueError:  # json's only other ValueError: an integer past int's digit limit
+        raise _fail(path, f"the JSON header holds an integer of more than {sys.get_int_max_str_digits()} "
+                    "digits") from None
 
 
 def _is_count(value: object) -> bool:
@@ -154,8 +270,8 @@ def _is_count(value: object) -> bool:
 def read_header(path: Path) -> list[TensorInfo]:
     """The tensors of one safetensors file in data order, after checking the header against the file."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as file:
+        with open_regular(path) as file:
+            size = os.fstat(file.fileno()).st_size
             prefix = file.read(8)
             if len(prefix) < 8:
                 raise _fail(path, f"not a safetensors file: {size} bytes, shorter than the 8-byte length")
@@ -178,7 +294,7 @@ def read_header(path: Path) -> list[TensorInfo]:
     for name, descriptor in header.items():
         info, (begin, end) = _tensor_info(path, name, descriptor)
         if end > data_size:
-            raise _fail(path, f"truncated: tensor '{name}' ends at byte {8 + header_size + end} but the file "
+            raise _fail(path, f"truncated: tensor {_name(name)} ends at byte {8 + header_size + end} but the file "
                         f"has {size} bytes", hint="the file is cut short; download or export it again")
         placed.append((begin, end, info))
     placed.sort(key=lambda item: (item[0], item[1]))
@@ -187,7 +303,7 @@ def read_header(path: Path) -> list[TensorInfo]:
         if begin != expected:
             gap = begin - expected
             what = "overlaps the tensor before it" if gap < 0 else f"follows a gap of {gap} bytes"
-            raise _fail(path, f"tensor '{info.name}' at data bytes {begin}..{end} {what}")
+            raise _fail(path, f"tensor {_name(info.name)} at data bytes {begin}..{end} {what}")
         expected = end
     if expected != data_size:
         raise _fail(path, f"{data_size - expected} bytes follow the last tensor")
@@ -200,31 +316,40 @@ def _tensor_info(path: Path, name: str, descriptor: object) -> tuple[TensorInfo,
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
-        raise _fail(path, f"tensor name {name!r} is not valid UTF-8") from None
+        raise _fail(path, f"tensor name {shown(name)} is not valid UTF-8") from None
     if not isinstance(descriptor, dict) or not {"dtype", "shape", "data_offsets"} <= descriptor.keys():
-        raise _fail(path, f"tensor '{name}' lacks dtype, shape or data_offsets")
+        raise _fail(path, f"tensor {_name(name)} lacks dtype, shape or data_offsets")
     dtype, shape, offsets = descriptor["dtype"], descriptor["shape"], descriptor["data_offsets"]
     if not isinstance(dtype, str) or dtype not in SAFETENSORS_BITS:
-        raise _fail(path, f"tensor '{name}' has the unknown dtype {dtype!r}",
+        raise _fail(path, f"tensor {_name(name)} has the unknown dtype {shown(dtype)}",
                     hint=f"safetensors dtypes are {', '.join(SAFETENSORS_BITS)}")
     if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
-        raise _fail(path, f"tensor '{name}': shape {shape!r} is not a list of sizes")
+        raise _fail(path, f"tensor {_name(name)}: shape {shown(shape)} is not a list of sizes")
     pair = isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
     if not pair or offsets[1] < offsets[0]:
-        raise _fail(path, f"tensor '{name}': data_offsets {offsets!r} is not [begin, end] with begin <= end")
+        raise _fail(path, f"tensor {_name(name)}: data_offsets {shown(offsets)} is not [begin, end] with "
+                    "begin <= end")
     bits = math.prod(shape) * SAFETENSORS_BITS[dtype]
     if bits % 8 or offsets[1] - offsets[0] != bits // 8:
-        raise _fail(path, f"tensor '{name}' spans {offsets[1] - offsets[0]} bytes but its shape {shape} and "
-                    f"dtype {dtype} need {bits / 8:g}")
+        raise _fail(path, f"tensor {_name(name)} spans {shown(offsets[1] - offsets[0])} bytes but its shape "
+                    f"{shown(shape)} and dtype {dtype} need {_byte_count(bits)}")
     return TensorInfo(name, dtype, tuple(shape), bits // 8, path), (offsets[0], offsets[1])
+
+
+def _byte_count(bits: int) -> str:
+    """`bits` as bytes, exactly: `16`, `1.5` (no float, which a huge shape would overflow)."""
+    whole, rest = divmod(bits, 8)
+    return shown(whole) + (f".{rest * 125:03d}".rstrip("0") if rest else "")
 
 
 def _open_index(index: Path) -> SafetensorsSource:
     """A sharded checkpoint: every tensor the index names must be in exactly its shard, and nothing else."""
     try:
-        if index.stat().st_size > MAX_HEADER_SIZE:
-            raise _fail(index, f"the index is larger than {MAX_HEADER_SIZE} bytes")
-        document = _read_json(index, index.read_bytes())
+        with open_regular(index) as file:
+            if os.fstat(file.fileno()).st_size > MAX_HEADER_SIZE:
+                raise _fail(index, f"the index is larger than {MAX_HEADER_SIZE} bytes")
+            data = file.read(MAX_HEADER_SIZE + 1)
+        document = _read_json(index, data)
     except OSError as exc:
         raise _unreadable(index, exc) from exc
     weight_map = document.get("weight_map") if isinstance(document, dict) else None
@@ -234,22 +359,26 @@ def _open_index(index: Path) -> SafetensorsSource:
     shards = sorted(set(weight_map.values()))
     for shard in shards:
         if Path(shard).name != shard or shard in ("", ".", ".."):
-            raise _fail(index, f"shard '{shard}' is not a file name beside the index", _INDEX_HINT)
+            raise _fail(index, f"shard {_name(shard)} is not a file name beside the index", _INDEX_HINT)
+        kind = not_regular_problem(index.parent / shard)
+        if kind is not None:
+            raise _fail(index, f"shard {_name(shard)} is not a regular file ({kind})", NOT_REGULAR_HINT)
         if not (index.parent / shard).is_file():
-            raise _fail(index, f"shard '{shard}' is missing", hint="download every shard the index lists")
+            raise _fail(index, f"shard {_name(shard)} is missing", hint="download every shard the index lists")
     files = [index.parent / shard for shard in shards]
     source = _open_files(files)
+    source.index = index
     held: dict[str, Path] = {}
     for info in source.infos():
         if info.name in held:
-            raise _fail(index, f"tensor '{info.name}' is in both {held[info.name].name} and {info.file.name}",
-                        _INDEX_HINT)
+            raise _fail(index, f"tensor {_name(info.name)} is in both {held[info.name].name} and "
+                        f"{info.file.name}", _INDEX_HINT)
         held[info.name] = info.file
     for name, shard in weight_map.items():
         if held.get(name) != index.parent / shard:
-            raise _fail(index, f"tensor '{name}' is listed in {shard} but that file does not hold it",
+            raise _fail(index, f"tensor {_name(name)} is listed in {shard} but that file does not hold it",
                         _INDEX_HINT)
     for name, file in held.items():
         if name not in weight_map:
-            raise _fail(index, f"tensor '{name}' in {file.name} is not listed in the index", _INDEX_HINT)
+            raise _fail(index, f"tensor {_name(name)} in {file.name} is not listed in the index", _INDEX_HINT)
     return source

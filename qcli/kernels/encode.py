@@ -17,7 +17,7 @@ import torch
 import triton
 
 from qcli import layout
-from qcli.errors import InputError, UsageError
+from qcli.errors import UsageError, non_finite
 from qcli.kernels import _quantize as K
 from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue, ScaleDtype, check_accepted
 
@@ -281,11 +281,10 @@ def encode(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration = Cali
     bad = torch.zeros(1, dtype=torch.int32, device=x.device)
     enqueue(x, scheme, calibration, out, bad)
     if bad.item():
-        raise InputError(f"tensor {name!r} holds NaN or Inf", hint=NON_FINITE_HINT)
+        raise non_finite(name, x.dtype == torch.float64 and bool(torch.isfinite(x).all()))
     return out
 
 
-NON_FINITE_HINT = "fix or drop the non-finite values, or keep the tensor unquantized (keep = true)"
 
 
 def _cal(calibration: Calibration) -> int:
