@@ -285,6 +285,11 @@ class CompareRow:
     exact: bool
     error: ErrorRow | None
     problem: str | None = None
+    # A quantized tensor's worst block (the largest error over bound; the first over it, if any is) with
+    # its max |error| and its bound (`qcli.verify.stored_bound`); None for a kept one or none measured.
+    block: int | None = None
+    block_error: float | None = None
+    bound: float | None = None
 
     def to_json(self) -> dict:
         return {
@@ -294,6 +299,9 @@ class CompareRow:
             "exact": self.exact,
             "problem": self.problem,
             **ErrorRow.json_of(self.error),
+            "block": self.block,
+            "block_error": _finite(self.block_error),
+            "bound": _finite(self.bound),
         }
 
 
@@ -336,12 +344,24 @@ class InspectReport:
     tensor_stats: TensorStats | None = None
     compare: CompareReport | None = None
 
+    @staticmethod
+    def bits_per_weight(t: ListedTensor) -> float | None:
+        """A QFloat tensor's payload bits (values, scales, any global) over its element count; None otherwise."""
+        if not (isinstance(t.dtype_serde, dict) and "QFloat" in t.dtype_serde):
+            return None
+        count = math.prod(t.shape)
+        return t.nbytes * 8 / count if count else None
+
     def totals(self) -> dict:
-        """How many tensors are listed, their bytes and their values."""
+        """How many tensors are listed, their bytes and their values; the quantized tensors' bits per weight
+        (all their payload bits over all their values; None without one)."""
+        quantized = [t for t in self.tensors if self.bits_per_weight(t) is not None]
+        values = sum(math.prod(t.shape) for t in quantized)
         return {
             "tensors": len(self.tensors),
             "bytes": sum(t.nbytes for t in self.tensors),
             "params": sum(math.prod(t.shape) for t in self.tensors),
+            "bits_per_weight": sum(t.nbytes * 8 for t in quantized) / values if values else None,
         }
 
     def to_json(self) -> dict:
@@ -354,7 +374,7 @@ class InspectReport:
             "files": [f.to_json() for f in self.files],
             "version": self.version,
             "metadata": self.metadata,
-            "tensors": [t.to_json() for t in self.tensors],
+            "tensors": [{**t.to_json(), "bits_per_weight": self.bits_per_weight(t)} for t in self.tensors],
             "totals": self.totals(),
             "tensor_stats": None if self.tensor_stats is None else self.tensor_stats.to_json(),
             "compare": None if self.compare is None else self.compare.to_json(),

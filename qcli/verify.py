@@ -87,9 +87,7 @@ def error_bound(
             alpha = blocks.sum(dim=grid.block_axes, dtype=torch.float64) / grid.counts(x.device)
         else:
             alpha = peak
-    a, b = value.range()
     h = value.half_range()
-    reach = b if value.is_minifloat() else min(-a, b)
     if scheme.is_two_level():
         global_scale = torch.clamp(whole.peak / h / dtype.max_representable(), min=F32_MIN_POSITIVE)
         cap, floor = float("inf"), global_scale * (1 + _F32_ROUNDING) * _ROUND_UP_FLOOR[dtype]
@@ -97,8 +95,55 @@ def error_bound(
         cap, floor = dtype.max_representable(), _ROUND_UP_FLOOR[dtype]
     s_high = torch.clamp(peak / h * (1 + _ROUND_UP_SLACK[dtype]), max=cap) * (1 + _F32_ROUNDING) + floor
     s_low = torch.clamp(alpha / h, max=cap) * (1 - _F32_ROUNDING)
+    return _bound(peak, s_high, s_low, scheme)
+
+
+def _bound(peak: torch.Tensor, s_high: torch.Tensor, s_low: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
+    """Half a grid step at the largest scale a block may have, plus what clamping cuts off above `reach`
+    steps at the smallest, plus the f32 rounding on the way (all grid-shaped f64)."""
+    import torch
+
+    value = scheme.value
+    a, b = value.range()
+    reach = b if value.is_minifloat() else min(-a, b)
     clamped = torch.clamp(peak - reach * s_low, min=0)
     return _HALF_STEP[value] * s_high + clamped + peak * _F32_ROUNDING
+
+
+def stored_scales(payload: Any, scheme: QuantScheme, shape: tuple[int, ...]) -> torch.Tensor:
+    """The scale each block of a payload decodes with (a two-level scheme's global times its block scale,
+    as `qcli.codec.decode` forms it), grid-shaped f64; the payload's length must be its scheme's."""
+    import torch
+
+    from qcli import layout
+    from qcli.codec.blocks import BlockGrid
+    from qcli.codec.decode import as_bytes
+    from qcli.codec.pack import unpack_scales
+
+    data = as_bytes(payload)
+    start = layout.value_bytes(scheme, shape)
+    end = start + layout.scale_bytes(scheme, shape)
+    scales = unpack_scales(data[start:end], scheme.scale_dtype()).reshape(BlockGrid.of(scheme, shape).grid)
+    if scheme.is_two_level():
+        scales = data[end:].clone().view(torch.float32) * scales
+    return scales.to(torch.float64)
+
+
+def stored_bound(x: torch.Tensor, payload: Any, scheme: QuantScheme) -> torch.Tensor:
+    """The largest error each block of `x` may show when its payload holds `x` quantized with the scales
+    the payload stores (`stored_scales`), grid-shaped f64: `error_bound`'s terms at that one scale.
+
+    Unlike `error_bound` it trusts the payload's scales; `inspect --compare` takes the smaller of the two
+    per block, so that neither a payload of other data nor one with inflated scales passes.
+    """
+    import torch
+
+    from qcli.codec.blocks import BlockGrid
+
+    grid = BlockGrid.of(scheme, x.shape)
+    peak = grid.to_blocks(x.to(torch.float32)).abs().amax(dim=grid.block_axes).to(torch.float64)
+    s = stored_scales(payload, scheme, tuple(x.shape)).abs()
+    return _bound(peak, s * (1 + _F32_ROUNDING), s * (1 - _F32_ROUNDING), scheme)
 
 
 def block_errors(x: torch.Tensor, decoded: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:

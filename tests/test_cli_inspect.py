@@ -205,3 +205,76 @@ def test_compare_refuses_a_malformed_transposed_list(tmp_path):
         w.commit()
     lines = assert_user_error(cli("inspect", bpk, "--compare", SINGLE), 3)
     assert "transposed" in lines[0]
+
+
+def _impostor(tmp_path, quantized_names):
+    """The sample's tensors, same names, shapes and dtypes, with every quantized tensor's values negated
+    and reversed: a different checkpoint that a .bpk of the sample must not match."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(SINGLE))
+    for name in quantized_names:
+        tensors[name] = (-tensors[name]).flatten().flip(0).reshape(tensors[name].shape).contiguous()
+    other = tmp_path / "other.safetensors"
+    save_file(tensors, str(other))
+    return other
+
+
+def _quantized_names(doc):
+    return [t["name"] for t in doc["tensors"] if t["dtype"].startswith("QFloat")]
+
+
+def test_compare_fails_on_a_different_checkpoint_with_the_same_tensors(quantized, tmp_path):
+    names = _quantized_names(cli("inspect", quantized, "--json").json)
+    assert names
+    other = _impostor(tmp_path, names)
+    result = cli("inspect", quantized, "--compare", other, "--json")
+    assert result.code == 1, result.out
+    doc = result.json
+    validate_json(doc)
+    compare = doc["compare"]
+    assert not compare["ok"]
+    assert set(names) <= set(compare["mismatched"])
+    rows = {r["name"]: r for r in compare["tensors"]}
+    for name in names:
+        row = rows[name]
+        assert row["problem"] and "bound" in row["problem"]
+        assert row["bound"] is not None and row["block_error"] is not None
+        assert row["block_error"] > row["bound"]
+    text = cli("inspect", quantized, "--compare", other)
+    assert text.code == 1
+    assert "all tensors match" not in text.out and "does not match" in text.out
+    assert names[0] in text.out and "bound" in text.out
+
+
+def test_compare_against_its_true_source_judges_every_quantized_tensor(quantized):
+    result = cli("inspect", quantized, "--compare", SINGLE, "--json")
+    assert result.code == 0, result.out
+    doc = result.json
+    validate_json(doc)
+    names = _quantized_names(doc)
+    rows = {r["name"]: r for r in doc["compare"]["tensors"]}
+    for name in names:
+        row = rows[name]
+        assert row["problem"] is None
+        assert row["bound"] is not None and 0 <= row["block_error"] <= row["bound"]
+    assert cli("inspect", quantized, "--compare", SINGLE).code == 0
+
+
+def test_bits_per_weight_of_a_quantized_file(quantized):
+    doc = cli("inspect", quantized, "--json").json
+    validate_json(doc)
+    by_name = {t["name"]: t for t in doc["tensors"]}
+    names = _quantized_names(doc)
+    for name in names:
+        t = by_name[name]
+        assert t["bits_per_weight"] == pytest.approx(t["bytes"] * 8 / math.prod(t["shape"]))
+        assert 0 < t["bits_per_weight"] < 16
+    kept = [t for t in doc["tensors"] if not t["dtype"].startswith("QFloat")]
+    assert all(t["bits_per_weight"] is None for t in kept)
+    quantized_bits = sum(by_name[n]["bytes"] * 8 for n in names)
+    quantized_values = sum(math.prod(by_name[n]["shape"]) for n in names)
+    assert doc["totals"]["bits_per_weight"] == pytest.approx(quantized_bits / quantized_values)
+    text = cli("inspect", quantized).out
+    assert "bits/weight" in text
+    assert f"{doc['totals']['bits_per_weight']:.2f} bits/weight" in text

@@ -36,7 +36,8 @@ def inspect(
         typer.Option(
             "--compare",
             metavar="SOURCE",
-            help="Check a .bpk against its safetensors source, tensor by tensor; exit 1 on any mismatch.",
+            help="Check a .bpk against its safetensors source: kept tensors byte for byte, quantized ones "
+            "block by block against their scheme's error bound; exit 1 on any mismatch.",
         ),
     ] = None,
 ) -> None:
@@ -60,12 +61,16 @@ def render(report: InspectReport) -> None:
         for key, value in report.metadata.items():
             meta.add_row(printable(key), printable(value))
         out.print(meta)
-    table = Table("tensor", "dtype", "shape", "bytes", title="tensors", title_justify="left")
+    table = Table("tensor", "dtype", "shape", "bytes", "bits/weight", title="tensors", title_justify="left")
     for t in report.tensors:
-        table.add_row(printable(t.name), t.dtype, _output.shape_text(t.shape), _output.human_bytes(t.nbytes))
+        table.add_row(printable(t.name), t.dtype, _output.shape_text(t.shape), _output.human_bytes(t.nbytes),
+                      _output.number(report.bits_per_weight(t), ".2f"))
     out.print(table)
     totals = report.totals()
-    out.print(f"{totals['tensors']} tensors, {totals['params']:,} values, {_output.human_bytes(totals['bytes'])}")
+    bits = totals["bits_per_weight"]
+    quantized = "" if bits is None else f"; quantized tensors at {bits:.2f} bits/weight"
+    out.print(f"{totals['tensors']} tensors, {totals['params']:,} values, {_output.human_bytes(totals['bytes'])}"
+              f"{quantized}")
     if report.tensor_stats is not None:
         s = report.tensor_stats
         stats = Table(
@@ -90,6 +95,8 @@ def _render_compare(report: InspectReport, out: Console) -> None:
         "rel rms",
         "SQNR dB",
         "max abs",
+        "block error",
+        "bound",
         "status",
         title=f"compared with {printable(c.source)}",
         title_justify="left",
@@ -103,6 +110,8 @@ def _render_compare(report: InspectReport, out: Console) -> None:
             _output.number(err and err.rel_rms, ".2e"),
             _output.number(err and err.sqnr_db, ".1f"),
             _output.number(err and err.max_abs, ".3g"),
+            _output.number(r.block_error, ".3g"),
+            _output.number(r.bound, ".3g"),
             status,
         )
     out.print(table)
