@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from qcli import BURN_VERSION, __version__
 from qcli.burn_backends import BURN_VERSIONS, BurnBackend
-from qcli.errors import InputError, Interrupted, PlanError, UsageError
+from qcli.errors import InputError, Interrupted, OutputError, PlanError, UsageError
 from qcli.io.dtypes import dtype_str
 from qcli.io.safetensors import NOT_REGULAR_HINT, not_regular_problem, printable
 from qcli.report import (
@@ -223,9 +223,8 @@ def quantize_file(
     version = resolve_version(burn_version)
     loaded_recipe = load_recipe(recipe) if recipe is not None else None
     target = Path(output) if output is not None else default_output(input)
-    if not dry_run:
-        _refuse_special_output(target)
-    if not dry_run and target.exists() and not force:
+    _refuse_special_output(target)  # a dry run refuses what the run would (docs/cli.md)
+    if target.exists() and not force:
         raise UsageError(
             printable(f"{target} already exists"), hint="pass --force to replace it, or -o to write somewhere else"
         )
@@ -258,17 +257,45 @@ def quantize_file(
         report.outputs = [str(path) for path, _ in shards]
         for path, _ in shards if len(shards) > 1 else []:  # one file is `target`, checked above
             _refuse_input_as_output(path, inputs)
-        if dry_run:
-            return report
+        leftovers = _leftovers(shards, remove=not dry_run)
+        report.warnings += leftovers
         for path, _ in shards:
             _refuse_special_output(path)
+            if not path.parent.is_dir():
+                raise OutputError(printable(f"cannot write {path}: its folder {path.parent} does not exist"),
+                                  hint="create the folder, or give -o a path in an existing one; nothing was written")
         taken = [path for path, _ in shards if path.exists()] if len(shards) > 1 and not force else []
         if taken:
             raise UsageError(f"{taken[0]} already exists", hint="pass --force to replace the files, or -o "
                              "to write somewhere else")
+        if dry_run:
+            return report
         report.device, run = select_pipeline(device)
         report.tensors, report.timings = _write(plan, source, run, shards, metadata, stats, progress, verify)
     return report
+
+
+def _leftovers(shards: list, *, remove: bool) -> list:
+    """A warning for each temporary file a killed run writing one of these outputs left beside it, removed
+    when `remove` (the run about to write; a dry run only says so)."""
+    from qcli.io.burnpack import leftover_temporaries
+    from qcli.plan import Problem
+
+    warnings = []
+    for target, _ in shards:
+        for path, pid in leftover_temporaries(target):
+            if remove:
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as exc:
+                    raise OutputError(printable(f"cannot remove {path}, left by an interrupted run: "
+                                                f"{exc.strerror or exc}"), hint="remove it by hand") from None
+            verb = "removed" if remove else "would remove"
+            warnings.append(Problem("leftover", printable(f"{verb} {path.name}: a temporary file process {pid} "
+                                                          f"left writing {target.name} when it was killed"),
+                                    "nothing to do: an interrupted run leaves its temporary file behind only "
+                                    "when it is killed (SIGKILL, power loss)", None, None, (), "warning"))
+    return warnings
 
 
 def parse_size(text: str) -> int:
@@ -707,14 +734,45 @@ def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
                 error = ErrorRow(0.0, math.inf, 0.0) if exact else None
                 rows.append(CompareRow(e.name, text, flip, exact, error, problem))
                 continue
-            error = ErrorRow.of(error_stats(x, _decoded(data, e.dtype, tuple(e.shape))))
-            rows.append(CompareRow(e.name, text, flip, error.max_abs == 0.0, error))
+            scheme = qfloat_scheme(e.dtype)
+            x = x.contiguous()
+            decoded = _decoded(data, e.dtype, tuple(e.shape))
+            error = ErrorRow.of(error_stats(x, decoded))
+            block, block_error, bound = _judged(x, decoded, data, scheme)
+            problem = None if block is None or block_error <= bound else (
+                f"block {block} is {block_error:.3g} off, over its bound {bound:.3g}")
+            rows.append(CompareRow(e.name, text, flip, error.max_abs == 0.0, error, problem,
+                                   block, block_error, bound))
     return CompareReport(
         source=str(source_path),
         rows=rows,
         missing=sorted(set(infos) - written),
         extra=sorted(written - set(infos)),
     )
+
+
+def _judged(x: torch.Tensor, decoded: torch.Tensor, data: Any, scheme: QuantScheme
+            ) -> tuple[int | None, float, float]:
+    """A quantized tensor's worst block against its scheme's bound: (flat block index, its max |error|, its
+    bound), the first block over its bound if any is (NaN counts as over); (None, 0, 0) without a block.
+
+    The bound per block is the smaller of the one the payload's stored scales give (`stored_bound`) and the
+    one the source alone gives (`error_bound`, under AbsMean: the looser calibration, since the file does
+    not record which one was used), so neither other data under the right scales nor inflated scales pass.
+    """
+    import torch
+
+    from qcli.scheme import Calibration
+    from qcli.verify import block_errors, error_bound, stored_bound
+
+    errors = block_errors(x, decoded, scheme).reshape(-1)
+    if not errors.numel():
+        return None, 0.0, 0.0
+    bounds = torch.minimum(stored_bound(x, data, scheme), error_bound(x, scheme, Calibration.AbsMean)).reshape(-1)
+    over = ~(errors <= bounds)
+    ratio = torch.where(over, math.inf, torch.nan_to_num(errors / bounds, nan=0.0, posinf=math.inf))
+    worst = int(ratio.argmax())
+    return worst, float(errors[worst]), float(bounds[worst])
 
 
 # ----------------------------------------------------------------------------- validate-scheme

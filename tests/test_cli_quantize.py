@@ -11,6 +11,8 @@ import math
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -721,3 +723,155 @@ def test_burn_0_21_has_no_two_level_scheme(tmp_path):
 def test_an_unknown_burn_version_is_a_usage_error(tmp_path):
     lines = assert_user_error(cli("quantize", SINGLE, "-o", tmp_path / "o.bpk", "--burn-version", "0.19"), 2)
     assert "0.22.1" in lines[-1] and "0.21.0" in lines[-1]
+
+
+def test_a_killed_runs_temporary_file_is_reported_and_removed_by_the_next_run(tmp_path):
+    """SIGKILL leaves `.NAME.PID-N.tmp` behind (no handler runs): the next run to the same target names
+    it and removes it; a dry run only names it; a running writer's file is left alone."""
+    target = tmp_path / "model.bpk"
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a process id that no longer runs
+    leftover = tmp_path / f".model.bpk.{child.pid}-0.tmp"
+    leftover.write_bytes(bytes(1000))
+    live = tmp_path / f".model.bpk.{os.getpid()}-7.tmp"
+    live.write_bytes(b"being written")
+    dry = cli("quantize", SINGLE, "-o", target, "--dry-run")
+    assert dry.code == 0 and f"would remove {leftover.name}" in dry.err and leftover.exists()
+    done = cli("quantize", SINGLE, "-o", target, "--device", "cpu")
+    assert done.code == 0 and f"removed {leftover.name}" in done.err
+    assert not leftover.exists() and live.exists() and target.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, live.name])
+
+
+# --- Daily use and hostile input, round two ---
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("quantize", SINGLE, "--frobnicate"),
+        ("quantize",),
+        ("quantize", SINGLE, "--burn-backend", "foo"),
+        ("quantize", SINGLE, "--device", "gpu"),
+        ("frobnicate",),
+    ],
+    ids=["unknown-option", "missing-argument", "bad-backend", "bad-device", "unknown-command"],
+)
+def test_click_parse_errors_are_one_error_and_one_hint_line(args):
+    result = cli(*args)
+    lines = assert_user_error(result, 2)
+    assert len(lines) == 2, result.err
+    assert "--help" in lines[1]
+
+
+def test_an_unknown_option_hint_offers_the_close_one():
+    lines = assert_user_error(cli("quantize", SINGLE, "--forse"), 2)
+    assert len(lines) == 2 and "--force" in lines[1] and "--help" in lines[1]
+
+
+def test_json_failure_prints_an_error_document_too(tmp_path):
+    out = tmp_path / "t.bpk"
+    out.write_bytes(b"old")
+    result = cli("quantize", SINGLE, "-o", out, "--json")
+    lines = assert_user_error(result, 2)
+    assert len(lines) == 2
+    doc = result.json
+    validate_json(doc)
+    assert doc["command"] == "quantize" and doc["error"]["exit_code"] == 2
+    assert "already exists" in doc["error"]["message"] and "--force" in doc["error"]["hint"]
+
+
+@pytest.fixture(scope="module")
+def many_tensors(tmp_path_factory) -> Path:
+    """A checkpoint of 40 matrices, layers.0 to layers.39, so the default summary is shorter than the table."""
+    import torch
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(7)
+    tensors = {f"model.layers.{i}.weight": torch.randn(8, 64, generator=generator) * (1 + i) for i in range(40)}
+    path = tmp_path_factory.mktemp("many") / "many.safetensors"
+    save_file(tensors, path)
+    return path
+
+
+def table_names(out: str) -> list[str]:
+    return [line.split()[1] for line in out.splitlines() if line.startswith("│")]
+
+
+def test_default_output_is_a_summary_with_the_worst_tensors(tmp_path, many_tensors):
+    result = cli("quantize", many_tensors, "-o", tmp_path / "m.bpk", "--device", "cpu")
+    assert result.code == 0, result.err
+    names = table_names(result.out)
+    doc = cli("quantize", many_tensors, "-o", tmp_path / "j.bpk", "--device", "cpu", "--json").json
+    worst = sorted(doc["tensors"], key=lambda t: t["sqnr_db"])[:5]
+    assert sorted(names) == sorted(t["name"] for t in worst)
+    order = [int(n.split(".")[2]) for n in names]
+    assert order == sorted(order)  # natural order: layers.2 before layers.10
+    assert "40 tensors: 40 quantized" in result.out and f"wrote {tmp_path / 'm.bpk'}" in result.out
+
+
+def test_verbose_prints_every_tensor_in_natural_order(tmp_path, many_tensors):
+    result = cli("quantize", many_tensors, "-o", tmp_path / "m.bpk", "--device", "cpu", "--verbose")
+    assert result.code == 0, result.err
+    assert table_names(result.out) == [f"model.layers.{i}.weight" for i in range(40)]
+
+
+def test_quiet_prints_only_the_wrote_line(tmp_path, many_tensors):
+    result = cli("quantize", many_tensors, "-o", tmp_path / "m.bpk", "--device", "cpu", "--quiet")
+    assert result.code == 0, result.err
+    assert result.out.strip().splitlines() == [f"wrote {tmp_path / 'm.bpk'}"]
+
+
+def test_default_dry_run_counts_the_decisions(many_tensors):
+    result = cli("quantize", many_tensors, "--dry-run")
+    assert result.code == 0, result.err
+    assert table_names(result.out) == []
+    assert "40 × Q4S PackedU32(0) block [32] F16" in result.out
+    assert "would write" in result.out
+
+
+def test_default_summary_fits_80_columns_without_cutting_numbers(tmp_path):
+    result = cli_subprocess("quantize", SINGLE, "-o", tmp_path / "t.bpk", "--device", "cpu", env={"COLUMNS": "80"})
+    assert result.code == 0, result.err
+    assert all(len(line) <= 80 for line in result.out.splitlines()), result.out
+    assert "…" not in result.out
+    assert "21 tensors: 16 quantized, 5 kept, 0 transposed" in result.out
+
+
+def test_completion_script_is_printed():
+    result = cli("completion", "bash")
+    assert result.code == 0, result.err
+    assert "_QCLI_COMPLETE" in result.out and "complete" in result.out
+    assert_user_error(cli("completion", "tcsh"), 2)
+
+
+def test_dry_run_refuses_an_existing_target_as_the_real_run_does(tmp_path):
+    out = tmp_path / "t.bpk"
+    out.write_bytes(b"old")
+    real = assert_user_error(cli("quantize", SINGLE, "-o", out), 2)
+    dry = assert_user_error(cli("quantize", SINGLE, "-o", out, "--dry-run"), 2)
+    assert dry == real
+    assert cli("quantize", SINGLE, "-o", out, "--dry-run", "--force").code == 0
+
+
+def test_dry_run_refuses_a_missing_output_directory_as_the_real_run_does(tmp_path):
+    out = tmp_path / "missing" / "t.bpk"
+    real = assert_user_error(cli("quantize", SINGLE, "-o", out, "--device", "cpu"), 4)
+    dry = assert_user_error(cli("quantize", SINGLE, "-o", out, "--dry-run"), 4)
+    assert dry[0] == real[0]
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_safetensors_output_name_warns_that_a_burnpack_is_written(tmp_path):
+    out = tmp_path / "x.safetensors"
+    dry = cli("quantize", SINGLE, "-o", out, "--dry-run")
+    assert dry.code == 0 and "warning:" in dry.err and "burnpack" in dry.err
+    real = cli("quantize", SINGLE, "-o", out, "--device", "cpu")
+    assert real.code == 0 and "warning:" in real.err and "burnpack" in real.err
+
+
+def test_the_completion_script_completes_commands_and_choices():
+    env = {"_QCLI_COMPLETE": "complete_bash", "COMP_WORDS": "qcli quantize --device ", "COMP_CWORD": "3"}
+    result = cli_subprocess(env=env)
+    assert result.code == 0, result.err
+    assert result.out.split() == ["auto", "cpu", "cuda"]

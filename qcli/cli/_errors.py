@@ -3,7 +3,7 @@
 | raised | exit |
 |---|---|
 | `QcliError` subclasses | the class's `exit_code` (2 usage/recipe/plan, 3 input, 4 output, 130 interrupted) |
-| Click usage errors | 2 (Click's own message) |
+| Click usage errors | 2, Click's message as `error:`, the command's `--help` (and a did-you-mean) as `hint:` |
 | KeyboardInterrupt, SIGTERM | 130 |
 | anything else | 70, `error: internal error: …`; QCLI_DEBUG=1 re-raises it with its traceback |
 """
@@ -32,6 +32,23 @@ def is_usage_error(exc: Exception) -> bool:
     """A Click usage error (exit 2, its own message). Typer vendors its own copy of Click, so these are
     matched by what they do rather than by class."""
     return callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int)
+
+
+def usage(exc: Exception) -> int:
+    """A Click parse error (unknown option, missing argument, bad choice) as `error:` and `hint:` lines."""
+    message = exc.format_message() if callable(getattr(exc, "format_message", None)) else str(exc)
+    first, _, rest = printable(message).partition("\n")
+    ctx = getattr(exc, "ctx", None)
+    path = getattr(ctx, "command_path", None) or "qcli"
+    hint = f"run '{path} --help' for the usage"
+    possibilities = sorted(getattr(exc, "possibilities", None) or [])
+    if possibilities:
+        first = first.split(" Did you mean")[0].split(" (Possible options")[0].rstrip()
+        hint = f"did you mean {' or '.join(possibilities)}? " + hint
+    sys.stderr.write(f"error: {first.rstrip().rstrip('.')}{' ' + rest.strip() if rest.strip() else ''}\n"
+                     f"hint: {hint}\n")
+    code = getattr(exc, "exit_code", 2)
+    return code if isinstance(code, int) else 2
 
 
 def emit(error: QcliError) -> int:

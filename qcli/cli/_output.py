@@ -22,13 +22,13 @@ from rich.text import Text
 
 from qcli.io.safetensors import printable
 
-# Piped output is data: wide enough that tensor names are not folded.
+# Piped output is data: wide enough that tensor names are not folded (unless COLUMNS says otherwise).
 PIPE_WIDTH = 200
 
 
 def stdout() -> Console:
     console = Console(highlight=False, markup=False)
-    if not console.is_terminal:
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
         console = Console(highlight=False, markup=False, width=PIPE_WIDTH)
     return console
 

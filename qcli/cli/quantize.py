@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -12,9 +14,15 @@ from rich.table import Table
 from qcli import api
 from qcli.cli import _output
 from qcli.cli._burn import BurnBackendOption, BurnVersionOption
+from qcli.errors import QcliError, UsageError
 from qcli.io.safetensors import printable
 from qcli.presets import DEFAULT_PRESET, PRESETS
-from qcli.report import QuantizeReport
+from qcli.report import JSON_SCHEMA_VERSION, QuantizeReport
+
+# The default output prints every tensor (in a narrow table) up to this many; above it, a summary: the
+# WORST tensors by SQNR after a write, the count of each decision for a dry run. --verbose: every column.
+FULL_TABLE_MAX = 32
+WORST = 5
 
 
 class Device(StrEnum):
@@ -93,6 +101,19 @@ def quantize(
             " on the pipeline's device, that --verify checks).",
         ),
     ] = True,
+    quiet: Annotated[
+        bool,
+        typer.Option("--quiet", "-q", help="Print only the final `wrote ...` line (warnings, errors on stderr)."),
+    ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help=f"Print the full per-tensor table. Default: totals, and every tensor up to {FULL_TABLE_MAX}; above"
+            f" that the {WORST} with the lowest SQNR (a dry run: the count of each decision).",
+        ),
+    ] = False,
 ) -> None:
     """Quantize a safetensors checkpoint into a Burn burnpack (.bpk) file.
 
@@ -100,6 +121,36 @@ def quantize(
     floating tensors of rank >= 2 whose shape takes the scheme are quantized; everything else is kept
     in its source dtype. The whole plan is checked before any weight is read.
     """
+    try:
+        if quiet and verbose:
+            raise UsageError("--quiet and --verbose cannot be used together", hint="pass one of them")
+        report = _run(input, output, scheme, recipe, device, dry_run, json_output, force, verify,
+                      max_shard_size, burn_backend, burn_version, stats)
+    except QcliError as exc:
+        if json_output:
+            _output.print_json(error_json(exc))
+        raise
+    if json_output:
+        _output.print_json(report.to_json())
+        return
+    for problem in report.warnings:
+        _output.warn(f"{problem} (hint: {problem.hint})")
+    render(report, "quiet" if quiet else "verbose" if verbose else "default")
+
+
+def error_json(exc: QcliError) -> dict:
+    """The --json document of a failed run (docs/json-schema.json, `quantize_error`)."""
+    return {
+        "command": "quantize",
+        "schema_version": JSON_SCHEMA_VERSION,
+        "error": {"message": printable(exc.message), "hint": printable(exc.hint) if exc.hint else None,
+                  "exit_code": exc.exit_code},
+    }
+
+
+def _run(input, output, scheme, recipe, device, dry_run, json_output, force, verify, max_shard_size,
+         burn_backend, burn_version, stats) -> QuantizeReport:
+    target = Path(output) if output is not None else api.default_output(Path(input))
     with _output.progress_bar(_output.progress_enabled(json_output)) as hook:
         report = api.quantize_file(
             input,
@@ -116,54 +167,56 @@ def quantize(
             burn_backend=None if burn_backend is None else burn_backend.value,
             burn_version=burn_version,
         )
-    if json_output:
-        _output.print_json(report.to_json())
-        return
-    for problem in report.warnings:
-        _output.warn(f"{problem} (hint: {problem.hint})")
-    render(report)
+    if target.name.lower().endswith(".safetensors"):  # after the plan: refusals come first
+        _output.warn(f"{target} ends in .safetensors, but {'this writes' if not dry_run else 'the run would write'}"
+                     " a burnpack (.bpk) under that name, which safetensors readers cannot open"
+                     " (hint: give -o a name ending in .bpk)")
+    return report
 
 
-def render(report: QuantizeReport) -> None:
-    """The plan (or the written tensors with their error) as a table, then totals and timings."""
+def natural_key(name: str) -> list:
+    """`layers.2` before `layers.10`: digit runs compare as numbers."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name) if part]
+
+
+def short_decision(text: str) -> str:
+    """`Q4S PackedU32(0) block [32] F16` as `Q4S [32] F16` for the narrow table (--verbose: in full)."""
+    return re.sub(r"\s+", " ", re.sub(r"PackedU32\(0\)|\bblock\b", "", text)).strip()
+
+
+def _sqnr(t) -> float:
+    value = t.error and t.error.sqnr_db
+    return float("inf") if value is None else value
+
+
+def render(report: QuantizeReport, mode: str = "default") -> None:
+    """The plan (or the written tensors with their error) as a table, then totals and timings.
+
+    `quiet`: only the last line. `verbose`: every tensor, every column. `default`: narrow enough for 80
+    columns; every tensor up to FULL_TABLE_MAX, else the WORST by SQNR (a dry run: counts per decision).
+    """
     written = not report.dry_run
-    table = Table(
-        title="plan (dry run: nothing read or written)" if not written else None, title_justify="left"
-    )
-    for column, justify in (
-        ("tensor", "left"),
-        ("shape", "left"),
-        ("dtype", "left"),
-        ("decision", "left"),
-        ("reason", "left"),
-        ("in", "right"),
-        ("out", "right"),
-        ("bits/w", "right"),
-    ):
-        table.add_column(column, justify=justify, overflow="fold")
-    if written:
-        table.add_column("rel rms", justify="right")
-        table.add_column("SQNR dB", justify="right")
-    for t in report.tensors:
-        shape = _output.shape_text(t.shape)
-        if t.transposed:
-            shape += f" → {_output.shape_text(t.out_shape)} (T)"
-        cells = [
-            printable(t.name),
-            shape,
-            t.dtype,
-            "keep" if t.scheme is None else str(t.scheme),
-            printable(t.reason),
-            _output.human_bytes(t.bytes_in),
-            _output.human_bytes(t.bytes_out),
-            f"{t.bits_per_weight:.2f}",
-        ]
-        if written:
-            err = t.error
-            cells += [_output.number(err and err.rel_rms, ".2e"), _output.number(err and err.sqnr_db, ".1f")]
-        table.add_row(*cells)
     out = _output.stdout()
-    out.print(table)
+    if mode == "quiet":
+        out.print(f"{'wrote' if written else 'would write'} {printable(', '.join(report.outputs))}", soft_wrap=True)
+        return
+    rows = sorted(report.tensors, key=lambda t: natural_key(t.name))
+    title = "plan (dry run: nothing read or written)" if not written else None
+    wide = mode == "verbose"
+    if not wide and len(rows) > FULL_TABLE_MAX:
+        if written:
+            measured = [t for t in rows if t.error is not None and t.error.sqnr_db is not None]
+            worst = set(id(t) for t in sorted(measured, key=_sqnr)[:WORST])
+            rows = [t for t in rows if id(t) in worst]
+            title = f"the {len(rows)} tensors with the lowest SQNR (--verbose: all {len(report.tensors)})"
+        else:
+            rows, title = [], None
+            out.print("plan (dry run: nothing read or written); --verbose prints every tensor")
+            counts = Counter("keep" if t.scheme is None else str(t.scheme) for t in report.tensors)
+            for decision, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+                out.print(f"  {n:>6} × {decision}", soft_wrap=True)
+    if rows or title:
+        out.print(_table(rows, title, written, wide))
     totals = report.totals
     out.print(
         f"{totals.tensors} tensors: {totals.quantized} quantized, {totals.kept} kept,"
@@ -185,4 +238,37 @@ def render(report: QuantizeReport) -> None:
             rate = f", {phase.gb_per_s:.3g} GB/s" if phase.gb_per_s is not None else ""
             phases.append(f"{name} {phase.seconds:.2f} s{rate}")
     out.print("; ".join(phases) + f"; total {timings.total_seconds:.2f} s on {report.device}")
-    out.print(f"wrote {printable(', '.join(report.outputs))}")
+    out.print(f"wrote {printable(', '.join(report.outputs))}", soft_wrap=True)
+
+
+def _table(rows, title: str | None, written: bool, wide: bool) -> Table:
+    table = Table(title=title, title_justify="left")
+    columns = [("tensor", "left"), ("shape", "left")]
+    columns += [("dtype", "left")] if wide else []
+    reason = wide or not written  # after a write the default shows the error instead
+    columns += [("decision", "left")] + ([("reason", "left")] if reason else [])
+    columns += [("in", "right"), ("out", "right")] if wide else []
+    columns += [("bits/w", "right")]
+    if written:
+        columns += [("rel rms", "right")] if wide else []
+        columns += [("SQNR dB", "right")]
+    for column, justify in columns:
+        fold = column in ("tensor", "reason")
+        table.add_column(column, justify=justify, overflow="fold" if fold else "ellipsis", no_wrap=not fold,
+                         min_width=None if fold else len(column))
+    for t in rows:
+        shape = _output.shape_text(t.shape)
+        if t.transposed:
+            shape += f" → {_output.shape_text(t.out_shape)} (T)"
+        cells = [printable(t.name), shape]
+        cells += [t.dtype] if wide else []
+        decision = "keep" if t.scheme is None else str(t.scheme)
+        cells += [decision if wide else short_decision(decision)] + ([printable(t.reason)] if reason else [])
+        cells += [_output.human_bytes(t.bytes_in), _output.human_bytes(t.bytes_out)] if wide else []
+        cells += [f"{t.bits_per_weight:.2f}"]
+        if written:
+            err = t.error
+            cells += [_output.number(err and err.rel_rms, ".2e")] if wide else []
+            cells += [_output.number(err and err.sqnr_db, ".1f")]
+        table.add_row(*cells)
+    return table

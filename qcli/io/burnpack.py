@@ -13,6 +13,7 @@ integers and floats (§3). The container never interprets a payload: a QFloat te
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import itertools
 import math
@@ -236,6 +237,31 @@ def _byte_view(data: object) -> memoryview:
     if not view.c_contiguous:
         raise ValueError("tensor data must be a contiguous buffer")
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def leftover_temporaries(target: Path) -> list[tuple[Path, int]]:
+    """The temporary files (and their writers' process ids) that writers to `target` left behind when
+    they were killed: `temporary_name`s of `target` whose process no longer runs. A running process's
+    file, another run writing the same target now, is not one."""
+    own = temporary_name(target.name, 0)
+    prefix = own[: -len(f".{os.getpid()}-0.tmp")]
+    pattern = re.compile(re.escape(prefix) + r"\.(\d+)-\d+\.tmp")
+    leftovers = []
+    for path in target.parent.glob(glob.escape(prefix) + ".*.tmp"):
+        match = pattern.fullmatch(path.name)
+        if match is not None and not _process_runs(int(match.group(1))):
+            leftovers.append((path, int(match.group(1))))
+    return sorted(leftovers)
+
+
+def _process_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def temporary_name(name: str, serial: int) -> str:
