@@ -48,14 +48,10 @@ def warn(message: str) -> None:
     stderr().print(Text.assemble(("warning", "yellow"), f": {printable(message)}"), soft_wrap=True)
 
 
-def progress_enabled(json_output: bool) -> bool:
-    """Progress draws only for a person: not with --json, NO_COLOR, QCLI_NO_PROGRESS, or a piped stderr."""
-    return not (
-        json_output
-        or os.environ.get("NO_COLOR")
-        or os.environ.get("QCLI_NO_PROGRESS")
-        or not sys.stderr.isatty()
-    )
+def progress_enabled() -> bool:
+    """Progress draws only for a person watching stderr: not with NO_COLOR, QCLI_NO_PROGRESS, or a piped
+    stderr. --json does not turn it off: the document goes to stdout, the bar to stderr."""
+    return not (os.environ.get("NO_COLOR") or os.environ.get("QCLI_NO_PROGRESS") or not sys.stderr.isatty())
 
 
 @contextmanager

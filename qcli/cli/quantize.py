@@ -124,8 +124,8 @@ def quantize(
     try:
         if quiet and verbose:
             raise UsageError("--quiet and --verbose cannot be used together", hint="pass one of them")
-        report = _run(input, output, scheme, recipe, device, dry_run, json_output, force, verify,
-                      max_shard_size, burn_backend, burn_version, stats)
+        report = _run(input, output, scheme, recipe, device, dry_run, force, verify, max_shard_size,
+                      burn_backend, burn_version, stats)
     except QcliError as exc:
         if json_output:
             _output.print_json(error_json(exc))
@@ -148,10 +148,10 @@ def error_json(exc: QcliError) -> dict:
     }
 
 
-def _run(input, output, scheme, recipe, device, dry_run, json_output, force, verify, max_shard_size,
-         burn_backend, burn_version, stats) -> QuantizeReport:
+def _run(input, output, scheme, recipe, device, dry_run, force, verify, max_shard_size, burn_backend,
+         burn_version, stats) -> QuantizeReport:
     target = Path(output) if output is not None else api.default_output(Path(input))
-    with _output.progress_bar(_output.progress_enabled(json_output)) as hook:
+    with _output.progress_bar(_output.progress_enabled()) as hook:
         report = api.quantize_file(
             input,
             output,
