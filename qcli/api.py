@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from qcli import BURN_VERSION, __version__
 from qcli.burn_backends import BURN_VERSIONS, BurnBackend
 from qcli.errors import InputError, Interrupted, OutputError, PlanError, UsageError
-from qcli.io.dtypes import dtype_str
+from qcli.io.dtypes import TORCH_DTYPE_NAMES, dtype_str
 from qcli.io.safetensors import NOT_REGULAR_HINT, not_regular_problem, printable
 from qcli.report import (
     CompareReport,
@@ -522,26 +522,6 @@ def _reported(entry: Any, measured: Measurement, target: Path, stats: bool, timi
 
 # ----------------------------------------------------------------------------- inspect
 
-_TORCH_DTYPES = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U64": "uint64",
-    "U32": "uint32",
-    "U16": "uint16",
-    "U8": "uint8",
-    "BOOL": "bool",
-}
-
-
-_CASTABLE = {"F64", "F32", "F16", "BF16"}  # a kept tensor written in another of these was cast (recipe `cast`)
-
-
 def qfloat_scheme(dtype: Any) -> QuantScheme | None:
     """The scheme of a `{"QFloat": …}` Burn DType (serde form, as the reader gives it); None otherwise."""
     if isinstance(dtype, dict) and "QFloat" in dtype:
@@ -560,7 +540,7 @@ def _tensor_from_bytes(data: Any, dtype: Any, shape: tuple[int, ...]) -> torch.T
     import torch
 
     key = _dtype_key(dtype)
-    if key not in _TORCH_DTYPES:
+    if key not in TORCH_DTYPE_NAMES:
         raise UsageError(
             f"qcli cannot decode dtype {dtype_str(dtype)}", hint="inspect lists it without --tensor"
         )
@@ -572,7 +552,7 @@ def _tensor_from_bytes(data: Any, dtype: Any, shape: tuple[int, ...]) -> torch.T
             return torch.empty(shape, dtype=torch.bool)
         raw = torch.int32 if store == "U32" else torch.uint8
         return torch.frombuffer(bytearray(data), dtype=raw).reshape(shape).ne(0)
-    t = getattr(torch, _TORCH_DTYPES[key])
+    t = getattr(torch, TORCH_DTYPE_NAMES[key])
     if math.prod(shape) == 0:
         return torch.empty(shape, dtype=t)
     return torch.frombuffer(bytearray(data), dtype=t).reshape(shape)
@@ -690,6 +670,7 @@ def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
 
     from qcli.codec import error_stats
     from qcli.io.safetensors import SafetensorsSource
+    from qcli.plan import FLOAT_DTYPES
 
     try:
         transposed = json.loads(reader.metadata.get("transposed", "[]"))
@@ -718,23 +699,23 @@ def _compare(reader: Any, entries: list, source_path: Path) -> CompareReport:
                 rows.append(CompareRow(e.name, text, flip, False, None, problem))
                 continue
             data = reader.read(e.name)
-            if qfloat_scheme(e.dtype) is None:
+            scheme = qfloat_scheme(e.dtype)
+            if scheme is None:
                 written_as, source_dtype = _dtype_key(e.dtype), infos[e.name].dtype
-                cast = written_as != source_dtype and {written_as, source_dtype} <= _CASTABLE
+                cast = written_as != source_dtype and {written_as, source_dtype} <= set(FLOAT_DTYPES)
                 if cast:
                     from qcli.pipeline import cast_kept
 
                     try:
                         x = cast_kept(x, written_as, e.name)
                     except InputError:
-                        x = x.to(getattr(torch, _TORCH_DTYPES[written_as]))  # the difference shows below
+                        x = x.to(getattr(torch, TORCH_DTYPE_NAMES[written_as]))  # the difference shows below
                 exact = bytes(data) == x.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
                 problem = None if exact else (f"a kept tensor differs from its source cast to {written_as}" if cast
                                               else "a kept tensor differs from its source")
                 error = ErrorRow(0.0, math.inf, 0.0) if exact else None
                 rows.append(CompareRow(e.name, text, flip, exact, error, problem))
                 continue
-            scheme = qfloat_scheme(e.dtype)
             x = x.contiguous()
             decoded = _decoded(data, e.dtype, tuple(e.shape))
             error = ErrorRow.of(error_stats(x, decoded))

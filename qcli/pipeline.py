@@ -17,9 +17,6 @@ if TYPE_CHECKING:
     from qcli.measure import Measurement
     from qcli.plan import Plan, PlanEntry
 
-# torch's name of each floating safetensors dtype: what a kept tensor is viewed as before a cast.
-FLOAT_TORCH = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
-
 
 def run(plan: Plan, source: SafetensorsSource, measure: bool = False
         ) -> Iterator[tuple[PlanEntry, torch.Tensor, Measurement | None]]:
@@ -63,8 +60,9 @@ def cast_kept(x: torch.Tensor, dtype: str, name: str) -> torch.Tensor:
     import torch
 
     from qcli.errors import InputError
+    from qcli.io.dtypes import TORCH_DTYPE_NAMES
 
-    y = x.to(getattr(torch, FLOAT_TORCH[dtype]))
+    y = x.to(getattr(torch, TORCH_DTYPE_NAMES[dtype]))
     if y.dtype.itemsize <= x.dtype.itemsize and x.dtype != y.dtype:  # a narrowing cast can overflow
         overflow = torch.isinf(y) & torch.isfinite(x)
         if bool(overflow.any()):

@@ -305,7 +305,7 @@ class _Planner:
             decision = self.by_rule(info, rule) if rule else self.by_default(info)
             entries.append(PlanEntry(info, decision, self.burn_version))
         for rule in rules:
-            self.rule_problems(rule, covered[id(rule)], entries, rules)
+            self.rule_problems(rule, covered[id(rule)], entries)
         self.default_problems([e.info.name for e in entries if e.decision.rule is None])
         for entry in entries:
             self.output_problems(entry)
@@ -423,8 +423,7 @@ class _Planner:
         module, _, leaf = name.rpartition(".")
         return self.quantized_modules.get(module) if "scale" in leaf else None
 
-    def rule_problems(self, rule: Rule, names: list[str], entries: Sequence[PlanEntry] = (),
-                      rules: Sequence[Rule] = ()) -> None:
+    def rule_problems(self, rule: Rule, names: list[str], entries: Sequence[PlanEntry]) -> None:
         refused = rule_refusal(rule, names)
         if refused is not None:
             self.problems.append(refused)
@@ -459,7 +458,7 @@ class _Planner:
             shadowed = [e for e in entries if rule.matches(e.info.name)]
             if shadowed:
                 earlier = list({id(e.decision.rule): e.decision.rule for e in shadowed}.values())
-                by = ", ".join(f"rule {rule_number(r, rules)} ({r.location})" for r in earlier)
+                by = ", ".join(f"rule {r.number} ({r.location})" for r in earlier)
                 self.problem(
                     "unmatched-rule", f"rule (match {rule.match!r}) is shadowed by {by}: every tensor it "
                     f"matches, {count_and_first([e.info.name for e in shadowed])}, is taken by "
@@ -587,12 +586,6 @@ def rule_refusal(rule: Rule, covered: Sequence[str] | None = None) -> Problem | 
     kind = "lookup" if rule.mode == QuantMode.Lookup.value else "scheme"
     hint = rule.refusals[0].instead
     return Problem(kind, message, hint, rule.file, rule.line, tuple(covered or ()), "error")
-
-
-def rule_number(rule: Rule, rules: Sequence[Rule]) -> int:
-    """The rule's number in its recipe (1 for the first [[rule]]), as the recipe counted it."""
-    number = getattr(rule, "number", None)
-    return number if number else next(i for i, r in enumerate(rules, 1) if r is rule)
 
 
 def preset_or_scheme(scheme: QuantScheme) -> str:

@@ -110,28 +110,10 @@ def _bound(peak: torch.Tensor, s_high: torch.Tensor, s_low: torch.Tensor, scheme
     return _HALF_STEP[value] * s_high + clamped + peak * _F32_ROUNDING
 
 
-def stored_scales(payload: Any, scheme: QuantScheme, shape: tuple[int, ...]) -> torch.Tensor:
-    """The scale each block of a payload decodes with (a two-level scheme's global times its block scale,
-    as `qcli.codec.decode` forms it), grid-shaped f64; the payload's length must be its scheme's."""
-    import torch
-
-    from qcli import layout
-    from qcli.codec.blocks import BlockGrid
-    from qcli.codec.decode import as_bytes
-    from qcli.codec.pack import unpack_scales
-
-    data = as_bytes(payload)
-    start = layout.value_bytes(scheme, shape)
-    end = start + layout.scale_bytes(scheme, shape)
-    scales = unpack_scales(data[start:end], scheme.scale_dtype()).reshape(BlockGrid.of(scheme, shape).grid)
-    if scheme.is_two_level():
-        scales = data[end:].clone().view(torch.float32) * scales
-    return scales.to(torch.float64)
-
-
 def stored_bound(x: torch.Tensor, payload: Any, scheme: QuantScheme) -> torch.Tensor:
     """The largest error each block of `x` may show when its payload holds `x` quantized with the scales
-    the payload stores (`stored_scales`), grid-shaped f64: `error_bound`'s terms at that one scale.
+    the payload stores (`qcli.codec.decode.block_scales`), grid-shaped f64: `error_bound`'s terms at that
+    one scale.
 
     Unlike `error_bound` it trusts the payload's scales; `inspect --compare` takes the smaller of the two
     per block, so that neither a payload of other data nor one with inflated scales passes.
@@ -139,10 +121,11 @@ def stored_bound(x: torch.Tensor, payload: Any, scheme: QuantScheme) -> torch.Te
     import torch
 
     from qcli.codec.blocks import BlockGrid
+    from qcli.codec.decode import block_scales
 
     grid = BlockGrid.of(scheme, x.shape)
     peak = grid.to_blocks(x.to(torch.float32)).abs().amax(dim=grid.block_axes).to(torch.float64)
-    s = stored_scales(payload, scheme, tuple(x.shape)).abs()
+    s = block_scales(payload, scheme, x.shape).to(torch.float64).abs()
     return _bound(peak, s * (1 + _F32_ROUNDING), s * (1 - _F32_ROUNDING), scheme)
 
 

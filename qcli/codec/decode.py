@@ -39,15 +39,23 @@ def decode(payload: object, scheme: QuantScheme, shape: Sequence[int]) -> torch.
             f"a {scheme} payload of shape {list(shape)} holds {expected} bytes, got {data.numel()}",
             hint="the payload and its scheme or shape do not belong together; re-quantize the tensor",
         )
-    value_end = layout.value_bytes(scheme, shape)
-    scale_end = value_end + layout.scale_bytes(scheme, shape)
-    q = from_fields(unpack_fields(data[:value_end], scheme, shape), scheme.value)
+    q = from_fields(unpack_fields(data[: layout.value_bytes(scheme, shape)], scheme, shape), scheme.value)
     grid = BlockGrid.of(scheme, shape)
-    scales = unpack_scales(data[value_end:scale_end], scheme.scale_dtype()).reshape(grid.grid)
-    if scheme.is_two_level():
-        scales = data[scale_end:].clone().view(torch.float32) * scales
-    x = grid.from_blocks(grid.per_block(scales) * grid.to_blocks(q))
+    x = grid.from_blocks(grid.per_block(block_scales(data, scheme, shape)) * grid.to_blocks(q))
     return x.reshape(shape).contiguous()
+
+
+def block_scales(payload: object, scheme: QuantScheme, shape: Sequence[int]) -> torch.Tensor:
+    """The f32 scale each block of a payload decodes with, grid-shaped: its stored scale, times the f32
+    global of a two-level scheme (the product formed in f32, as `decode` forms it)."""
+    shape = tuple(shape)
+    data = as_bytes(payload)
+    start = layout.value_bytes(scheme, shape)
+    end = start + layout.scale_bytes(scheme, shape)
+    scales = unpack_scales(data[start:end], scheme.scale_dtype()).reshape(BlockGrid.of(scheme, shape).grid)
+    if scheme.is_two_level():
+        scales = data[end:].clone().view(torch.float32) * scales
+    return scales
 
 
 def _check_decodable(scheme: QuantScheme) -> None:

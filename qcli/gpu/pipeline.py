@@ -41,9 +41,10 @@ import torch
 
 from qcli import layout
 from qcli.errors import InputError, UsageError, non_finite
+from qcli.io.dtypes import TORCH_DTYPE_NAMES
 from qcli.kernels.encode import Range, enqueue, interpreted, tensor_range
 from qcli.measure import BYTES_PER_VALUE, SLICE_VALUES, Measurement, Whole
-from qcli.pipeline import FLOAT_TORCH, cast_kept
+from qcli.pipeline import cast_kept
 from qcli.scheme import check_accepted
 
 if TYPE_CHECKING:
@@ -316,7 +317,7 @@ def _keep(tensor: _Tensor, piece: _Piece, host: torch.Tensor) -> None:
     info, decision = piece.entry.info, piece.entry.decision
     cast = decision.cast
     if cast is not None:
-        host = host.view(getattr(torch, FLOAT_TORCH[info.dtype]))
+        host = host.view(getattr(torch, TORCH_DTYPE_NAMES[info.dtype]))
     if not decision.transpose:
         rows = max(piece.stop - piece.start, 1)
         data = host if cast is None else cast_kept(host, cast, info.name).view(torch.uint8)

@@ -31,6 +31,12 @@ SAFETENSORS_BITS = {
     "F64": 64, "I64": 64, "U64": 64,
     "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
 }
+# torch's name for each plain dtype (safetensors' spelling; `BOOL` a byte per element).
+TORCH_DTYPE_NAMES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
+    "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
+}
 _SAFETENSORS_TO_BURN: dict[str, object] = {
     **{name: name for name in BURN_PLAIN_SIZES if name != "Flex32"},
     "BOOL": {"Bool": "Native"},
