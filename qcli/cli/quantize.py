@@ -206,8 +206,7 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
     if not wide and len(rows) > FULL_TABLE_MAX:
         if written:
             measured = [t for t in rows if t.error is not None and t.error.sqnr_db is not None]
-            worst = set(id(t) for t in sorted(measured, key=_sqnr)[:WORST])
-            rows = [t for t in rows if id(t) in worst]
+            rows = sorted(sorted(measured, key=_sqnr)[:WORST], key=lambda t: natural_key(t.name))
             title = f"the {len(rows)} tensors with the lowest SQNR (--verbose: all {len(report.tensors)})"
         else:
             rows, title = [], None
