@@ -503,13 +503,15 @@ def _reported(entry: Any, measured: Measurement, target: Path, stats: bool, timi
     """A quantized tensor's measurement (`qcli.measure`), read back: its error with `stats`, and with
     `timings.verify` set its bound check, raising `OutputError` for a block over the bound.
 
-    The decode and measuring ran in the pipeline, so they count in its quantize phase; the stats and
-    verify phases now only time reading the results back (the pipeline waited for them before yielding)."""
+    The decode and measuring ran in the pipeline: the host time it spent on them (`Measurement.seconds`:
+    all of it on the CPU; on a GPU the launches, the work itself overlapping the stream) moves from the
+    quantize phase to the stats phase, with the time taken to read the results back."""
     from qcli.verify import out_of_bound
 
     tick = time.perf_counter()
     error = ErrorRow.of(measured.stats()) if stats else None
-    timings.stats.seconds += time.perf_counter() - tick
+    timings.quantize.seconds = max(timings.quantize.seconds - measured.seconds, 0.0)
+    timings.stats.seconds += measured.seconds + time.perf_counter() - tick
     timings.stats.bytes += entry.info.nbytes
     if timings.verify is not None:
         tick = time.perf_counter()

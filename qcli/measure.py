@@ -15,6 +15,7 @@ cheap pass over the slices, or handed in by a caller that holds the tensor in ro
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -83,6 +84,7 @@ class Measurement:
     block: torch.Tensor
     error: torch.Tensor
     bound: torch.Tensor
+    seconds: float = 0.0  # host time spent measuring: all of it on the CPU, the launches on a GPU
 
     @staticmethod
     def on(device: torch.device | str) -> Measurement:
@@ -117,27 +119,56 @@ class Measurement:
             self._add_slice(_rows(x, start, stop), _carve(payload, scheme, shape, start, stop), scheme,
                             calibration, whole, first_block)
 
+    def measuring(self, x: torch.Tensor, scheme: QuantScheme, calibration: Calibration) -> ChunkedTensor:
+        """What `qcli.codec.encode` hands each decoded chunk of `x` to (its `on_decoded`), measuring the
+        tensor into this measurement once `finish` is called after the encode."""
+        return ChunkedTensor(self, x, scheme, calibration)
+
     def _add_slice(
         self, x: torch.Tensor, payload: torch.Tensor, scheme: QuantScheme, calibration: Calibration,
         whole: Whole | None, first_block: int,
     ) -> None:
+        import qcli.codec
+
+        self.add_decoded(x, qcli.codec.decode(payload, scheme, tuple(x.shape)), scheme, calibration, whole,
+                         first_block)
+
+    def add_decoded(
+        self, x: torch.Tensor, decoded: torch.Tensor, scheme: QuantScheme, calibration: Calibration,
+        whole: Whole | None = None, first_block: int = 0,
+    ) -> None:
+        """Measure `decoded` (f32, of `x`'s shape; overwritten) against its source `x`, whole blocks
+        starting at block `first_block` of the tensor's grid (`whole` as for `add`).
+
+        The CPU codec hands each chunk here as it encodes it (`qcli.codec.encode`'s `on_decoded`), while
+        the chunk is in cache; `seconds` counts the time spent here.
+        """
         import torch
 
-        import qcli.codec
-        from qcli.verify import block_errors, error_bound
+        from qcli.codec.blocks import BlockGrid
+        from qcli.verify import error_bound
 
-        decoded = qcli.codec.decode(payload, scheme, tuple(x.shape))
-        self.sums.add(x, decoded)
+        started = time.perf_counter()
         x = x.to(torch.float32)  # widened once for both measures, which then take it as it is
-        errors = block_errors(x, decoded, scheme).reshape(-1)
-        if not errors.numel():
-            return
-        bounds = error_bound(x, scheme, calibration, whole).reshape(-1)
-        over = ~(errors <= bounds)  # NaN counts as over
+        difference = decoded.sub_(x)
+        grid = BlockGrid.of(scheme, tuple(x.shape))
+        errors = grid.to_blocks(difference).abs().amax(dim=grid.block_axes).reshape(-1)
+        if errors.numel():
+            self.sums.add_difference(x, difference)
+            self.sums.max_abs = torch.maximum(self.sums.max_abs, errors.amax().to(torch.float64))
+            self.take_first_over(errors, error_bound(x, scheme, calibration, whole).reshape(-1), first_block)
+        self.seconds += time.perf_counter() - started
+
+    def take_first_over(self, errors: torch.Tensor, bounds: torch.Tensor, first_block: int) -> None:
+        """Record the first of these blocks (flat, from `first_block`) whose error is over its bound
+        (NaN counts as over), unless an earlier one is recorded already."""
+        import torch
+
+        over = ~(errors <= bounds)
         first = over.to(torch.uint8).argmax().reshape(1)  # the first over, or 0 when none is
         take = over.index_select(0, first) & (self.block < 0)
         self.block = torch.where(take, first + first_block, self.block)
-        self.error = torch.where(take, errors.index_select(0, first), self.error)
+        self.error = torch.where(take, errors.index_select(0, first).to(torch.float64), self.error)
         self.bound = torch.where(take, bounds.index_select(0, first), self.bound)
 
     def stats(self) -> ErrorStats:
@@ -150,6 +181,80 @@ class Measurement:
 
         block, error, bound = torch.cat([self.block.to(torch.float64), self.error, self.bound]).tolist()
         return None if block < 0 else BoundFailure(int(block), error, bound)
+
+
+class ChunkedTensor:
+    """A tensor measured while the CPU codec encodes it (a `qcli.codec.quantize.EncodeObserver`), each
+    chunk while it is in cache: its error energies go into the measurement's sums, each block's largest
+    error into a grid of the tensor's blocks, checked against the bound (`qcli.verify.bound_of`) once,
+    in `finish`. The bound's inputs are the codec's own block ranges: max|x| under MinMax; under AbsMean
+    sum|x|, with max|x| taken here chunk by chunk."""
+
+    def __init__(self, measurement: Measurement, x: torch.Tensor, scheme: QuantScheme, calibration: Calibration
+                 ) -> None:
+        import torch
+
+        from qcli.codec.blocks import BlockGrid
+
+        self.measurement, self.scheme, self.calibration = measurement, scheme, calibration
+        self.grid = BlockGrid.of(scheme, tuple(x.shape))
+        self.errors = torch.zeros(math.prod(self.grid.grid), dtype=torch.float32)
+        self.peaks = self.errors.clone() if calibration is Calibration.AbsMean else None
+        self.sums: torch.Tensor | None = None
+        self.scales: torch.Tensor | None = None
+
+    def begin(self, reduced: torch.Tensor, payload: torch.Tensor) -> None:
+        from qcli.codec.decode import block_scales
+
+        self.scales = block_scales(payload, self.scheme, self.grid.shape).reshape(-1)  # as stored
+        if self.calibration is Calibration.MinMax:
+            self.peaks = reduced.reshape(-1)
+        else:
+            self.sums = reduced
+
+    def chunk(self, rows: torch.Tensor, values: torch.Tensor, first_block: int) -> None:
+        """Decode a chunk from the payload bytes just packed and the payload's scales, and measure it."""
+        from qcli.codec.blocks import BlockGrid
+        from qcli.codec.decode import decode_values
+
+        started = time.perf_counter()
+        grid = BlockGrid.of(self.scheme, tuple(rows.shape))
+        part = slice(first_block, first_block + math.prod(grid.grid))
+        difference = decode_values(values, self.scales[part], self.scheme, rows.shape).sub_(rows)
+        self.measurement.sums.add_difference(rows, difference, quick=True)
+        _max_into(self.errors[part], grid.to_blocks(difference.abs_()).amax(dim=grid.block_axes))
+        if self.calibration is Calibration.AbsMean:
+            _max_into(self.peaks[part], grid.to_blocks(rows).abs().amax(dim=grid.block_axes))
+        self.measurement.seconds += time.perf_counter() - started
+
+    def finish(self) -> None:
+        """Check every block against its bound, and take the largest error into the sums."""
+        import torch
+
+        from qcli.verify import bound_of
+
+        started = time.perf_counter()
+        m = self.measurement
+        if self.errors.numel():
+            m.sums.max_abs = torch.maximum(m.sums.max_abs, self.errors.amax().to(torch.float64))
+            peak = self.peaks.amax().to(torch.float64).reshape(1)
+            total = torch.zeros(1, dtype=torch.float64) if self.sums is None else self.sums.sum().reshape(1)
+            count = math.prod(self.grid.shape)
+            means = None
+            if self.sums is not None and self.scheme.block is not None:
+                means = self.sums / self.grid.counts()
+            bounds = bound_of(self.peaks.reshape(self.grid.grid), means, self.scheme, self.calibration,
+                              Whole(peak, total, count))
+            m.take_first_over(self.errors, bounds.reshape(-1), 0)
+        m.seconds += time.perf_counter() - started
+
+
+def _max_into(into: torch.Tensor, part: torch.Tensor) -> None:
+    """`into` (a flat slice of a grid) becomes the larger of itself and `part` (NaN wins): a block is
+    written once, the one block of a per-tensor scheme once per chunk."""
+    import torch
+
+    torch.maximum(into, part.reshape(-1), out=into)
 
 
 def _step(scheme: QuantScheme, shape: tuple[int, ...]) -> int:

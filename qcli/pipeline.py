@@ -1,7 +1,8 @@
 """The CPU pipeline: one tensor at a time, in plan order, from the source to payload bytes.
 
 Peak memory is bounded by the largest tensor (its source and its payload; `encode` widens and gathers a
-chunk at a time, measuring a slice at a time), never by the model. The GPU pipeline
+chunk at a time, and hands each chunk's decode to the measurement while the chunk is in cache), never
+by the model. The GPU pipeline
 (`qcli.gpu.pipeline.run`) has the same signature and yields the same bytes and measurements.
 """
 
@@ -43,10 +44,11 @@ def run(plan: Plan, source: SafetensorsSource, measure: bool = False
                 x = cast_kept(x, entry.decision.cast, entry.info.name)
             payload = x.contiguous().reshape(-1).view(torch.uint8)
         else:
-            payload = encode(x, scheme, calibration, name=entry.info.name)
-            if measure:
-                measured = Measurement.on(x.device)
-                measured.add(x, payload, scheme, calibration)
+            measured = Measurement.on(x.device) if measure else None
+            chunks = measured.measuring(x, scheme, calibration) if measured else None
+            payload = encode(x, scheme, calibration, name=entry.info.name, observer=chunks)
+            if chunks is not None:
+                chunks.finish()
         del x
         yield entry, payload, measured
 

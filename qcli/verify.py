@@ -76,17 +76,30 @@ def error_bound(
 
         whole = Whole.of(x)
     grid = BlockGrid.of(scheme, x.shape)
-    value, dtype = scheme.value, scheme.scale_dtype()
     if scheme.block is None:
-        peak = whole.peak.reshape(grid.grid)
-        alpha = whole.mean().reshape(grid.grid) if calibration is Calibration.AbsMean else peak
+        return bound_of(whole.peak.reshape(grid.grid), None, scheme, calibration, whole)
+    blocks = grid.to_blocks(x.to(torch.float32)).abs()  # in f32, as the codec measures it
+    peak = blocks.amax(dim=grid.block_axes)
+    mean = None
+    if calibration is Calibration.AbsMean:
+        mean = blocks.sum(dim=grid.block_axes, dtype=torch.float64) / grid.counts(x.device)
+    return bound_of(peak, mean, scheme, calibration, whole)
+
+
+def bound_of(
+    peak: torch.Tensor, mean: torch.Tensor | None, scheme: QuantScheme, calibration: Calibration,
+    whole: Whole | None,
+) -> torch.Tensor:
+    """`error_bound` from each block's largest |x| (`peak`, grid-shaped) and, for AbsMean, its mean |x|
+    (`mean`, float64); for a per-tensor or two-level scheme, `whole` is the tensor's."""
+    import torch
+
+    value, dtype = scheme.value, scheme.scale_dtype()
+    peak = peak.to(torch.float64)
+    if scheme.block is None:
+        alpha = whole.mean().reshape(peak.shape) if calibration is Calibration.AbsMean else peak
     else:
-        blocks = grid.to_blocks(x.to(torch.float32)).abs()  # in f32, as the codec measures it
-        peak = blocks.amax(dim=grid.block_axes).to(torch.float64)
-        if calibration is Calibration.AbsMean:
-            alpha = blocks.sum(dim=grid.block_axes, dtype=torch.float64) / grid.counts(x.device)
-        else:
-            alpha = peak
+        alpha = mean if calibration is Calibration.AbsMean else peak
     h = value.half_range()
     if scheme.is_two_level():
         global_scale = torch.clamp(whole.peak / h / dtype.max_representable(), min=F32_MIN_POSITIVE)

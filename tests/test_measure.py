@@ -19,7 +19,7 @@ from test_kernels import kernels  # noqa: F401  (the fixture that runs the kerne
 
 import qcli.codec
 from qcli import layout, measure
-from qcli.codec import error_stats
+from qcli.codec import ErrorStats, error_stats
 from qcli.measure import Measurement, Whole
 from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue, ScaleDtype
 
@@ -58,6 +58,17 @@ def reference(x: torch.Tensor, case: str) -> tuple[torch.Tensor, torch.Tensor]:
     return data, torch.tensor(decoded, dtype=torch.float32).reshape(x.shape)
 
 
+# The CPU pipeline sums a part's energies in f32 (`ErrorSums.add_difference`), and every difference is
+# taken in f32: the statistics agree with a float64 reference to about 1e-7.
+F32_SUMS = 1e-6
+
+
+def assert_close(got: ErrorStats, want: ErrorStats, what: str = "") -> None:
+    """Equal statistics but for that f32 rounding (the SQNR compared in dB, not relative to its size)."""
+    assert (got.rel_rms, got.max_abs) == pytest.approx((want.rel_rms, want.max_abs), rel=F32_SUMS), what
+    assert got.sqnr_db == pytest.approx(want.sqnr_db, abs=F32_SUMS * 10), what
+
+
 def measured(x: torch.Tensor, payload: torch.Tensor, case: str) -> Measurement:
     scheme, calibration, _ = CASES[case]
     m = Measurement.on(x.device)
@@ -85,9 +96,7 @@ def test_stats_are_those_of_the_reference_decode(case: str) -> None:
     x = source((8, 48))
     payload, decoded = reference(x, case)
     m = measured(x, payload, case)
-    assert m.stats() == error_stats(x, decoded)
-    assert (m.stats().rel_rms, m.stats().sqnr_db, m.stats().max_abs) == pytest.approx(expected_stats(x, decoded),
-                                                                                       rel=1e-12)
+    assert_close(m.stats(), ErrorStats(*expected_stats(x, decoded)))
     assert m.failure() is None
 
 
@@ -113,9 +122,8 @@ def test_slices_measure_what_the_whole_tensor_does(case, shape, monkeypatch, cou
     sliced = measured(x, payload, case)
     assert len(counted_decodes) > 1 + 4  # one whole decode, then several slices
     got, want = sliced.stats(), whole.stats()
-    assert (got.rel_rms, got.sqnr_db, got.max_abs) == pytest.approx((want.rel_rms, want.sqnr_db, want.max_abs),
-                                                                    rel=1e-12)
-    assert got.max_abs == pytest.approx(expected_stats(x, decoded)[2], rel=1e-12)
+    assert_close(got, want)
+    assert got.max_abs == pytest.approx(expected_stats(x, decoded)[2], rel=F32_SUMS)
     assert sliced.failure() is None and whole.failure() is None
 
 
@@ -220,8 +228,7 @@ def test_gpu_pipeline_measures_what_the_cpu_pipeline_does(tmp_path, monkeypatch,
     for (name, g, gf), (_, w, wf) in zip(got, want, strict=True):
         assert gf is None and wf is None, name
         if w is not None:
-            assert (g.rel_rms, g.sqnr_db, g.max_abs) == pytest.approx((w.rel_rms, w.sqnr_db, w.max_abs),
-                                                                      rel=1e-12), name
+            assert_close(g, w, name)
 
 
 def _scale_to_nan(out: torch.Tensor, scheme: QuantScheme, shape: tuple[int, ...]) -> None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import importlib
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -245,17 +247,26 @@ def test_a_tensor_written_with_another_scheme_fails(good: Path, tmp_path: Path) 
 
 
 def corrupt_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CPU pipeline with every quantized payload damaged as it is encoded, as a faulty kernel or memory
-    would."""
-    import qcli.codec
+    """The CPU codec with the first packed byte of every quantized tensor damaged as it is packed, as a
+    faulty kernel or memory would."""
+    import qcli.codec.quantize
 
-    real = qcli.codec.encode
+    real = qcli.codec.quantize.pack_fields
 
-    def encode(*args, **kwargs):
-        payload = real(*args, **kwargs)
-        payload[0] ^= 0x88
-        return payload
+    def pack_fields(fields, scheme, out=None):
+        packed = real(fields, scheme, out)
+        if not getattr(pack_fields, "damaged", False):
+            packed.view(-1)[0] ^= 0x88
+        pack_fields.damaged = True
+        return packed
 
+    real_encode = qcli.codec.quantize.encode
+
+    def encode(*args, **kwargs):  # damage the first chunk of each tensor
+        pack_fields.damaged = False
+        return real_encode(*args, **kwargs)
+
+    monkeypatch.setattr(qcli.codec.quantize, "pack_fields", pack_fields)
     monkeypatch.setattr(qcli.codec, "encode", encode)
 
 
@@ -308,22 +319,23 @@ def test_cli_read_back_catches_bytes_changed_after_the_bound_check(tmp_path: Pat
 
 @pytest.mark.parametrize("flags", [[], ["--no-stats"], ["--no-verify"]], ids=["both", "verify", "stats"])
 def test_each_quantized_tensor_is_decoded_once(tmp_path: Path, monkeypatch, flags: list[str]) -> None:
-    import qcli.codec
-
-    calls: list[int] = []
-    real = qcli.codec.decode
-    monkeypatch.setattr(qcli.codec, "decode", lambda *a, **k: calls.append(1) or real(*a, **k))
+    # The CPU pipeline decodes each chunk's payload bytes as it packs them: every value once.
+    decoding = importlib.import_module("qcli.codec.decode")  # the module, which `qcli.codec.decode` is not
+    decoded: list[int] = []
+    real = decoding.decode_values
+    monkeypatch.setattr(decoding, "decode_values",
+                        lambda values, scales, scheme, shape: decoded.append(math.prod(shape))
+                        or real(values, scales, scheme, shape))
     doc = cli("quantize", SINGLE, "-o", tmp_path / "o.bpk", "--device", "cpu", "--json", *flags).json
-    assert len(calls) == sum(t["decision"] == "quantize" for t in doc["tensors"]) > 0
+    quantized = [t for t in doc["tensors"] if t["decision"] == "quantize"]
+    assert sum(decoded) == sum(math.prod(t["shape"]) for t in quantized) > 0
 
 
 def test_no_verify_no_stats_decodes_nothing(tmp_path: Path, monkeypatch) -> None:
-    import qcli.codec
-
     def decode(*args, **kwargs):
         raise AssertionError("decoded")
 
-    monkeypatch.setattr(qcli.codec, "decode", decode)
+    monkeypatch.setattr(importlib.import_module("qcli.codec.decode"), "decode_values", decode)
     out = tmp_path / "o.bpk"
     doc = cli("quantize", SINGLE, "-o", out, "--device", "cpu", "--json", "--no-verify", "--no-stats").json
     assert doc["timings"]["stats"]["bytes"] == 0 and doc["timings"]["verify"] is None and out.exists()

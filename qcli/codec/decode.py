@@ -9,7 +9,7 @@ import torch
 from qcli import layout
 from qcli.codec.blocks import BlockGrid
 from qcli.codec.pack import unpack_fields, unpack_scales
-from qcli.codec.values import from_fields
+from qcli.codec.values import dequantize
 from qcli.errors import InputError, SchemeError
 from qcli.scheme import LOOKUP_WHY, Native, QuantMode, QuantScheme
 
@@ -39,10 +39,16 @@ def decode(payload: object, scheme: QuantScheme, shape: Sequence[int]) -> torch.
             f"a {scheme} payload of shape {list(shape)} holds {expected} bytes, got {data.numel()}",
             hint="the payload and its scheme or shape do not belong together; re-quantize the tensor",
         )
-    q = from_fields(unpack_fields(data[: layout.value_bytes(scheme, shape)], scheme, shape), scheme.value)
-    grid = BlockGrid.of(scheme, shape)
-    x = grid.from_blocks(grid.per_block(block_scales(data, scheme, shape)) * grid.to_blocks(q))
+    x = decode_values(data[: layout.value_bytes(scheme, shape)], block_scales(data, scheme, shape), scheme, shape)
     return x.reshape(shape).contiguous()
+
+
+def decode_values(values: torch.Tensor, scales: torch.Tensor, scheme: QuantScheme, shape: Sequence[int]
+                  ) -> torch.Tensor:
+    """f32 values of `shape` from their packed bytes (uint8, the value region of a payload of `shape`, or
+    the rows of one that `qcli.codec.encode` packs at a time) and their blocks' scales (`block_scales`)."""
+    grid = BlockGrid.of(scheme, tuple(shape))
+    return dequantize(unpack_fields(values, scheme, tuple(shape)), scales.reshape(grid.grid), grid, scheme.value)
 
 
 def block_scales(payload: object, scheme: QuantScheme, shape: Sequence[int]) -> torch.Tensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -48,10 +49,22 @@ def quantize_parts(
     name: str = "tensor",
 ) -> QuantizedParts:
     """Fields and scales of `x` under `scheme`; refuses schemes Burn refuses and non-finite data."""
-    work, chunks, scales = _prepare(x, scheme, calibration, name)
-    pieces = [f.to(torch.int32) for f in _chunk_fields(work, chunks, scales, scheme)]
+    work, chunks, scales, _ = _prepare(x, scheme, calibration, name)
+    pieces = [f.to(torch.int32) for _, f in _chunk_fields(work, chunks, scales, scheme)]
     fields = torch.cat(pieces).reshape(x.shape)
     return QuantizedParts(fields, scales.stored.reshape(layout.params_shape(scheme, x.shape)), scales.global_scale)
+
+
+class EncodeObserver(Protocol):
+    """What `encode` shows of a tensor while it encodes it (`qcli.measure.ChunkedTensor` measures it)."""
+
+    def begin(self, reduced: torch.Tensor, payload: torch.Tensor) -> None:
+        """Before any chunk: the whole tensor's `block_reduce`, grid-shaped (f32 max|x| under MinMax, f64
+        sum|x| under AbsMean), and the payload, whose scales are in place and whose values follow."""
+
+    def chunk(self, rows: torch.Tensor, values: torch.Tensor, first_block: int) -> None:
+        """A chunk just packed: its source rows (f32, the tensor's grid shape), the payload bytes that now
+        hold their values, and the flat index of its first block in the tensor's grid."""
 
 
 def encode(
@@ -60,22 +73,31 @@ def encode(
     calibration: Calibration = Calibration.MinMax,
     *,
     name: str = "tensor",
+    observer: EncodeObserver | None = None,
 ) -> torch.Tensor:
     """The QFloat payload of `x`: uint8, 1-D, exactly `layout.quantized_data_len(scheme, x.shape)` bytes.
 
-    f16 and bf16 inputs are widened to f32; NaN or Inf raises `InputError` naming the tensor.
+    f16 and bf16 inputs are widened to f32; NaN or Inf raises `InputError` naming the tensor. The scales
+    are written first, then the values a chunk at a time; an `observer` sees each chunk's bytes as soon
+    as they are packed, while the chunk is in cache.
     """
-    work, chunks, scales = _prepare(x, scheme, calibration, name)
+    work, chunks, scales, reduced = _prepare(x, scheme, calibration, name)
     out = torch.empty(layout.quantized_data_len(scheme, x.shape), dtype=torch.uint8)
-    offset = 0
-    for fields in _chunk_fields(work, chunks, scales, scheme):
-        size = layout.value_bytes(scheme, fields.shape)
-        pack_fields(fields, scheme, out[offset : offset + size])
-        offset += size
+    offset = layout.value_bytes(scheme, x.shape)
     for region in _scale_regions(scales.stored, scales.global_scale, scheme):
         out[offset : offset + region.numel()] = region
         offset += region.numel()
     assert offset == out.numel(), f"wrote {offset} of {out.numel()} payload bytes for {scheme} {list(x.shape)}"
+    if observer is not None:
+        observer.begin(reduced, out)
+    offset = 0
+    blocks_per_row = math.prod(BlockGrid.of(scheme, x.shape).grid[1:])
+    for (_, grid_rows), (piece, fields) in zip(chunks, _chunk_fields(work, chunks, scales, scheme), strict=True):
+        values = out[offset : offset + layout.value_bytes(scheme, fields.shape)]
+        pack_fields(fields, scheme, values)
+        offset += values.numel()
+        if observer is not None:
+            observer.chunk(piece, values, grid_rows.start * blocks_per_row)
     return out
 
 
@@ -95,7 +117,8 @@ def _scale_regions(stored: torch.Tensor, global_scale: float | None, scheme: Qua
 
 def _prepare(
     x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, name: str
-) -> tuple[torch.Tensor, list[tuple[slice, slice]], Scales]:
+) -> tuple[torch.Tensor, list[tuple[slice, slice]], Scales, torch.Tensor]:
+    """The work tensor, its chunks, its scales, and the block ranges they were taken from."""
     check_accepted(scheme, calibration)
     if not x.dtype.is_floating_point:
         raise InputError(
@@ -118,7 +141,7 @@ def _prepare(
     alpha = block_alpha(reduced, grid, calibration)
     if not bool(torch.isfinite(alpha).all()):
         raise non_finite(name, x.dtype == torch.float64 and bool(torch.isfinite(x).all()))
-    return work, chunks, scales_from_alpha(alpha, scheme)
+    return work, chunks, scales_from_alpha(alpha, scheme), reduced
 
 
 def _row_chunks(grid: BlockGrid, scheme: QuantScheme) -> list[tuple[slice, slice]]:
@@ -151,7 +174,8 @@ def _f32_rows(work: torch.Tensor, rows: slice) -> torch.Tensor:
 
 def _chunk_fields(
     work: torch.Tensor, chunks: list[tuple[slice, slice]], scales: Scales, scheme: QuantScheme
-) -> Iterator[torch.Tensor]:
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Each chunk's rows in f32 and their fields."""
     for rows, grid_rows in chunks:
         piece = _f32_rows(work, rows)
-        yield to_fields(piece, scales.effective[grid_rows], BlockGrid.of(scheme, piece.shape), scheme.value)
+        yield piece, to_fields(piece, scales.effective[grid_rows], BlockGrid.of(scheme, piece.shape), scheme.value)
