@@ -29,6 +29,7 @@ from qcli.report import (
     ErrorRow,
     InspectReport,
     ListedTensor,
+    MemoryUse,
     Phase,
     QuantizeReport,
     SourceFile,
@@ -38,6 +39,7 @@ from qcli.report import (
     ValidateReport,
     value_stats,
 )
+from qcli.resident import peak_resident_bytes, resident_bytes
 from qcli.scheme import QuantScheme
 
 if TYPE_CHECKING:
@@ -253,36 +255,50 @@ def quantize_file(
             warnings=plan.warnings(),
         )
         metadata = _metadata(report)
+        from qcli.io.burnpack_index import index_path
+
         shards = _shards(plan, target, max_shard_size, metadata)
-        report.outputs = [str(path) for path, _ in shards]
-        for path, _ in shards if len(shards) > 1 else []:  # one file is `target`, checked above
+        files = [path for path, _ in shards] + ([index_path(target)] if len(shards) > 1 else [])
+        report.outputs = [str(path) for path in files]
+        for path in files if len(shards) > 1 else []:  # one file is `target`, checked above
             _refuse_input_as_output(path, inputs)
-        leftovers = _leftovers(shards, remove=not dry_run)
-        report.warnings += leftovers
-        for path, _ in shards:
+        report.warnings += _leftovers(files, remove=not dry_run)
+        for path in files:
             _refuse_special_output(path)
             if not path.parent.is_dir():
                 raise OutputError(printable(f"cannot write {path}: its folder {path.parent} does not exist"),
                                   hint="create the folder, or give -o a path in an existing one; nothing was written")
-        taken = [path for path, _ in shards if path.exists()] if len(shards) > 1 and not force else []
+        taken = [path for path in files if path.exists()] if len(shards) > 1 and not force else []
         if taken:
             raise UsageError(f"{taken[0]} already exists", hint="pass --force to replace the files, or -o "
                              "to write somewhere else")
         if dry_run:
             return report
         report.device, run = select_pipeline(device)
-        report.tensors, report.timings = _write(plan, source, run, shards, metadata, stats, progress, verify)
+        runtime = _warm_runtime()
+        index = files[-1] if len(shards) > 1 else None
+        report.tensors, report.timings = _write(plan, source, run, shards, metadata, stats, progress, verify, index)
+        report.memory = MemoryUse(runtime, peak_resident_bytes())
     return report
 
 
-def _leftovers(shards: list, *, remove: bool) -> list:
+def _warm_runtime() -> int:
+    """Load and warm the pipelines' runtime (torch, its thread pool), so that its memory is counted apart
+    from the tensors', and return the resident bytes then."""
+    import torch
+
+    torch.ones(1 << 20).sum()  # a parallel op: the worker threads and their stacks exist from here on
+    return resident_bytes()
+
+
+def _leftovers(files: list[Path], *, remove: bool) -> list:
     """A warning for each temporary file a killed run writing one of these outputs left beside it, removed
     when `remove` (the run about to write; a dry run only says so)."""
     from qcli.io.burnpack import leftover_temporaries
     from qcli.plan import Problem
 
     warnings = []
-    for target, _ in shards:
+    for target in files:
         for path, pid in leftover_temporaries(target):
             if remove:
                 try:
@@ -375,14 +391,17 @@ def _write(
     stats: bool,
     progress: ProgressHook | None,
     verify: bool,
+    index: Path | None = None,
 ) -> tuple[list[TensorRow], Timings]:
     """Stream the pipeline's payloads into the containers, time each phase, and report each quantized
     tensor's measurement by the pipeline (its error with `stats`, its bound check with `verify`).
+    Several shards get an `index` (`qcli.io.burnpack_index`), put in place with them.
 
     With `verify`, the complete files are then read back (`qcli.verify.read_back`) before they are
     renamed into place.
     """
     from qcli.io.burnpack import BurnpackWriter
+    from qcli.io.burnpack_index import IndexWriter
 
     shard_of = {entry.name: i for i, (_, entries) in enumerate(shards) for entry in entries}
     total = sum(e.info.nbytes for e in plan.entries)
@@ -395,6 +414,7 @@ def _write(
     with ExitStack() as stack:
         writers = [stack.enter_context(BurnpackWriter(path, entries, metadata, digests=verify))
                    for path, entries in shards]
+        index_writers = [stack.enter_context(IndexWriter(index, shards, metadata))] if index else []
         tick = time.perf_counter()
         payloads = run(plan, timed, measure=stats or verify)
         for i, (entry, payload, measured) in enumerate(_naming_files(plan, payloads)):
@@ -433,7 +453,7 @@ def _write(
             timings.verify.seconds += verified.seconds
             timings.verify.bytes += verified.bytes
         tick = time.perf_counter()
-        _commit_all(writers)
+        _commit_all(writers + index_writers)
         timings.write.seconds += time.perf_counter() - tick
     timings.total_seconds = time.perf_counter() - started
     return rows, timings
@@ -593,9 +613,12 @@ def _suggest_tensor(name: str, names: list[str]) -> UsageError:
 
 
 def _is_burnpack(path: Path) -> bool:
-    """By its extension, or by burnpack's magic number at the start."""
+    """By its extension (the index of sharded output too), or by burnpack's magic number at the start."""
     from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER
+    from qcli.io.burnpack_index import index_path, is_index
 
+    if is_index(path) or (not path.exists() and index_path(path).exists()):
+        return True
     if path.suffix == EXTENSION:
         return True
     if not path.is_file():
@@ -634,14 +657,15 @@ def inspect_file(
 
 
 def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None) -> InspectReport:
-    from qcli.io.burnpack import BurnpackReader
+    """One burnpack file, or through its index (`qcli.io.burnpack_index`) every shard of sharded output."""
+    from qcli.io.burnpack_index import BurnpackSet
 
-    reader = BurnpackReader.open(path)
+    reader = BurnpackSet.open(path)
     entries = reader.entries()
     report = InspectReport(
         path=str(path),
         format="burnpack",
-        files=[SourceFile(path.name, path.stat().st_size)],
+        files=[SourceFile(r.path.name, r.path.stat().st_size) for r in reader.readers],
         tensors=[
             ListedTensor(e.name, dtype_str(e.dtype), e.dtype, tuple(e.shape), e.nbytes)
             for e in entries

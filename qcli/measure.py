@@ -31,6 +31,7 @@ SLICE_VALUES = 1 << 24
 # The source widened to f32, the decode, the int64 codes the decode indexes with, and the bound's and
 # the block errors' f32 block views: within 24 bytes per value of a slice at once.
 BYTES_PER_VALUE = 24
+BOUND_BLOCKS = 1 << 16  # blocks whose bound `ChunkedTensor.finish` computes at once
 
 
 @dataclass(frozen=True)
@@ -240,12 +241,15 @@ class ChunkedTensor:
             peak = self.peaks.amax().to(torch.float64).reshape(1)
             total = torch.zeros(1, dtype=torch.float64) if self.sums is None else self.sums.sum().reshape(1)
             count = math.prod(self.grid.shape)
+            whole = Whole(peak, total, count)
             means = None
             if self.sums is not None and self.scheme.block is not None:
-                means = self.sums / self.grid.counts()
-            bounds = bound_of(self.peaks.reshape(self.grid.grid), means, self.scheme, self.calibration,
-                              Whole(peak, total, count))
-            m.take_first_over(self.errors, bounds.reshape(-1), 0)
+                means = (self.sums / self.grid.counts()).reshape(-1)
+            for start in range(0, self.errors.numel(), BOUND_BLOCKS):  # the bound's f64 temporaries stay small
+                part = slice(start, start + BOUND_BLOCKS)
+                bounds = bound_of(self.peaks[part], None if means is None else means[part], self.scheme,
+                                  self.calibration, whole)
+                m.take_first_over(self.errors[part], bounds, start)
         m.seconds += time.perf_counter() - started
 
 

@@ -10,6 +10,7 @@ reads a weight, so a plan is checked in full (and `--dry-run` printed) before th
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -46,6 +47,11 @@ QUANTIZED_DTYPES = ("I8", "U8")
 QUANTIZED_PREFIXES = ("F8_", "F6_", "F4")
 SCALE_SUFFIXES = ("_scale_inv", "_scale", ".scale")
 FIRST_NAMES = 3
+# What quantizing holds beside a tensor's source and payload (`PlanEntry.peak_bytes`): six f32 grids of
+# a value per block at most, and a chunk's temporaries, about 24 bytes per value of a chunk of 2^18
+# values per core (`qcli.codec.quantize.CHUNK_ELEMENTS`).
+GRID_BYTES_PER_BLOCK = 24
+CHUNK_WORKING_BYTES = 24 * (1 << 18) * (os.cpu_count() or 1)
 # The token embedding and the output head, by the module names common checkpoints give them (Llama and
 # most Hugging Face models, GPT-2, Meta's Llama, BERT, GPT-NeoX): quantized at `WIDE_PRESET` by default
 # when the preset is narrower than 8 bits.
@@ -104,13 +110,15 @@ class PlanEntry:
 
     @property
     def peak_bytes(self) -> int:
-        """Host memory while this tensor is processed: its source, an f32 copy of it and its payload (the
-        decode for --stats/--verify holds as much: the source, the f32 decode, the payload); a kept
-        tensor holds its source bytes, twice when transposed, and its cast beside them."""
+        """Host memory while the CPU path processes this tensor, beside the runtime's: a kept tensor holds
+        its source bytes, twice when transposed, and its cast beside them; a quantized one its source, its
+        payload, a few f32 grids of one value per block (the codec's ranges and scales, the measure's
+        errors and decoded scales) and one chunk's temporaries (`qcli.codec.quantize`)."""
         if self.decision.scheme is None:
             cast = self.out_nbytes if self.decision.cast is not None else 0
             return self.info.nbytes * (2 if self.decision.transpose else 1) + cast
-        return self.info.nbytes + 4 * self.numel + self.out_nbytes
+        blocks = layout.num_scales(self.decision.scheme, self.out_shape)
+        return self.info.nbytes + self.out_nbytes + GRID_BYTES_PER_BLOCK * blocks + CHUNK_WORKING_BYTES
 
 
 @dataclass(frozen=True)

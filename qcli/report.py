@@ -158,6 +158,23 @@ class Timings:
 
 
 @dataclass(frozen=True)
+class MemoryUse:
+    """Resident memory of the run (`qcli.resident`): the runtime's before the first tensor was read,
+    and the peak while the tensors were processed; `tensors_bytes` is the difference."""
+
+    runtime_bytes: int
+    peak_bytes: int
+
+    @property
+    def tensors_bytes(self) -> int:
+        return max(self.peak_bytes - self.runtime_bytes, 0)
+
+    def to_json(self) -> dict:
+        return {"runtime_bytes": self.runtime_bytes, "peak_bytes": self.peak_bytes,
+                "tensors_bytes": self.tensors_bytes}
+
+
+@dataclass(frozen=True)
 class SourceFile:
     name: str
     bytes: int
@@ -184,6 +201,7 @@ class QuantizeReport:
     totals: Totals
     warnings: list[Any] = field(default_factory=list)  # qcli.plan.Problem of severity "warning"
     timings: Timings | None = None
+    memory: MemoryUse | None = None  # a real run's
     outputs: list[str] = field(default_factory=list)  # the files written: `output`, or its shards
 
     def to_json(self) -> dict:
@@ -206,6 +224,7 @@ class QuantizeReport:
             "warnings": [problem_json(p) for p in self.warnings],
             "totals": totals_json(self.totals),
             "timings": None if self.timings is None else self.timings.to_json(),
+            "memory": None if self.memory is None else self.memory.to_json(),
         }
 
 

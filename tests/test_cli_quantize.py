@@ -153,7 +153,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, no_weight_reads):
     result = cli("quantize", src, "--dry-run")
     assert result.code == 0, result.err
     no_leftovers(tmp_path, {"m.safetensors"})
-    assert "dry run" in result.out and "expected peak memory" in result.out
+    assert "dry run" in result.out and "the tensors need" in result.out and "of memory at most" in result.out
     assert f"would write {tmp_path / 'm.bpk'}" in result.out
     lines = {line.split()[1]: line for line in result.out.splitlines() if line.startswith("│")}
     assert "keep" in lines["model.norm.weight"] and "1-D" in lines["model.norm.weight"]
@@ -875,3 +875,13 @@ def test_the_completion_script_completes_commands_and_choices():
     result = cli_subprocess(env=env)
     assert result.code == 0, result.err
     assert result.out.split() == ["auto", "cpu", "cuda"]
+
+
+def test_a_run_reports_its_peak_memory_apart_from_the_runtime(tmp_path):
+    result = cli("quantize", SINGLE, "-o", tmp_path / "m.bpk", "--device", "cpu", "--json")
+    memory = result.json["memory"]
+    assert memory["runtime_bytes"] > 0 and memory["peak_bytes"] >= memory["runtime_bytes"]
+    assert memory["tensors_bytes"] == memory["peak_bytes"] - memory["runtime_bytes"]
+    printed = cli("quantize", SINGLE, "-o", tmp_path / "n.bpk", "--device", "cpu")
+    assert "peak memory " in printed.out and "beside the runtime's" in printed.out
+    assert cli("quantize", SINGLE, "--dry-run", "--json").json["memory"] is None

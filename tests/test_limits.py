@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from cli_support import SINGLE, assert_user_error, cli
+from safetensors import safe_open
 
 from qcli import api
 from qcli.errors import UsageError
@@ -45,7 +46,8 @@ def test_an_output_over_100_gib_is_a_plan_error_until_it_is_split(tmp_path: Path
     assert "--max-shard-size" in lines[-1]
     result = cli("quantize", source, "--dry-run", "--json", "--max-shard-size", "50GB")
     assert result.code == 0, result.err
-    assert [Path(p).name for p in result.json["outputs"]] == [f"in-0000{i}-of-00003.bpk" for i in (1, 2, 3)]
+    assert [Path(p).name for p in result.json["outputs"]] == [
+        *(f"in-0000{i}-of-00003.bpk" for i in (1, 2, 3)), "in.bpk.index.json"]
     assert_user_error(cli("quantize", source, "--dry-run", "--max-shard-size", "101GiB"), 2)
 
 
@@ -64,21 +66,69 @@ def test_shards_hold_every_tensor_whole_and_once(tmp_path: Path) -> None:
         "300KB",
     )
     assert result.code == 0, result.err
-    shards = [Path(p) for p in result.json["outputs"]]
+    *shards, index = [Path(p) for p in result.json["outputs"]]
     count = len(shards)
     assert count >= 2 and [p.name for p in shards] == [
         f"model-{i:05d}-of-{count:05d}.bpk" for i in range(1, count + 1)
     ]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["whole.bpk", *(p.name for p in shards)])
+    assert index.name == "model.bpk.index.json"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["whole.bpk", index.name, *(p.name for p in shards)])
     reference = BurnpackReader.open(whole)
-    seen = []
+    seen, weight_map, total = [], {}, 0
     for shard in shards:
         assert shard.stat().st_size <= 300_000
         reader = BurnpackReader.open(shard)
         for entry in reader.entries():
             seen.append(entry.name)
+            weight_map[entry.name] = shard.name
+            total += entry.nbytes
             assert bytes(reader.read(entry.name)) == bytes(reference.read(entry.name))
     assert sorted(seen) == sorted(e.name for e in reference.entries())  # every tensor exactly once
+    # The index in Hugging Face's form: each tensor's shard, and the payload bytes in all.
+    document = json.loads(index.read_text())
+    assert document["weight_map"] == weight_map and document["metadata"]["total_size"] == total
+
+
+def sharded(tmp_path: Path) -> Path:
+    result = cli("quantize", SINGLE, "-o", tmp_path / "model.bpk", "--device", "cpu", "--max-shard-size", "300KB")
+    assert result.code == 0, result.err
+    return tmp_path / "model.bpk.index.json"
+
+
+@pytest.mark.parametrize("given", ["model.bpk.index.json", "model.bpk"])
+def test_inspect_reads_every_shard_through_the_index(tmp_path: Path, given: str) -> None:
+    sharded(tmp_path)
+    doc = cli("inspect", tmp_path / given, "--json").json
+    with safe_open(str(SINGLE), framework="pt") as source:
+        assert sorted(t["name"] for t in doc["tensors"]) == sorted(source.keys())
+    assert [f["name"] for f in doc["files"]] == sorted(p.name for p in tmp_path.glob("model-*.bpk"))
+    compare = cli("inspect", tmp_path / given, "--compare", SINGLE, "--json")
+    assert compare.code == 0 and len(compare.json["compare"]["tensors"]) == len(doc["tensors"])
+    assert compare.json["compare"]["missing"] == []
+
+
+def test_compare_through_the_index_finds_a_damaged_shard(tmp_path: Path) -> None:
+    index = sharded(tmp_path)
+    last = sorted(tmp_path.glob("model-*.bpk"))[-1]
+    reader = BurnpackReader.open(last)
+    name = next(e.name for e in reader.entries() if isinstance(e.dtype, dict))
+    start, _ = reader.data_offsets(name)
+    data = bytearray(last.read_bytes())
+    data[reader.data_start + start] ^= 0x88  # a value of the tensor's first block, 8 steps or more away
+    last.write_bytes(bytes(data))
+    result = cli("inspect", index, "--compare", SINGLE)
+    assert result.code == 1 and name in result.out
+
+
+def test_an_index_that_does_not_match_its_shards_is_refused(tmp_path: Path) -> None:
+    index = sharded(tmp_path)
+    document = json.loads(index.read_text())
+    name = next(iter(document["weight_map"]))
+    other = next(s for s in document["weight_map"].values() if s != document["weight_map"][name])
+    document["weight_map"][name] = other
+    index.write_text(json.dumps(document))
+    lines = assert_user_error(cli("inspect", index), 3)
+    assert name in lines[0] and f"listed in {other} but that file does not hold it" in lines[0]
 
 
 def test_existing_shards_are_refused_without_force(tmp_path: Path) -> None:

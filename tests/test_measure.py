@@ -19,7 +19,7 @@ from test_kernels import kernels  # noqa: F401  (the fixture that runs the kerne
 
 import qcli.codec
 from qcli import layout, measure
-from qcli.codec import ErrorStats, error_stats
+from qcli.codec import ErrorStats
 from qcli.measure import Measurement, Whole
 from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue, ScaleDtype
 

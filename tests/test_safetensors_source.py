@@ -61,8 +61,10 @@ def test_a_checkpoint_matches_the_library_view(small_checkpoint: Path) -> None:
     assert source.files == [small_checkpoint]
     (header_size,) = struct.unpack("<Q", small_checkpoint.read_bytes()[:8])
     assert sum(info.nbytes for info in infos) == small_checkpoint.stat().st_size - 8 - header_size
+    header = json.loads(small_checkpoint.read_bytes()[8 : 8 + header_size])
     fc1 = next(info for info in infos if info.name == "fc1.weight")
-    assert fc1 == TensorInfo("fc1.weight", "F32", (64, 32), 64 * 32 * 4, small_checkpoint)
+    offset = 8 + header_size + header["fc1.weight"]["data_offsets"][0]
+    assert fc1 == TensorInfo("fc1.weight", "F32", (64, 32), 64 * 32 * 4, small_checkpoint, offset)
 
 
 def tensors() -> dict[str, torch.Tensor]:
@@ -374,3 +376,13 @@ def test_printable_escapes_what_breaks_a_line_or_drives_a_terminal() -> None:
         "a\\x1b[31mb\\nc\\td\\re\\x7f\\x85\\u2028\\u202e\\x00")
     assert printable("a\u00a0b") == "a\u00a0b"  # a no-break space is shown as it is
     assert len(printable("\x1b\n").splitlines()) == 1
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux's /proc/self/maps")
+def test_loading_keeps_nothing_of_the_file_mapped(small_checkpoint: Path) -> None:
+    # Each tensor is read into memory of its own: a model larger than memory is never resident through a
+    # mapping of its file while tensors are loaded one after another.
+    with SafetensorsSource.open(small_checkpoint) as source:
+        loaded = [source.load(info.name) for info in source.infos()]
+        maps = Path("/proc/self/maps").read_text()
+    assert loaded and str(small_checkpoint.resolve()) not in maps

@@ -7,9 +7,10 @@ good file's bytes, and the CLI runs are real runs with one payload damaged on it
 from __future__ import annotations
 
 import hashlib
-import itertools
 import importlib
+import itertools
 import json
+import time
 import math
 from pathlib import Path
 
@@ -358,3 +359,19 @@ def test_each_source_tensor_is_read_once(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(SafetensorsSource, "load", lambda self, name: loads.append(name) or real(self, name))
     doc = cli("quantize", SINGLE, "-o", tmp_path / "o.bpk", "--device", "cpu", "--json").json
     assert sorted(loads) == sorted(t["name"] for t in doc["tensors"])
+
+
+def test_the_decode_and_its_measuring_are_timed_as_stats(tmp_path: Path, monkeypatch) -> None:
+    # A decode made slow on purpose shows in the stats phase, not in quantize.
+    decoding = importlib.import_module("qcli.codec.decode")
+    real, calls = decoding.decode_values, []
+
+    def slow(*args):
+        calls.append(1)
+        time.sleep(0.02)
+        return real(*args)
+
+    monkeypatch.setattr(decoding, "decode_values", slow)
+    timings = cli("quantize", SINGLE, "-o", tmp_path / "o.bpk", "--device", "cpu", "--json").json["timings"]
+    assert calls and timings["stats"]["seconds"] >= 0.02 * len(calls)
+    assert timings["quantize"]["seconds"] < timings["stats"]["seconds"]

@@ -224,7 +224,7 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
     out.print(
         f"{_output.human_bytes(totals.bytes_in)} → {_output.human_bytes(totals.bytes_out)}"
         f" ({totals.ratio:.2f}× smaller, {totals.bits_per_weight:.2f} bits/weight);"
-        f" expected peak memory {_output.human_bytes(totals.peak_bytes)}"
+        f" the tensors need {_output.human_bytes(totals.peak_bytes)} of memory at most"
     )
     if report.timings is None:
         out.print(f"would write {printable(', '.join(report.outputs))}")
@@ -237,6 +237,10 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
             rate = f", {phase.gb_per_s:.3g} GB/s" if phase.gb_per_s is not None else ""
             phases.append(f"{name} {phase.seconds:.2f} s{rate}")
     out.print("; ".join(phases) + f"; total {timings.total_seconds:.2f} s on {report.device}")
+    memory = report.memory
+    out.print(f"peak memory {_output.human_bytes(memory.peak_bytes)}: the tensors"
+              f" {_output.human_bytes(memory.tensors_bytes)} beside the runtime's"
+              f" {_output.human_bytes(memory.runtime_bytes)}")
     out.print(f"wrote {printable(', '.join(report.outputs))}", soft_wrap=True)
 
 

@@ -29,7 +29,6 @@ import math
 import os
 import queue
 import re
-import struct
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -99,9 +98,8 @@ def run(plan: Plan, source: SafetensorsSource, measure: bool = False
     for entry in plan.entries:
         if entry.decision.scheme is not None:
             check_accepted(entry.decision.scheme, entry.decision.calibration)
-    offsets = _data_offsets(source)
     pieces = [piece for i, entry in enumerate(plan.entries)
-              for piece in _pieces(i, entry, offsets[entry.info.name], budget, piece_bytes, measure)]
+              for piece in _pieces(i, entry, (entry.info.file, entry.info.offset), budget, piece_bytes, measure)]
     if not pieces:
         return
     stage = _Stage(device, max(p.nbytes for p in pieces), max(e.out_nbytes for e in plan.entries))
@@ -119,19 +117,6 @@ def _device() -> torch.device:
         return torch.device("cpu")
     raise UsageError("the Triton kernels need a CUDA device, and torch sees none",
                      hint="use --device cpu, or set TRITON_INTERPRET=1 to run the kernels on the CPU (slow)")
-
-
-def _data_offsets(source) -> dict[str, tuple[Path, int]]:
-    """File and byte offset of every tensor: a header's tensors fill its data region in order, no gaps
-    (the source checked that when it opened the file)."""
-    offsets, files = {}, {}
-    for info in source.infos():
-        if info.file not in files:
-            with open(info.file, "rb") as f:
-                files[info.file] = 8 + struct.unpack("<Q", f.read(8))[0]
-        offsets[info.name] = (info.file, files[info.file])
-        files[info.file] += info.nbytes
-    return offsets
 
 
 def _pieces(index: int, entry: PlanEntry, where: tuple[Path, int], budget: int, piece_bytes: int,

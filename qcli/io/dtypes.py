@@ -37,6 +37,11 @@ TORCH_DTYPE_NAMES = {
     "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
     "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
 }
+# torch's name for every safetensors dtype torch has (F4 and F6 it has not).
+SAFETENSORS_TORCH_NAMES = {
+    **TORCH_DTYPE_NAMES, "F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu",
+    "C64": "complex64",
+}
 _SAFETENSORS_TO_BURN: dict[str, object] = {
     **{name: name for name in BURN_PLAIN_SIZES if name != "Flex32"},
     "BOOL": {"Bool": "Native"},

@@ -14,6 +14,7 @@ in offset order, with nothing left over, so qcli refuses gaps and trailing bytes
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -25,10 +26,10 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from qcli.errors import InputError
-from qcli.io.dtypes import SAFETENSORS_BITS
+from qcli.io.dtypes import SAFETENSORS_BITS, SAFETENSORS_TORCH_NAMES
 
 if TYPE_CHECKING:
     import torch
@@ -37,6 +38,7 @@ __all__ = ["NotRegularFile", "SafetensorsSource", "TensorInfo", "open_regular", 
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+READ_MAX = 1 << 30  # bytes per read call (Linux reads at most 2 GiB - 4 KiB at once)
 MAX_HEADER_SIZE = 100_000_000  # the safetensors library refuses larger headers
 _CORRUPT_HINT = "the file is damaged or was not written as safetensors; download or export it again"
 _INDEX_HINT = "the index and its shards do not belong together; download or export the checkpoint again"
@@ -141,6 +143,7 @@ class TensorInfo:
     shape: tuple[int, ...]
     nbytes: int
     file: Path
+    offset: int = 0  # where its bytes start in `file`
 
 
 class SafetensorsSource:
@@ -151,7 +154,7 @@ class SafetensorsSource:
         self.index = index  # the index file of a sharded checkpoint
         self._infos = infos
         self._by_name = {info.name: info for info in infos}
-        self._handles: dict[Path, Any] = {}
+        self._fds: dict[Path, int] = {}
 
     @staticmethod
     def open(path: Path | str) -> SafetensorsSource:
@@ -182,31 +185,52 @@ class SafetensorsSource:
         self.close()
 
     def close(self) -> None:
-        """Close the open files and their memory maps."""
-        for handle in self._handles.values():
-            handle.__exit__(None, None, None)
-        self._handles.clear()
+        """Close the open files."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
     def infos(self) -> list[TensorInfo]:
         """Every tensor, file by file in data order; no weight is read."""
         return list(self._infos)
 
     def load(self, name: str) -> torch.Tensor:
-        """One tensor in its own dtype, on the CPU."""
-        info = self._by_name[name]
-        try:
-            handle = self._handles.get(info.file)
-            if handle is None:
-                from safetensors import safe_open
+        """One tensor in its own dtype, on the CPU, read into memory of its own: nothing of the file stays
+        mapped, so memory holds the tensors being worked on, never the model (the page cache keeps the
+        file's pages for the next read)."""
+        import torch
 
-                handle = self._handles[info.file] = safe_open(str(info.file), framework="pt")
-            return handle.get_tensor(name)
-        except Exception as exc:  # noqa: BLE001 - the library's own errors and OS errors all mean unreadable
+        info = self._by_name[name]
+        dtype = SAFETENSORS_TORCH_NAMES.get(info.dtype)
+        if dtype is None:
+            raise InputError(printable(f"{info.file}: cannot load tensor {_name(name)} ({info.dtype} "
+                                       f"{list(info.shape)}): torch has no type for {info.dtype}"),
+                             hint="keep the tensor out of the recipe or export it in another dtype")
+        data = torch.empty(info.nbytes, dtype=torch.uint8)
+        try:
+            _read_into(self._fd(info.file), memoryview(data.numpy()), info.offset)
+        except OSError as exc:
             raise InputError(
                 printable(f"{info.file}: cannot load tensor {_name(name)} ({info.dtype} {list(info.shape)}): {exc}"),
-                hint="the file changed since it was opened, or torch has no type for this dtype; "
-                "keep the tensor out of the recipe or export it in another dtype",
+                hint="the file changed since it was opened; run again on the complete file",
             ) from exc
+        return data.view(getattr(torch, dtype)).reshape(info.shape)
+
+    def _fd(self, path: Path) -> int:
+        if path not in self._fds:
+            with open_regular(path) as file:
+                self._fds[path] = os.dup(file.fileno())
+        return self._fds[path]
+
+
+def _read_into(fd: int, into: memoryview, offset: int) -> None:
+    """Fill `into` from `fd` at `offset`; OSError when the file ends first."""
+    done = 0
+    while done < into.nbytes:
+        count = os.preadv(fd, [into[done : done + READ_MAX]], offset + done)
+        if count == 0:
+            raise OSError(f"the file ends {into.nbytes - done} bytes before the tensor does")
+        done += count
 
 
 def _open_files(files: list[Path]) -> SafetensorsSource:
@@ -307,7 +331,7 @@ def read_header(path: Path) -> list[TensorInfo]:
         expected = end
     if expected != data_size:
         raise _fail(path, f"{data_size - expected} bytes follow the last tensor")
-    return [info for _, _, info in placed]
+    return [_placed(info, 8 + header_size, begin) for begin, _, info in placed]
 
 
 def _tensor_info(path: Path, name: str, descriptor: object) -> tuple[TensorInfo, tuple[int, int]]:
@@ -336,6 +360,10 @@ def _tensor_info(path: Path, name: str, descriptor: object) -> tuple[TensorInfo,
     return TensorInfo(name, dtype, tuple(shape), bits // 8, path), (offsets[0], offsets[1])
 
 
+def _placed(info: TensorInfo, data_start: int, begin: int) -> TensorInfo:
+    return dataclasses.replace(info, offset=data_start + begin)
+
+
 def _byte_count(bits: int) -> str:
     """`bits` as bytes, exactly: `16`, `1.5` (no float, which a huge shape would overflow)."""
     whole, rest = divmod(bits, 8)
@@ -344,6 +372,16 @@ def _byte_count(bits: int) -> str:
 
 def _open_index(index: Path) -> SafetensorsSource:
     """A sharded checkpoint: every tensor the index names must be in exactly its shard, and nothing else."""
+    weight_map = read_weight_map(index, "safetensors")
+    source = _open_files(sorted(set(weight_map.values())))
+    source.index = index
+    check_weight_map(index, weight_map, [(info.name, info.file) for info in source.infos()])
+    return source
+
+
+def read_weight_map(index: Path, format: str) -> dict[str, Path]:
+    """The tensor-to-shard map of a sharded checkpoint's index (Hugging Face's `weight_map`, which qcli
+    writes for sharded burnpack output too), each shard a regular file beside the index."""
     try:
         with open_regular(index) as file:
             if os.fstat(file.fileno()).st_size > MAX_HEADER_SIZE:
@@ -355,9 +393,8 @@ def _open_index(index: Path) -> SafetensorsSource:
     weight_map = document.get("weight_map") if isinstance(document, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise _fail(index, "no 'weight_map' of tensor names to shard files",
-                    hint="a sharded checkpoint's index maps each tensor name to its .safetensors shard")
-    shards = sorted(set(weight_map.values()))
-    for shard in shards:
+                    hint=f"a sharded checkpoint's index maps each tensor name to its .{format} shard")
+    for shard in sorted(set(weight_map.values())):
         if Path(shard).name != shard or shard in ("", ".", ".."):
             raise _fail(index, f"shard {_name(shard)} is not a file name beside the index", _INDEX_HINT)
         kind = not_regular_problem(index.parent / shard)
@@ -365,20 +402,20 @@ def _open_index(index: Path) -> SafetensorsSource:
             raise _fail(index, f"shard {_name(shard)} is not a regular file ({kind})", NOT_REGULAR_HINT)
         if not (index.parent / shard).is_file():
             raise _fail(index, f"shard {_name(shard)} is missing", hint="download every shard the index lists")
-    files = [index.parent / shard for shard in shards]
-    source = _open_files(files)
-    source.index = index
-    held: dict[str, Path] = {}
-    for info in source.infos():
-        if info.name in held:
-            raise _fail(index, f"tensor {_name(info.name)} is in both {held[info.name].name} and "
-                        f"{info.file.name}", _INDEX_HINT)
-        held[info.name] = info.file
+    return {name: index.parent / shard for name, shard in weight_map.items()}
+
+
+def check_weight_map(index: Path, weight_map: dict[str, Path], held: list[tuple[str, Path]]) -> None:
+    """Every tensor the shards hold (`held`: name and shard) is in exactly the shard the index names."""
+    where: dict[str, Path] = {}
+    for name, file in held:
+        if name in where:
+            raise _fail(index, f"tensor {_name(name)} is in both {where[name].name} and {file.name}", _INDEX_HINT)
+        where[name] = file
     for name, shard in weight_map.items():
-        if held.get(name) != index.parent / shard:
-            raise _fail(index, f"tensor {_name(name)} is listed in {shard} but that file does not hold it",
+        if where.get(name) != shard:
+            raise _fail(index, f"tensor {_name(name)} is listed in {shard.name} but that file does not hold it",
                         _INDEX_HINT)
-    for name, file in held.items():
+    for name, file in where.items():
         if name not in weight_map:
             raise _fail(index, f"tensor {_name(name)} in {file.name} is not listed in the index", _INDEX_HINT)
-    return source

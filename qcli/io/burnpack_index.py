@@ -1,0 +1,103 @@
+"""Sharded burnpack output: the index beside the shards, written with them, and the shards read as one.
+
+Burn opens each `.bpk` on its own; the index is for tools and people: `NAME.bpk.index.json` beside
+`NAME-00001-of-0000N.bpk` ..., in the form of Hugging Face's sharded-checkpoint index (`metadata` with
+the total payload size, and a `weight_map` from each tensor to the shard file that holds it), so that
+`qcli inspect` and `--compare` read the whole model, and any tool that reads a safetensors index finds
+its way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from qcli.io.burnpack import BurnpackReader, TensorEntry, temporary_name
+from qcli.io.safetensors import check_weight_map, read_weight_map
+
+INDEX_SUFFIX = ".index.json"
+
+
+def index_path(target: Path) -> Path:
+    """Where the index of output `target`'s shards goes: `NAME.bpk.index.json`."""
+    return target.with_name(target.name + INDEX_SUFFIX)
+
+
+def is_index(path: Path) -> bool:
+    """Whether `path` names a burnpack index (a safetensors one is `*.safetensors.index.json`)."""
+    return path.name.endswith(".bpk" + INDEX_SUFFIX)
+
+
+class IndexWriter:
+    """The index of `shards` (their paths and entries), written to a temporary file beside `target` and
+    renamed into place on `commit()`, as `BurnpackWriter` puts a shard in place; removed on leaving the
+    context without it."""
+
+    def __init__(self, target: Path, shards: Sequence[tuple[Path, Sequence[TensorEntry]]],
+                 metadata: dict[str, str]) -> None:
+        """`metadata`: the shards' own, which the index repeats beside `total_size`, their payload bytes."""
+        self.target = target
+        document = {
+            "metadata": {**metadata, "total_size": sum(e.nbytes for _, entries in shards for e in entries)},
+            "weight_map": {e.name: path.name for path, entries in shards for e in entries},
+        }
+        self._text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+        self._tmp = target.with_name(temporary_name(target.name, 0))
+        self._committed = False
+
+    def __enter__(self) -> IndexWriter:
+        with open(self._tmp, "w", encoding="utf-8") as file:
+            file.write(self._text)
+            file.flush()
+            os.fsync(file.fileno())
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if not self._committed:
+            self._tmp.unlink(missing_ok=True)
+
+    def commit(self) -> None:
+        os.replace(self._tmp, self.target)
+        self._committed = True
+
+
+class BurnpackSet:
+    """The shards an index names, read as one file (every tensor in exactly the shard the index says), or
+    one burnpack file alone."""
+
+    def __init__(self, index: Path, readers: list[BurnpackReader]) -> None:
+        self.path = index
+        self.readers = readers
+        self._by_name = {entry.name: reader for reader in readers for entry in reader.entries()}
+
+    @staticmethod
+    def open(path: Path) -> BurnpackSet:
+        """An index (`is_index`) and its shards, or a single file; for `NAME.bpk` that is not there but
+        whose index is, the index."""
+        if not path.exists() and index_path(path).exists():
+            path = index_path(path)
+        if not is_index(path):
+            reader = BurnpackReader.open(path)
+            return BurnpackSet(reader.path, [reader])
+        index = path
+        weight_map = read_weight_map(index, "bpk")
+        readers = [BurnpackReader.open(shard) for shard in sorted(set(weight_map.values()))]
+        check_weight_map(index, weight_map, [(e.name, r.path) for r in readers for e in r.entries()])
+        return BurnpackSet(index, readers)
+
+    @property
+    def version(self) -> int:
+        return self.readers[0].version if self.readers else 0
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The first shard's metadata: qcli writes the same into every shard."""
+        return dict(self.readers[0].metadata) if self.readers else {}
+
+    def entries(self) -> list[TensorEntry]:
+        return [entry for reader in self.readers for entry in reader.entries()]
+
+    def read(self, name: str) -> memoryview:
+        return self._by_name[name].read(name)

@@ -1,0 +1,31 @@
+"""Resident memory of this process, as the kernel counts it (Linux `/proc/self/status`): what a run
+reports as its peak memory, the runtime's part (Python, torch) told from the tensors' part."""
+
+from __future__ import annotations
+
+import re
+import resource
+import sys
+
+
+def resident_bytes() -> int:
+    """Bytes of this process in memory now (VmRSS: anonymous and file-backed pages alike)."""
+    return _status("VmRSS") or peak_resident_bytes()
+
+
+def peak_resident_bytes() -> int:
+    """The most bytes this process has had in memory at once (VmHWM, or getrusage where there is no /proc)."""
+    peak = _status("VmHWM")
+    if peak:
+        return peak
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss if sys.platform == "darwin" else maxrss * 1024  # macOS counts bytes, Linux KiB
+
+
+def _status(field: str) -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            found = re.search(rf"^{field}:\s+(\d+) kB$", status.read(), re.MULTILINE)
+    except OSError:
+        return 0
+    return int(found.group(1)) * 1024 if found else 0
