@@ -615,9 +615,9 @@ def _suggest_tensor(name: str, names: list[str]) -> UsageError:
 def _is_burnpack(path: Path) -> bool:
     """By its extension (the index of sharded output too), or by burnpack's magic number at the start."""
     from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER
-    from qcli.io.burnpack_index import index_path, is_index
+    from qcli.io.burnpack_index import standing_index
 
-    if is_index(path) or (not path.exists() and index_path(path).exists()):
+    if standing_index(path) is not None:
         return True
     if path.suffix == EXTENSION:
         return True

@@ -1,9 +1,11 @@
 """Measuring a quantized tensor where its payload is: the one decode, its error statistics, its bound check.
 
-`Measurement.add` decodes a payload against its source on their device (CPU or CUDA) and accumulates,
-in device tensors, what `--stats` reports (`qcli.codec.ErrorSums`) and the first block whose error is
-over its scheme's bound (`qcli.verify.block_errors`, `qcli.verify.error_bound`; NaN counts as over).
-Nothing in it waits for the device: `stats` and `failure` read the results back afterwards.
+`Measurement.add` decodes a payload against its source on their device (a GPU's, in the GPU pipeline)
+and accumulates, in device tensors, what `--stats` reports (`qcli.codec.ErrorSums`) and the first block
+whose error is over its scheme's bound (`qcli.verify.error_bound`; NaN counts as over). Nothing in it
+waits for the device: `stats` and `failure` read the results back afterwards. The CPU pipeline measures
+a tensor while the codec encodes it instead (`Measurement.measuring`, `ChunkedTensor`), a chunk at a time
+from the bytes just packed, while the chunk is in cache.
 
 Device memory stays bounded whatever the tensor: a tensor is measured in row slices of whole blocks
 along its first axis, each of at most `SLICE_VALUES` values, its payload carved out of the tensor's
@@ -139,11 +141,8 @@ class Measurement:
         whole: Whole | None = None, first_block: int = 0,
     ) -> None:
         """Measure `decoded` (f32, of `x`'s shape; overwritten) against its source `x`, whole blocks
-        starting at block `first_block` of the tensor's grid (`whole` as for `add`).
-
-        The CPU codec hands each chunk here as it encodes it (`qcli.codec.encode`'s `on_decoded`), while
-        the chunk is in cache; `seconds` counts the time spent here.
-        """
+        starting at block `first_block` of the tensor's grid (`whole` as for `add`); `seconds` counts
+        the host time spent here."""
         import torch
 
         from qcli.codec.blocks import BlockGrid
@@ -201,7 +200,7 @@ class ChunkedTensor:
         self.grid = BlockGrid.of(scheme, tuple(x.shape))
         self.errors = torch.zeros(math.prod(self.grid.grid), dtype=torch.float32)
         self.peaks = self.errors.clone() if calibration is Calibration.AbsMean else None
-        self.sums: torch.Tensor | None = None
+        self.abs_sums: torch.Tensor | None = None  # the codec's sum|x| per block, under AbsMean
         self.scales: torch.Tensor | None = None
 
     def begin(self, reduced: torch.Tensor, payload: torch.Tensor) -> None:
@@ -211,7 +210,7 @@ class ChunkedTensor:
         if self.calibration is Calibration.MinMax:
             self.peaks = reduced.reshape(-1)
         else:
-            self.sums = reduced
+            self.abs_sums = reduced
 
     def chunk(self, rows: torch.Tensor, values: torch.Tensor, first_block: int) -> None:
         """Decode a chunk from the payload bytes just packed and the payload's scales, and measure it."""
@@ -239,12 +238,12 @@ class ChunkedTensor:
         if self.errors.numel():
             m.sums.max_abs = torch.maximum(m.sums.max_abs, self.errors.amax().to(torch.float64))
             peak = self.peaks.amax().to(torch.float64).reshape(1)
-            total = torch.zeros(1, dtype=torch.float64) if self.sums is None else self.sums.sum().reshape(1)
+            total = torch.zeros(1, dtype=torch.float64) if self.abs_sums is None else self.abs_sums.sum().reshape(1)
             count = math.prod(self.grid.shape)
             whole = Whole(peak, total, count)
             means = None
-            if self.sums is not None and self.scheme.block is not None:
-                means = (self.sums / self.grid.counts()).reshape(-1)
+            if self.abs_sums is not None and self.scheme.block is not None:
+                means = (self.abs_sums / self.grid.counts()).reshape(-1)
             for start in range(0, self.errors.numel(), BOUND_BLOCKS):  # the bound's f64 temporaries stay small
                 part = slice(start, start + BOUND_BLOCKS)
                 bounds = bound_of(self.peaks[part], None if means is None else means[part], self.scheme,

@@ -10,8 +10,8 @@ import hashlib
 import importlib
 import itertools
 import json
-import time
 import math
+import time
 from pathlib import Path
 
 import pytest

@@ -38,5 +38,5 @@ def dequantize(fields: torch.Tensor, scales: torch.Tensor, grid: BlockGrid, valu
     """f32 values `q * s` shaped like `grid.shape`: each field's value times its block's scale (`scales`
     grid-shaped f32, a global already multiplied in), as Burn decodes them."""
     # Integer fields go into the product as they are (torch widens them exactly on the way): one pass.
-    q = minifloat.decode(fields, minifloat.FORMATS[value]) if value.is_minifloat() else fields
+    q = from_fields(fields, value) if value.is_minifloat() else fields
     return grid.from_blocks(grid.per_block(scales) * grid.to_blocks(q)).reshape(grid.shape)

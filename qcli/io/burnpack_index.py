@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from qcli.io.burnpack import BurnpackReader, TensorEntry, temporary_name
+from qcli.io.burnpack import EXTENSION, BurnpackReader, TensorEntry, temporary_name
 from qcli.io.safetensors import check_weight_map, read_weight_map
 
 INDEX_SUFFIX = ".index.json"
@@ -27,7 +27,17 @@ def index_path(target: Path) -> Path:
 
 def is_index(path: Path) -> bool:
     """Whether `path` names a burnpack index (a safetensors one is `*.safetensors.index.json`)."""
-    return path.name.endswith(".bpk" + INDEX_SUFFIX)
+    return path.name.endswith(EXTENSION + INDEX_SUFFIX)
+
+
+def standing_index(path: Path) -> Path | None:
+    """The index that `path` stands for: itself when it names one, the index of `NAME.bpk` when that file
+    is not there but its index is (sharded output, given by its target's name); else None."""
+    if is_index(path):
+        return path
+    if not path.exists() and index_path(path).exists():
+        return index_path(path)
+    return None
 
 
 class IndexWriter:
@@ -74,14 +84,11 @@ class BurnpackSet:
 
     @staticmethod
     def open(path: Path) -> BurnpackSet:
-        """An index (`is_index`) and its shards, or a single file; for `NAME.bpk` that is not there but
-        whose index is, the index."""
-        if not path.exists() and index_path(path).exists():
-            path = index_path(path)
-        if not is_index(path):
+        """The shards of the index `path` stands for (`standing_index`), or the single file `path`."""
+        index = standing_index(path)
+        if index is None:
             reader = BurnpackReader.open(path)
             return BurnpackSet(reader.path, [reader])
-        index = path
         weight_map = read_weight_map(index, "bpk")
         readers = [BurnpackReader.open(shard) for shard in sorted(set(weight_map.values()))]
         check_weight_map(index, weight_map, [(e.name, r.path) for r in readers for e in r.entries()])

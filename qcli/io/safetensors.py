@@ -14,7 +14,6 @@ in offset order, with nothing left over, so qcli refuses gaps and trailing bytes
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -316,7 +315,7 @@ def read_header(path: Path) -> list[TensorInfo]:
     data_size = size - 8 - header_size
     placed = []
     for name, descriptor in header.items():
-        info, (begin, end) = _tensor_info(path, name, descriptor)
+        info, (begin, end) = _tensor_info(path, name, descriptor, 8 + header_size)
         if end > data_size:
             raise _fail(path, f"truncated: tensor {_name(name)} ends at byte {8 + header_size + end} but the file "
                         f"has {size} bytes", hint="the file is cut short; download or export it again")
@@ -331,10 +330,10 @@ def read_header(path: Path) -> list[TensorInfo]:
         expected = end
     if expected != data_size:
         raise _fail(path, f"{data_size - expected} bytes follow the last tensor")
-    return [_placed(info, 8 + header_size, begin) for begin, _, info in placed]
+    return [info for _, _, info in placed]
 
 
-def _tensor_info(path: Path, name: str, descriptor: object) -> tuple[TensorInfo, tuple[int, int]]:
+def _tensor_info(path: Path, name: str, descriptor: object, data_start: int) -> tuple[TensorInfo, tuple[int, int]]:
     if not name:
         raise _fail(path, "a tensor has an empty name")
     try:
@@ -357,11 +356,8 @@ def _tensor_info(path: Path, name: str, descriptor: object) -> tuple[TensorInfo,
     if bits % 8 or offsets[1] - offsets[0] != bits // 8:
         raise _fail(path, f"tensor {_name(name)} spans {shown(offsets[1] - offsets[0])} bytes but its shape "
                     f"{shown(shape)} and dtype {dtype} need {_byte_count(bits)}")
-    return TensorInfo(name, dtype, tuple(shape), bits // 8, path), (offsets[0], offsets[1])
-
-
-def _placed(info: TensorInfo, data_start: int, begin: int) -> TensorInfo:
-    return dataclasses.replace(info, offset=data_start + begin)
+    info = TensorInfo(name, dtype, tuple(shape), bits // 8, path, data_start + offsets[0])
+    return info, (offsets[0], offsets[1])
 
 
 def _byte_count(bits: int) -> str:
