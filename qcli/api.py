@@ -769,8 +769,8 @@ def _judged(x: torch.Tensor, decoded: torch.Tensor, data: Any, scheme: QuantSche
     """
     import torch
 
+    from qcli.measure import block_errors, error_bound, stored_bound
     from qcli.scheme import Calibration
-    from qcli.verify import block_errors, error_bound, stored_bound
 
     errors = block_errors(x, decoded, scheme).reshape(-1)
     if not errors.numel():

@@ -2,10 +2,12 @@
 
 `Measurement.add` decodes a payload against its source on their device (a GPU's, in the GPU pipeline)
 and accumulates, in device tensors, what `--stats` reports (`qcli.codec.ErrorSums`) and the first block
-whose error is over its scheme's bound (`qcli.verify.error_bound`; NaN counts as over). Nothing in it
+whose error is over its scheme's bound (`error_bound`; NaN counts as over). Nothing in it
 waits for the device: `stats` and `failure` read the results back afterwards. The CPU pipeline measures
 a tensor while the codec encodes it instead (`Measurement.measuring`, `ChunkedTensor`), a chunk at a time
-from the bytes just packed, while the chunk is in cache.
+from the bytes just packed, while the chunk is in cache. The bound itself is here, beside the decode it
+judges: `error_bound` from the source alone, `stored_bound` from the scales a payload stores (which
+`inspect --compare` also takes).
 
 Device memory stays bounded whatever the tensor: a tensor is measured in row slices of whole blocks
 along its first axis, each of at most `SLICE_VALUES` values, its payload carved out of the tensor's
@@ -19,9 +21,9 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from qcli.scheme import Calibration, QuantScheme
+from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme, QuantValue, ScaleDtype
 
 if TYPE_CHECKING:
     import torch
@@ -77,6 +79,123 @@ class Whole:
         """mean |x|, float64 (docs/arithmetic.md's AbsMean alpha before its f32 rounding)."""
         return self.total / max(self.count, 1)
 
+
+# -- The error bound of a scheme, from the source: what every block's decode must lie within -------
+
+# Half the widest gap between neighbouring values of the grid, in units of the scale: integers round
+# to the nearest whole step; a minifloat's widest gap is its top binade (416..448, 49152..57344, 4..6).
+_HALF_STEP = {
+    QuantValue.Q8F: 0.5, QuantValue.Q8S: 0.5, QuantValue.Q4F: 0.5, QuantValue.Q4S: 0.5,
+    QuantValue.Q2F: 0.5, QuantValue.Q2S: 0.5,
+    QuantValue.E4M3: 16.0, QuantValue.E5M2: 4096.0, QuantValue.E2M1: 1.0,
+}
+# How far above the exact scale `round_up` may land: one unit of the dtype's last mantissa bit ...
+_ROUND_UP_SLACK = {ScaleDtype.F32: 2.0**-23, ScaleDtype.F16: 2.0**-10, ScaleDtype.BF16: 2.0**-7,
+                   ScaleDtype.UE4M3: 2.0**-3, ScaleDtype.UE8M0: 1.0}
+# ... or, below the dtype's normal range, its subnormal spacing: round_up(f32::MIN_POSITIVE).
+_ROUND_UP_FLOOR = {ScaleDtype.F32: F32_MIN_POSITIVE, ScaleDtype.F16: 2.0**-24,
+                   ScaleDtype.BF16: F32_MIN_POSITIVE, ScaleDtype.UE4M3: 2.0**-9, ScaleDtype.UE8M0: 2.0**-126}
+_F32_ROUNDING = 2.0**-20  # generous cover for the f32 divisions and products on the way
+
+
+def error_bound(
+    x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, whole: Whole | None = None
+) -> torch.Tensor:
+    """The largest error each block of `x` may show after quantizing with `scheme`, grid-shaped f64.
+
+    Derived from the source alone, never from the payload's own scales: with `m` the block's max |x|
+    and `s` the scale the arithmetic (docs/arithmetic.md) picks, an element is off by at most half a
+    grid step times `s`, plus what clamping cuts off above `reach * s` (AbsMean, Q8F's 127 of 127.5,
+    a scale saturated at its dtype's maximum). `s` is bounded above by `m / h` rounded up onto the
+    scale dtype, and below by `alpha / h`. The scales of a per-tensor or two-level scheme depend on the
+    whole tensor: when `x` is rows of it, `whole` says what they depend on (else it is taken from `x`).
+    Works on `x`'s device without waiting for it.
+    """
+    import torch
+
+    from qcli.codec.blocks import BlockGrid
+
+    if whole is None and (scheme.block is None or scheme.is_two_level()):
+        whole = Whole.of(x)
+    grid = BlockGrid.of(scheme, x.shape)
+    if scheme.block is None:
+        return bound_of(whole.peak.reshape(grid.grid), None, scheme, calibration, whole)
+    blocks = grid.to_blocks(x.to(torch.float32)).abs()  # in f32, as the codec measures it
+    peak = blocks.amax(dim=grid.block_axes)
+    mean = None
+    if calibration is Calibration.AbsMean:
+        mean = blocks.sum(dim=grid.block_axes, dtype=torch.float64) / grid.counts(x.device)
+    return bound_of(peak, mean, scheme, calibration, whole)
+
+
+def bound_of(
+    peak: torch.Tensor, mean: torch.Tensor | None, scheme: QuantScheme, calibration: Calibration,
+    whole: Whole | None,
+) -> torch.Tensor:
+    """`error_bound` from each block's largest |x| (`peak`, grid-shaped) and, for AbsMean, its mean |x|
+    (`mean`, float64); for a per-tensor or two-level scheme, `whole` is the tensor's."""
+    import torch
+
+    value, dtype = scheme.value, scheme.scale_dtype()
+    peak = peak.to(torch.float64)
+    if scheme.block is None:
+        alpha = whole.mean().reshape(peak.shape) if calibration is Calibration.AbsMean else peak
+    else:
+        alpha = mean if calibration is Calibration.AbsMean else peak
+    h = value.half_range()
+    if scheme.is_two_level():
+        global_scale = torch.clamp(whole.peak / h / dtype.max_representable(), min=F32_MIN_POSITIVE)
+        cap, floor = float("inf"), global_scale * (1 + _F32_ROUNDING) * _ROUND_UP_FLOOR[dtype]
+    else:
+        cap, floor = dtype.max_representable(), _ROUND_UP_FLOOR[dtype]
+    s_high = torch.clamp(peak / h * (1 + _ROUND_UP_SLACK[dtype]), max=cap) * (1 + _F32_ROUNDING) + floor
+    s_low = torch.clamp(alpha / h, max=cap) * (1 - _F32_ROUNDING)
+    return _bound(peak, s_high, s_low, scheme)
+
+
+def _bound(peak: torch.Tensor, s_high: torch.Tensor, s_low: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
+    """Half a grid step at the largest scale a block may have, plus what clamping cuts off above `reach`
+    steps at the smallest, plus the f32 rounding on the way (all grid-shaped f64)."""
+    import torch
+
+    value = scheme.value
+    a, b = value.range()
+    reach = b if value.is_minifloat() else min(-a, b)
+    clamped = torch.clamp(peak - reach * s_low, min=0)
+    return _HALF_STEP[value] * s_high + clamped + peak * _F32_ROUNDING
+
+
+def stored_bound(x: torch.Tensor, payload: Any, scheme: QuantScheme) -> torch.Tensor:
+    """The largest error each block of `x` may show when its payload holds `x` quantized with the scales
+    the payload stores (`qcli.codec.decode.block_scales`), grid-shaped f64: `error_bound`'s terms at that
+    one scale.
+
+    Unlike `error_bound` it trusts the payload's scales; `inspect --compare` takes the smaller of the two
+    per block, so that neither a payload of other data nor one with inflated scales passes.
+    """
+    import torch
+
+    from qcli.codec.blocks import BlockGrid
+    from qcli.codec.decode import block_scales
+
+    grid = BlockGrid.of(scheme, x.shape)
+    peak = grid.to_blocks(x.to(torch.float32)).abs().amax(dim=grid.block_axes).to(torch.float64)
+    s = block_scales(payload, scheme, x.shape).to(torch.float64).abs()
+    return _bound(peak, s * (1 + _F32_ROUNDING), s * (1 - _F32_ROUNDING), scheme)
+
+
+def block_errors(x: torch.Tensor, decoded: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
+    """max |x - decoded| per block, grid-shaped f64 (the difference taken in f32: within the bound's slack)."""
+    import torch
+
+    from qcli.codec.blocks import BlockGrid
+
+    grid = BlockGrid.of(scheme, x.shape)
+    difference = (x.to(torch.float32) - decoded.to(torch.float32)).abs_()
+    return grid.to_blocks(difference).amax(dim=grid.block_axes).to(torch.float64)
+
+
+# -- Measuring: the one decode against its source -------------------------------------------------------
 
 @dataclass
 class Measurement:
@@ -146,7 +265,6 @@ class Measurement:
         import torch
 
         from qcli.codec.blocks import BlockGrid
-        from qcli.verify import error_bound
 
         started = time.perf_counter()
         x = x.to(torch.float32)  # widened once for both measures, which then take it as it is
@@ -186,7 +304,7 @@ class Measurement:
 class ChunkedTensor:
     """A tensor measured while the CPU codec encodes it (a `qcli.codec.quantize.EncodeObserver`), each
     chunk while it is in cache: its error energies go into the measurement's sums, each block's largest
-    error into a grid of the tensor's blocks, checked against the bound (`qcli.verify.bound_of`) once,
+    error into a grid of the tensor's blocks, checked against the bound (`bound_of`) once,
     in `finish`. The bound's inputs are the codec's own block ranges: max|x| under MinMax; under AbsMean
     sum|x|, with max|x| taken here chunk by chunk."""
 
@@ -230,8 +348,6 @@ class ChunkedTensor:
     def finish(self) -> None:
         """Check every block against its bound, and take the largest error into the sums."""
         import torch
-
-        from qcli.verify import bound_of
 
         started = time.perf_counter()
         m = self.measurement

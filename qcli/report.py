@@ -305,7 +305,7 @@ class CompareRow:
     error: ErrorRow | None
     problem: str | None = None
     # A quantized tensor's worst block (the largest error over bound; the first over it, if any is) with
-    # its max |error| and its bound (`qcli.verify.stored_bound`); None for a kept one or none measured.
+    # its max |error| and its bound (`qcli.measure.stored_bound`); None for a kept one or none measured.
     block: int | None = None
     block_error: float | None = None
     bound: float | None = None

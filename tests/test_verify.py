@@ -22,7 +22,7 @@ from qcli.codec import decode, encode
 from qcli.errors import OutputError
 from qcli.io.burnpack import BurnpackReader, BurnpackWriter, TensorEntry
 from qcli.io.safetensors import SafetensorsSource
-from qcli.measure import Measurement
+from qcli.measure import Measurement, block_errors, error_bound
 from qcli.plan import make_plan
 from qcli.presets import DEFAULT_PRESET, PRESETS
 from qcli.scheme import (
@@ -35,7 +35,7 @@ from qcli.scheme import (
     ScaleDtype,
     accept_problems,
 )
-from qcli.verify import block_errors, error_bound, out_of_bound, read_back
+from qcli.verify import out_of_bound, read_back
 
 # -- The bound -------------------------------------------------------------------------------------
 

@@ -1,0 +1,109 @@
+"""How qcli is laid out as packages: the kernels folder installs as qcli.kernels, and no import cycles.
+
+The import graph is read from the source (module-level and function-level imports alike), not from what
+happens to be imported at run time.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# Where each import name's files are: qcli.kernels is the top-level kernels/ folder.
+PACKAGE_ROOTS = {"qcli": ROOT / "qcli", "qcli.kernels": ROOT / "kernels"}
+# The layers from the top: the command line (and `python -m qcli`), the api it calls, and the rest, which
+# imports neither.
+COMMAND_LINE = ("qcli.__main__", "qcli.cli")
+API = "qcli.api"
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package, folder in PACKAGE_ROOTS.items():
+        for path in folder.rglob("*.py"):
+            parts = [p for p in path.relative_to(folder).with_suffix("").parts if p != "__init__"]
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The qcli modules `name` imports anywhere in its source; `from package import submodule` is an
+    import of the submodule (the package's own __init__ runs first in any case)."""
+    named: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            named.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")[: len(name.split(".")) - node.level + (path.name == "__init__.py")]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            submodules = [f"{module}.{alias.name}" for alias in node.names]
+            named.update(submodules)
+            if not all(s in known for s in submodules):
+                named.add(module)
+    resolved = set()
+    for target in named:
+        while target and target not in known:
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            resolved.add(target)
+    return resolved
+
+
+def test_qcli_kernels_is_the_top_level_kernels_folder() -> None:
+    spec = importlib.util.find_spec("qcli.kernels")
+    assert spec is not None and Path(spec.origin) == ROOT / "kernels" / "__init__.py"
+    assert not (ROOT / "qcli" / "kernels").exists()
+
+
+def test_nothing_imports_kernels_as_a_top_level_name() -> None:
+    # `kernels` is another PyPI distribution's import name.
+    for folder in (ROOT / "qcli", ROOT / "kernels", ROOT / "tests", ROOT / "bench"):
+        for path in folder.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                assert not [n for n in names if n == "kernels" or n.startswith("kernels.")], path
+
+
+def test_the_import_graph_has_no_cycle_and_no_upward_import() -> None:
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    state: dict[str, str] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = "open"
+        for target in sorted(graph[name]):
+            assert state.get(target) != "open", " -> ".join([*trail, name, target])
+            if target not in state:
+                visit(target, [*trail, name])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+    for name, targets in graph.items():
+        if not name.startswith(COMMAND_LINE):
+            assert not [t for t in targets if t.startswith(COMMAND_LINE)], name
+            if name != API:
+                assert API not in targets, name
+
+
+def test_a_wheel_holds_the_kernels_as_qcli_kernels(tmp_path: Path) -> None:
+    # Built from a copy, so that setuptools' build folder is not left in the checkout.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".*", "build", "*.egg-info", "__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path), str(source)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("qcli-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {"qcli/kernels/__init__.py", "qcli/kernels/encode.py", "qcli/gpu/pipeline.py"} <= set(names)
+    assert not [n for n in names if n.startswith("kernels/")]
