@@ -25,7 +25,6 @@ _KIND = {ScaleDtype.F32: 0, ScaleDtype.F16: 1, ScaleDtype.BF16: 2, ScaleDtype.UE
 # Scale dtypes whose every value lies in [2^-125, 2^125], where the kernels' reciprocal division is exact:
 # one-level schemes with these need not rescale their scales into that range (UE8M0, 2^-127 to 2^127, does).
 _SAFE_DTYPES = (ScaleDtype.F16, ScaleDtype.UE4M3)
-_MINIFLOAT = {QuantValue.E4M3: (4, 3, 7), QuantValue.E5M2: (5, 2, 15), QuantValue.E2M1: (2, 1, 1)}
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TILE = 4096          # values per program (bench/tune.py: the fastest on an H200 for most schemes)
 _WARPS = 2            # warps per program (bench/tune.py, an H200) ...
@@ -87,7 +86,8 @@ class _Geometry:
 
 def _value_constants(value: QuantValue) -> dict:
     lo, hi = value.range()
-    ebits, mbits, bias = _MINIFLOAT.get(value, (0, 0, 0))
+    fmt = value.traits.minifloat
+    ebits, mbits, bias = (fmt.exponent_bits, fmt.mantissa_bits, fmt.bias) if fmt else (0, 0, 0)
     return dict(IS_FLOAT=value.is_minifloat(), BITS=value.size_bits(), LO=lo, HI=hi, EBITS=ebits, MBITS=mbits,
                 BIAS=bias)
 

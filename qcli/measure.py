@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme, QuantValue, ScaleDtype
+from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme, ScaleDtype
 
 if TYPE_CHECKING:
     import torch
@@ -82,13 +82,6 @@ class Whole:
 
 # -- The error bound of a scheme, from the source: what every block's decode must lie within -------
 
-# Half the widest gap between neighbouring values of the grid, in units of the scale: integers round
-# to the nearest whole step; a minifloat's widest gap is its top binade (416..448, 49152..57344, 4..6).
-_HALF_STEP = {
-    QuantValue.Q8F: 0.5, QuantValue.Q8S: 0.5, QuantValue.Q4F: 0.5, QuantValue.Q4S: 0.5,
-    QuantValue.Q2F: 0.5, QuantValue.Q2S: 0.5,
-    QuantValue.E4M3: 16.0, QuantValue.E5M2: 4096.0, QuantValue.E2M1: 1.0,
-}
 # How far above the exact scale `round_up` may land: one unit of the dtype's last mantissa bit ...
 _ROUND_UP_SLACK = {ScaleDtype.F32: 2.0**-23, ScaleDtype.F16: 2.0**-10, ScaleDtype.BF16: 2.0**-7,
                    ScaleDtype.UE4M3: 2.0**-3, ScaleDtype.UE8M0: 1.0}
@@ -162,7 +155,7 @@ def _bound(peak: torch.Tensor, s_high: torch.Tensor, s_low: torch.Tensor, scheme
     a, b = value.range()
     reach = b if value.is_minifloat() else min(-a, b)
     clamped = torch.clamp(peak - reach * s_low, min=0)
-    return _HALF_STEP[value] * s_high + clamped + peak * _F32_ROUNDING
+    return value.half_step() * s_high + clamped + peak * _F32_ROUNDING
 
 
 def stored_bound(x: torch.Tensor, payload: Any, scheme: QuantScheme) -> torch.Tensor:

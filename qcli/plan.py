@@ -36,7 +36,6 @@ from qcli.scheme import (
     PackedU32,
     QuantMode,
     QuantScheme,
-    QuantValue,
     accept_problems,
 )
 
@@ -231,8 +230,8 @@ def shape_problem(scheme: QuantScheme, shape: Sequence[int]) -> str | None:
     if isinstance(scheme.store, PackedU32) and shape[-1] % per_word:
         return (f"last dim {shape[-1]} is not a multiple of {per_word} "
                 f"(PackedU32 holds {per_word} {scheme.value.value} values per word)")
-    if isinstance(scheme.store, PackedNative) and scheme.value is QuantValue.E2M1 and shape[-1] % 2:
-        return f"last dim {shape[-1]} is odd (PackedNative stores E2M1 values in pairs)"
+    if isinstance(scheme.store, PackedNative) and shape[-1] % scheme.value.native_packing():  # 2: e2m1x2
+        return f"last dim {shape[-1]} is odd (PackedNative stores {scheme.value.value} values in pairs)"
     nbytes = layout.quantized_data_len(scheme, shape)
     if nbytes > MAX_TENSOR_SIZE:
         return f"its payload of {nbytes / 1024**3:.1f} GiB exceeds Burn's 10 GiB per-tensor reader limit"

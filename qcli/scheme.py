@@ -21,6 +21,57 @@ F16_MAX = 65504.0
 F32_MIN_POSITIVE = 1.1754943508222875e-38  # f32::MIN_POSITIVE, 2^-126
 
 
+@dataclass(frozen=True)
+class MinifloatFormat:
+    """A sign bit, `exponent_bits`, `mantissa_bits`, exponent `bias`; `max` is the largest finite value.
+
+    `top` says what the top binade holds: "ieee" (inf and NaN), "fn" (finite, but all ones is NaN), or
+    "finite".
+    """
+
+    exponent_bits: int
+    mantissa_bits: int
+    bias: int
+    max: float
+    top: str
+
+    @property
+    def min_normal_f32_bits(self) -> int:
+        """The f32 bit pattern of the smallest normal value, 2^(1 - bias): exponent field 127 + 1 - bias,
+        no mantissa."""
+        return (128 - self.bias) << 23
+
+    @property
+    def subnormal_spacing(self) -> float:
+        return 2.0 ** (1 - self.bias - self.mantissa_bits)
+
+    @property
+    def sign_bit(self) -> int:
+        return 1 << (self.exponent_bits + self.mantissa_bits)
+
+    @property
+    def widest_gap(self) -> float:
+        """The spacing of the top binade, the widest between neighbouring values (32 for E4M3's 416..448)."""
+        return 2.0 ** (math.floor(math.log2(self.max)) - self.mantissa_bits)
+
+
+E4M3 = MinifloatFormat(exponent_bits=4, mantissa_bits=3, bias=7, max=448.0, top="fn")  # OCP e4m3fn
+E5M2 = MinifloatFormat(exponent_bits=5, mantissa_bits=2, bias=15, max=57344.0, top="ieee")
+E2M1 = MinifloatFormat(exponent_bits=2, mantissa_bits=1, bias=1, max=6.0, top="finite")
+
+
+@dataclass(frozen=True)
+class ValueTraits:
+    """Everything qcli knows of one value type (`QuantValue`): its width, its clamp range, and for a
+    minifloat its format; `per_native` values share one native element (2 for E2M1's `e2m1x2`). The codec,
+    the kernels and the error bound read these, so a new value type is one row of `VALUE_TRAITS`."""
+
+    bits: int
+    range: tuple[float, float]
+    minifloat: MinifloatFormat | None = None
+    per_native: int = 1
+
+
 class QuantValue(StrEnum):
     """The logical type of quantized values, independent of how they are stored."""
 
@@ -34,13 +85,17 @@ class QuantValue(StrEnum):
     Q4S = "Q4S"
     Q2S = "Q2S"
 
+    @property
+    def traits(self) -> ValueTraits:
+        return VALUE_TRAITS[self]
+
     def size_bits(self) -> int:
         """Bits of one value."""
-        return _VALUE_BITS[self]
+        return self.traits.bits
 
     def range(self) -> tuple[float, float]:
         """The clamp range `(a, b)`; "F" integers use the full two's-complement range."""
-        return _VALUE_RANGE[self]
+        return self.traits.range
 
     def half_range(self) -> float:
         """`(b - a) / 2`, exact in f32: the divisor that turns a magnitude into a scale."""
@@ -48,29 +103,34 @@ class QuantValue(StrEnum):
         return (b - a) / 2
 
     def is_symmetric(self) -> bool:
-        """Whether the range is symmetric around zero (Q8S, Q4S, Q2S)."""
-        return self in (QuantValue.Q8S, QuantValue.Q4S, QuantValue.Q2S)
+        """Whether the integer range is symmetric around zero (Q8S, Q4S, Q2S)."""
+        a, b = self.range()
+        return not self.is_minifloat() and -a == b
 
     def is_minifloat(self) -> bool:
         """Whether the stored field is a float code (E4M3, E5M2, E2M1) rather than an integer."""
-        return self in (QuantValue.E4M3, QuantValue.E5M2, QuantValue.E2M1)
+        return self.traits.minifloat is not None
 
     def native_packing(self) -> int:
         """How many values one native element holds: 2 for E2M1 (`e2m1x2`), 1 otherwise."""
-        return 2 if self is QuantValue.E2M1 else 1
+        return self.traits.per_native
+
+    def half_step(self) -> float:
+        """Half the widest gap between neighbouring values of the grid, in units of the scale: integers
+        round to the nearest whole step; a minifloat's widest gap is its top binade's."""
+        return 0.5 if self.traits.minifloat is None else self.traits.minifloat.widest_gap / 2
 
 
-_VALUE_BITS = {
-    QuantValue.Q8F: 8, QuantValue.Q8S: 8, QuantValue.E4M3: 8, QuantValue.E5M2: 8,
-    QuantValue.Q4F: 4, QuantValue.Q4S: 4, QuantValue.E2M1: 4,
-    QuantValue.Q2F: 2, QuantValue.Q2S: 2,
-}
-_VALUE_RANGE = {
-    QuantValue.Q8F: (-128.0, 127.0), QuantValue.Q8S: (-127.0, 127.0),
-    QuantValue.Q4F: (-8.0, 7.0), QuantValue.Q4S: (-7.0, 7.0),
-    QuantValue.Q2F: (-2.0, 1.0), QuantValue.Q2S: (-1.0, 1.0),
-    QuantValue.E4M3: (-448.0, 448.0), QuantValue.E5M2: (-57344.0, 57344.0),
-    QuantValue.E2M1: (-6.0, 6.0),
+VALUE_TRAITS = {
+    QuantValue.Q8F: ValueTraits(8, (-128.0, 127.0)),
+    QuantValue.Q8S: ValueTraits(8, (-127.0, 127.0)),
+    QuantValue.Q4F: ValueTraits(4, (-8.0, 7.0)),
+    QuantValue.Q4S: ValueTraits(4, (-7.0, 7.0)),
+    QuantValue.Q2F: ValueTraits(2, (-2.0, 1.0)),
+    QuantValue.Q2S: ValueTraits(2, (-1.0, 1.0)),
+    QuantValue.E4M3: ValueTraits(8, (-E4M3.max, E4M3.max), E4M3),
+    QuantValue.E5M2: ValueTraits(8, (-E5M2.max, E5M2.max), E5M2),
+    QuantValue.E2M1: ValueTraits(4, (-E2M1.max, E2M1.max), E2M1, per_native=2),
 }
 
 
@@ -449,13 +509,15 @@ def accept_problems(scheme: QuantScheme, calibration: Calibration = Calibration.
         problems.append(
             Refusal(
                 f"Can't store native sub-byte values: {value.value} is {bits} bits",
-                "use store PackedU32" + (" (or PackedNative for E2M1)" if value is QuantValue.E2M1 else ""),
+                "use store PackedU32" + (f" (or PackedNative for {value.value})" if value.native_packing() > 1 else ""),
             )
         )
-    if isinstance(store, PackedNative) and value is not QuantValue.E2M1:
+    if isinstance(store, PackedNative) and value.native_packing() == 1:
+        packing = ", ".join(f"{v.value} packs natively, as {v.value.lower()}x{v.native_packing()}"
+                            for v in QuantValue if v.native_packing() > 1)
         problems.append(
             Refusal(
-                f"{value.value} doesn't support native packing (only E2M1 packs natively, as e2m1x2)",
+                f"{value.value} doesn't support native packing (only {packing})",
                 "use store PackedU32" + (" or Native" if bits == 8 else ""),
             )
         )

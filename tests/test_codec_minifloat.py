@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from qcli.codec import minifloat
-from qcli.codec.minifloat import E2M1, E4M3, E5M2
+from qcli.scheme import E2M1, E4M3, E5M2
 
 FP8 = [pytest.param(E4M3, torch.float8_e4m3fn, id="E4M3"), pytest.param(E5M2, torch.float8_e5m2, id="E5M2")]
 

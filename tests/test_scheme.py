@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import cbor2
 import pytest
+import qfloat_reference as ref
 
 from qcli.errors import SchemeError
 from qcli.scheme import (
@@ -187,3 +188,14 @@ def test_absmean_has_no_two_level_form():
 def test_accepted(scheme):
     assert accept_problems(scheme) == []
     check_accepted(scheme)
+
+
+@pytest.mark.parametrize("value", list(QuantValue))
+def test_each_value_types_traits_agree_with_the_independent_oracle(value: QuantValue) -> None:
+    # The one row qcli keeps per value type (`VALUE_TRAITS`) against tests/qfloat_reference.py, which
+    # enumerates every minifloat code on its own: width, range, and half the widest gap of the grid.
+    assert value.size_bits() == ref.BITS[value.value] and value.range() == ref.RANGE[value.value]
+    grid = ref.MINIFLOAT.get(value.value, [float(q) for q in range(0, int(value.range()[1]) + 1)])
+    widest = max(b - a for a, b in zip(grid, grid[1:], strict=False))
+    assert value.half_step() == widest / 2
+    assert value.is_minifloat() == (value.value in ref.MINIFLOAT)

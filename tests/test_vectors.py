@@ -44,13 +44,14 @@ from burn_facts import VECTORS
 from qcli import layout
 from qcli.codec import QuantizedParts, decode, encode, pack, quantize_parts, round_up
 from qcli.codec.blocks import BlockGrid
-from qcli.codec.minifloat import E4M3, table
 from qcli.codec.minifloat import encode as encode_minifloat
+from qcli.codec.minifloat import table
 from qcli.codec.pack import pack_fields, pack_scales, unpack_fields, unpack_scales
 from qcli.codec.scales import block_alpha, block_reduce, scales_from_alpha
 from qcli.codec.values import from_fields, to_fields
 from qcli.errors import SchemeError
 from qcli.scheme import (
+    E4M3,
     F32_MIN_POSITIVE,
     BlockSize,
     Calibration,

@@ -11,47 +11,13 @@ Only integer ops and one exact multiply, so a Triton kernel can mirror it line f
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 
-from qcli.scheme import QuantValue
+from qcli.scheme import MinifloatFormat, QuantValue
 
-
-@dataclass(frozen=True)
-class MinifloatFormat:
-    """A sign bit, `exponent_bits`, `mantissa_bits`, exponent `bias`; `max` is the largest finite value.
-
-    `top` says what the top binade holds: "ieee" (inf and NaN), "fn" (finite, but all ones is NaN), or
-    "finite".
-    """
-
-    exponent_bits: int
-    mantissa_bits: int
-    bias: int
-    max: float
-    top: str
-
-    @property
-    def min_normal_f32_bits(self) -> int:
-        """The f32 bit pattern of the smallest normal value, 2^(1 - bias): exponent field 127 + 1 - bias,
-        no mantissa."""
-        return (128 - self.bias) << 23
-
-    @property
-    def subnormal_spacing(self) -> float:
-        return 2.0 ** (1 - self.bias - self.mantissa_bits)
-
-    @property
-    def sign_bit(self) -> int:
-        return 1 << (self.exponent_bits + self.mantissa_bits)
-
-
-E4M3 = MinifloatFormat(exponent_bits=4, mantissa_bits=3, bias=7, max=448.0, top="fn")  # OCP e4m3fn
-E5M2 = MinifloatFormat(exponent_bits=5, mantissa_bits=2, bias=15, max=57344.0, top="ieee")
-E2M1 = MinifloatFormat(exponent_bits=2, mantissa_bits=1, bias=1, max=6.0, top="finite")
-
-FORMATS = {QuantValue.E4M3: E4M3, QuantValue.E5M2: E5M2, QuantValue.E2M1: E2M1}
+# The minifloat value types' formats (`qcli.scheme.VALUE_TRAITS`); E4M3 also codes UE4M3 scales.
+FORMATS = {value: value.traits.minifloat for value in QuantValue if value.is_minifloat()}
 
 
 def encode(v: torch.Tensor, fmt: MinifloatFormat) -> torch.Tensor:

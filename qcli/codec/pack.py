@@ -18,7 +18,7 @@ import torch
 from qcli import layout
 from qcli.codec import minifloat
 from qcli.codec.scales import UE8M0_MIN_BITS, round_up
-from qcli.scheme import QuantScheme, ScaleDtype
+from qcli.scheme import E4M3, QuantScheme, ScaleDtype
 
 # An integer type as wide as the bytes whose fields share one packed byte (2 or 4 of them).
 _WORD = {2: torch.int16, 4: torch.int32}
@@ -85,7 +85,7 @@ def pack_scales(stored: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
     """Stored scales (already on `dtype`'s grid, so every conversion here is exact) as bytes, row-major."""
     stored = stored.reshape(-1).to(torch.float32)
     if dtype is ScaleDtype.UE4M3:
-        return minifloat.encode(stored.contiguous(), minifloat.E4M3).to(torch.uint8)
+        return minifloat.encode(stored.contiguous(), E4M3).to(torch.uint8)
     if dtype is ScaleDtype.UE8M0:
         return _ue8m0_codes(stored.contiguous())
     return stored.to(_TORCH_SCALE[dtype]).view(torch.uint8)
@@ -103,7 +103,7 @@ def _ue8m0_codes(stored: torch.Tensor) -> torch.Tensor:
 def unpack_scales(region: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
     """f32 scales from their bytes."""
     if dtype is ScaleDtype.UE4M3:
-        return minifloat.decode(region, minifloat.E4M3)
+        return minifloat.decode(region, E4M3)
     if dtype is ScaleDtype.UE8M0:
         return _ue8m0_values(region)
     return region.clone().view(_TORCH_SCALE[dtype]).to(torch.float32)
