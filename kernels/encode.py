@@ -17,7 +17,7 @@ import torch
 import triton
 
 from qcli import layout
-from qcli.errors import UsageError, non_finite
+from qcli.errors import NonFiniteTensor, NotFloatTensor, NotKernelFloat, UsageError
 from qcli.kernels import _quantize as K
 from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue, ScaleDtype, check_accepted
 
@@ -93,9 +93,10 @@ def _value_constants(value: QuantValue) -> dict:
 
 
 def _check_tensor(x: torch.Tensor, name: str) -> None:
+    if not x.dtype.is_floating_point:
+        raise NotFloatTensor(name, x.dtype)
     if x.dtype not in _FLOAT_DTYPES:
-        raise UsageError(f"tensor {name!r} is {x.dtype}, the kernels quantize float32, float16 and bfloat16",
-                         hint="keep integer tensors unquantized (keep = true in the recipe)")
+        raise NotKernelFloat(name, x.dtype)
     if not x.is_contiguous():
         raise UsageError(f"tensor {name!r} is not contiguous", hint="pass x.contiguous()")
     if x.device.type != "cuda" and not (interpreted() and x.device.type == "cpu"):
@@ -281,7 +282,7 @@ def encode(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration = Cali
     bad = torch.zeros(1, dtype=torch.int32, device=x.device)
     enqueue(x, scheme, calibration, out, bad)
     if bad.item():
-        raise non_finite(name, x.dtype == torch.float64 and bool(torch.isfinite(x).all()))
+        raise NonFiniteTensor(name, beyond_float32=False)  # float32, float16 or bfloat16 (`_check_tensor`)
     return out
 
 

@@ -22,7 +22,7 @@ from burn_facts import VECTORS
 from bench.schemes import all_schemes
 from qcli import layout
 from qcli.codec import encode as codec_encode
-from qcli.errors import InputError, SchemeError, UsageError
+from qcli.errors import InputError, NonFiniteTensor, NotFloatTensor, NotKernelFloat, SchemeError, UsageError
 from qcli.scheme import (
     Calibration,
     Native,
@@ -366,22 +366,42 @@ def test_all_zero_block_stores_the_smallest_positive_scale(kernels, dtype, floor
 # ---- errors -------------------------------------------------------------------------------------
 
 
+def same_error(gpu: pytest.ExceptionInfo, cpu: pytest.ExceptionInfo) -> bool:
+    """One wording, one hint and one exit code, whichever device raised it."""
+    return (type(gpu.value), gpu.value.message, gpu.value.hint, gpu.value.exit_code) == (
+        type(cpu.value), cpu.value.message, cpu.value.hint, cpu.value.exit_code)
+
+
 @pytest.mark.interpreter
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_non_finite_values_are_refused_naming_the_tensor(kernels, bad):
     x = wide((4, 32), 1)
     x[2, 5] = bad
-    with pytest.raises(InputError, match="layers.0.w") as err:
-        kernels.encode(x.to(DEVICE), QuantScheme().with_value(QuantValue.Q4S).per_block([32], ScaleDtype.F16),
-                       name="layers.0.w")
-    assert err.value.hint
+    scheme = QuantScheme().with_value(QuantValue.Q4S).per_block([32], ScaleDtype.F16)
+    with pytest.raises(NonFiniteTensor, match="layers.0.w") as gpu:
+        kernels.encode(x.to(DEVICE), scheme, name="layers.0.w")
+    with pytest.raises(NonFiniteTensor) as cpu:
+        codec_encode(x, scheme, name="layers.0.w")
+    assert gpu.value.hint and gpu.value.exit_code == InputError.exit_code and same_error(gpu, cpu)
+
+
+@pytest.mark.interpreter
+def test_tensors_the_kernels_cannot_take_are_input_errors(kernels):
+    scheme = QuantScheme().with_value(QuantValue.Q8S)
+    ints = torch.ones(4, 4, dtype=torch.int32)
+    with pytest.raises(NotFloatTensor, match="int32") as gpu:
+        kernels.encode(ints.to(DEVICE), scheme, name="ids")
+    with pytest.raises(NotFloatTensor) as cpu:
+        codec_encode(ints, scheme, name="ids")
+    assert gpu.value.exit_code == InputError.exit_code and same_error(gpu, cpu)
+    with pytest.raises(NotKernelFloat, match="float64") as wide64:
+        kernels.encode(wide((8, 8), 0).double().to(DEVICE), scheme, name="w")
+    assert wide64.value.exit_code == InputError.exit_code
 
 
 @pytest.mark.interpreter
 def test_bad_arguments_are_usage_errors(kernels):
     scheme = QuantScheme().with_value(QuantValue.Q8S)
-    with pytest.raises(UsageError, match="int32"):
-        kernels.encode(torch.ones(4, 4, dtype=torch.int32, device=DEVICE), scheme)
     with pytest.raises(UsageError, match="contiguous"):
         kernels.encode(wide((8, 8), 0).to(DEVICE).t(), scheme)
     with pytest.raises(SchemeError):
@@ -476,15 +496,20 @@ def test_pipeline_yields_the_cpu_pipelines_bytes(kernels, tmp_path, monkeypatch,
 def test_pipeline_refuses_non_finite_values_naming_the_tensor(kernels, tmp_path):
     from safetensors.torch import save_file
 
+    from qcli import pipeline as cpu_pipeline
     from qcli.gpu import pipeline as gpu_pipeline
 
     x = wide((8, 32), 0)
     x[3, 3] = float("nan")
     save_file({"w": x}, str(tmp_path / "model.safetensors"))
-    plan, source = _plan(tmp_path / "model.safetensors",
-                         {"w": (QuantScheme().with_value(QuantValue.Q8S), Calibration.MinMax, False)})
-    with source, pytest.raises(InputError, match="'w'"):
-        list(gpu_pipeline.run(plan, source))
+    raised = []
+    for pipeline in (gpu_pipeline, cpu_pipeline):
+        plan, source = _plan(tmp_path / "model.safetensors",
+                             {"w": (QuantScheme().with_value(QuantValue.Q8S), Calibration.MinMax, False)})
+        with source, pytest.raises(NonFiniteTensor, match="'w'") as err:
+            list(pipeline.run(plan, source))
+        raised.append(err)
+    assert same_error(*raised)
 
 
 @pytest.mark.interpreter

@@ -18,13 +18,9 @@ from qcli.cli import _errors
 from qcli.cli.inspect import inspect
 from qcli.cli.quantize import quantize
 from qcli.cli.validate_scheme import validate_scheme
-from qcli.errors import Interrupted, QcliError, UsageError
+from qcli.errors import CheckFailed, Interrupted, QcliError, UsageError, exit_codes
 
-EXIT_CODES = (
-    "Exit codes: 0 success; 1 validate-scheme or inspect --compare found problems; 2 usage, recipe or plan"
-    " errors (the Lookup refusal included); 3 unreadable or corrupt input; 4 the output could not be written"
-    " (the target is left untouched); 70 internal error (QCLI_DEBUG=1 shows the traceback); 130 interrupted."
-)
+EXIT_CODES = "Exit codes: " + "; ".join(f"{code} {meaning}" for code, meaning in exit_codes()).replace("`", "") + "."
 
 app = typer.Typer(
     name="qcli",
@@ -90,6 +86,8 @@ def run(argv: Sequence[str] | None = None) -> int:
             result = command.main(args=args, prog_name="qcli", standalone_mode=False)
         except (typer.Abort, KeyboardInterrupt):
             return _errors.interrupted()
+        except CheckFailed as exc:  # the report printed says what failed
+            return exc.exit_code
         except QcliError as exc:
             return _errors.emit(exc)
         except Exception as exc:

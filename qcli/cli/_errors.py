@@ -1,11 +1,9 @@
 """Errors become one `error:` line and one `hint:` line on stderr, and an exit code (docs/cli.md).
 
-| raised | exit |
-|---|---|
-| `QcliError` subclasses | the class's `exit_code` (2 usage/recipe/plan, 3 input, 4 output, 130 interrupted) |
-| Click usage errors | 2, Click's message as `error:`, the command's `--help` (and a did-you-mean) as `hint:` |
-| KeyboardInterrupt, SIGTERM | 130 |
-| anything else | 70, `error: internal error: …`; QCLI_DEBUG=1 re-raises it with its traceback |
+A `QcliError` exits with its class's `exit_code`; a Click usage error exits 2 as a `UsageError` would,
+with Click's message as `error:` and the command's `--help` (and a did-you-mean) as `hint:`;
+KeyboardInterrupt and SIGTERM exit as `Interrupted`; anything else is an `InternalError`, which
+QCLI_DEBUG=1 re-raises with its traceback instead.
 """
 
 from __future__ import annotations
@@ -18,10 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-from qcli.errors import Interrupted, PlanError, QcliError
+from qcli.errors import InternalError, Interrupted, PlanError, QcliError, UsageError
 from qcli.io.safetensors import printable
-
-INTERNAL_ERROR = 70
 
 
 def debug() -> bool:
@@ -47,8 +43,8 @@ def usage(exc: Exception) -> int:
         hint = f"did you mean {' or '.join(possibilities)}? " + hint
     sys.stderr.write(f"error: {first.rstrip().rstrip('.')}{' ' + rest.strip() if rest.strip() else ''}\n"
                      f"hint: {hint}\n")
-    code = getattr(exc, "exit_code", 2)
-    return code if isinstance(code, int) else 2
+    code = getattr(exc, "exit_code", UsageError.exit_code)
+    return code if isinstance(code, int) else UsageError.exit_code
 
 
 def emit(error: QcliError) -> int:
@@ -71,12 +67,9 @@ def interrupted() -> int:
 
 
 def internal(exc: BaseException) -> int:
-    first = printable((str(exc).splitlines() or [""])[0])
-    sys.stderr.write(
-        f"error: internal error: {type(exc).__name__}{': ' + first if first else ''}\n"
-        "hint: set QCLI_DEBUG=1 for the traceback, and report it with the command you ran\n"
-    )
-    return INTERNAL_ERROR
+    first = (str(exc).splitlines() or [""])[0]
+    return emit(InternalError(f"internal error: {type(exc).__name__}{': ' + first if first else ''}",
+                              hint="set QCLI_DEBUG=1 for the traceback, and report it with the command you ran"))
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:

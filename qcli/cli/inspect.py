@@ -11,6 +11,7 @@ from rich.table import Table
 
 from qcli import api
 from qcli.cli import _output
+from qcli.errors import CheckFailed
 from qcli.io.safetensors import printable
 from qcli.report import InspectReport
 
@@ -48,7 +49,7 @@ def inspect(
     else:
         render(report)
     if report.compare is not None and not report.compare.ok:
-        raise typer.Exit(1)
+        raise CheckFailed()
 
 
 def render(report: InspectReport) -> None:

@@ -11,6 +11,7 @@ import typer
 from qcli import api
 from qcli.cli import _output
 from qcli.cli._burn import BurnBackendOption, BurnVersionOption
+from qcli.errors import CheckFailed
 from qcli.report import ValidateReport
 
 MAX_NAMES = 5
@@ -64,7 +65,7 @@ def validate_scheme(
                                  burn_version=burn_version)
     {Format.text: _text, Format.json: _json, Format.github: _github}[chosen](report)
     if not report.ok:
-        raise typer.Exit(1)
+        raise CheckFailed()
 
 
 def _json(report: ValidateReport) -> None:

@@ -18,7 +18,7 @@ from qcli.codec.blocks import BlockGrid
 from qcli.codec.pack import pack_fields, pack_global, pack_scales
 from qcli.codec.scales import REDUCE_DTYPE, Scales, block_alpha, block_reduce, scales_from_alpha
 from qcli.codec.values import to_fields
-from qcli.errors import InputError, non_finite
+from qcli.errors import NonFiniteTensor, NotFloatTensor
 from qcli.scheme import Calibration, QuantScheme, check_accepted
 
 # Elements per chunk and thread: 1 MiB of f32, so each core's share of a chunk and its temporaries stay
@@ -77,7 +77,7 @@ def encode(
 ) -> torch.Tensor:
     """The QFloat payload of `x`: uint8, 1-D, exactly `layout.quantized_data_len(scheme, x.shape)` bytes.
 
-    f16 and bf16 inputs are widened to f32; NaN or Inf raises `InputError` naming the tensor. The scales
+    f16 and bf16 inputs are widened to f32; NaN or Inf raises `NonFiniteTensor` naming the tensor. The scales
     are written first, then the values a chunk at a time; an `observer` sees each chunk's bytes as soon
     as they are packed, while the chunk is in cache.
     """
@@ -121,10 +121,7 @@ def _prepare(
     """The work tensor, its chunks, its scales, and the block ranges they were taken from."""
     check_accepted(scheme, calibration)
     if not x.dtype.is_floating_point:
-        raise InputError(
-            f"tensor {name!r} has dtype {x.dtype}, not a float type, so it cannot be quantized",
-            hint="keep it unquantized with a `keep = true` rule",
-        )
+        raise NotFloatTensor(name, x.dtype)
     grid = BlockGrid.of(scheme, x.shape)
     work = x.detach().to(device="cpu").reshape(grid.shape)
     chunks = _row_chunks(grid, scheme)
@@ -140,7 +137,7 @@ def _prepare(
         reduced = reduced.amax(0) if calibration is Calibration.MinMax else reduced.sum(0)
     alpha = block_alpha(reduced, grid, calibration)
     if not bool(torch.isfinite(alpha).all()):
-        raise non_finite(name, x.dtype == torch.float64 and bool(torch.isfinite(x).all()))
+        raise NonFiniteTensor(name, x.dtype == torch.float64 and bool(torch.isfinite(x).all()))
     return work, chunks, scales_from_alpha(alpha, scheme), reduced
 
 

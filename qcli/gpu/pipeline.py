@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from qcli import layout
-from qcli.errors import InputError, UsageError, non_finite
+from qcli.errors import InputError, NonFiniteTensor, NotKernelFloat, UsageError
 from qcli.io.dtypes import TORCH_DTYPE_NAMES
 from qcli.kernels.encode import Range, enqueue, interpreted, tensor_range
 from qcli.measure import BYTES_PER_VALUE, SLICE_VALUES, Measurement, Whole
@@ -326,8 +326,7 @@ def _upload(tensor: _Tensor, piece: _Piece, host: torch.Tensor, stage: _Stage) -
     """Copy a piece to its rows of the device chunk, allocating the chunk at its first piece."""
     dtype = _TORCH_DTYPES.get(piece.entry.info.dtype)
     if dtype is None:
-        raise InputError(f"tensor '{piece.entry.info.name}' is {piece.entry.info.dtype}, which the kernels "
-                         "cannot quantize", hint="keep it unquantized (keep = true)")
+        raise NotKernelFloat(piece.entry.info.name, piece.entry.info.dtype)
     with _on(stage.h2d):
         if piece.start == piece.chunk_start:
             tensor.chunk = torch.empty(_chunk_shape(piece, piece.chunk_start, piece.chunk_stop), dtype=dtype,
@@ -378,8 +377,7 @@ def _finish(tensor: _Tensor) -> tuple[PlanEntry, torch.Tensor, Measurement | Non
         if event is not None:
             event.synchronize()
     if int(tensor.bad.item()):
-        float64 = tensor.piece.entry.info.dtype == "F64"
-        raise non_finite(tensor.piece.entry.info.name, None if float64 else False)
+        raise NonFiniteTensor(tensor.piece.entry.info.name, beyond_float32=False)  # `_upload` refuses F64
     return tensor.piece.entry, tensor.out, tensor.measured
 
 
