@@ -295,7 +295,7 @@ def _leftovers(files: list[Path], *, remove: bool) -> list:
     """A warning for each temporary file a killed run writing one of these outputs left beside it, removed
     when `remove` (the run about to write; a dry run only says so)."""
     from qcli.io.burnpack import leftover_temporaries
-    from qcli.plan import Problem
+    from qcli.problem import Kind, Problem, Severity
 
     warnings = []
     for target in files:
@@ -307,10 +307,10 @@ def _leftovers(files: list[Path], *, remove: bool) -> list:
                     raise OutputError(printable(f"cannot remove {path}, left by an interrupted run: "
                                                 f"{exc.strerror or exc}"), hint="remove it by hand") from None
             verb = "removed" if remove else "would remove"
-            warnings.append(Problem("leftover", printable(f"{verb} {path.name}: a temporary file process {pid} "
+            warnings.append(Problem(Kind.leftover, printable(f"{verb} {path.name}: a temporary file process {pid} "
                                                           f"left writing {target.name} when it was killed"),
                                     "nothing to do: an interrupted run leaves its temporary file behind only "
-                                    "when it is killed (SIGKILL, power loss)", None, None, (), "warning"))
+                                    "when it is killed (SIGKILL, power loss)", Severity.warning))
     return warnings
 
 

@@ -6,6 +6,10 @@ into the table that `qcli --help`, the README and docs/cli.md show.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from qcli.problem import Problem
+
 SUCCESS = 0
 
 
@@ -64,9 +68,9 @@ class PlanError(QcliError):
     exit_code = 2
     meaning = "a plan with tensors that cannot take their scheme"
 
-    def __init__(self, message: str, hint: str = "", problems: list[str] | None = None) -> None:
+    def __init__(self, message: str, hint: str = "", problems: Sequence[Problem] = ()) -> None:
         super().__init__(message, hint)
-        self.problems = problems or []
+        self.problems = list(problems)
 
 
 class InputError(QcliError):

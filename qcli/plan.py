@@ -29,12 +29,12 @@ from qcli.io.burnpack import MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, a
 from qcli.io.dtypes import BURN_PLAIN_SIZES, burn_dtype
 from qcli.io.safetensors import TensorInfo
 from qcli.presets import DEFAULT_PRESET, PRESETS, Preset
-from qcli.recipe import Recipe, Rule
+from qcli.problem import Kind, Problem, Severity
+from qcli.recipe import OnIndivisible, Recipe, Rule
 from qcli.scheme import (
     Calibration,
     PackedNative,
     PackedU32,
-    QuantMode,
     QuantScheme,
     accept_problems,
 )
@@ -121,28 +121,6 @@ class PlanEntry:
 
 
 @dataclass(frozen=True)
-class Problem:
-    """Something that stops the plan (`severity == "error"`) or deserves a look ("warning")."""
-
-    kind: str
-    message: str
-    hint: str
-    file: str | None
-    line: int | None
-    tensors: tuple[str, ...]
-    severity: str
-
-    @property
-    def location(self) -> str | None:
-        if self.file is None:
-            return None
-        return f"{self.file}:{self.line}" if self.line is not None else self.file
-
-    def __str__(self) -> str:
-        return f"{self.location}: {self.message}" if self.location else self.message
-
-
-@dataclass(frozen=True)
 class Totals:
     """Sums over a plan; `peak_bytes` is the largest entry's `PlanEntry.peak_bytes`: tensors are processed
     one at a time, so that is the expected peak host memory of a run, whatever the model's size."""
@@ -186,25 +164,22 @@ class Plan:
         )
 
     def errors(self) -> list[Problem]:
-        return [p for p in self.problems if p.severity == "error"]
+        return [p for p in self.problems if p.severity is Severity.error]
 
     def warnings(self) -> list[Problem]:
-        return [p for p in self.problems if p.severity == "warning"]
+        return [p for p in self.problems if p.severity is Severity.warning]
 
     def raise_if_errors(self) -> None:
-        """`PlanError` listing every error-severity problem, each with its hint."""
+        """`PlanError` listing every error-severity problem, each with its hint (a single one's is the
+        error's hint)."""
         errors = self.errors()
         if not errors:
             return
-        if len(errors) == 1:  # its hint is the error's hint, said once
-            hint, problems = errors[0].hint, [str(errors[0])]
-        else:
-            hint, problems = "each problem above says what to do", [f"{p} (hint: {p.hint})" for p in errors]
         noun = "problem" if len(errors) == 1 else "problems"
         raise PlanError(
             f"the plan has {len(errors)} {noun}; no weight was read and nothing was written",
-            hint=hint,
-            problems=problems,
+            hint=errors[0].hint if len(errors) == 1 else "each problem above says what to do",
+            problems=errors,
         )
 
 
@@ -325,10 +300,10 @@ class _Planner:
         self.nothing_quantized(entries)
         return plan
 
-    def problem(self, kind: str, message: str, hint: str, tensors: Sequence[str] = (),
-                severity: str = "error", rule: Rule | None = None) -> None:
-        self.problems.append(Problem(kind, message, hint, rule.file if rule else None,
-                                     rule.line if rule else None, tuple(tensors), severity))
+    def problem(self, kind: Kind, message: str, hint: str, tensors: Sequence[str] = (),
+                severity: Severity = Severity.error, rule: Rule | None = None) -> None:
+        self.problems.append(Problem(kind, message, hint, severity, rule.file if rule else None,
+                                     rule.line if rule else None, tuple(tensors)))
 
     def cast_of(self, info: TensorInfo, cast: str | None) -> str | None:
         """The dtype a kept `info` is written in when `cast` is asked: None for its own dtype, or for a tensor
@@ -402,9 +377,9 @@ class _Planner:
         if why_not is None:
             asked = rule.preset or str(rule.scheme)
             return Decision(rule.scheme, rule.calibration, transpose, f"{where} -> {asked}", rule)
-        if self.recipe is not None and self.recipe.on_indivisible == "error":
+        if self.recipe is not None and self.recipe.on_indivisible is OnIndivisible.error:
             self.problem(
-                "shape", f"{info.name} {list(info.shape)}{' transposed' if transpose else ''} cannot take "
+                Kind.shape, f"{info.name} {list(info.shape)}{' transposed' if transpose else ''} cannot take "
                 f"{rule.describe()}: {why_not}",
                 "change the rule's block or store, add a keep rule for it, or set on_indivisible = \"keep\"",
                 [info.name], rule=rule,
@@ -437,7 +412,7 @@ class _Planner:
         not_2d = self.not_2d.get(id(rule), [])
         if not_2d:
             self.problem(
-                "transpose", f"rule (match {rule.match!r}) asks to transpose "
+                Kind.transpose, f"rule (match {rule.match!r}) asks to transpose "
                 f"{count_and_first(not_2d)} that are not 2-D; transpose = true needs a 2-D tensor",
                 "narrow the match to 2-D weights (a rule before it can keep the others), or drop transpose",
                 not_2d, rule=rule,
@@ -446,20 +421,21 @@ class _Planner:
         if not_float:
             dtypes = sorted({e.info.dtype for e in entries if e.info.name in set(not_float)})
             self.problem(
-                "cast", f"rule (match {rule.match!r}) asks to cast {count_and_first(not_float)} to {rule.cast}, "
+                Kind.cast, f"rule (match {rule.match!r}) asks to cast {count_and_first(not_float)} to {rule.cast}, "
                 f"which are not floating ({', '.join(dtypes)}); cast converts F64, F32, F16 and BF16 tensors only",
                 "narrow the match to floating tensors (a keep rule before it can take the others), or drop cast",
                 not_float, rule=rule,
             )
         unquantized = self.unquantized.get(id(rule), [])
-        strict = self.recipe is not None and self.recipe.on_indivisible == "error"  # each is an error already
+        # With on_indivisible = "error" each such tensor is an error already.
+        strict = self.recipe is not None and self.recipe.on_indivisible is OnIndivisible.error
         if names and len(unquantized) == len(names) and not strict:
             self.problem(
-                "unquantized-rule", f"rule (match {rule.match!r}) matches {count_and_first(names)} but "
+                Kind.unquantized_rule, f"rule (match {rule.match!r}) matches {count_and_first(names)} but "
                 f"quantizes none of them with {rule.describe()}: {unquantized[0]}",
                 "change the rule's block, store or value so the shapes take it, or say keep = true if keeping "
                 "them is meant",
-                names, severity="warning", rule=rule,
+                names, severity=Severity.warning, rule=rule,
             )
         if not names:
             shadowed = [e for e in entries if rule.matches(e.info.name)]
@@ -467,34 +443,34 @@ class _Planner:
                 earlier = list({id(e.decision.rule): e.decision.rule for e in shadowed}.values())
                 by = ", ".join(f"rule {r.number} ({r.location})" for r in earlier)
                 self.problem(
-                    "unmatched-rule", f"rule (match {rule.match!r}) is shadowed by {by}: every tensor it "
+                    Kind.unmatched_rule, f"rule (match {rule.match!r}) is shadowed by {by}: every tensor it "
                     f"matches, {count_and_first([e.info.name for e in shadowed])}, is taken by "
                     f"{'that rule' if len(earlier) == 1 else 'those rules'} first",
                     "the first rule that matches a tensor decides it: move this rule before "
                     f"{'it' if len(earlier) == 1 else 'them'}, narrow the earlier match, or remove this rule",
-                    severity="warning", rule=rule,
+                    severity=Severity.warning, rule=rule,
                 )
                 return
             self.problem(
-                "unmatched-rule", f"rule (match {rule.match!r}) matches no tensor",
+                Kind.unmatched_rule, f"rule (match {rule.match!r}) matches no tensor",
                 "check the pattern against `qcli inspect` names (a glob matches the full name), or remove it",
-                severity="warning", rule=rule,
+                severity=Severity.warning, rule=rule,
             )
 
     def nothing_quantized(self, entries: Sequence[PlanEntry]) -> None:
         """A plan without errors that quantizes no tensor at all: a warning, with the first tensor's reason."""
         if not entries or any(e.decision.scheme is not None for e in entries) or any(
-            p.severity == "error" for p in self.problems
+            p.severity is Severity.error for p in self.problems
         ):
             return
         names = [e.info.name for e in entries]
         first = entries[0]
         self.problem(
-            "nothing-quantized", f"nothing is quantized: all {count_and_first(names)} are kept; the first "
+            Kind.nothing_quantized, f"nothing is quantized: all {count_and_first(names)} are kept; the first "
             f"because {first.decision.reason}",
             "the output would be about as large as the input: check --scheme and the recipe's rules against "
             "each tensor's reason in `qcli quantize --dry-run`",
-            names, severity="warning",
+            names, severity=Severity.warning,
         )
 
     def default_problems(self, names: list[str]) -> None:
@@ -502,10 +478,10 @@ class _Planner:
         refusals = accept_problems(self.preset.scheme, self.preset.calibration)
         if refusals and names:
             self.problem(
-                "lookup" if self.preset.scheme.mode is QuantMode.Lookup else "scheme",
+                refusals[0].kind,
                 f"preset {self.preset.name} ({self.preset.scheme}) is refused by Burn: "
-                f"{'; and '.join(r.why for r in refusals)}; it would have covered {count_and_first(names)}",
-                refusals[0].instead, names,
+                f"{'; and '.join(r.message for r in refusals)}; it would have covered {count_and_first(names)}",
+                refusals[0].hint, names,
             )
 
     def output_problems(self, entry: PlanEntry) -> None:
@@ -513,13 +489,13 @@ class _Planner:
         info = entry.info
         if entry.decision.scheme is None and entry.out_dtype is None:
             self.problem(
-                "dtype", f"{info.name} ({info.dtype}) cannot be kept: Burn has no {info.dtype} dtype",
+                Kind.dtype, f"{info.name} ({info.dtype}) cannot be kept: Burn has no {info.dtype} dtype",
                 "dequantize the checkpoint to BF16 or F32 (with its scale tensors) first, then run qcli",
                 [info.name], rule=entry.decision.rule,
             )
         if entry.decision.scheme is None and info.nbytes > MAX_TENSOR_SIZE:
             self.problem(
-                "size", f"{info.name} is {info.nbytes / 1024**3:.1f} GiB, over Burn's 10 GiB tensor limit",
+                Kind.size, f"{info.name} is {info.nbytes / 1024**3:.1f} GiB, over Burn's 10 GiB tensor limit",
                 "quantize it (a rule with a scheme) so its payload fits under 10 GiB",
                 [info.name], rule=entry.decision.rule,
             )
@@ -533,7 +509,7 @@ class _Planner:
                 unheld.setdefault((id(entry.decision.rule), why), []).append(entry)
         for (_, why), group in unheld.items():
             names = [e.info.name for e in group]
-            self.problem("version", f"{count_and_first(names)} cannot be written as {group[0].decision.scheme}: "
+            self.problem(Kind.version, f"{count_and_first(names)} cannot be written as {group[0].decision.scheme}: "
                          f"{why}", "use a one-level scheme (drop tensor_scale), or --burn-version "
                          f"{BURN_VERSION}", names, rule=group[0].decision.rule)
 
@@ -563,19 +539,20 @@ class _Planner:
             if self.backend is None:
                 hint += "; name the backend you load with by --burn-backend to check for it alone"
             self.problem(
-                "backend", f"Burn {version}'s {backend} backend cannot load {count_and_first(names)} as {written}: "
-                f"{why}", hint, names, severity="error" if self.backend else "warning", rule=first.decision.rule,
+                Kind.backend, f"Burn {version}'s {backend} backend cannot load {count_and_first(names)} as {written}: "
+                f"{why}", hint, names, severity=Severity.error if self.backend else Severity.warning,
+                rule=first.decision.rule,
             )
 
     def file_problems(self, plan: Plan) -> None:
         """Burn's per-file reader limits: the tensor count and the file size (data alone, aligned)."""
         count = len(plan.entries)
         if count > MAX_TENSOR_COUNT:
-            self.problem("size", f"the output would hold {count} tensors; Burn's reader refuses more than "
+            self.problem(Kind.size, f"the output would hold {count} tensors; Burn's reader refuses more than "
                          f"{MAX_TENSOR_COUNT}", "split the output into several files with --max-shard-size")
         data = sum(align(e.out_nbytes) for e in plan.entries)
         if data > MAX_FILE_SIZE:
-            self.problem("size", f"the output would take at least {data / 1024**3:.1f} GiB; Burn's reader "
+            self.problem(Kind.size, f"the output would take at least {data / 1024**3:.1f} GiB; Burn's reader "
                          "refuses a file over 100 GiB",
                          "split the output with --max-shard-size 50GB, quantize more tensors, or use a smaller "
                          "scheme")
@@ -587,12 +564,11 @@ def rule_refusal(rule: Rule, covered: Sequence[str] | None = None) -> Problem | 
     if not rule.refusals:
         return None
     message = (f"rule (match {rule.match!r}) asks for {rule.describe()}, which Burn "
-               f"refuses: {'; and '.join(r.why for r in rule.refusals)}")
+               f"refuses: {'; and '.join(r.message for r in rule.refusals)}")
     if covered is not None:
         message += f"; it would have covered {count_and_first(covered)}"
-    kind = "lookup" if rule.mode == QuantMode.Lookup.value else "scheme"
-    hint = rule.refusals[0].instead
-    return Problem(kind, message, hint, rule.file, rule.line, tuple(covered or ()), "error")
+    first = rule.refusals[0]  # a Lookup rule's first refusal is its mode's
+    return Problem(first.kind, message, first.hint, file=rule.file, line=rule.line, tensors=tuple(covered or ()))
 
 
 def preset_or_scheme(scheme: QuantScheme) -> str:

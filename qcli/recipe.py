@@ -20,7 +20,7 @@ import sys
 import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
 from fnmatch import fnmatchcase
 from pathlib import Path
 from re import _compiler as _re_compiler
@@ -30,6 +30,7 @@ from re import _parser as _re_parser
 from qcli.errors import RecipeError, SchemeError
 from qcli.io.safetensors import NOT_REGULAR_HINT, NotRegularFile, open_regular, printable, shown
 from qcli.presets import DEFAULT_PRESET, LOOKUP_NAMES, PRESETS, ZERO_POINT_NAMES, ZERO_POINT_WHY
+from qcli.problem import Kind, Problem
 from qcli.scheme import (
     LOOKUP_WHY,
     BlockSize,
@@ -41,14 +42,12 @@ from qcli.scheme import (
     QuantScheme,
     QuantStore,
     QuantValue,
-    Refusal,
     ScaleDtype,
     accept_problems,
     same_width_instead,
 )
 
 RECIPE_VERSION = 1
-ON_INDIVISIBLE = ("keep", "error")
 TOP_KEYS = ("version", "defaults", "rule")
 DEFAULTS_KEYS = ("on_indivisible", "cast_kept")
 CAST_DTYPES = ("F32", "F16", "BF16")  # what `cast` (a keep rule) and `cast_kept` write a kept floating tensor as
@@ -57,16 +56,30 @@ ZERO_POINT_KEYS = ("zero_point", "asymmetric", "symmetric")
 DOCUMENTED_RULE_KEYS = ("match", "keep", *SCHEME_KEYS, "transpose", "preset", "cast")
 RULE_KEYS = (*DOCUMENTED_RULE_KEYS, *ZERO_POINT_KEYS)  # zero-point keys are read only to be refused
 STORES = {"PackedU32": PackedU32, "Native": Native, "PackedNative": PackedNative}
-ZERO_POINT_MODES = ("Asymmetric", "Affine")
 REGEX_PREFIX = "re:"
 LineOf = Callable[[str], int]  # the line of a key in the table being read
+
+
+class ZeroPoint(StrEnum):
+    """A mode with a zero point, which Burn has no form for: a rule asking for one is read only to be
+    refused (`Rule.mode`, next to Burn's `QuantMode`)."""
+
+    Asymmetric = "Asymmetric"
+    Affine = "Affine"
+
+
+class OnIndivisible(StrEnum):
+    """`[defaults] on_indivisible`: what a tensor whose shape cannot take its rule's scheme does."""
+
+    keep = "keep"  # it is kept, with the reason
+    error = "error"  # the plan stops
 
 
 @dataclass(frozen=True)
 class Rule:
     """One `[[rule]]`: which tensors it matches and what it decides for them.
 
-    `mode` is the mode as asked ("Symmetric", "Lookup", "Asymmetric", ...); `refusals` lists every
+    `mode` is the mode as asked (Burn's Symmetric or Lookup, or a zero-point mode); `refusals` lists every
     reason Burn cannot hold what the rule asks for (empty for a rule the plan can carry out).
     """
 
@@ -78,8 +91,8 @@ class Rule:
     calibration: Calibration
     transpose: bool
     preset: str | None
-    mode: str = QuantMode.Symmetric.value
-    refusals: tuple[Refusal, ...] = ()
+    mode: QuantMode | ZeroPoint = QuantMode.Symmetric
+    refusals: tuple[Problem, ...] = ()
     cast: str | None = None  # keep rules: the dtype a kept floating tensor is written in (CAST_DTYPES)
     number: int = 0  # its place in the recipe: 1 for the first [[rule]]
 
@@ -100,7 +113,7 @@ class Rule:
             return "keep"
         if self.preset is not None:
             return f"preset {self.preset}"
-        if self.scheme is not None and self.mode in (QuantMode.Symmetric.value, QuantMode.Lookup.value):
+        if self.scheme is not None and isinstance(self.mode, QuantMode):
             return str(self.scheme)  # a Lookup scheme names its mode itself
         return f"{self.scheme or ''} (mode {self.mode})".lstrip()
 
@@ -108,20 +121,10 @@ class Rule:
 @dataclass(frozen=True)
 class Recipe:
     path: Path | None
-    on_indivisible: str
+    on_indivisible: OnIndivisible
     rules: list[Rule]
     sha256: str
     cast_kept: str | None = None  # [defaults]: the dtype every kept floating tensor is written in
-
-
-@dataclass(frozen=True)
-class RecipeFault:
-    """A recipe error found while reading, kept as data so that every one can be reported."""
-
-    file: str
-    line: int
-    message: str
-    hint: str
 
 
 def load_recipe(path: str | Path) -> Recipe:
@@ -132,13 +135,13 @@ def load_recipe(path: str | Path) -> Recipe:
     first, more = faults[0], len(faults) - 1
     hint = first.hint + (f" ({more} more problem{'s' if more > 1 else ''}: run qcli validate-scheme {path})"
                          if more else "")
-    raise RecipeError(f"{first.file}:{first.line}: {first.message}", hint)
+    raise RecipeError(str(first), hint)
 
 
 MAX_RECIPE_SIZE = 10_000_000  # bytes; a recipe is a few hundred
 
 
-def read_recipe(path: str | Path) -> tuple[Recipe, list[RecipeFault]]:
+def read_recipe(path: str | Path) -> tuple[Recipe, list[Problem]]:
     """Read a recipe, collecting every fault; the recipe holds the rules that parsed."""
     path = Path(path)
     try:
@@ -158,28 +161,28 @@ def read_recipe(path: str | Path) -> tuple[Recipe, list[RecipeFault]]:
 
 def parse_recipe(
     data: bytes, file: str = "<recipe>", path: Path | None = None
-) -> tuple[Recipe, list[RecipeFault]]:
+) -> tuple[Recipe, list[Problem]]:
     """Parse recipe bytes named `file` in messages; returns the recipe and every fault found."""
     sha256 = hashlib.sha256(data).hexdigest()
-    empty = Recipe(path, "keep", [], sha256)
+    empty = Recipe(path, OnIndivisible.keep, [], sha256)
     file = printable(file)
     try:
         text = data.decode("utf-8-sig")  # an editor's byte order mark is not part of the TOML
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        return empty, [RecipeFault(file, line, "the recipe is not UTF-8 text", "save the recipe as UTF-8")]
+        return empty, [_fault(file, line, "the recipe is not UTF-8 text", "save the recipe as UTF-8")]
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         return empty, [_syntax_fault(file, exc)]
     except RecursionError:  # tomllib recurses once per nested array or inline table
-        return empty, [RecipeFault(file, _deepest_line(text), "invalid TOML: arrays or inline tables are "
-                                   "nested too deeply", "a recipe's values are strings, numbers, booleans "
-                                   "and flat arrays (docs/recipes.md)")]
+        return empty, [_fault(file, _deepest_line(text), "invalid TOML: arrays or inline tables are nested "
+                              "too deeply", "a recipe's values are strings, numbers, booleans and flat arrays "
+                              "(docs/recipes.md)")]
     except ValueError:  # tomllib's other ValueError: an integer past int's digit limit
-        return empty, [RecipeFault(file, _longest_number_line(text), "invalid TOML: an integer of more "
-                                   f"than {sys.get_int_max_str_digits()} digits", "block extents and the "
-                                   "version are small integers (docs/recipes.md)")]
+        return empty, [_fault(file, _longest_number_line(text), "invalid TOML: an integer of more than "
+                              f"{sys.get_int_max_str_digits()} digits", "block extents and the version are "
+                              "small integers (docs/recipes.md)")]
     parser = _Parser(file, text)
     on_indivisible, rules = parser.recipe(doc)
     return Recipe(path, on_indivisible, rules, sha256, parser.cast_kept), parser.faults
@@ -200,14 +203,17 @@ def _longest_number_line(text: str) -> int:
     return runs.index(max(runs)) + 1 if runs else 1
 
 
-def _syntax_fault(file: str, exc: tomllib.TOMLDecodeError) -> RecipeFault:
+def _fault(file: str, line: int, message: str, hint: str) -> Problem:
+    """A recipe error found while reading, kept as data so that every one can be reported."""
+    return Problem(Kind.recipe, message, hint, file=file, line=line)
+
+
+def _syntax_fault(file: str, exc: tomllib.TOMLDecodeError) -> Problem:
     message = str(exc)
     position = _TOML_POSITION.search(message)
     line = int(position.group(1)) if position else 1
-    return RecipeFault(
-        file, line, printable(f"invalid TOML: {_TOML_POSITION.sub('', message)}"),
-        "fix the TOML syntax; docs/recipes.md shows a complete recipe",
-    )
+    return _fault(file, line, printable(f"invalid TOML: {_TOML_POSITION.sub('', message)}"),
+                  "fix the TOML syntax; docs/recipes.md shows a complete recipe")
 
 
 _HEADER_NAME_PUNCTUATION = frozenset(".-\"' _")
@@ -306,11 +312,11 @@ class _Parser:
     def __init__(self, file: str, text: str) -> None:
         self.file = file
         self.lines = _Lines(text)
-        self.faults: list[RecipeFault] = []
+        self.faults: list[Problem] = []
         self.cast_kept: str | None = None
 
     def fault(self, line: int, message: str, hint: str) -> None:
-        self.faults.append(RecipeFault(self.file, line, _bounded(message), _bounded(hint)))
+        self.faults.append(_fault(self.file, line, _bounded(message), _bounded(hint)))
 
     def unknown_keys(self, table: dict, known: tuple[str, ...], where: str, span: tuple[int, int] | None,
                      listed: tuple[str, ...] | None = None) -> None:
@@ -321,7 +327,7 @@ class _Parser:
                     f"{_suggest(key, known)}known keys: {', '.join(listed or known)}",
                 )
 
-    def recipe(self, doc: dict) -> tuple[str, list[Rule]]:
+    def recipe(self, doc: dict) -> tuple[OnIndivisible, list[Rule]]:
         self.unknown_keys(doc, TOP_KEYS, "the recipe", None)
         version = doc.get("version")
         if version is None:
@@ -342,23 +348,23 @@ class _Parser:
         rules = [rule for i, table in enumerate(rules_doc) if (rule := self.rule(table, i)) is not None]
         return on_indivisible, rules
 
-    def defaults(self, table: object) -> str:
+    def defaults(self, table: object) -> OnIndivisible:
         span = self.lines.table("defaults")
         if not isinstance(table, dict):
             self.fault(self.lines.key("defaults", None), "defaults must be a table", "write it as [defaults]")
-            return "keep"
+            return OnIndivisible.keep
         self.unknown_keys(table, DEFAULTS_KEYS, "[defaults]", span)
         if "cast_kept" in table:
             self.cast_kept = self.cast(table, "cast_kept", lambda key: self.lines.key(key, span))
-        value = table.get("on_indivisible", "keep")
-        if value not in ON_INDIVISIBLE:
+        value = table.get("on_indivisible", OnIndivisible.keep)
+        if value not in tuple(OnIndivisible):
             self.fault(
                 self.lines.key("on_indivisible", span),
                 f"on_indivisible must be \"keep\" or \"error\", got {shown(value)}",
                 "\"keep\" keeps a tensor whose shape cannot take its scheme; \"error\" stops the plan",
             )
-            return "keep"
-        return value
+            return OnIndivisible.keep
+        return OnIndivisible(value)
 
     def rule(self, table: dict, index: int) -> Rule | None:
         """One rule, or None when it has faults (each one recorded)."""
@@ -378,7 +384,7 @@ class _Parser:
         preset_name = table.get("preset")
         mode = self.mode(table, line)
         conflicts = scheme_keys + (["preset"] if "preset" in table else []) + [
-            k for k in ZERO_POINT_KEYS if k in table and mode != QuantMode.Symmetric.value
+            k for k in ZERO_POINT_KEYS if k in table and mode is not QuantMode.Symmetric
         ]
         if keep and conflicts:
             self.fault(
@@ -399,24 +405,24 @@ class _Parser:
             )
         keep_invalid = "keep" in table and not isinstance(table["keep"], bool)  # already a fault
         asks = keep or keep_invalid or misspelt or "preset" in table or "value" in table
-        if not asks and mode == QuantMode.Symmetric.value:
+        if not asks and mode is QuantMode.Symmetric:
             self.fault(
                 header, "the rule says neither keep = true, a preset, nor a value",
                 f"add keep = true, preset = \"{DEFAULT_PRESET}\", or value = \"Q4S\" with its scale keys",
             )
         scheme = calibration = preset = None
-        refusals: tuple[Refusal, ...] = ()
+        refusals: tuple[Problem, ...] = ()
         if not keep and preset_name is not None and not scheme_keys:
             preset, scheme, calibration, refusals = self.preset(preset_name, line("preset"))
             if refusals:
-                mode = QuantMode.Lookup.value if preset_name.strip().lower() in LOOKUP_NAMES else "Asymmetric"
+                mode = QuantMode.Lookup if preset_name.strip().lower() in LOOKUP_NAMES else ZeroPoint.Asymmetric
         elif not keep and "value" in table:
             scheme, calibration = self.scheme(table, line, mode)
         if len(self.faults) > before or match is None:
             return None
-        if mode in ZERO_POINT_MODES and not refusals:
+        if isinstance(mode, ZeroPoint) and not refusals:
             refusals = (_zero_point_refusal(table.get("value")),)
-        elif mode == QuantMode.Lookup.value and scheme is None and not refusals:
+        elif mode is QuantMode.Lookup and scheme is None and not refusals:
             refusals = (_lookup_refusal(None),)
         if scheme is not None and calibration is not None:
             refusals = refusals + tuple(accept_problems(scheme, calibration))
@@ -484,7 +490,7 @@ class _Parser:
         self.fault(line(key), f"unknown {key} {shown(name)}", f"{_suggest(name, names)}one of {', '.join(names)}")
         return None
 
-    def mode(self, table: dict, line: LineOf) -> str:
+    def mode(self, table: dict, line: LineOf) -> QuantMode | ZeroPoint:
         """The mode as asked: Symmetric, Lookup, or a zero-point mode (`mode = "Asymmetric"`, `zero_point`,
         `asymmetric = true`, `symmetric = false`), which Burn has no form for."""
         for key in ("asymmetric", "symmetric"):
@@ -493,19 +499,18 @@ class _Parser:
                            "Burn's schemes are all symmetric; remove the key")
         name = self.string(table, "mode", line)
         if name is not None:
-            zero_point = next((m for m in ZERO_POINT_MODES if m.lower() == name.lower()), None)
+            zero_point = next((m for m in ZeroPoint if m.lower() == name.lower()), None)
             if zero_point:
                 return zero_point
-            mode = self.enum(table, "mode", QuantMode, line)
-            if mode is QuantMode.Lookup:
-                return mode.value
+            if self.enum(table, "mode", QuantMode, line) is QuantMode.Lookup:
+                return QuantMode.Lookup
         if "zero_point" in table or table.get("asymmetric") is True or table.get("symmetric") is False:
-            return "Asymmetric"
-        return QuantMode.Symmetric.value
+            return ZeroPoint.Asymmetric
+        return QuantMode.Symmetric
 
     def preset(
         self, name: object, line: int
-    ) -> tuple[str | None, QuantScheme | None, Calibration | None, tuple[Refusal, ...]]:
+    ) -> tuple[str | None, QuantScheme | None, Calibration | None, tuple[Problem, ...]]:
         """(canonical name, scheme, calibration, refusals) of a preset; Nones and a fault when unknown."""
         if not isinstance(name, str):
             self.fault(line, f"preset must be a string, got {shown(name)}", f"e.g. preset = \"{DEFAULT_PRESET}\"")
@@ -522,11 +527,12 @@ class _Parser:
                    f"{', '.join(PRESETS)} (docs/presets.md)")
         return None, None, None, ()
 
-    def scheme(self, table: dict, line: LineOf, mode: str) -> tuple[QuantScheme | None, Calibration | None]:
+    def scheme(self, table: dict, line: LineOf, mode: QuantMode | ZeroPoint
+               ) -> tuple[QuantScheme | None, Calibration | None]:
         """The scheme the value/store/block/... keys spell; a zero-point mode builds its Symmetric twin."""
         value = self.enum(table, "value", QuantValue, line)
         store = self.store(table, line)
-        quant_mode = QuantMode.Lookup if mode == QuantMode.Lookup.value else QuantMode.Symmetric
+        quant_mode = QuantMode.Lookup if mode is QuantMode.Lookup else QuantMode.Symmetric
         block = self.block(table, line)
         block_scale = self.enum(table, "block_scale", ScaleDtype, line)
         tensor_scale = self.enum(table, "tensor_scale", ScaleDtype, line)
@@ -585,17 +591,18 @@ def _width(value: object) -> int:
     return named[0].size_bits() if named else 4
 
 
-def _lookup_refusal(name: str | None) -> Refusal:
-    return Refusal(
+def _lookup_refusal(name: str | None) -> Problem:
+    return Problem(
+        Kind.lookup,
         f"mode Lookup{f' ({name} is a codebook)' if name else ''}: {LOOKUP_WHY}",
         "use a Symmetric scheme of the same width (e.g. Q4S with block [32] and F16 scales, preset "
         f"\"{DEFAULT_PRESET}\"), or keep the tensor unquantized (keep = true)",
     )
 
 
-def _zero_point_refusal(value: object, name: str | None = None) -> Refusal:
+def _zero_point_refusal(value: object, name: str | None = None) -> Problem:
     asked = f"{name} is asymmetric" if name else "a zero point (asymmetric quantization)"
-    return Refusal(f"mode Asymmetric: {asked}: {ZERO_POINT_WHY}", same_width_instead(_width(value)))
+    return Problem(Kind.scheme, f"mode Asymmetric: {asked}: {ZERO_POINT_WHY}", same_width_instead(_width(value)))
 
 
 # -- regular expressions in linear time ---------------------------------------------------------------

@@ -11,9 +11,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from qcli import __version__
+from qcli.problem import Problem, Severity
 
 if TYPE_CHECKING:
-    from qcli.plan import Totals
+    import torch
+
+    from qcli.plan import PlanEntry, Totals
+    from qcli.scheme import QuantScheme
 
 JSON_SCHEMA_VERSION = 2
 
@@ -53,7 +57,7 @@ class TensorRow:
     shape: tuple[int, ...]
     out_shape: tuple[int, ...]
     dtype: str
-    scheme: Any  # QuantScheme, or None for keep
+    scheme: QuantScheme | None  # None for keep
     reason: str
     transposed: bool
     bytes_in: int
@@ -66,8 +70,7 @@ class TensorRow:
         return "keep" if self.scheme is None else "quantize"
 
     @staticmethod
-    def of(entry: Any, error: ErrorRow | None = None) -> TensorRow:
-        """From a `qcli.plan.PlanEntry`."""
+    def of(entry: PlanEntry, error: ErrorRow | None = None) -> TensorRow:
         info, decision = entry.info, entry.decision
         return TensorRow(
             name=info.name,
@@ -199,7 +202,7 @@ class QuantizeReport:
     source_files: list[SourceFile]
     tensors: list[TensorRow]
     totals: Totals
-    warnings: list[Any] = field(default_factory=list)  # qcli.plan.Problem of severity "warning"
+    warnings: list[Problem] = field(default_factory=list)  # of severity warning
     timings: Timings | None = None
     memory: MemoryUse | None = None  # a real run's
     outputs: list[str] = field(default_factory=list)  # the files written: `output`, or its shards
@@ -242,7 +245,7 @@ class ValueStats:
         return {"min": self.min, "max": self.max, "mean": self.mean, "std": self.std, "rms": self.rms}
 
 
-def value_stats(t: Any) -> ValueStats:
+def value_stats(t: torch.Tensor) -> ValueStats:
     """min/max/mean/std (population)/rms of a torch tensor of any real dtype."""
     x = t.reshape(-1).double()
     if x.numel() == 0:
@@ -400,8 +403,8 @@ class InspectReport:
         }
 
 
-def problem_json(p: Any) -> dict:
-    """A `qcli.plan.Problem` as JSON (file and line for annotations, the tensors it concerns)."""
+def problem_json(p: Problem) -> dict:
+    """A problem as JSON (file and line for annotations, the tensors it concerns)."""
     return {
         "severity": p.severity,
         "kind": p.kind,
@@ -419,15 +422,15 @@ class ValidateReport:
 
     recipes: list[str]
     model: str | None
-    problems: list[Any]  # qcli.plan.Problem
+    problems: list[Problem]
 
     @property
     def errors(self) -> int:
-        return sum(p.severity == "error" for p in self.problems)
+        return sum(p.severity is Severity.error for p in self.problems)
 
     @property
     def warnings(self) -> int:
-        return sum(p.severity != "error" for p in self.problems)
+        return sum(p.severity is not Severity.error for p in self.problems)
 
     @property
     def ok(self) -> bool:

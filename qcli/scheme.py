@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from qcli.errors import SchemeError
+from qcli.problem import Kind, Problem
 
 F16_MAX = 65504.0
 F32_MIN_POSITIVE = 1.1754943508222875e-38  # f32::MIN_POSITIVE, 2^-126
@@ -451,41 +452,35 @@ def _scheme_from_serde(obj: object) -> QuantScheme:
     )
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """One reason Burn would refuse a scheme, and what would work instead.
-
-    `on_load` is False for a rule only Burn's own quantizer applies: Burn loads such a payload, and its
-    bytes are still well defined (the spec's worked example packs Q4S in blocks of 4), but Burn would
-    not have produced it.
-    """
-
-    why: str
-    instead: str
-    on_load: bool = True
-
-
 LOOKUP_WHY = (
     "Burn cannot build a lookup-quantized tensor from data: "
     "lookup quantization does not travel as a QFloat tensor (QuantScheme has no slot for the table)"
 )
 
 
-def accept_problems(scheme: QuantScheme, calibration: Calibration = Calibration.MinMax) -> list[Refusal]:
+def accept_problems(scheme: QuantScheme, calibration: Calibration = Calibration.MinMax, *,
+                    quantizer: bool = True) -> list[Problem]:
     """Every reason Burn would refuse `scheme` whichever backend loads it (burn-std 0.22.1 `quantizable`,
-    the stores' own checks); empty when it is accepted. What one backend loads is `qcli.burn_backends`'."""
-    problems: list[Refusal] = []
+    the stores' own checks), each with what would work instead; empty when it is accepted. What one
+    backend loads is `qcli.burn_backends`'.
+
+    `quantizer` False leaves out the rules only Burn's own quantizer applies: Burn loads such a payload,
+    and its bytes are still well defined (the spec's worked example packs Q4S in blocks of 4), but Burn
+    would not have produced it.
+    """
+    problems: list[Problem] = []
     value, store = scheme.value, scheme.store
     bits = value.size_bits()
     if scheme.mode is QuantMode.Lookup:
-        problems.append(Refusal(f"mode Lookup: {LOOKUP_WHY}", same_width_instead(bits)))
+        problems.append(Problem(Kind.lookup, f"mode Lookup: {LOOKUP_WHY}", same_width_instead(bits)))
     # Every scale dtype has a round-up rule at Burn 0.22.1 (cubecl 0.11.3), UE8M0 included, so none is
     # refused for its own sake; UE8M0 block scales under a global are refused by the f16 rule below.
     if scheme.is_two_level():
         assert scheme.block is not None and scheme.tensor is not None
         if scheme.block.dtype.max_representable() > F16_MAX:
             problems.append(
-                Refusal(
+                Problem(
+                    Kind.scheme,
                     f"a two-level scheme stores its block scales relative to the global scale, so they must be no "
                     f"wider than f16; got {scheme.block.dtype.value}",
                     "use F16 or UE4M3 block scales under an F32 global, or drop tensor_scale for one level",
@@ -493,21 +488,24 @@ def accept_problems(scheme: QuantScheme, calibration: Calibration = Calibration.
             )
         if scheme.tensor is not ScaleDtype.F32:
             problems.append(
-                Refusal(
+                Problem(
+                    Kind.scheme,
                     f"a two-level scheme stores its per-tensor scale as f32, got {scheme.tensor.value}",
                     "set tensor_scale = \"F32\"",
                 )
             )
         if calibration is Calibration.AbsMean:
             problems.append(
-                Refusal(
+                Problem(
+                    Kind.scheme,
                     "AbsMean calibration has no two-level form",
                     "use MinMax calibration, or drop tensor_scale for a one-level AbsMean scheme",
                 )
             )
     if isinstance(store, Native) and bits < 8:
         problems.append(
-            Refusal(
+            Problem(
+                Kind.scheme,
                 f"Can't store native sub-byte values: {value.value} is {bits} bits",
                 "use store PackedU32" + (f" (or PackedNative for {value.value})" if value.native_packing() > 1 else ""),
             )
@@ -516,28 +514,30 @@ def accept_problems(scheme: QuantScheme, calibration: Calibration = Calibration.
         packing = ", ".join(f"{v.value} packs natively, as {v.value.lower()}x{v.native_packing()}"
                             for v in QuantValue if v.native_packing() > 1)
         problems.append(
-            Refusal(
+            Problem(
+                Kind.scheme,
                 f"{value.value} doesn't support native packing (only {packing})",
                 "use store PackedU32" + (" or Native" if bits == 8 else ""),
             )
         )
     if isinstance(store, (PackedU32, PackedNative)) and store.dim != 0:
         problems.append(
-            Refusal(
+            Problem(
+                Kind.scheme,
                 f"{store} packs along an outer axis, which Burn's CPU backends cannot split back into values",
                 f"use {type(store).__name__}(0); to pack along another axis, transpose the tensor (transpose = true)",
             )
         )
-    if isinstance(store, PackedU32) and scheme.block is not None:
+    if quantizer and isinstance(store, PackedU32) and scheme.block is not None:
         inner = scheme.block.size.dims()[-1] if scheme.block.size.len else 1
         per_word = 32 // bits
         if inner % per_word:
             problems.append(
-                Refusal(
+                Problem(
+                    Kind.scheme,
                     f"PackedU32 holds {per_word} {value.value} values per word, so a block's innermost extent must "
                     f"be a multiple of {per_word}; got {scheme.block.size}",
                     f"use an innermost block extent that is a multiple of {per_word}, e.g. [{max(32, per_word)}]",
-                    on_load=False,
                 )
             )
     return problems
@@ -553,9 +553,9 @@ def same_width_instead(bits: int) -> str:
 def check_accepted(scheme: QuantScheme, calibration: Calibration = Calibration.MinMax) -> None:
     """Raise `SchemeError` for a scheme Burn cannot load, with the first reason and the alternative.
 
-    Rules only Burn's own quantizer applies (`Refusal.on_load` False) are left to the plan, which
-    reports every problem of `accept_problems`.
+    Rules only Burn's own quantizer applies are left to the plan, which reports every problem of
+    `accept_problems`.
     """
-    problems = [p for p in accept_problems(scheme, calibration) if p.on_load]
+    problems = accept_problems(scheme, calibration, quantizer=False)
     if problems:
-        raise SchemeError(f"{scheme}: {problems[0].why}", hint=problems[0].instead)
+        raise SchemeError(f"{scheme}: {problems[0].message}", hint=problems[0].hint)

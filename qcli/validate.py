@@ -17,12 +17,13 @@ from pathlib import Path
 from qcli import BURN_VERSION
 from qcli.burn_backends import BurnBackend, load_problem, loads_instead
 from qcli.io.safetensors import TensorInfo
-from qcli.plan import Problem, count_and_first, make_plan, preset_or_scheme, rule_refusal
+from qcli.plan import count_and_first, make_plan, preset_or_scheme, rule_refusal
 from qcli.presets import Preset
+from qcli.problem import Kind, Problem, Severity
 from qcli.recipe import Rule, read_recipe
 
 # Warnings of `make_plan` that are errors here: a rule that decides nothing is a mistake in the recipe.
-RULE_KINDS = ("unmatched-rule", "unquantized-rule")
+RULE_KINDS = (Kind.unmatched_rule, Kind.unquantized_rule)
 
 
 def validate_scheme(
@@ -34,21 +35,20 @@ def validate_scheme(
 
     An unreadable recipe file raises `RecipeError`; everything wrong inside it is returned.
     """
-    recipe, faults = read_recipe(recipe_path)
-    problems = [Problem("recipe", f.message, f.hint, f.file, f.line, (), "error") for f in faults]
+    recipe, problems = read_recipe(recipe_path)
     if infos is None:
         problems += [p for rule in recipe.rules if (p := rule_refusal(rule)) is not None]
         return problems + ([] if backend is None else _backend_refusals(recipe.rules, backend, burn_version))
     plan = make_plan(infos, recipe, preset, backend=backend, burn_version=burn_version)
     for problem in plan.problems:
-        problems.append(replace(problem, severity="error") if problem.kind in RULE_KINDS else problem)
+        problems.append(replace(problem, severity=Severity.error) if problem.kind in RULE_KINDS else problem)
     uncovered = [e.info.name for e in plan.entries if e.decision.rule is None]
     if uncovered:
         problems.append(Problem(
-            "uncovered", f"no rule covers {count_and_first(uncovered)}; they follow the default policy "
+            Kind.uncovered, f"no rule covers {count_and_first(uncovered)}; they follow the default policy "
             f"({plan.preset.name if plan.preset else 'default'} where the shape takes it, else keep)",
             "add a rule for them (match = \"*\" as the last rule catches everything), or accept the default",
-            str(recipe_path), None, tuple(uncovered), "warning",
+            severity=Severity.warning, file=str(recipe_path), tensors=tuple(uncovered),
         ))
     return problems
 
@@ -64,7 +64,7 @@ def _backend_refusals(rules: Iterable[Rule], backend: BurnBackend, version: str)
             instead = loads_instead(backend, rule.scheme, (), version)
             hint = (f"use {preset_or_scheme(instead)}, which {backend} loads" if instead is not None
                     else "keep those tensors (keep = true), or load the file on another backend")
-            problems.append(Problem("backend", f"rule (match {rule.match!r}) asks for {rule.describe()}, which "
-                                    f"Burn {version}'s {backend} backend cannot load: {why}", hint,
-                                    rule.file, rule.line, (), "error"))
+            problems.append(Problem(Kind.backend, f"rule (match {rule.match!r}) asks for {rule.describe()}, "
+                                    f"which Burn {version}'s {backend} backend cannot load: {why}", hint,
+                                    file=rule.file, line=rule.line))
     return problems

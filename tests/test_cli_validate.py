@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from cli_support import SINGLE, assert_user_error, cli, validate_json
+from cli_support import ROOT, SCHEMA, SINGLE, assert_user_error, cli, validate_json
+
+from qcli.problem import Kind, Severity
 
 GOOD = """version = 1
 
@@ -190,3 +192,14 @@ def test_a_llama_cpp_scheme_name_is_a_usage_error_naming_the_preset(recipe):
     lines = assert_user_error(cli("validate-scheme", recipe(GOOD), "--model", SINGLE, "--scheme", "q8_0"), 2)
     assert lines[0] == "error: 'q8_0' is llama.cpp's name, not a qcli preset"
     assert lines[-1].startswith("hint: use q8s-b32: 8-bit, blocks of 32 with F16 scales, as Q8_0")
+
+
+def test_the_json_schema_names_every_kind_and_severity_of_a_problem():
+    problem = SCHEMA["$defs"]["problem"]["properties"]
+    assert problem["kind"]["enum"] == list(Kind)
+    assert problem["severity"]["enum"] == list(Severity)
+
+
+def test_docs_recipes_describes_every_kind_of_problem():
+    section = (ROOT / "docs" / "recipes.md").read_text().split("## Problem kinds")[1].split("\n## ")[0]
+    assert re.findall(r"^\| `([a-z-]+)` \|", section, re.M) == list(Kind)

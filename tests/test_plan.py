@@ -287,7 +287,7 @@ def test_on_indivisible_error_reports_every_tensor(tmp_path: Path) -> None:
         plan.raise_if_errors()
     assert raised.value.message.startswith("the plan has 2 problems")
     assert len(raised.value.problems) == 2
-    assert raised.value.problems[0].startswith(
+    assert str(raised.value.problems[0]).startswith(
         f"{tmp_path / 'recipe.toml'}:4: odd.weight [10, 33] cannot take"
     )
 

@@ -136,25 +136,25 @@ def test_the_three_stores(tmp_path: Path, store: str, serde: object) -> None:
 
 def test_a_scheme_burn_refuses_parses_with_its_refusals(tmp_path: Path) -> None:
     native_q4 = rule_of(tmp_path, 'value = "Q4S"\nstore = "Native"\n')
-    assert any("sub-byte" in r.why for r in native_q4.refusals)
+    assert any("sub-byte" in r.message for r in native_q4.refusals)
     outer = rule_of(tmp_path, 'value = "Q8S"\nstore = "PackedU32(1)"\n')
     assert outer.scheme.to_serde()["store"] == {"PackedU32": 1}
-    assert any("outer axis" in r.why for r in outer.refusals)
+    assert any("outer axis" in r.message for r in outer.refusals)
 
 
 def test_mode_lookup_is_parsed_and_refused(tmp_path: Path) -> None:
     rule = rule_of(tmp_path, 'value = "Q4S"\nmode = "Lookup"\nblock = [32]\nblock_scale = "F16"\n')
     assert rule.mode == "Lookup"
     assert rule.scheme.to_serde()["mode"] == "Lookup"
-    assert "lookup quantization does not travel as a QFloat tensor" in rule.refusals[0].why
-    assert "Symmetric" in rule.refusals[0].instead and "keep = true" in rule.refusals[0].instead
+    assert "lookup quantization does not travel as a QFloat tensor" in rule.refusals[0].message
+    assert "Symmetric" in rule.refusals[0].hint and "keep = true" in rule.refusals[0].hint
 
 
 def test_a_codebook_preset_is_a_lookup_refusal(tmp_path: Path) -> None:
     rule = rule_of(tmp_path, 'preset = "nf4"\n')
     assert rule.mode == "Lookup"
     assert rule.scheme is None
-    assert "lookup quantization does not travel as a QFloat tensor" in rule.refusals[0].why
+    assert "lookup quantization does not travel as a QFloat tensor" in rule.refusals[0].message
 
 
 @pytest.mark.parametrize(
@@ -172,8 +172,8 @@ def test_a_codebook_preset_is_a_lookup_refusal(tmp_path: Path) -> None:
 def test_zero_point_requests_are_refused(tmp_path: Path, body: str) -> None:
     rule = rule_of(tmp_path, body)
     assert rule.mode in ("Asymmetric", "Affine")
-    assert "zero point" in rule.refusals[0].why
-    assert "Q4S" in rule.refusals[0].instead and "keep = true" in rule.refusals[0].instead
+    assert "zero point" in rule.refusals[0].message
+    assert "Q4S" in rule.refusals[0].hint and "keep = true" in rule.refusals[0].hint
 
 
 def test_symmetric_true_is_no_request(tmp_path: Path) -> None:
@@ -182,7 +182,7 @@ def test_symmetric_true_is_no_request(tmp_path: Path) -> None:
 
 
 def test_a_zero_point_request_suggests_a_symmetric_value_of_the_same_width(tmp_path: Path) -> None:
-    assert "Q8S" in rule_of(tmp_path, 'value = "Q8F"\nasymmetric = true\n').refusals[0].instead
+    assert "Q8S" in rule_of(tmp_path, 'value = "Q8F"\nasymmetric = true\n').refusals[0].hint
 
 
 def test_keep_and_transpose(tmp_path: Path) -> None:

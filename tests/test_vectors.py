@@ -549,7 +549,7 @@ def _rows_not_a_multiple_of_the_word(v):
 def _packed_block_narrower_than_a_word(v):
     # Burn's own quantizer panics; its loader does not check, so the plan refuses it, not the codec.
     (refusal,) = accept_problems(scheme_of(v))
-    assert "multiple of 16" in refusal.why and not refusal.on_load
+    assert "multiple of 16" in refusal.message and not accept_problems(scheme_of(v), quantizer=False)
     check_accepted(scheme_of(v))
 
 

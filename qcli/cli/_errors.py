@@ -52,8 +52,9 @@ def emit(error: QcliError) -> int:
     if debug():
         traceback.print_exception(error, file=sys.stderr)
     lines = [f"error: {printable(error.message)}"]
-    if isinstance(error, PlanError):
-        lines += [f"  {printable(p)}" for p in error.problems]
+    if isinstance(error, PlanError):  # each problem with its hint, unless that is the error's own
+        lines += [f"  {printable(str(p) if p.hint == error.hint else f'{p} (hint: {p.hint})')}"
+                  for p in error.problems]
     if error.hint:
         lines.append(f"hint: {printable(error.hint)}")
     sys.stderr.write("\n".join(lines) + "\n")

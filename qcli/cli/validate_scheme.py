@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -12,6 +12,7 @@ from qcli import api
 from qcli.cli import _output
 from qcli.cli._burn import BurnBackendOption, BurnVersionOption
 from qcli.errors import CheckFailed
+from qcli.problem import Problem
 from qcli.report import ValidateReport
 
 MAX_NAMES = 5
@@ -77,7 +78,7 @@ def _names(tensors: tuple[str, ...] | list[str]) -> str:
     return shown + (f" (+{len(tensors) - MAX_NAMES} more)" if len(tensors) > MAX_NAMES else "")
 
 
-def _names_missing(p: Any) -> bool:
+def _names_missing(p: Problem) -> bool:
     """Whether the message leaves out the tensors it concerns (the plan's messages name the first)."""
     return bool(p.tensors) and p.tensors[0] not in p.message
 
@@ -111,12 +112,11 @@ def _github(report: ValidateReport) -> None:
     """GitHub workflow commands: `::error file=F,line=N,title=T::message`, one per problem."""
     lines = []
     for p in report.problems:
-        props: list[tuple[str, Any]] = [("file", p.file), ("line", p.line), ("title", f"qcli {p.kind}")]
+        props: list[tuple[str, str | int | None]] = [("file", p.file), ("line", p.line), ("title", f"qcli {p.kind}")]
         rendered = ",".join(f"{k}={_escape_property(str(v))}" for k, v in props if v)
         message = p.message + (f" (tensors: {_names(p.tensors)})" if _names_missing(p) else "")
         message += f". hint: {p.hint}" if p.hint else ""
-        level = "error" if p.severity == "error" else "warning"
-        lines.append(f"::{level} {rendered}::{_escape_data(message)}")
+        lines.append(f"::{p.severity} {rendered}::{_escape_data(message)}")
     checked = " ".join(report.recipes)
     lines.append(f"qcli validate-scheme {checked}: {report.errors} error(s), {report.warnings} warning(s)")
     print("\n".join(lines))
