@@ -10,9 +10,9 @@ Parts (each appends to OUT/end_to_end.json):
 - `floor`: the I/O floor: every shard read into memory with 1 and with 16 threads, with the page cache
   dropped first (posix_fadvise DONTNEED) and then from the page cache, and writing plus fsyncing a file
   of each scheme's output size.
-- `pipeline`: the GPU pipeline and the burnpack writer alone (`qcli.gpu.pipeline.run` into
+- `pipeline`: the GPU pipeline and the burnpack writer alone (`qcli.pipeline.gpu.run` into
   `BurnpackWriter`, as `qcli quantize` streams them), cold and cached.
-- `qcli`: `qcli.api.quantize_file`, what `qcli quantize --device cuda` runs, which by default also
+- `qcli`: `qcli.commands.quantize.quantize_file`, what `qcli quantize --device cuda` runs, which by default also
   decodes every quantized tensor on the GPU for its error statistics and bound check and reads the
   finished file back to verify it; `qcli-nostats` is `--no-stats`, `qcli-nostats-noverify` adds
   `--no-verify`. Cold and cached.
@@ -145,8 +145,9 @@ def write_fsync(path: Path, nbytes: int) -> float:
 
 
 def output_bytes(directory: Path, scheme: str) -> int:
-    from qcli.api import make_checked_plan, resolve_preset
+    from qcli.commands.quantize import make_checked_plan
     from qcli.io.safetensors import SafetensorsSource
+    from qcli.presets import resolve_preset
 
     with SafetensorsSource.open(directory) as source:
         plan = make_checked_plan(source.infos(), None, resolve_preset(scheme))
@@ -198,10 +199,12 @@ def _rss_bytes() -> int:
 
 
 def _pipeline(directory: Path, scheme: str, target: Path) -> dict:
-    from qcli.api import make_checked_plan, resolve_preset
-    from qcli.gpu.pipeline import run
+    from qcli.commands.quantize import make_checked_plan
     from qcli.io.burnpack import BurnpackWriter, TensorEntry
     from qcli.io.safetensors import SafetensorsSource
+    from qcli.pipeline import GpuSettings
+    from qcli.pipeline.gpu import run
+    from qcli.presets import resolve_preset
 
     with SafetensorsSource.open(directory) as source:
         plan = make_checked_plan(source.infos(), None, resolve_preset(scheme))
@@ -209,9 +212,9 @@ def _pipeline(directory: Path, scheme: str, target: Path) -> dict:
                    for e in plan.entries]
         with BurnpackWriter(target, entries, {"producer": "qcli-bench"}) as writer:
             write_s = 0.0
-            for entry, payload, _ in run(plan, source):
+            for payload in run(plan, source, settings=GpuSettings.from_env()):
                 tick = time.perf_counter()
-                writer.write(entry.info.name, payload)
+                writer.write(payload.entry.info.name, payload.data)
                 write_s += time.perf_counter() - tick
             tick = time.perf_counter()
             writer.commit()
@@ -220,7 +223,7 @@ def _pipeline(directory: Path, scheme: str, target: Path) -> dict:
 
 
 def _qcli(directory: Path, scheme: str, target: Path, **options) -> dict:
-    from qcli.api import quantize_file
+    from qcli.commands.quantize import quantize_file
 
     report = quantize_file(directory, target, scheme=scheme, device="cuda", force=True, **options)
     t = report.timings
@@ -234,8 +237,9 @@ def _naive(directory: Path, scheme: str, target: Path) -> dict:
     from safetensors.torch import load_file
 
     from bench.kernels import codec_on_device
-    from qcli.api import make_checked_plan, resolve_preset
+    from qcli.commands.quantize import make_checked_plan
     from qcli.io.safetensors import SafetensorsSource
+    from qcli.presets import resolve_preset
 
     with SafetensorsSource.open(directory) as source:
         plan = make_checked_plan(source.infos(), None, resolve_preset(scheme))

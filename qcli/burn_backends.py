@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from qcli import BURN_VERSION
+from qcli.errors import UsageError
 from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype
 
 # Burn 0.21 reads a scheme's scales from the keys `param` and `level`, 0.22 from `tensor` and `block`.
@@ -143,6 +144,28 @@ CAPABILITIES: dict[str, dict[BurnBackend, Capability]] = {
 }
 BURN_VERSIONS = tuple(CAPABILITIES)
 assert BURN_VERSIONS[0] == BURN_VERSION, "the first table is the release qcli targets by default"
+
+
+def resolve_backend(name: str | None) -> BurnBackend | None:
+    """The Burn backend `--burn-backend` names, or None for the common backends."""
+    if name is None:
+        return None
+    try:
+        return BurnBackend(name.lower())
+    except ValueError:
+        raise UsageError(f"unknown Burn backend {name!r}",
+                         hint=f"use one of {', '.join(BurnBackend)} (docs/output.md says what each loads)") from None
+
+
+def resolve_version(name: str | None) -> str:
+    """The Burn release `--burn-version` names (`0.21` or `0.21.0`), or the newest stable one qcli targets."""
+    if name is None:
+        return BURN_VERSION
+    chosen = [v for v in BURN_VERSIONS if name.strip() in (v, v.rsplit(".", 1)[0])]
+    if not chosen:
+        raise UsageError(f"Burn {name!r} is not a release qcli writes for",
+                         hint=f"use one of {', '.join(BURN_VERSIONS)} (the default is {BURN_VERSION})")
+    return chosen[0]
 
 
 def load_problem(backend: BurnBackend, scheme: QuantScheme, shape: Sequence[int],

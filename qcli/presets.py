@@ -141,6 +141,11 @@ def foreign_preset(name: str) -> SchemeError | UsageError | None:
     return None
 
 
+def resolve_preset(name: str | None) -> Preset:
+    """The preset `--scheme` names (any case), or the default; codebook and zero-point names are refused."""
+    return get_preset(DEFAULT_PRESET if name is None else name)
+
+
 def get_preset(name: str) -> Preset:
     """The preset called `name` (any case).
 

@@ -188,7 +188,7 @@ class SourceFile:
 
 @dataclass
 class QuantizeReport:
-    """The result of `qcli.api.quantize_file`: the plan, and for a real run the errors and timings."""
+    """The result of `qcli.commands.quantize.quantize_file`: the plan, and for a real run the errors and timings."""
 
     input: str
     output: str
@@ -355,7 +355,7 @@ class CompareReport:
 
 @dataclass
 class InspectReport:
-    """The result of `qcli.api.inspect_file`."""
+    """The result of `qcli.commands.inspect.inspect_file`."""
 
     path: str
     format: str  # "safetensors" | "burnpack"
@@ -418,7 +418,8 @@ def problem_json(p: Problem) -> dict:
 
 @dataclass
 class ValidateReport:
-    """The result of `qcli.api.validate_scheme`: every problem in the recipes (and plans, with a model)."""
+    """The result of `qcli.commands.validate_scheme.validate_scheme`: every problem in the recipes (and
+    plans, with a model)."""
 
     recipes: list[str]
     model: str | None

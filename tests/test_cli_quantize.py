@@ -358,9 +358,9 @@ def test_cuda_without_cuda_is_a_usage_error(tmp_path):
 
 def _interrupting_run(raise_it):
     """A CPU pipeline that yields one tensor, then is interrupted."""
-    from qcli import pipeline
+    from qcli.pipeline import cpu
 
-    real = pipeline.run
+    real = cpu.run
 
     def run(plan, source, measure=False):
         for i, item in enumerate(real(plan, source, measure)):
@@ -379,9 +379,9 @@ def _interrupting_run(raise_it):
     ],
 )
 def test_interruption_exits_130_and_leaves_the_target_untouched(tmp_path, monkeypatch, interrupt):
-    from qcli import pipeline
+    from qcli.pipeline import cpu
 
-    monkeypatch.setattr(pipeline, "run", _interrupting_run(interrupt))
+    monkeypatch.setattr(cpu, "run", _interrupting_run(interrupt))
     out = tmp_path / "t.bpk"
     out.write_bytes(b"old")
     lines = assert_user_error(cli("quantize", SINGLE, "-o", out, "--force", "--device", "cpu"), 130)
@@ -392,12 +392,12 @@ def test_interruption_exits_130_and_leaves_the_target_untouched(tmp_path, monkey
 
 
 def test_unexpected_errors_exit_70_and_qcli_debug_reraises(monkeypatch):
-    from qcli import api
+    from qcli.commands import quantize
 
     def boom(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(api, "quantize_file", boom)
+    monkeypatch.setattr(quantize, "quantize_file", boom)
     lines = assert_user_error(cli("quantize", SINGLE), 70)
     assert lines[0] == "error: internal error: RuntimeError: boom"
     assert "QCLI_DEBUG=1" in lines[-1]
@@ -428,11 +428,11 @@ def test_no_stats_skips_the_error_columns_but_not_the_bytes(tmp_path, written):
 
 
 def test_progress_reports_every_tensor_in_order(tmp_path):
-    from qcli import api
+    from qcli.commands.quantize import quantize_file
 
     calls = []
     hook = lambda *args: calls.append(args)  # noqa: E731
-    api.quantize_file(SINGLE, tmp_path / "p.bpk", device="cpu", stats=False, progress=hook)
+    quantize_file(SINGLE, tmp_path / "p.bpk", device="cpu", stats=False, progress=hook)
     names = sorted(source_bytes())
     total = sum(len(b) for b in source_bytes().values())
     assert calls[0] == (names[0], 0, total)

@@ -106,7 +106,7 @@ def test_signal_mid_write(tmp_path: Path, big_input: Path, signum: int) -> None:
 
 def test_interrupt_during_verification(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every tensor written, the file complete but not yet read back: an interrupt still leaves the target."""
-    from qcli import verify
+    from qcli import output
 
     target = tmp_path / "out.bpk"
     target.write_bytes(OLD)
@@ -115,7 +115,7 @@ def test_interrupt_during_verification(tmp_path: Path, monkeypatch: pytest.Monke
         assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir())  # complete, not yet renamed
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(verify, "read_back", interrupted)
+    monkeypatch.setattr(output, "read_back", interrupted)
     lines = assert_user_error(cli("quantize", SINGLE, "-o", target, "--device", "cpu", "--force"), 130)
     assert lines[0] == "error: interrupted"
     assert_untouched(tmp_path, target)

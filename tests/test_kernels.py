@@ -12,6 +12,7 @@ import importlib
 import os
 import struct
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,8 @@ from bench.schemes import all_schemes
 from qcli import layout
 from qcli.codec import encode as codec_encode
 from qcli.errors import InputError, NonFiniteTensor, NotFloatTensor, NotKernelFloat, SchemeError, UsageError
+from qcli.pipeline import GpuSettings
+from qcli.pipeline.device import select_pipeline
 from qcli.scheme import (
     Calibration,
     Native,
@@ -46,7 +49,7 @@ def kernels():
     if not CUDA:
         os.environ["TRITON_INTERPRET"] = "1"
         modules = ("qcli.kernels._codes", "qcli.kernels._quantize", "qcli.kernels.encode",
-                   "qcli.gpu.pipeline")
+                   "qcli.pipeline.gpu")
         for name in modules:
             if name in sys.modules:
                 importlib.reload(sys.modules[name])
@@ -470,23 +473,22 @@ def _checkpoint(tmp_path: Path) -> tuple[Path, dict]:
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("budget,piece", [(None, None), ("6KiB", "1000"), ("30000", "7KiB")],
-                         ids=["whole", "chunked", "chunked-pieces"])
-def test_pipeline_yields_the_cpu_pipelines_bytes(kernels, tmp_path, monkeypatch, budget, piece):
+@pytest.mark.parametrize("settings", [
+    GpuSettings(read_slice=1000),
+    GpuSettings(budget=6 << 10, piece_bytes=1000, read_slice=1000),
+    GpuSettings(budget=30000, piece_bytes=7 << 10, read_slice=1000),
+], ids=["whole", "chunked", "chunked-pieces"])
+def test_pipeline_yields_the_cpu_pipelines_bytes(kernels, tmp_path, settings):
     # Small budgets split tensors into row chunks of whole blocks (and per-tensor/two-level schemes into
-    # two passes); small pieces split each chunk into several reads.
-    from qcli import pipeline as cpu_pipeline
-    from qcli.gpu import pipeline as gpu_pipeline
+    # two passes); small pieces split each chunk into several reads, and small read slices each piece
+    # into several reads in flight.
+    from qcli.pipeline import cpu, gpu
 
-    for name, value in (("QCLI_GPU_BUDGET", budget), ("QCLI_PIECE_BYTES", piece)):
-        if value is not None:
-            monkeypatch.setenv(name, value)
-    monkeypatch.setattr(gpu_pipeline, "_READ_SLICE", 1000)  # several reads in flight per piece
     path, decisions = _checkpoint(tmp_path)
     plan, source = _plan(path, decisions)
     with source:
-        want = [(e.info.name, bytes(p.numpy())) for e, p, _ in cpu_pipeline.run(plan, source)]
-        got = [(e.info.name, bytes(p.numpy())) for e, p, _ in gpu_pipeline.run(plan, source)]
+        want = [(p.entry.info.name, bytes(p.data.numpy())) for p in cpu.run(plan, source)]
+        got = [(p.entry.info.name, bytes(p.data.numpy())) for p in gpu.run(plan, source, settings=settings)]
     assert [n for n, _ in got] == [n for n, _ in want]
     for (name, g), (_, w) in zip(got, want, strict=True):
         assert g == w, name
@@ -496,41 +498,45 @@ def test_pipeline_yields_the_cpu_pipelines_bytes(kernels, tmp_path, monkeypatch,
 def test_pipeline_refuses_non_finite_values_naming_the_tensor(kernels, tmp_path):
     from safetensors.torch import save_file
 
-    from qcli import pipeline as cpu_pipeline
-    from qcli.gpu import pipeline as gpu_pipeline
+    from qcli.pipeline import cpu, gpu
 
     x = wide((8, 32), 0)
     x[3, 3] = float("nan")
     save_file({"w": x}, str(tmp_path / "model.safetensors"))
     raised = []
-    for pipeline in (gpu_pipeline, cpu_pipeline):
+    for run in (partial(gpu.run, settings=GpuSettings()), cpu.run):
         plan, source = _plan(tmp_path / "model.safetensors",
                              {"w": (QuantScheme().with_value(QuantValue.Q8S), Calibration.MinMax, False)})
         with source, pytest.raises(NonFiniteTensor, match="'w'") as err:
-            list(pipeline.run(plan, source))
+            list(run(plan, source))
         raised.append(err)
     assert same_error(*raised)
 
 
 @pytest.mark.interpreter
 def test_pipeline_refuses_a_file_cut_short_after_it_was_opened(kernels, tmp_path):
-    from qcli.gpu import pipeline as gpu_pipeline
+    from qcli.pipeline import gpu
 
     path, decisions = _checkpoint(tmp_path)
     plan, source = _plan(path, decisions)
     with open(path, "r+b") as f:
         f.truncate(path.stat().st_size - 1000)
     with source, pytest.raises(InputError, match="cut short while reading tensor"):
-        list(gpu_pipeline.run(plan, source))
+        list(gpu.run(plan, source, settings=GpuSettings()))
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("value", ["lots", "0", "12 TB"])
-def test_pipeline_refuses_a_malformed_budget(kernels, tmp_path, monkeypatch, value):
-    from qcli.gpu import pipeline as gpu_pipeline
+@pytest.mark.parametrize("value", ["lots", "0", "-5GiB", "12 XB"])
+def test_the_gpu_pipeline_refuses_a_malformed_budget(kernels, value):
+    with pytest.raises(UsageError, match="QCLI_GPU_BUDGET"):
+        select_pipeline("cpu", {"QCLI_KERNELS": "triton", "QCLI_GPU_BUDGET": value})
 
-    path, decisions = _checkpoint(tmp_path)
-    plan, source = _plan(path, decisions)
-    monkeypatch.setenv("QCLI_GPU_BUDGET", value)
-    with source, pytest.raises(UsageError, match="QCLI_GPU_BUDGET"):
-        list(gpu_pipeline.run(plan, source))
+
+@pytest.mark.interpreter
+def test_the_gpu_pipeline_takes_its_settings_from_the_environment(kernels):
+    # Spelled as --max-shard-size is: decimal units, binary ones with an i; a blank variable is unset.
+    environ = {"QCLI_KERNELS": "triton", "QCLI_GPU_BUDGET": "12 TB", "QCLI_PIECE_BYTES": "64kib"}
+    device, run = select_pipeline("cpu", environ)
+    assert device == "triton"
+    assert run.keywords["settings"] == GpuSettings(budget=12 * 10**12, piece_bytes=64 << 10)
+    assert GpuSettings.from_env({"QCLI_GPU_BUDGET": " "}) == GpuSettings()

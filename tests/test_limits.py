@@ -13,9 +13,9 @@ import pytest
 from cli_support import SINGLE, assert_user_error, cli
 from safetensors import safe_open
 
-from qcli import api
 from qcli.errors import UsageError
 from qcli.io.burnpack import BurnpackReader
+from qcli.sizes import parse_size
 
 GIB = 1024**3
 
@@ -161,10 +161,10 @@ def test_a_tensor_larger_than_a_shard(tmp_path: Path) -> None:
     ],
 )
 def test_parse_size(text: str, size: int) -> None:
-    assert api.parse_size(text) == size
+    assert parse_size(text, "--max-shard-size") == size
 
 
 @pytest.mark.parametrize("text", ["", "GB", "-5GB", "ten", "0"])
 def test_parse_size_refuses(text: str) -> None:
     with pytest.raises(UsageError, match="is not a size"):
-        api.parse_size(text)
+        parse_size(text, "--max-shard-size")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import struct
+from functools import partial
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ import qcli.codec
 from qcli import layout, measure
 from qcli.codec import ErrorStats
 from qcli.measure import Measurement, Whole
+from qcli.pipeline import GpuSettings
 from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue, ScaleDtype
 
 Q8_BLOCK = QuantScheme().with_value(QuantValue.Q8S).with_store(Native()).per_block([16], ScaleDtype.F32)
@@ -199,30 +201,27 @@ def test_whole_takes_peak_and_mean_over_all_rows(monkeypatch) -> None:
 
 
 def _pipeline_measures(run, plan, source) -> list[tuple[str, object, object]]:
-    return [(e.info.name, m if m is None else m.stats(), m if m is None else m.failure())
-            for e, _, m in run(plan, source, measure=True)]
+    return [(p.entry.info.name, None if p.measurement is None else p.measurement.stats(),
+             None if p.measurement is None else p.measurement.failure()) for p in run(plan, source, measure=True)]
 
 
 @pytest.mark.interpreter
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("budget", [None, "6KiB"], ids=["whole", "chunked"])
+@pytest.mark.parametrize("settings", [GpuSettings(), GpuSettings(budget=6 << 10)], ids=["whole", "chunked"])
 @pytest.mark.usefixtures("kernels")
-def test_gpu_pipeline_measures_what_the_cpu_pipeline_does(tmp_path, monkeypatch, budget) -> None:
+def test_gpu_pipeline_measures_what_the_cpu_pipeline_does(tmp_path, monkeypatch, settings) -> None:
     # The tiny budget splits every quantized tensor into row chunks of whole blocks (two passes for nvfp4
     # and the per-tensor AbsMean one); small slices split chunks further.
     from test_kernels import _checkpoint, _plan
 
-    from qcli import pipeline as cpu_pipeline
-    from qcli.gpu import pipeline as gpu_pipeline
+    from qcli.pipeline import cpu, gpu
 
-    if budget is not None:
-        monkeypatch.setenv("QCLI_GPU_BUDGET", budget)
     monkeypatch.setattr(measure, "SLICE_VALUES", 1000)
     path, decisions = _checkpoint(tmp_path)
     plan, source = _plan(path, decisions)
     with source:
-        want = _pipeline_measures(cpu_pipeline.run, plan, source)
-        got = _pipeline_measures(gpu_pipeline.run, plan, source)
+        want = _pipeline_measures(cpu.run, plan, source)
+        got = _pipeline_measures(partial(gpu.run, settings=settings), plan, source)
     assert [n for n, _, _ in got] == [n for n, _, _ in want]
     assert sum(stats is not None for _, stats, _ in got) == 5
     for (name, g, gf), (_, w, wf) in zip(got, want, strict=True):
@@ -244,18 +243,19 @@ def _scale_to_nan(out: torch.Tensor, scheme: QuantScheme, shape: tuple[int, ...]
 def test_gpu_pipeline_reports_a_damaged_payload(tmp_path, monkeypatch) -> None:
     from test_kernels import _checkpoint, _plan
 
-    from qcli.gpu import pipeline as gpu_pipeline
+    from qcli.pipeline import gpu
 
-    real = gpu_pipeline.enqueue
+    real = gpu.enqueue
 
     def enqueue(x, scheme, calibration, out, bad, whole=None):
         real(x, scheme, calibration, out, bad, whole=whole)
         _scale_to_nan(out, scheme, tuple(x.shape))
 
-    monkeypatch.setattr(gpu_pipeline, "enqueue", enqueue)
+    monkeypatch.setattr(gpu, "enqueue", enqueue)
     plan, source = _plan(*_checkpoint(tmp_path))
     with source:
-        failures = [m.failure() for _, _, m in gpu_pipeline.run(plan, source, measure=True) if m is not None]
+        failures = [p.measurement.failure() for p in gpu.run(plan, source, measure=True, settings=GpuSettings())
+                    if p.measurement is not None]
     assert len(failures) == 5 and all(f is not None and f.block == 0 and math.isnan(f.error) for f in failures)
 
 
@@ -267,9 +267,9 @@ def test_gpu_pipeline_reports_a_damaged_chunk_by_its_block_in_the_tensor(tmp_pat
     # gets its first scale damaged. Its first block, counted in the whole tensor's block grid, is reported.
     from test_kernels import _checkpoint, _plan
 
-    from qcli.gpu import pipeline as gpu_pipeline
+    from qcli.pipeline import gpu
 
-    real = gpu_pipeline.enqueue
+    real = gpu.enqueue
     first_rows: dict[tuple, int] = {}  # per tensor, told apart by value type and dtype
 
     def enqueue(x, scheme, calibration, out, bad, whole=None):
@@ -282,11 +282,11 @@ def test_gpu_pipeline_reports_a_damaged_chunk_by_its_block_in_the_tensor(tmp_pat
         else:
             first_rows[key] = x.shape[0]
 
-    monkeypatch.setattr(gpu_pipeline, "enqueue", enqueue)
-    monkeypatch.setenv("QCLI_GPU_BUDGET", "6KiB")
+    monkeypatch.setattr(gpu, "enqueue", enqueue)
     plan, source = _plan(*_checkpoint(tmp_path))
     with source:
-        got = {e.info.name: m.failure() for e, _, m in gpu_pipeline.run(plan, source, measure=True) if m}
+        got = {p.entry.info.name: p.measurement.failure()
+               for p in gpu.run(plan, source, measure=True, settings=GpuSettings(budget=6 << 10)) if p.measurement}
     embed, q = -first_rows["E2M1", torch.bfloat16], -first_rows["Q4S", torch.float32]
     assert embed > 0 and q > 0 and -first_rows["Q2F", torch.bfloat16] == 3
     assert first_rows["Q4S", torch.bfloat16] > 0  # lm_head is whole: nothing damaged

@@ -1,6 +1,6 @@
 """The `qcli` command line: quantize, inspect, validate-scheme.
 
-Each command parses its arguments, calls one `qcli.api` function and renders the report; `main()` maps
+Each command parses its arguments, calls one `qcli.commands` function and renders the report; `main()` maps
 errors to exit codes (`_errors`). Importing this package loads neither torch nor triton, so `qcli --help`
 and `qcli validate-scheme RECIPE` start fast.
 """

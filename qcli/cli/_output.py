@@ -56,7 +56,7 @@ def progress_enabled() -> bool:
 
 @contextmanager
 def progress_bar(enabled: bool) -> Iterator[Any]:
-    """A `qcli.api.ProgressHook` drawing bytes, rate, ETA and the current tensor on stderr, or None."""
+    """A `qcli.commands.quantize.ProgressHook` drawing bytes, rate, ETA and the current tensor on stderr, or None."""
     if not enabled:
         yield None
         return

@@ -9,8 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from qcli import api
 from qcli.cli import _output
+from qcli.commands import inspect as command
 from qcli.errors import CheckFailed
 from qcli.io.safetensors import printable
 from qcli.report import InspectReport
@@ -43,7 +43,7 @@ def inspect(
     ] = None,
 ) -> None:
     """List tensors (name, dtype, shape, bytes) and totals; for a .bpk also its version and metadata."""
-    report = api.inspect_file(file, tensor=tensor, compare=compare)
+    report = command.inspect_file(file, tensor=tensor, compare=compare)
     if json_output:
         _output.print_json(report.to_json())
     else:

@@ -11,13 +11,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from qcli import api
 from qcli.cli import _output
 from qcli.cli._burn import BurnBackendOption, BurnVersionOption
+from qcli.commands import quantize as command
 from qcli.errors import QcliError, UsageError
 from qcli.io.safetensors import printable
+from qcli.output import default_output
 from qcli.presets import DEFAULT_PRESET, PRESETS
 from qcli.report import JSON_SCHEMA_VERSION, QuantizeReport
+from qcli.sizes import parse_size
 
 # The default output prints every tensor (in a narrow table) up to this many; above it, a summary: the
 # WORST tensors by SQNR after a write, the count of each decision for a dry run. --verbose: every column.
@@ -150,9 +152,9 @@ def error_json(exc: QcliError) -> dict:
 
 def _run(input, output, scheme, recipe, device, dry_run, force, verify, max_shard_size, burn_backend,
          burn_version, stats) -> QuantizeReport:
-    target = Path(output) if output is not None else api.default_output(Path(input))
+    target = Path(output) if output is not None else default_output(Path(input))
     with _output.progress_bar(_output.progress_enabled()) as hook:
-        report = api.quantize_file(
+        report = command.quantize_file(
             input,
             output,
             scheme=scheme,
@@ -163,7 +165,7 @@ def _run(input, output, scheme, recipe, device, dry_run, force, verify, max_shar
             stats=stats,
             progress=hook,
             verify=verify,
-            max_shard_size=None if max_shard_size is None else api.parse_size(max_shard_size),
+            max_shard_size=None if max_shard_size is None else parse_size(max_shard_size, "--max-shard-size"),
             burn_backend=None if burn_backend is None else burn_backend.value,
             burn_version=burn_version,
         )

@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from qcli import api
 from qcli.cli import _output
 from qcli.cli._burn import BurnBackendOption, BurnVersionOption
+from qcli.commands import validate_scheme as command
 from qcli.errors import CheckFailed
 from qcli.problem import Problem
 from qcli.report import ValidateReport
@@ -61,9 +61,9 @@ def validate_scheme(
     if json_output and format not in (None, Format.json):
         raise typer.BadParameter("--json conflicts with --format " + format.value, param_hint="--json")
     chosen = Format.json if json_output else format or Format.text
-    report = api.validate_scheme(recipes, model=model, scheme=scheme,
-                                 burn_backend=None if burn_backend is None else burn_backend.value,
-                                 burn_version=burn_version)
+    report = command.validate_scheme(recipes, model=model, scheme=scheme,
+                                     burn_backend=None if burn_backend is None else burn_backend.value,
+                                     burn_version=burn_version)
     {Format.text: _text, Format.json: _json, Format.github: _github}[chosen](report)
     if not report.ok:
         raise CheckFailed()

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from qcli import layout
 from qcli.errors import SchemeError
 from qcli.scheme import QuantScheme
+
+if TYPE_CHECKING:
+    import torch
 
 # Bytes of one element of each plain Burn DType.
 BURN_PLAIN_SIZES = {
@@ -46,6 +50,13 @@ _SAFETENSORS_TO_BURN: dict[str, object] = {
     **{name: name for name in BURN_PLAIN_SIZES if name != "Flex32"},
     "BOOL": {"Bool": "Native"},
 }
+
+
+def torch_dtype(safetensors_dtype: str) -> torch.dtype:
+    """torch's dtype for a safetensors dtype; KeyError for one torch has not (`SAFETENSORS_TORCH_NAMES`)."""
+    import torch
+
+    return getattr(torch, SAFETENSORS_TORCH_NAMES[safetensors_dtype])
 
 
 def burn_dtype(safetensors_dtype: str) -> object | None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from qcli.errors import InputError
-from qcli.io.dtypes import SAFETENSORS_BITS, SAFETENSORS_TORCH_NAMES
+from qcli.io.dtypes import SAFETENSORS_BITS, SAFETENSORS_TORCH_NAMES, torch_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -200,8 +200,7 @@ class SafetensorsSource:
         import torch
 
         info = self._by_name[name]
-        dtype = SAFETENSORS_TORCH_NAMES.get(info.dtype)
-        if dtype is None:
+        if info.dtype not in SAFETENSORS_TORCH_NAMES:
             raise InputError(printable(f"{info.file}: cannot load tensor {_name(name)} ({info.dtype} "
                                        f"{list(info.shape)}): torch has no type for {info.dtype}"),
                              hint="keep the tensor out of the recipe or export it in another dtype")
@@ -213,7 +212,7 @@ class SafetensorsSource:
                 printable(f"{info.file}: cannot load tensor {_name(name)} ({info.dtype} {list(info.shape)}): {exc}"),
                 hint="the file changed since it was opened; run again on the complete file",
             ) from exc
-        return data.view(getattr(torch, dtype)).reshape(info.shape)
+        return data.view(torch_dtype(info.dtype)).reshape(info.shape)
 
     def _fd(self, path: Path) -> int:
         if path not in self._fds:

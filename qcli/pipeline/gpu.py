@@ -8,11 +8,11 @@ once a tensor (or a row chunk of it) is whole, and copies the payload back into 
 buffers on a third stream. A payload is yielded only once the next tensor's work is queued, so the
 writer (the caller) writes tensor k while the reader reads and the GPU quantizes tensor k + 1.
 
-Bounds: pinned host memory is two staging pieces (`QCLI_PIECE_BYTES`, 256 MiB by default) plus two
-output buffers of the largest payload, within 2 × the largest tensor + 1 GiB. Device memory stays within
-`QCLI_GPU_BUDGET` (bytes, or with a KiB/MiB/GiB suffix; 8 GiB by default): a tensor whose row chunk
-footprint exceeds a quarter of it is quantized in chunks of whole blocks along its first axis, and a
-per-tensor or two-level scheme then takes a first pass over all chunks for the range its scales need.
+Bounds (`GpuSettings`): pinned host memory is two staging pieces (`piece_bytes`, 256 MiB by default) plus
+two output buffers of the largest payload, within 2 × the largest tensor + 1 GiB. Device memory stays
+within `budget` (8 GiB by default): a tensor whose row chunk footprint exceeds a quarter of it is quantized
+in chunks of whole blocks along its first axis, and a per-tensor or two-level scheme then takes a first
+pass over all chunks for the range its scales need.
 
 With `measure`, each quantized chunk is also decoded and measured against its source on the compute
 stream right after its payload is enqueued (`qcli.measure.Measurement`), while the payload goes back
@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 import os
 import queue
-import re
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -40,32 +39,19 @@ import torch
 
 from qcli import layout
 from qcli.errors import InputError, NonFiniteTensor, NotKernelFloat, UsageError
-from qcli.io.dtypes import TORCH_DTYPE_NAMES
+from qcli.io.dtypes import torch_dtype
 from qcli.kernels.encode import Range, enqueue, interpreted, tensor_range
 from qcli.measure import BYTES_PER_VALUE, SLICE_VALUES, Measurement, Whole
-from qcli.pipeline import cast_kept
+from qcli.pipeline import GpuSettings, Payload
+from qcli.pipeline.cpu import cast_kept
 from qcli.scheme import check_accepted
 
 if TYPE_CHECKING:
     from qcli.io.safetensors import SafetensorsSource
     from qcli.plan import Plan, PlanEntry
 
-DEFAULT_BUDGET = 8 << 30
-DEFAULT_PIECE = 256 << 20
-_SLOTS = 2              # staging buffers: pieces read ahead of the device
-_READ_SLICE = 16 << 20  # bytes one reader thread reads at a time
-_TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-_UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
-
-
-def _bytes_setting(name: str, default: int) -> int:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    match = re.fullmatch(r"(\d+)\s*([KMG]iB|B)?", text, flags=re.IGNORECASE)
-    if not match or int(match[1]) == 0:
-        raise UsageError(f"{name}={text!r} is not a size", hint="give bytes or a size such as 512MiB or 8GiB")
-    return int(match[1]) * _UNITS[(match[2] or "").upper()]
+_SLOTS = 2  # staging buffers: pieces read ahead of the device
+_KERNEL_DTYPES = ("F32", "F16", "BF16")  # the source dtypes the kernels quantize
 
 
 @dataclass(frozen=True)
@@ -86,24 +72,21 @@ class _Piece:
     last: bool            # the entry's last piece
 
 
-def run(plan: Plan, source: SafetensorsSource, measure: bool = False
-        ) -> Iterator[tuple[PlanEntry, torch.Tensor, Measurement | None]]:
-    """Yield every plan entry once, in order, with its payload as a 1-D uint8 tensor (pinned host memory,
-    valid until the generator is resumed twice more) and, with `measure`, a quantized tensor's
-    `Measurement` (on the device; None for a kept tensor): the same bytes and measures as
-    `qcli.pipeline.run`."""
+def run(plan: Plan, source: SafetensorsSource, measure: bool = False, *,
+        settings: GpuSettings) -> Iterator[Payload]:
+    """Every plan entry once, in order, as a `Payload` (`qcli.pipeline`): the same bytes and measures as
+    the CPU pipeline. A payload is pinned host memory, valid until the generator is resumed twice more; a
+    measurement is on the device. Its `read_seconds` is 0: the reads here overlap the kernels, so they
+    take no time of their own."""
     device = _device()
-    budget = _bytes_setting("QCLI_GPU_BUDGET", DEFAULT_BUDGET)
-    piece_bytes = _bytes_setting("QCLI_PIECE_BYTES", DEFAULT_PIECE)
     for entry in plan.entries:
         if entry.decision.scheme is not None:
             check_accepted(entry.decision.scheme, entry.decision.calibration)
-    pieces = [piece for i, entry in enumerate(plan.entries)
-              for piece in _pieces(i, entry, (entry.info.file, entry.info.offset), budget, piece_bytes, measure)]
+    pieces = [piece for i, entry in enumerate(plan.entries) for piece in _pieces(i, entry, settings, measure)]
     if not pieces:
         return
     stage = _Stage(device, max(p.nbytes for p in pieces), max(e.out_nbytes for e in plan.entries))
-    reader = _Reader(pieces, stage)
+    reader = _Reader(pieces, stage, settings.read_slice)
     try:
         yield from _quantize(pieces, reader, stage, measure)
     finally:
@@ -119,10 +102,9 @@ def _device() -> torch.device:
                      hint="use --device cpu, or set TRITON_INTERPRET=1 to run the kernels on the CPU (slow)")
 
 
-def _pieces(index: int, entry: PlanEntry, where: tuple[Path, int], budget: int, piece_bytes: int,
-            measure: bool):
+def _pieces(index: int, entry: PlanEntry, settings: GpuSettings, measure: bool) -> Iterator[_Piece]:
     """The reads of one entry: GPU chunks of whole blocks along the first axis (the whole tensor when it
-    fits a quarter of the budget, or must be transposed), each split into pieces of at most piece_bytes.
+    fits a quarter of the budget, or must be transposed), each split into pieces of at most `piece_bytes`.
     With `measure`, the quarter holds the measuring temporaries of one slice too."""
     info, decision = entry.info, entry.decision
     rows = info.shape[0] if len(info.shape) >= 2 else 1
@@ -130,7 +112,7 @@ def _pieces(index: int, entry: PlanEntry, where: tuple[Path, int], budget: int, 
     scheme = decision.scheme
     footprint = info.nbytes + entry.out_nbytes  # input and payload on the device at once
     measuring = BYTES_PER_VALUE * min(math.prod(info.shape), SLICE_VALUES) if measure and scheme is not None else 0
-    room = budget / 4 - measuring
+    room = settings.budget / 4 - measuring
     if scheme is None or decision.transpose or rows <= 1 or footprint <= room:
         chunk_rows = max(rows, 1)
     else:
@@ -139,17 +121,16 @@ def _pieces(index: int, entry: PlanEntry, where: tuple[Path, int], budget: int, 
         chunk_rows = max(step, int(max(room, 0) / per_row) // step * step)
     two_pass = scheme is not None and chunk_rows < rows and (scheme.block is None or scheme.is_two_level())
     passes = (True, False) if two_pass else (False,)
-    piece_rows = max(1, piece_bytes // row_bytes) if row_bytes else 1
+    piece_rows = max(1, settings.piece_bytes // row_bytes) if row_bytes else 1
     if scheme is None and decision.transpose:  # transposed on the CPU, whole
         piece_rows = rows
-    file, base = where
     for collect in passes:
         for chunk_start in range(0, max(rows, 1), chunk_rows):
             chunk_stop = min(chunk_start + chunk_rows, max(rows, 1))
             for start in range(chunk_start, chunk_stop, piece_rows):
                 stop = min(start + piece_rows, chunk_stop)
-                yield _Piece(index, entry, file, base + start * row_bytes, (stop - start) * row_bytes, start,
-                             stop, chunk_start, chunk_stop, collect, not collect and stop == max(rows, 1))
+                yield _Piece(index, entry, info.file, info.offset + start * row_bytes, (stop - start) * row_bytes,
+                             start, stop, chunk_start, chunk_stop, collect, not collect and stop == max(rows, 1))
 
 
 class _Stage:
@@ -178,12 +159,12 @@ class _Reader:
     is reused once the copy that emptied it has finished. `ready` yields (piece, slot, reads): the piece
     is in its buffer once every read is done (`wait`)."""
 
-    def __init__(self, pieces: list[_Piece], stage: _Stage) -> None:
+    def __init__(self, pieces: list[_Piece], stage: _Stage, read_slice: int) -> None:
         self.ready: queue.Queue = queue.Queue()
         self.free = [queue.Queue() for _ in stage.staging]
         for free in self.free:
             free.put(None)
-        self._stage, self._pieces = stage, pieces
+        self._stage, self._pieces, self._read_slice = stage, pieces, read_slice
         self._stopped = threading.Event()
         self._pool = ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1)))
         self._fds: dict[Path, int] = {}
@@ -219,8 +200,9 @@ class _Reader:
         fd = self._fds.get(piece.file)
         if fd is None:
             fd = self._fds[piece.file] = os.open(piece.file, os.O_RDONLY)
-        return [self._pool.submit(_pread, fd, buffer[s : min(s + _READ_SLICE, piece.nbytes)], piece.offset + s)
-                for s in range(0, piece.nbytes, _READ_SLICE)]
+        step = self._read_slice
+        return [self._pool.submit(_pread, fd, buffer[s : min(s + step, piece.nbytes)], piece.offset + s)
+                for s in range(0, piece.nbytes, step)]
 
     @staticmethod
     def wait(piece: _Piece, reads: list) -> None:
@@ -256,8 +238,7 @@ class _Tensor:
     measure_done = None         # event after the last measuring work
 
 
-def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: bool
-              ) -> Iterator[tuple[PlanEntry, torch.Tensor, Measurement | None]]:
+def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: bool) -> Iterator[Payload]:
     pending: list[_Tensor] = []
     current: _Tensor | None = None
     for _ in pieces:
@@ -298,11 +279,11 @@ _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 def _keep(tensor: _Tensor, piece: _Piece, host: torch.Tensor) -> None:
     """A kept tensor's source bytes into its payload, transposed (as whole elements) if decided, and cast
-    piece by piece (`qcli.pipeline.cast_kept`, as the CPU pipeline casts) when the decision says so."""
+    piece by piece (`cast_kept`, as the CPU pipeline casts) when the decision says so."""
     info, decision = piece.entry.info, piece.entry.decision
     cast = decision.cast
     if cast is not None:
-        host = host.view(getattr(torch, TORCH_DTYPE_NAMES[info.dtype]))
+        host = host.view(torch_dtype(info.dtype))
     if not decision.transpose:
         rows = max(piece.stop - piece.start, 1)
         data = host if cast is None else cast_kept(host, cast, info.name).view(torch.uint8)
@@ -324,13 +305,13 @@ def _chunk_shape(piece: _Piece, start: int, stop: int) -> tuple[int, ...]:
 
 def _upload(tensor: _Tensor, piece: _Piece, host: torch.Tensor, stage: _Stage) -> None:
     """Copy a piece to its rows of the device chunk, allocating the chunk at its first piece."""
-    dtype = _TORCH_DTYPES.get(piece.entry.info.dtype)
-    if dtype is None:
-        raise NotKernelFloat(piece.entry.info.name, piece.entry.info.dtype)
+    info = piece.entry.info
+    if info.dtype not in _KERNEL_DTYPES:
+        raise NotKernelFloat(info.name, info.dtype)
     with _on(stage.h2d):
         if piece.start == piece.chunk_start:
-            tensor.chunk = torch.empty(_chunk_shape(piece, piece.chunk_start, piece.chunk_stop), dtype=dtype,
-                                       device=stage.device)
+            tensor.chunk = torch.empty(_chunk_shape(piece, piece.chunk_start, piece.chunk_stop),
+                                       dtype=torch_dtype(info.dtype), device=stage.device)
         rows = tensor.chunk.reshape(max(piece.chunk_stop - piece.chunk_start, 1), -1)
         rows = rows[piece.start - piece.chunk_start : piece.stop - piece.chunk_start]
         rows.view(torch.uint8).reshape(-1).copy_(host, non_blocking=True)
@@ -372,13 +353,13 @@ def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
                                 first_row=piece.chunk_start)
 
 
-def _finish(tensor: _Tensor) -> tuple[PlanEntry, torch.Tensor, Measurement | None]:
+def _finish(tensor: _Tensor) -> Payload:
     for event in (tensor.done, tensor.measure_done):
         if event is not None:
             event.synchronize()
     if int(tensor.bad.item()):
         raise NonFiniteTensor(tensor.piece.entry.info.name, beyond_float32=False)  # `_upload` refuses F64
-    return tensor.piece.entry, tensor.out, tensor.measured
+    return Payload(tensor.piece.entry, tensor.out, tensor.measured, 0.0)
 
 
 class _on:

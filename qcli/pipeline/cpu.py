@@ -2,39 +2,40 @@
 
 Peak memory is bounded by the largest tensor (its source and its payload; `encode` widens and gathers a
 chunk at a time, and hands each chunk's decode to the measurement while the chunk is in cache), never
-by the model. The GPU pipeline
-(`qcli.gpu.pipeline.run`) has the same signature and yields the same bytes and measurements.
+by the model.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import torch
+
+from qcli import codec
+from qcli.errors import InputError
+from qcli.io.dtypes import torch_dtype
+from qcli.measure import Measurement
+from qcli.pipeline import Payload
+
 if TYPE_CHECKING:
-    import torch
-
     from qcli.io.safetensors import SafetensorsSource
-    from qcli.measure import Measurement
-    from qcli.plan import Plan, PlanEntry
+    from qcli.plan import Plan
 
 
-def run(plan: Plan, source: SafetensorsSource, measure: bool = False
-        ) -> Iterator[tuple[PlanEntry, torch.Tensor, Measurement | None]]:
-    """Yield every plan entry once, in order, with its payload as a 1-D uint8 tensor and, with `measure`,
-    a quantized tensor's `Measurement` (its one decode against its source; None for a kept tensor).
+def run(plan: Plan, source: SafetensorsSource, measure: bool = False) -> Iterator[Payload]:
+    """Every plan entry once, in order, as a `Payload` (`qcli.pipeline`); its measurement is None for a
+    kept tensor.
 
     A kept tensor's payload is its source bytes, unchanged, or its values cast (`cast_kept`) when the
     decision says so; a quantized one is `qcli.codec.encode`'s. Either is transposed first when the
     decision says so (the plan allows that for 2-D tensors only).
     """
-    import torch
-
-    from qcli.codec import encode
-    from qcli.measure import Measurement
-
     for entry in plan.entries:
+        started = time.perf_counter()
         x = source.load(entry.info.name)
+        read_seconds = time.perf_counter() - started
         if entry.decision.transpose:
             x = x.t()
         scheme, calibration = entry.decision.scheme, entry.decision.calibration
@@ -46,11 +47,11 @@ def run(plan: Plan, source: SafetensorsSource, measure: bool = False
         else:
             measured = Measurement.on(x.device) if measure else None
             chunks = measured.measuring(x, scheme, calibration) if measured else None
-            payload = encode(x, scheme, calibration, name=entry.info.name, observer=chunks)
+            payload = codec.encode(x, scheme, calibration, name=entry.info.name, observer=chunks)
             if chunks is not None:
                 chunks.finish()
         del x
-        yield entry, payload, measured
+        yield Payload(entry, payload, measured, read_seconds)
 
 
 def cast_kept(x: torch.Tensor, dtype: str, name: str) -> torch.Tensor:
@@ -59,12 +60,7 @@ def cast_kept(x: torch.Tensor, dtype: str, name: str) -> torch.Tensor:
 
     `InputError` when a finite value does not fit `dtype` (over 65504 for F16) and would become infinite.
     """
-    import torch
-
-    from qcli.errors import InputError
-    from qcli.io.dtypes import TORCH_DTYPE_NAMES
-
-    y = x.to(getattr(torch, TORCH_DTYPE_NAMES[dtype]))
+    y = x.to(torch_dtype(dtype))
     if y.dtype.itemsize <= x.dtype.itemsize and x.dtype != y.dtype:  # a narrowing cast can overflow
         overflow = torch.isinf(y) & torch.isfinite(x)
         if bool(overflow.any()):

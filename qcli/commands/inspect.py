@@ -1,0 +1,260 @@
+"""`inspect_file`: what a safetensors checkpoint or a burnpack file holds, one tensor's statistics, or a
+burnpack file checked against its source."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import struct
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from qcli import layout
+from qcli.errors import InputError, UsageError
+from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER, TensorEntry
+from qcli.io.burnpack_index import BurnpackSet, standing_index
+from qcli.io.dtypes import TORCH_DTYPE_NAMES, dtype_str, torch_dtype
+from qcli.io.safetensors import SafetensorsSource
+from qcli.plan import FLOAT_DTYPES
+from qcli.report import (
+    CompareReport,
+    CompareRow,
+    ErrorRow,
+    InspectReport,
+    ListedTensor,
+    SourceFile,
+    TensorStats,
+    ValueStats,
+    value_stats,
+)
+from qcli.scheme import Calibration, QuantScheme
+
+if TYPE_CHECKING:
+    import torch
+
+
+def qfloat_scheme(dtype: object) -> QuantScheme | None:
+    """The scheme of a `{"QFloat": …}` Burn DType (serde form, as the reader gives it); None otherwise."""
+    if isinstance(dtype, dict) and "QFloat" in dtype:
+        return QuantScheme.from_serde(dtype["QFloat"])
+    return None
+
+
+def _dtype_key(dtype: object) -> str:
+    """The plain name of a non-QFloat dtype, Burn's or safetensors' spelling (`{"Bool": …}` -> BOOL)."""
+    if isinstance(dtype, dict):
+        return "BOOL" if "Bool" in dtype else dtype_str(dtype)
+    return str(dtype).upper()
+
+
+def _tensor_from_bytes(data: memoryview, dtype: object, shape: tuple[int, ...]) -> torch.Tensor:
+    import torch
+
+    key = _dtype_key(dtype)
+    if key not in TORCH_DTYPE_NAMES:
+        raise UsageError(
+            f"qcli cannot decode dtype {dtype_str(dtype)}", hint="inspect lists it without --tensor"
+        )
+    if key == "BOOL":
+        # Burn's Bool(U32) holds a u32 per element, Bool(Native|U8) and safetensors' BOOL a byte; any
+        # nonzero element is true (a torch bool read from a byte other than 0 or 1 is undefined).
+        store = dtype.get("Bool") if isinstance(dtype, dict) else None
+        if math.prod(shape) == 0:
+            return torch.empty(shape, dtype=torch.bool)
+        raw = torch.int32 if store == "U32" else torch.uint8
+        return torch.frombuffer(bytearray(data), dtype=raw).reshape(shape).ne(0)
+    t = torch_dtype(key)
+    if math.prod(shape) == 0:
+        return torch.empty(shape, dtype=t)
+    return torch.frombuffer(bytearray(data), dtype=t).reshape(shape)
+
+
+def _decoded(data: memoryview, dtype: object, shape: tuple[int, ...]) -> torch.Tensor:
+    """A burnpack tensor's values: a QFloat decoded to f32, anything else reinterpreted."""
+    scheme = qfloat_scheme(dtype)
+    if scheme is None:
+        return _tensor_from_bytes(data, dtype, shape)
+    from qcli.codec import decode
+
+    return decode(data, scheme, shape)
+
+
+def _scale_stats(data: memoryview, scheme: QuantScheme, shape: tuple[int, ...]) -> tuple[ValueStats, float | None]:
+    """Statistics of the stored (innermost) scales and the f32 global of a two-level scheme; called after
+    `decode` accepted the scheme, so its scales are ones the codec unpacks."""
+    from qcli.codec.decode import as_bytes
+    from qcli.codec.pack import unpack_scales
+
+    start = layout.value_bytes(scheme, shape)
+    end = start + layout.scale_bytes(scheme, shape)
+    scales = unpack_scales(as_bytes(data[start:end]), scheme.scale_dtype())
+    global_scale = struct.unpack_from("<f", data, end)[0] if scheme.is_two_level() else None
+    return value_stats(scales), global_scale
+
+
+def _suggest_tensor(name: str, names: list[str]) -> UsageError:
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    return UsageError(
+        f"no tensor named {name!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+        hint="`qcli inspect FILE` lists the tensor names",
+    )
+
+
+def _is_burnpack(path: Path) -> bool:
+    """By its extension (the index of sharded output too), or by burnpack's magic number at the start."""
+    if standing_index(path) is not None:
+        return True
+    if path.suffix == EXTENSION:
+        return True
+    if not path.is_file():
+        return False
+    with path.open("rb") as f:
+        return f.read(4) == struct.pack("<I", MAGIC_NUMBER)
+
+
+def inspect_file(
+    path: str | Path, *, tensor: str | None = None, compare: str | Path | None = None
+) -> InspectReport:
+    """List a safetensors checkpoint or a burnpack file; optionally one tensor's statistics, or a comparison
+    of a burnpack file against its source."""
+    path = Path(path)
+    if _is_burnpack(path):
+        return _inspect_burnpack(path, tensor, compare)
+    if compare is not None:
+        raise UsageError(
+            "--compare checks a .bpk against its source", hint="run `qcli inspect OUTPUT.bpk --compare INPUT`"
+        )
+    with SafetensorsSource.open(path) as source:
+        infos = source.infos()
+        report = InspectReport(
+            path=str(path),
+            format="safetensors",
+            files=[SourceFile(f.name, f.stat().st_size) for f in source.files],
+            tensors=[ListedTensor(i.name, i.dtype, i.dtype, tuple(i.shape), i.nbytes) for i in infos],
+        )
+        if tensor is not None:
+            if tensor not in {i.name for i in infos}:
+                raise _suggest_tensor(tensor, [i.name for i in infos])
+            report.tensor_stats = TensorStats(tensor, value_stats(source.load(tensor)), None, None)
+    return report
+
+
+def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None) -> InspectReport:
+    """One burnpack file, or through its index (`qcli.io.burnpack_index`) every shard of sharded output."""
+    reader = BurnpackSet.open(path)
+    entries = reader.entries()
+    report = InspectReport(
+        path=str(path),
+        format="burnpack",
+        files=[SourceFile(r.path.name, r.path.stat().st_size) for r in reader.readers],
+        tensors=[
+            ListedTensor(e.name, dtype_str(e.dtype), e.dtype, tuple(e.shape), e.nbytes)
+            for e in entries
+        ],
+        version=reader.version,
+        metadata=dict(reader.metadata),
+    )
+    if tensor is not None:
+        by_name = {e.name: e for e in entries}
+        if tensor not in by_name:
+            raise _suggest_tensor(tensor, list(by_name))
+        entry = by_name[tensor]
+        data = reader.read(tensor)
+        values = value_stats(_decoded(data, entry.dtype, tuple(entry.shape)))
+        scheme = qfloat_scheme(entry.dtype)
+        scales, global_scale = _scale_stats(data, scheme, tuple(entry.shape)) if scheme else (None, None)
+        report.tensor_stats = TensorStats(tensor, values, scales, global_scale)
+    if compare is not None:
+        report.compare = _compare(reader, entries, Path(compare))
+    return report
+
+
+def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path) -> CompareReport:
+    """Each written tensor against its source: kept ones must be byte-identical (to the source cast to the
+    written dtype, for a kept tensor a recipe's cast wrote in another floating dtype), quantized ones
+    measured."""
+    import torch
+
+    from qcli.codec import error_stats
+    from qcli.pipeline.cpu import cast_kept
+
+    try:
+        transposed = json.loads(reader.metadata.get("transposed", "[]"))
+    except json.JSONDecodeError:
+        transposed = None
+    if not isinstance(transposed, list) or not all(isinstance(n, str) for n in transposed):
+        raise InputError(
+            f"{reader.path}: metadata 'transposed' is not a JSON list of tensor names",
+            hint="the file was not written by qcli, or was edited; write it again from its source",
+        )
+    rows: list[CompareRow] = []
+    with SafetensorsSource.open(source_path) as source:
+        infos = {i.name: i for i in source.infos()}
+        written = {e.name for e in entries}
+        for e in entries:
+            if e.name not in infos:
+                continue
+            x = source.load(e.name)
+            flip = e.name in transposed
+            if flip:
+                x = x.t()
+            text = dtype_str(e.dtype)
+            if tuple(x.shape) != tuple(e.shape):
+                src = "the transposed source" if flip else "the source"
+                problem = f"shape {list(e.shape)} but {src} is {list(x.shape)}"
+                rows.append(CompareRow(e.name, text, flip, False, None, problem))
+                continue
+            data = reader.read(e.name)
+            scheme = qfloat_scheme(e.dtype)
+            if scheme is None:
+                written_as, source_dtype = _dtype_key(e.dtype), infos[e.name].dtype
+                cast = written_as != source_dtype and {written_as, source_dtype} <= set(FLOAT_DTYPES)
+                if cast:
+                    try:
+                        x = cast_kept(x, written_as, e.name)
+                    except InputError:
+                        x = x.to(torch_dtype(written_as))  # the difference shows below
+                exact = bytes(data) == x.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+                problem = None if exact else (f"a kept tensor differs from its source cast to {written_as}" if cast
+                                              else "a kept tensor differs from its source")
+                error = ErrorRow(0.0, math.inf, 0.0) if exact else None
+                rows.append(CompareRow(e.name, text, flip, exact, error, problem))
+                continue
+            x = x.contiguous()
+            decoded = _decoded(data, e.dtype, tuple(e.shape))
+            error = ErrorRow.of(error_stats(x, decoded))
+            block, block_error, bound = _judged(x, decoded, data, scheme)
+            problem = None if block is None or block_error <= bound else (
+                f"block {block} is {block_error:.3g} off, over its bound {bound:.3g}")
+            rows.append(CompareRow(e.name, text, flip, error.max_abs == 0.0, error, problem,
+                                   block, block_error, bound))
+    return CompareReport(
+        source=str(source_path),
+        rows=rows,
+        missing=sorted(set(infos) - written),
+        extra=sorted(written - set(infos)),
+    )
+
+
+def _judged(x: torch.Tensor, decoded: torch.Tensor, data: memoryview, scheme: QuantScheme
+            ) -> tuple[int | None, float, float]:
+    """A quantized tensor's worst block against its scheme's bound: (flat block index, its max |error|, its
+    bound), the first block over its bound if any is (NaN counts as over); (None, 0, 0) without a block.
+
+    The bound per block is the smaller of the one the payload's stored scales give (`stored_bound`) and the
+    one the source alone gives (`error_bound`, under AbsMean: the looser calibration, since the file does
+    not record which one was used), so neither other data under the right scales nor inflated scales pass.
+    """
+    import torch
+
+    from qcli.measure import block_errors, error_bound, stored_bound
+
+    errors = block_errors(x, decoded, scheme).reshape(-1)
+    if not errors.numel():
+        return None, 0.0, 0.0
+    bounds = torch.minimum(stored_bound(x, data, scheme), error_bound(x, scheme, Calibration.AbsMean)).reshape(-1)
+    over = ~(errors <= bounds)
+    ratio = torch.where(over, math.inf, torch.nan_to_num(errors / bounds, nan=0.0, posinf=math.inf))
+    worst = int(ratio.argmax())
+    return worst, float(errors[worst]), float(bounds[worst])

@@ -1,0 +1,220 @@
+"""`quantize_file`: plan a safetensors checkpoint from its headers, then stream it through a pipeline into
+burnpack output."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from qcli import BURN_VERSION
+from qcli.burn_backends import BurnBackend, resolve_backend, resolve_version
+from qcli.errors import InputError, UsageError
+from qcli.io.safetensors import SafetensorsSource, TensorInfo, printable
+from qcli.output import Output, default_output, metadata, refuse_input_as_output, refuse_special_output
+from qcli.pipeline.device import select_pipeline
+from qcli.plan import Plan, PlanEntry, make_plan
+from qcli.presets import Preset, resolve_preset
+from qcli.recipe import Recipe, load_recipe
+from qcli.report import ErrorRow, MemoryUse, Phase, QuantizeReport, SourceFile, TensorRow, Timings
+from qcli.resident import peak_resident_bytes, resident_bytes
+from qcli.verify import out_of_bound
+
+if TYPE_CHECKING:
+    from qcli.measure import Measurement
+    from qcli.pipeline import Payload, Pipeline
+
+# Called after each tensor with the next tensor's name (None when done), bytes read so far and in total.
+ProgressHook = Callable[[str | None, int, int], None]
+
+
+def make_checked_plan(infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False,
+                      backend: BurnBackend | None = None, burn_version: str = BURN_VERSION) -> Plan:
+    """The plan for `infos` in name order (so shards and one file give the same output); every error is
+    raised together as one PlanError. `split`: the output will be cut into several files; `backend` and
+    `burn_version`: the Burn backend and release the file must load on."""
+    plan = make_plan(sorted(infos, key=lambda i: i.name), recipe, preset, split=split, backend=backend,
+                     burn_version=burn_version)
+    plan.raise_if_errors()
+    return plan
+
+
+def quantize_file(
+    input: str | Path,
+    output: str | Path | None = None,
+    *,
+    scheme: str | None = None,
+    recipe: str | Path | None = None,
+    device: str = "auto",
+    dry_run: bool = False,
+    force: bool = False,
+    stats: bool = True,
+    progress: ProgressHook | None = None,
+    verify: bool = True,
+    max_shard_size: int | None = None,
+    burn_backend: str | None = None,
+    burn_version: str | None = None,
+) -> QuantizeReport:
+    """Quantize a safetensors checkpoint into a burnpack file (or, with `dry_run`, only plan it).
+
+    The plan is made from the headers and checked in full before any weight is read. Tensors are then
+    streamed one at a time through the pipeline into the container, which is renamed onto `output` only
+    once complete; an interruption or failure leaves `output` as it was (an interrupt during the rename
+    takes effect after it, as `Interrupted` saying so). With `stats` or `verify`, the pipeline decodes
+    each quantized payload once, on the device that holds it (`qcli.measure`): `stats` reports its error
+    against the source, `verify` checks it lies within its scheme's error bound and reads the
+    complete files back before the rename, checking them against the plan and the hashes of the bytes
+    written (`qcli.verify`); a file that fails never reaches `output`. With `max_shard_size`, the output
+    is split into `NAME-00001-of-0000N.bpk` files of at most that many bytes each. With `burn_backend`,
+    every tensor that Burn backend cannot load stops the plan (`qcli.burn_backends`); `burn_version` is
+    the Burn release to write for (default: the newest stable one, `qcli.BURN_VERSION`).
+    """
+    input = Path(input)
+    preset = resolve_preset(scheme)
+    backend = resolve_backend(burn_backend)
+    version = resolve_version(burn_version)
+    loaded_recipe = load_recipe(recipe) if recipe is not None else None
+    target = Path(output) if output is not None else default_output(input)
+    refuse_special_output(target)  # a dry run refuses what the run would (docs/cli.md)
+    if target.exists() and not force:
+        raise UsageError(
+            printable(f"{target} already exists"), hint="pass --force to replace it, or -o to write somewhere else"
+        )
+    with SafetensorsSource.open(input) as source:
+        inputs = [(input, "the input"), *((f, "the input") for f in source.files)]
+        if source.index is not None:
+            inputs.append((source.index, "the input's index"))
+        if recipe is not None:
+            inputs.append((Path(recipe), "the recipe"))
+        refuse_input_as_output(target, inputs)
+        plan = make_checked_plan(source.infos(), loaded_recipe, preset, split=max_shard_size is not None,
+                                 backend=backend, burn_version=version)
+        report = QuantizeReport(
+            input=str(input),
+            output=str(target),
+            device=None,
+            dry_run=dry_run,
+            preset=preset.name,
+            burn_backend=None if backend is None else backend.value,
+            burn_version=version,
+            recipe=None if recipe is None else str(recipe),
+            recipe_sha256=None if loaded_recipe is None else loaded_recipe.sha256,
+            source_files=[SourceFile(f.name, f.stat().st_size) for f in source.files],
+            tensors=[TensorRow.of(e) for e in plan.entries],
+            totals=plan.totals(),
+            warnings=plan.warnings(),
+        )
+        outputs = Output(plan, target, max_shard_size, metadata(report))
+        report.outputs = [str(path) for path in outputs.paths]
+        report.warnings += outputs.prepare(inputs, force=force, remove_leftovers=not dry_run)
+        if dry_run:
+            return report
+        report.device, run = select_pipeline(device)
+        runtime = _warm_runtime()
+        report.tensors, report.timings = _write(plan, source, run, outputs, stats, progress, verify)
+        report.memory = MemoryUse(runtime, peak_resident_bytes())
+    return report
+
+
+def _warm_runtime() -> int:
+    """Load and warm the pipelines' runtime (torch, its thread pool), so that its memory is counted apart
+    from the tensors', and return the resident bytes then."""
+    import torch
+
+    torch.ones(1 << 20).sum()  # a parallel op: the worker threads and their stacks exist from here on
+    return resident_bytes()
+
+
+def _write(
+    plan: Plan,
+    source: SafetensorsSource,
+    run: Pipeline,
+    outputs: Output,
+    stats: bool,
+    progress: ProgressHook | None,
+    verify: bool,
+) -> tuple[list[TensorRow], Timings]:
+    """Stream the pipeline's payloads into the output files, time each phase, and report each quantized
+    tensor's measurement by the pipeline (its error with `stats`, its bound check with `verify`).
+
+    With `verify`, the complete files are then read back (`qcli.verify.read_back`) before they are
+    renamed into place.
+    """
+    total = sum(e.info.nbytes for e in plan.entries)
+    timings, rows, done = Timings(verify=Phase() if verify else None), [], 0
+    started = time.perf_counter()
+    if progress:
+        progress(plan.entries[0].info.name if plan.entries else None, 0, total)
+    with outputs.open(digests=verify) as out:
+        tick = time.perf_counter()
+        payloads = run(plan, source, measure=stats or verify)
+        for i, (entry, payload, measured, read) in enumerate(_naming_files(plan, payloads)):
+            produced = time.perf_counter() - tick
+            timings.read.seconds += read
+            timings.read.bytes += entry.info.nbytes
+            timings.quantize.seconds += max(produced - read, 0.0)
+            timings.quantize.bytes += entry.info.nbytes
+
+            tick = time.perf_counter()
+            target = out.write(entry.info.name, payload)
+            timings.write.seconds += time.perf_counter() - tick
+            timings.write.bytes += entry.out_nbytes
+
+            error = _reported(entry, measured, target, stats, timings) if measured is not None else None
+            rows.append(TensorRow.of(entry, error))
+            del payload
+
+            done += entry.info.nbytes
+            if progress:
+                following = plan.entries[i + 1].info.name if i + 1 < len(plan.entries) else None
+                progress(following, done, total)
+            tick = time.perf_counter()
+        tick = time.perf_counter()
+        out.finish()
+        timings.write.seconds += time.perf_counter() - tick
+        if timings.verify is not None:
+            verified = out.read_back(plan, [info.name for info in source.infos()])
+            timings.verify.seconds += verified.seconds
+            timings.verify.bytes += verified.bytes
+        tick = time.perf_counter()
+        out.commit()
+        timings.write.seconds += time.perf_counter() - tick
+    timings.total_seconds = time.perf_counter() - started
+    return rows, timings
+
+
+def _naming_files(plan: Plan, payloads: Iterator[Payload]) -> Iterator[Payload]:
+    """The pipeline's payloads; an InputError about a tensor's values (NaN, Inf) also names its file."""
+    done = 0
+    try:
+        for item in payloads:
+            yield item
+            done += 1
+    except InputError as exc:
+        file = plan.entries[done].info.file if done < len(plan.entries) else None
+        if file is None or str(file) in exc.message:
+            raise
+        raise InputError(f"{file}: {exc.message}", hint=exc.hint) from exc
+
+
+def _reported(entry: PlanEntry, measured: Measurement, target: Path, stats: bool, timings: Timings
+              ) -> ErrorRow | None:
+    """A quantized tensor's measurement (`qcli.measure`), read back: its error with `stats`, and with
+    `timings.verify` set its bound check, raising `OutputError` for a block over the bound.
+
+    The decode and measuring ran in the pipeline: the host time it spent on them (`Measurement.seconds`:
+    all of it on the CPU; on a GPU the launches, the work itself overlapping the stream) moves from the
+    quantize phase to the stats phase, with the time taken to read the results back."""
+    tick = time.perf_counter()
+    error = ErrorRow.of(measured.stats()) if stats else None
+    timings.quantize.seconds = max(timings.quantize.seconds - measured.seconds, 0.0)
+    timings.stats.seconds += measured.seconds + time.perf_counter() - tick
+    timings.stats.bytes += entry.info.nbytes
+    if timings.verify is not None:
+        tick = time.perf_counter()
+        failure = measured.failure()
+        timings.verify.seconds += time.perf_counter() - tick
+        if failure is not None:
+            raise out_of_bound(failure, entry.decision.scheme, entry.info.name, target)
+    return error

@@ -1,0 +1,258 @@
+"""The files a quantize run writes: the one place that chooses the container and keeps its limits.
+
+The container is Burn's burnpack (`qcli.io.burnpack`): one file under Burn's 100 GiB limit, or with
+`--max-shard-size` shards beside the target and their index (`qcli.io.burnpack_index`). The files are
+written beside their targets under temporary names, read back (`qcli.verify`) and renamed into place
+together at one commit point; until then the targets are untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from qcli import __version__
+from qcli.errors import Interrupted, OutputError, PlanError, UsageError
+from qcli.io.burnpack import MAX_FILE_SIZE, BurnpackWriter, TensorEntry, leftover_temporaries, size_bound, split
+from qcli.io.burnpack_index import IndexWriter, index_path
+from qcli.io.safetensors import not_regular_problem, printable
+from qcli.plan import Plan
+from qcli.problem import Kind, Problem, Severity
+from qcli.verify import Verified, read_back
+
+if TYPE_CHECKING:
+    from qcli.report import QuantizeReport
+
+INDEX_SUFFIX = ".safetensors.index.json"  # a sharded safetensors checkpoint's index
+
+
+def default_output(input: Path) -> Path:
+    """`x.safetensors` -> `x.bpk`; a directory `d` -> `d.bpk` beside it; an index -> its folder's `.bpk`."""
+    if input.is_dir():
+        return input.parent / f"{input.resolve().name}.bpk"
+    if input.name.endswith(INDEX_SUFFIX):
+        folder = input.resolve().parent
+        return folder.parent / f"{folder.name}.bpk"
+    return input.with_suffix(".bpk")
+
+
+def shard_paths(target: Path, count: int) -> list[Path]:
+    """`target` itself for one file, else `NAME-00001-of-0000N.bpk` beside it."""
+    if count == 1:
+        return [target]
+    name = f"{target.stem}-{{:05d}}-of-{count:05d}{target.suffix}"
+    return [target.with_name(name.format(i)) for i in range(1, count + 1)]
+
+
+def metadata(report: QuantizeReport) -> dict[str, str]:
+    """The burnpack metadata map (docs/output.md)."""
+    meta = {
+        "format": "burnpack",
+        "producer": "qcli",
+        "producer_version": __version__,
+        "burn_version": report.burn_version,
+        **({} if report.burn_backend is None else {"burn_backend": report.burn_backend}),
+        "source_files": json.dumps([f.to_json() for f in report.source_files]),
+        "preset": report.preset,
+        "transposed": json.dumps([t.name for t in report.tensors if t.transposed]),
+    }
+    if report.recipe_sha256 is not None:
+        meta["recipe_sha256"] = report.recipe_sha256
+    return meta
+
+
+def refuse_input_as_output(output: Path, inputs: Iterable[tuple[Path, str]]) -> None:
+    """UsageError when `output` is one of the files the run reads (`(path, what it is)` pairs)."""
+    for path, role in inputs:
+        if _same_file(output, path):
+            raise UsageError(printable(f"{output} is {role}"), hint="write the .bpk somewhere else with -o; "
+                             "nothing was written")
+
+
+def refuse_special_output(output: Path) -> None:
+    """UsageError when `output` exists and is not a regular file: --force replaces a file, never a device,
+    a FIFO, a socket or a directory."""
+    kind = not_regular_problem(output)
+    if kind is not None:
+        raise UsageError(printable(f"{output} is not a regular file ({kind}); qcli writes a new file or "
+                                   "replaces a regular one"),
+                         hint="give -o the path of a .bpk file; --force replaces only regular files")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """The same path after links, or the same inode (a hard link)."""
+    try:
+        if a.resolve() == b.resolve():
+            return True
+    except (OSError, RuntimeError):
+        pass
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+class Shard(NamedTuple):
+    """One output file and the tensors it holds, in plan order."""
+
+    path: Path
+    entries: list[TensorEntry]
+
+
+class Output:
+    """The files of one run, from its plan: `target` alone, or shards of at most `max_shard_size` bytes
+    beside it and their index."""
+
+    def __init__(self, plan: Plan, target: Path, max_shard_size: int | None, metadata: dict[str, str]) -> None:
+        self.metadata = metadata
+        self.shards = _shards(plan, target, max_shard_size, metadata)
+        self.index = index_path(target) if len(self.shards) > 1 else None
+        self.paths = [shard.path for shard in self.shards] + ([self.index] if self.index else [])
+
+    def prepare(self, inputs: list[tuple[Path, str]], *, force: bool, remove_leftovers: bool) -> list[Problem]:
+        """Refuse files the run must not write (an input, a special file, one in a missing folder, a shard
+        already there without `force`; the target alone is checked before the plan), and warn of the
+        temporary files killed runs left beside them, removed when `remove_leftovers`."""
+        for path in self.paths if self.index else []:
+            refuse_input_as_output(path, inputs)
+        warnings = _leftovers(self.paths, remove=remove_leftovers)
+        for path in self.paths:
+            refuse_special_output(path)
+            if not path.parent.is_dir():
+                raise OutputError(printable(f"cannot write {path}: its folder {path.parent} does not exist"),
+                                  hint="create the folder, or give -o a path in an existing one; nothing was written")
+        taken = [path for path in self.paths if path.exists()] if self.index and not force else []
+        if taken:
+            raise UsageError(f"{taken[0]} already exists", hint="pass --force to replace the files, or -o "
+                             "to write somewhere else")
+        return warnings
+
+    @contextmanager
+    def open(self, digests: bool) -> Iterator[OpenOutput]:
+        """The files opened under temporary names, removed again unless the block commits them; with
+        `digests`, each tensor's bytes are hashed as they are written, for the read-back."""
+        with ExitStack() as stack:
+            writers = [stack.enter_context(BurnpackWriter(shard.path, shard.entries, self.metadata, digests=digests))
+                       for shard in self.shards]
+            index = [stack.enter_context(IndexWriter(self.index, self.shards, self.metadata))] if self.index else []
+            yield OpenOutput(self.shards, writers, index)
+
+
+class OpenOutput:
+    """The open files: each tensor handed to its shard in plan order, then the files finished, read back
+    and committed together."""
+
+    def __init__(self, shards: list[Shard], writers: list[BurnpackWriter], index: list[IndexWriter]) -> None:
+        self._writers, self._index = writers, index
+        self._writer_of = {entry.name: writer for shard, writer in zip(shards, writers, strict=True)
+                           for entry in shard.entries}
+        self._finished: list[Path] = []
+
+    def write(self, name: str, data: object) -> Path:
+        """Hand tensor `name`'s payload to its shard; the shard's target, for messages about the tensor."""
+        writer = self._writer_of[name]
+        writer.write(name, data)
+        return writer.target
+
+    def finish(self) -> None:
+        """Complete every file, still under its temporary name."""
+        self._finished = [writer.finish() for writer in self._writers]
+
+    def read_back(self, plan: Plan, inputs: Iterable[str]) -> Verified:
+        """The finished files read back against the plan and the digests of what was written (`qcli.verify`)."""
+        digests = {name: d for writer in self._writers for name, d in (writer.digests or {}).items()}
+        return read_back(self._finished, plan, inputs, digests, [writer.target for writer in self._writers])
+
+    def commit(self) -> None:
+        """Rename every file into place; if one fails, the ones already renamed are removed again.
+
+        This is the commit point: SIGINT and SIGTERM are held back across it, so an interrupt lands either
+        before (nothing written, exit 130) or after it, as `Interrupted` saying the output was written.
+        """
+        done = []
+        with _interrupts_held() as held:
+            try:
+                for writer in [*self._writers, *self._index]:
+                    writer.commit()
+                    done.append(writer.target)
+            except BaseException:
+                for path in done:
+                    path.unlink(missing_ok=True)
+                raise
+        if held:
+            raise Interrupted(
+                f"interrupted after the output was written: {', '.join(map(str, done))} is complete",
+                hint="the run had finished when the interrupt arrived; the output can be used as it is",
+            )
+
+
+def _shards(plan: Plan, target: Path, max_shard_size: int | None, metadata: Mapping[str, str]) -> list[Shard]:
+    """One file under Burn's 100 GiB limit, or the split asked for.
+
+    The plan refuses data over the limit (a lower bound on the file); this bounds the whole file, header
+    and metadata included, so that no file Burn's reader refuses is written."""
+    entries = [TensorEntry(e.info.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in plan.entries]
+    limit = f"Burn's reader refuses files over {MAX_FILE_SIZE} bytes (100 GiB)"
+    if max_shard_size is None:
+        size = size_bound(entries, metadata)
+        if size > MAX_FILE_SIZE:
+            raise PlanError(f"the output would take up to {size / 1024**3:.1f} GiB, over Burn's 100 GiB "
+                            "file limit", hint=f"{limit}; split it with --max-shard-size 50GB")
+        return [Shard(target, entries)]
+    if max_shard_size > MAX_FILE_SIZE:
+        raise UsageError(f"--max-shard-size {max_shard_size} is over Burn's 100 GiB file limit",
+                         hint=f"{limit}; give at most 100GiB")
+    try:
+        packs = split(entries, max_shard_size, metadata)
+    except ValueError as exc:
+        raise UsageError(f"--max-shard-size {max_shard_size}: {exc}",
+                         hint="every tensor is written whole; give a larger size") from None
+    return [Shard(path, pack) for path, pack in zip(shard_paths(target, len(packs)), packs, strict=True)]
+
+
+def _leftovers(files: list[Path], *, remove: bool) -> list[Problem]:
+    """A warning for each temporary file a killed run writing one of these outputs left beside it, removed
+    when `remove` (the run about to write; a dry run only says so)."""
+    warnings = []
+    for target in files:
+        for path, pid in leftover_temporaries(target):
+            if remove:
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as exc:
+                    raise OutputError(printable(f"cannot remove {path}, left by an interrupted run: "
+                                                f"{exc.strerror or exc}"), hint="remove it by hand") from None
+            verb = "removed" if remove else "would remove"
+            warnings.append(Problem(Kind.leftover, printable(f"{verb} {path.name}: a temporary file process {pid} "
+                                                             f"left writing {target.name} when it was killed"),
+                                    "nothing to do: an interrupted run leaves its temporary file behind only "
+                                    "when it is killed (SIGKILL, power loss)", Severity.warning))
+    return warnings
+
+
+@contextmanager
+def _interrupts_held() -> Iterator[list[int]]:
+    """The signals SIGINT and SIGTERM that arrive inside the block, recorded instead of raised (those the
+    process ignored before are dropped).
+
+    A Python-level handler rather than a signal mask: the mask is per thread, and torch's threads
+    would still take the signal. Outside the main thread handlers cannot change, and nothing is held.
+    """
+    held: list[int] = []
+    try:
+        previous = {signum: signal.signal(signum, lambda n, _: held.append(n))
+                    for signum in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:
+        yield held
+        return
+    try:
+        yield held
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        held[:] = [signum for signum in held if previous[signum] is not signal.SIG_IGN]
