@@ -23,13 +23,17 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+import qcli.codec
+from qcli import layout
+from qcli.codec.blocks import BlockGrid
+from qcli.codec.decode import block_scales
+from qcli.codec.stats import ErrorSums
 from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme, ScaleDtype
 
 if TYPE_CHECKING:
-    import torch
-
     from qcli.codec import ErrorStats
-    from qcli.codec.stats import ErrorSums
 
 SLICE_VALUES = 1 << 24
 # The source widened to f32, the decode, the int64 codes the decode indexes with, and the bound's and
@@ -59,8 +63,6 @@ class Whole:
     @staticmethod
     def of(x: torch.Tensor) -> Whole:
         """The whole of `x`, a slice of rows at a time."""
-        import torch
-
         peak = torch.zeros(1, dtype=torch.float64, device=x.device)
         total = torch.zeros(1, dtype=torch.float64, device=x.device)
         for start, stop in _slices(tuple(x.shape), 1):
@@ -71,8 +73,6 @@ class Whole:
         return Whole(peak, total, x.numel())
 
     def add(self, other: Whole) -> Whole:
-        import torch
-
         return Whole(torch.maximum(self.peak, other.peak), self.total + other.total, self.count + other.count)
 
     def mean(self) -> torch.Tensor:
@@ -104,10 +104,6 @@ def error_bound(
     whole tensor: when `x` is rows of it, `whole` says what they depend on (else it is taken from `x`).
     Works on `x`'s device without waiting for it.
     """
-    import torch
-
-    from qcli.codec.blocks import BlockGrid
-
     if whole is None and (scheme.block is None or scheme.is_two_level()):
         whole = Whole.of(x)
     grid = BlockGrid.of(scheme, x.shape)
@@ -127,8 +123,6 @@ def bound_of(
 ) -> torch.Tensor:
     """`error_bound` from each block's largest |x| (`peak`, grid-shaped) and, for AbsMean, its mean |x|
     (`mean`, float64); for a per-tensor or two-level scheme, `whole` is the tensor's."""
-    import torch
-
     value, dtype = scheme.value, scheme.scale_dtype()
     peak = peak.to(torch.float64)
     if scheme.block is None:
@@ -149,8 +143,6 @@ def bound_of(
 def _bound(peak: torch.Tensor, s_high: torch.Tensor, s_low: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
     """Half a grid step at the largest scale a block may have, plus what clamping cuts off above `reach`
     steps at the smallest, plus the f32 rounding on the way (all grid-shaped f64)."""
-    import torch
-
     value = scheme.value
     a, b = value.range()
     reach = b if value.is_minifloat() else min(-a, b)
@@ -166,11 +158,6 @@ def stored_bound(x: torch.Tensor, payload: Any, scheme: QuantScheme) -> torch.Te
     Unlike `error_bound` it trusts the payload's scales; `inspect --compare` takes the smaller of the two
     per block, so that neither a payload of other data nor one with inflated scales passes.
     """
-    import torch
-
-    from qcli.codec.blocks import BlockGrid
-    from qcli.codec.decode import block_scales
-
     grid = BlockGrid.of(scheme, x.shape)
     peak = grid.to_blocks(x.to(torch.float32)).abs().amax(dim=grid.block_axes).to(torch.float64)
     s = block_scales(payload, scheme, x.shape).to(torch.float64).abs()
@@ -179,10 +166,6 @@ def stored_bound(x: torch.Tensor, payload: Any, scheme: QuantScheme) -> torch.Te
 
 def block_errors(x: torch.Tensor, decoded: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
     """max |x - decoded| per block, grid-shaped f64 (the difference taken in f32: within the bound's slack)."""
-    import torch
-
-    from qcli.codec.blocks import BlockGrid
-
     grid = BlockGrid.of(scheme, x.shape)
     difference = (x.to(torch.float32) - decoded.to(torch.float32)).abs_()
     return grid.to_blocks(difference).amax(dim=grid.block_axes).to(torch.float64)
@@ -203,10 +186,6 @@ class Measurement:
 
     @staticmethod
     def on(device: torch.device | str) -> Measurement:
-        import torch
-
-        from qcli.codec.stats import ErrorSums
-
         nothing = torch.full((1,), -1, dtype=torch.int64, device=device)
         zero = torch.zeros(1, dtype=torch.float64, device=device)
         return Measurement(ErrorSums.zeros(device), nothing, zero, zero.clone())
@@ -222,8 +201,6 @@ class Measurement:
         after the rows before it; `whole` must then be that tensor's for a per-tensor or two-level scheme
         (without it, `x` is taken for the whole tensor).
         """
-        from qcli.codec.blocks import BlockGrid
-
         shape = tuple(x.shape)
         if whole is None and (scheme.block is None or scheme.is_two_level()):
             whole = Whole.of(x)
@@ -243,8 +220,6 @@ class Measurement:
         self, x: torch.Tensor, payload: torch.Tensor, scheme: QuantScheme, calibration: Calibration,
         whole: Whole | None, first_block: int,
     ) -> None:
-        import qcli.codec
-
         self.add_decoded(x, qcli.codec.decode(payload, scheme, tuple(x.shape)), scheme, calibration, whole,
                          first_block)
 
@@ -255,10 +230,6 @@ class Measurement:
         """Measure `decoded` (f32, of `x`'s shape; overwritten) against its source `x`, whole blocks
         starting at block `first_block` of the tensor's grid (`whole` as for `add`); `seconds` counts
         the host time spent here."""
-        import torch
-
-        from qcli.codec.blocks import BlockGrid
-
         started = time.perf_counter()
         x = x.to(torch.float32)  # widened once for both measures, which then take it as it is
         difference = decoded.sub_(x)
@@ -273,8 +244,6 @@ class Measurement:
     def take_first_over(self, errors: torch.Tensor, bounds: torch.Tensor, first_block: int) -> None:
         """Record the first of these blocks (flat, from `first_block`) whose error is over its bound
         (NaN counts as over), unless an earlier one is recorded already."""
-        import torch
-
         over = ~(errors <= bounds)
         first = over.to(torch.uint8).argmax().reshape(1)  # the first over, or 0 when none is
         take = over.index_select(0, first) & (self.block < 0)
@@ -288,8 +257,6 @@ class Measurement:
 
     def failure(self) -> BoundFailure | None:
         """The first block over its bound, read back to the host; None when every block is within."""
-        import torch
-
         block, error, bound = torch.cat([self.block.to(torch.float64), self.error, self.bound]).tolist()
         return None if block < 0 else BoundFailure(int(block), error, bound)
 
@@ -303,10 +270,6 @@ class ChunkedTensor:
 
     def __init__(self, measurement: Measurement, x: torch.Tensor, scheme: QuantScheme, calibration: Calibration
                  ) -> None:
-        import torch
-
-        from qcli.codec.blocks import BlockGrid
-
         self.measurement, self.scheme, self.calibration = measurement, scheme, calibration
         self.grid = BlockGrid.of(scheme, tuple(x.shape))
         self.errors = torch.zeros(math.prod(self.grid.grid), dtype=torch.float32)
@@ -315,8 +278,6 @@ class ChunkedTensor:
         self.scales: torch.Tensor | None = None
 
     def begin(self, reduced: torch.Tensor, payload: torch.Tensor) -> None:
-        from qcli.codec.decode import block_scales
-
         self.scales = block_scales(payload, self.scheme, self.grid.shape).reshape(-1)  # as stored
         if self.calibration is Calibration.MinMax:
             self.peaks = reduced.reshape(-1)
@@ -325,7 +286,6 @@ class ChunkedTensor:
 
     def chunk(self, rows: torch.Tensor, values: torch.Tensor, first_block: int) -> None:
         """Decode a chunk from the payload bytes just packed and the payload's scales, and measure it."""
-        from qcli.codec.blocks import BlockGrid
         from qcli.codec.decode import decode_values
 
         started = time.perf_counter()
@@ -340,8 +300,6 @@ class ChunkedTensor:
 
     def finish(self) -> None:
         """Check every block against its bound, and take the largest error into the sums."""
-        import torch
-
         started = time.perf_counter()
         m = self.measurement
         if self.errors.numel():
@@ -364,8 +322,6 @@ class ChunkedTensor:
 def _max_into(into: torch.Tensor, part: torch.Tensor) -> None:
     """`into` (a flat slice of a grid) becomes the larger of itself and `part` (NaN wins): a block is
     written once, the one block of a per-tensor scheme once per chunk."""
-    import torch
-
     torch.maximum(into, part.reshape(-1), out=into)
 
 
@@ -393,10 +349,6 @@ def _rows(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
 def _carve(payload: torch.Tensor, scheme: QuantScheme, shape: tuple[int, ...], start: int, stop: int
            ) -> torch.Tensor:
     """The payload rows [start, stop) would have on their own, from the payload of `shape`."""
-    import torch
-
-    from qcli import layout
-
     regions = layout.row_regions(scheme, shape, start, stop)
     if len(regions) == 1:
         return payload
