@@ -21,9 +21,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from qcli import BURN_VERSION
-from qcli.burn_backends import BurnBackend, hold_problem, kept_problem, load_problem, scheme_serde
+from qcli.burn_backends import BurnBackend, hold_problem, kept_problem, load_problem, qfloat
 from qcli.codec import decode, encode
 from qcli.io.burnpack import BurnpackWriter, TensorEntry
+from qcli.io.dtypes import Plain
 from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype, accept_problems
 
 WHOLE = (16, 64)
@@ -75,12 +76,12 @@ def write(folder: Path, version: str = BURN_VERSION) -> None:
     entries, payloads, expected = [], [], {}
     for seed, (name, (scheme, shape)) in enumerate(cases_for(version).items()):
         payload = encode(sample(shape, seed), scheme)
-        entries.append(TensorEntry(name, {"QFloat": scheme_serde(scheme, version)}, shape, payload.numel()))
+        entries.append(TensorEntry(name, qfloat(scheme, version), shape, payload.numel()))
         payloads.append(payload)
         expected[name] = decode(payload, scheme, shape)
     for name, dtype in KEPT.items():
         x = (sample(WHOLE, 0) * 1000).to(dtype)
-        entries.append(TensorEntry(f"kept {name}", name, WHOLE, x.numel() * x.element_size()))
+        entries.append(TensorEntry(f"kept {name}", Plain(name), WHOLE, x.numel() * x.element_size()))
         payloads.append(x)
         expected[f"kept {name}"] = x.to(torch.float32)
     with BurnpackWriter(folder / "sweep.bpk", entries) as writer:
@@ -100,7 +101,7 @@ def compare(folder: Path, backend: BurnBackend, version: str = BURN_VERSION) -> 
         want, got = expected[name].contiguous(), decoded.get(name)
         loads = verdict["ok"] and got is not None and torch.equal(got.contiguous().view(torch.int32),
                                                                   want.view(torch.int32))
-        table = (kept_problem(backend, name.removeprefix("kept "), version) if name.startswith("kept ")
+        table = (kept_problem(backend, Plain(name.removeprefix("kept ")), version) if name.startswith("kept ")
                  else load_problem(backend, *QUANTIZED[name], version))
         if loads != (table is None):
             disagree += 1

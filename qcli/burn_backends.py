@@ -18,6 +18,7 @@ from enum import StrEnum
 
 from qcli import BURN_VERSION
 from qcli.errors import UsageError
+from qcli.io.dtypes import DType, Plain, QFloat
 from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype
 
 # Burn 0.21 reads a scheme's scales from the keys `param` and `level`, 0.22 from `tensor` and `block`.
@@ -55,7 +56,7 @@ class Capability:
     stores: dict[type, frozenset[QuantValue]]
     scale_dtypes: frozenset[ScaleDtype]
     ragged_rank: int
-    kept_refused: frozenset[str]
+    kept_refused: frozenset[Plain]
     unsupported: dict[str, str]
     block_axes: int = 5
     partial_blocks: bool = True
@@ -78,7 +79,7 @@ _NDARRAY_0_22 = Capability(
     stores={PackedU32: _EIGHT_BIT_INTEGERS, Native: _EIGHT_BIT_INTEGERS, PackedNative: _NONE},
     scale_dtypes=frozenset(ScaleDtype),
     ragged_rank=0,
-    kept_refused=frozenset({"F16", "BF16"}),
+    kept_refused=frozenset({Plain.F16, Plain.BF16}),
     unsupported={
         "value": "ndarray builds only Q8F and Q8S tensors (\"from_data not supported for scheme\")",
         "store": "ndarray builds only Q8F and Q8S tensors",
@@ -123,7 +124,7 @@ CAPABILITIES: dict[str, dict[BurnBackend, Capability]] = {
             stores={PackedU32: _EIGHT_BIT_INTEGERS, Native: _EIGHT_BIT_INTEGERS, PackedNative: _NONE},
             scale_dtypes=frozenset({ScaleDtype.F32}),
             ragged_rank=0,
-            kept_refused=frozenset({"F16", "BF16"}),
+            kept_refused=frozenset({Plain.F16, Plain.BF16}),
             unsupported={**_NDARRAY_0_22.unsupported, **_CPU_0_21},
             block_axes=1,
             partial_blocks=False,
@@ -200,16 +201,17 @@ def hold_problem(scheme: QuantScheme, version: str) -> str | None:
     return None
 
 
-def kept_problem(backend: BurnBackend, dtype: object, version: str = BURN_VERSION) -> str | None:
-    """Why `backend` of Burn `version` cannot build a kept tensor of Burn dtype `dtype` (its serde), or None."""
+def kept_problem(backend: BurnBackend, dtype: DType, version: str = BURN_VERSION) -> str | None:
+    """Why `backend` of Burn `version` cannot build a kept tensor of Burn dtype `dtype`, or None."""
     capability = CAPABILITIES[version][backend]
-    refused = isinstance(dtype, str) and dtype in capability.kept_refused  # Bool and QFloat are maps
+    refused = isinstance(dtype, Plain) and dtype in capability.kept_refused
     return capability.unsupported["kept"] if refused else None
 
 
-def scheme_serde(scheme: QuantScheme, version: str = BURN_VERSION) -> dict:
-    """`scheme` in the serde form Burn `version` reads (0.21's keys added for 0.21, which 0.22 ignores)."""
-    return scheme.to_serde(with_0_21_keys=version in OLDER_SERDE_VERSIONS)
+def qfloat(scheme: QuantScheme, version: str = BURN_VERSION) -> QFloat:
+    """The QFloat dtype of `scheme` as Burn `version` reads it (0.21's keys added for 0.21, which 0.22
+    ignores)."""
+    return QFloat(scheme, with_0_21_keys=version in OLDER_SERDE_VERSIONS)
 
 
 # Same width first, then the most widely loaded scale dtypes: the first that loads is offered instead.

@@ -22,11 +22,11 @@ from qcli.burn_backends import (
     kept_problem,
     load_problem,
     loads_instead,
-    scheme_serde,
+    qfloat,
 )
 from qcli.errors import PlanError
 from qcli.io.burnpack import MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, align
-from qcli.io.dtypes import BURN_PLAIN_SIZES, burn_dtype
+from qcli.io.dtypes import DType, Plain, burn_dtype
 from qcli.io.safetensors import TensorInfo
 from qcli.presets import DEFAULT_PRESET, PRESETS, Preset
 from qcli.problem import Kind, Problem, Severity
@@ -85,17 +85,18 @@ class PlanEntry:
         return shape[::-1] if self.decision.transpose and len(shape) == 2 else shape
 
     @property
-    def out_dtype(self) -> object:
-        """Burn's DType serde: the source dtype (or the cast's) for a kept tensor, else `{"QFloat": scheme}`."""
+    def out_dtype(self) -> DType | None:
+        """Burn's DType written: the source dtype (or the cast's) for a kept tensor, None where Burn has
+        none; else the scheme's QFloat."""
         if self.decision.scheme is None:
             return burn_dtype(self.decision.cast or self.info.dtype)
-        return {"QFloat": scheme_serde(self.decision.scheme, self.burn_version)}
+        return qfloat(self.decision.scheme, self.burn_version)
 
     @property
     def out_nbytes(self) -> int:
         if self.decision.scheme is None:
             if self.decision.cast is not None:
-                return self.numel * BURN_PLAIN_SIZES[self.decision.cast]
+                return Plain(self.decision.cast).nbytes(self.info.shape)
             return self.info.nbytes
         return layout.quantized_data_len(self.decision.scheme, self.out_shape)
 
@@ -522,10 +523,13 @@ class _Planner:
             scheme = entry.decision.scheme
             if scheme is not None and hold_problem(scheme, version) is not None:
                 continue  # `version_problems` reports it once, for every backend
-            why = (kept_problem(backend, entry.out_dtype, version) if scheme is None
+            dtype = entry.out_dtype
+            if dtype is None:
+                continue  # `output_problems` reports it: Burn has no such dtype
+            why = (kept_problem(backend, dtype, version) if scheme is None
                    else load_problem(backend, scheme, entry.out_shape, version))
             if why is not None:
-                failing.setdefault((id(entry.decision.rule), str(scheme or entry.out_dtype), why), []).append(entry)
+                failing.setdefault((id(entry.decision.rule), str(scheme or dtype), why), []).append(entry)
         for (_, written, why), group in failing.items():
             first = group[0]
             names = [e.info.name for e in group]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from qcli import __version__
+from qcli.io.dtypes import DType, QFloat
 from qcli.problem import Problem, Severity
 
 if TYPE_CHECKING:
@@ -261,11 +262,12 @@ def value_stats(t: torch.Tensor) -> ValueStats:
 
 @dataclass(frozen=True)
 class ListedTensor:
-    """One tensor as a file holds it: `dtype` is readable (a QFloat as its scheme's short form)."""
+    """One tensor as a file holds it: `dtype` is readable (a QFloat as its scheme's short form), `stored`
+    is the Burn DType of a .bpk tensor or the safetensors dtype of a safetensors one."""
 
     name: str
     dtype: str
-    dtype_serde: Any
+    stored: DType | str
     shape: tuple[int, ...]
     nbytes: int
 
@@ -273,7 +275,7 @@ class ListedTensor:
         return {
             "name": self.name,
             "dtype": self.dtype,
-            "dtype_serde": self.dtype_serde,
+            "dtype_serde": self.stored if isinstance(self.stored, str) else self.stored.to_serde(),
             "shape": list(self.shape),
             "bytes": self.nbytes,
         }
@@ -369,7 +371,7 @@ class InspectReport:
     @staticmethod
     def bits_per_weight(t: ListedTensor) -> float | None:
         """A QFloat tensor's payload bits (values, scales, any global) over its element count; None otherwise."""
-        if not (isinstance(t.dtype_serde, dict) and "QFloat" in t.dtype_serde):
+        if not isinstance(t.stored, QFloat):
             return None
         count = math.prod(t.shape)
         return t.nbytes * 8 / count if count else None

@@ -17,13 +17,15 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from qcli.errors import InputError, OutputError
 from qcli.scheme import QuantScheme
 
 if TYPE_CHECKING:
+    from qcli.io.burnpack import BurnpackReader, TensorEntry
     from qcli.measure import BoundFailure
+    from qcli.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ def out_of_bound(failure: BoundFailure, scheme: QuantScheme, name: str, target: 
 
 
 def read_back(
-    paths: Sequence[Path], plan: Any, inputs: Iterable[str], digests: Mapping[str, bytes],
+    paths: Sequence[Path], plan: Plan, inputs: Iterable[str], digests: Mapping[str, bytes],
     targets: Sequence[Path] | None = None,
 ) -> Verified:
     """Read the written files back and check them against `plan`; raises `OutputError` naming what is wrong.
@@ -54,11 +56,10 @@ def read_back(
     temporary ones).
     """
     from qcli.io.burnpack import BurnpackReader
-    from qcli.io.dtypes import parse_dtype
 
     started = time.perf_counter()
     targets = targets or paths
-    found: dict[str, tuple[Any, Any, Path]] = {}
+    found: dict[str, tuple[BurnpackReader, TensorEntry, Path]] = {}
     for path, target in zip(paths, targets, strict=True):
         try:
             reader = BurnpackReader.open(path)
@@ -78,12 +79,12 @@ def read_back(
     for entry in plan.entries:
         name = entry.info.name
         reader, written, target = found[name]
-        expected = (parse_dtype(entry.out_dtype), tuple(entry.out_shape), entry.out_nbytes)
+        expected = (entry.out_dtype, tuple(entry.out_shape), entry.out_nbytes)
         if (written.dtype, written.shape, written.nbytes) != expected:
             raise _failed(target, f"tensor '{name}' is written as {written.dtype} {list(written.shape)} "
                           f"in {written.nbytes} bytes; the plan says {expected[0]} {list(expected[1])} in "
                           f"{expected[2]} bytes")
-    by_file: dict[Any, list[str]] = {}
+    by_file: dict[BurnpackReader, list[str]] = {}
     for name, (reader, _, _) in found.items():
         by_file.setdefault(reader, []).append(name)
     for reader, names in by_file.items():
@@ -94,7 +95,7 @@ def read_back(
     return Verified(len(plan.entries), read, time.perf_counter() - started)
 
 
-def _written_digests(reader: Any, names: list[str]) -> dict[str, bytes]:
+def _written_digests(reader: BurnpackReader, names: list[str]) -> dict[str, bytes]:
     """The digest of each named tensor's bytes in the file `reader` opened."""
     from qcli.io.digest import digest_file
 

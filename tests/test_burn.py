@@ -37,6 +37,7 @@ from qcli import BURN_VERSION
 from qcli.burn_backends import BURN_VERSIONS, BurnBackend
 from qcli.codec import decode, encode
 from qcli.io.burnpack import BurnpackReader, BurnpackWriter, TensorEntry
+from qcli.io.dtypes import QFloat
 from qcli.presets import PRESETS
 from qcli.scheme import Native, PackedU32, QuantMode, QuantScheme, QuantValue, ScaleDtype
 
@@ -67,8 +68,8 @@ def qcli_decodes(bpk: Path) -> dict[str, torch.Tensor]:
     decoded = {}
     for entry in reader.entries():
         data = bytearray(reader.read(entry.name))
-        if isinstance(entry.dtype, dict):
-            decoded[entry.name] = decode(bytes(data), QuantScheme.from_serde(entry.dtype["QFloat"]), entry.shape)
+        if isinstance(entry.dtype, QFloat):
+            decoded[entry.name] = decode(bytes(data), entry.dtype.scheme, entry.shape)
         else:
             decoded[entry.name] = torch.frombuffer(data, dtype=KEPT_DTYPES[entry.dtype]).reshape(entry.shape).float()
     return decoded
@@ -190,7 +191,7 @@ def test_burn_panics_on_a_lookup_scheme_as_qcli_says(tmp_path):
     payload = encode(torch.randn(4, 64), scheme)
     lookup = scheme.with_mode(QuantMode.Lookup)
     path = tmp_path / "lookup.bpk"
-    with BurnpackWriter(path, [TensorEntry("w", {"QFloat": lookup.to_serde()}, (4, 64), payload.numel())]) as w:
+    with BurnpackWriter(path, [TensorEntry("w", QFloat(lookup), (4, 64), payload.numel())]) as w:
         w.write("w", payload)
         w.commit()
     done = run("dequantize", "--backend", "wgpu", path, tmp_path / "out.safetensors")
@@ -219,7 +220,7 @@ def burn_quantizes(backend: BurnBackend, scheme: QuantScheme, weights: dict[str,
     done = run("write-fixture", "--backend", backend, "--scheme", json.dumps(scheme.to_serde()), source, out)
     assert done.code == 0, done.err
     reader = BurnpackReader.open(out)
-    return {e.name: (bytes(reader.read(e.name)), QuantScheme.from_serde(e.dtype["QFloat"])) for e in reader.entries()}
+    return {e.name: (bytes(reader.read(e.name)), e.dtype.scheme) for e in reader.entries()}
 
 
 def weights_for(seed: int) -> dict[str, torch.Tensor]:

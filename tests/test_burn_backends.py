@@ -22,6 +22,7 @@ from bench.burn_sweep import QUANTIZED, WHOLE, sample
 from qcli.burn_backends import BURN_VERSIONS, BurnBackend, kept_problem, load_problem
 from qcli.codec import decode
 from qcli.io.burnpack import BurnpackReader
+from qcli.io.dtypes import Plain
 from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype
 
 pytestmark = pytest.mark.burn
@@ -53,7 +54,7 @@ def test_the_table_says_exactly_what_burn_loads(backend: BurnBackend, sweep, tmp
         got = decoded[name]
         loads = isinstance(got, torch.Tensor) and same_bits(got, want)
         if name.startswith("kept "):
-            table = kept_problem(backend, name.removeprefix("kept "), version)
+            table = kept_problem(backend, Plain(name.removeprefix("kept ")), version)
         else:
             scheme, shape = QUANTIZED[name]
             table = load_problem(backend, scheme, shape, version)
@@ -101,7 +102,7 @@ def test_a_recipe_of_every_scheme_decodes_in_burn_wherever_the_table_accepts_it(
     decoded = probe(backend, out, tmp_path / "decoded.safetensors", version)
     accepted = 0
     for entry in reader.entries():
-        scheme = QuantScheme.from_serde(entry.dtype["QFloat"])
+        scheme = entry.dtype.scheme
         if load_problem(backend, scheme, entry.shape, version) is None:
             accepted += 1
             want = decode(bytes(reader.read(entry.name)), scheme, entry.shape)

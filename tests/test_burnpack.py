@@ -29,7 +29,7 @@ from qcli.io.burnpack import (
     size_bound,
     split,
 )
-from qcli.io.dtypes import parse_dtype
+from qcli.io.dtypes import Bool, BoolStore, Plain, QFloat, dtype_from_serde
 from qcli.layout import quantized_data_len
 from qcli.scheme import QuantScheme
 
@@ -127,7 +127,8 @@ def test_data_section_start_is_the_next_256_boundary() -> None:
 
 def test_tensors_start_on_256_boundaries_without_trailing_padding(tmp_path: Path) -> None:
     vector = VECTORS[55]
-    entries = [TensorEntry(n, d, tuple(s), 4 * s[0]) for n, d, s in vector["input"]["tensors_in_write_order"]]
+    entries = [TensorEntry(n, dtype_from_serde(d), tuple(s), 4 * s[0])
+               for n, d, s in vector["input"]["tensors_in_write_order"]]
     payloads = [bytes([i + 1]) * e.nbytes for i, e in enumerate(entries)]
     out = write_pack(tmp_path / "abc.bpk", entries, payloads)
     reader = BurnpackReader.open(tmp_path / "abc.bpk")
@@ -140,7 +141,8 @@ def test_tensors_start_on_256_boundaries_without_trailing_padding(tmp_path: Path
 def test_single_tensor_round_trip_is_byte_identical(tmp_path: Path) -> None:
     vector = VECTORS[56]
     spec = vector["input"]
-    entry = TensorEntry(spec["name"], spec["dtype"], tuple(vector["shape"]), 16, param_id=spec["param_id"])
+    entry = TensorEntry(spec["name"], dtype_from_serde(spec["dtype"]), tuple(vector["shape"]), 16,
+                        param_id=spec["param_id"])
     out = write_pack(tmp_path / "w.bpk", [entry], [struct.pack("<4f", *spec["values"])])
     expected = vector["expected"]
     metadata = bytes.fromhex(expected["metadata_cbor_hex"])
@@ -162,7 +164,7 @@ def test_empty_pack(tmp_path: Path) -> None:
 
 def test_scalars_are_externally_tagged_and_sorted(tmp_path: Path) -> None:
     scalars = {"step": {"UInt": 42}, "flag": {"Bool": True}, "offset": {"Int": -3}}
-    out = write_pack(tmp_path / "s.bpk", [TensorEntry("w", "F32", (1,), 4)], [bytes(4)], scalars=scalars)
+    out = write_pack(tmp_path / "s.bpk", [TensorEntry("w", Plain.F32, (1,), 4)], [bytes(4)], scalars=scalars)
     expected = bytes.fromhex(VECTORS[58]["expected"]["metadata_cbor_hex"])
     assert out[10 : 10 + len(expected)] == expected
     assert BurnpackReader.open(tmp_path / "s.bpk").scalars == scalars
@@ -195,25 +197,25 @@ def test_qfloat_tensor_is_byte_identical(tmp_path: Path) -> None:
     vector = VECTORS[62]
     scheme = QuantScheme.from_serde(vector["scheme"])
     nbytes = quantized_data_len(scheme, vector["shape"])
-    entry = TensorEntry(vector["input"]["name"], {"QFloat": scheme.to_serde()}, tuple(vector["shape"]),
+    entry = TensorEntry(vector["input"]["name"], QFloat(scheme), tuple(vector["shape"]),
                         nbytes, param_id=vector["input"]["param_id"])
     out = write_pack(tmp_path / "q.bpk", [entry], [bytes.fromhex(vector["input"]["tensor_bytes_hex"])])
     assert out.hex() == vector["expected"]["file_hex"]
     back = BurnpackReader.open(tmp_path / "q.bpk").entries()
     assert back == [entry]
-    assert QuantScheme.from_serde(back[0].dtype["QFloat"]) == scheme
+    assert back[0].dtype.scheme == scheme
 
 
 @pytest.mark.parametrize("case", sorted(VECTORS[61]["expected"]))
 def test_dtype_serde_encodes_as_ciborium_does(case: str) -> None:
     vector = VECTORS[61]["expected"][case]
-    assert cbor2.dumps(parse_dtype(vector["serde"])).hex() == vector["cbor_hex"]
+    assert cbor2.dumps(dtype_from_serde(vector["serde"]).to_serde()).hex() == vector["cbor_hex"]
 
 
 def test_torch_tensors_are_written_as_their_raw_bytes(tmp_path: Path) -> None:
     bf16 = torch.tensor([[1.0, 2.0], [-2.0, 0.5]], dtype=torch.bfloat16)
     flags = torch.tensor([True, False, True])
-    entries = [TensorEntry("h", "BF16", (2, 2), 8), TensorEntry("b", {"Bool": "Native"}, (3,), 3)]
+    entries = [TensorEntry("h", Plain.BF16, (2, 2), 8), TensorEntry("b", Bool(BoolStore.Native), (3,), 3)]
     write_pack(tmp_path / "t.bpk", entries, [bf16, flags])
     reader = BurnpackReader.open(tmp_path / "t.bpk")
     assert bytes(reader.read("h")).hex() == "803f0040" + "00c0003f"  # bf16 bits, little-endian
@@ -224,14 +226,14 @@ def test_torch_tensors_are_written_as_their_raw_bytes(tmp_path: Path) -> None:
 
 
 def test_writer_refuses_a_length_other_than_declared(tmp_path: Path) -> None:
-    with BurnpackWriter(tmp_path / "x.bpk", [TensorEntry("w", "F32", (2,), 8)]) as writer:
+    with BurnpackWriter(tmp_path / "x.bpk", [TensorEntry("w", Plain.F32, (2,), 8)]) as writer:
         with pytest.raises(ValueError, match="expected 8, got 4"):
             writer.write("w", bytes(4))
     assert list(tmp_path.iterdir()) == []
 
 
 def test_writer_refuses_tensors_out_of_order(tmp_path: Path) -> None:
-    entries = [TensorEntry("a", "U8", (1,), 1), TensorEntry("b", "U8", (1,), 1)]
+    entries = [TensorEntry("a", Plain.U8, (1,), 1), TensorEntry("b", Plain.U8, (1,), 1)]
     with BurnpackWriter(tmp_path / "x.bpk", entries) as writer:
         with pytest.raises(ValueError, match="expects 'a'"):
             writer.write("b", b"\x00")
@@ -239,21 +241,20 @@ def test_writer_refuses_tensors_out_of_order(tmp_path: Path) -> None:
 
 def test_writer_checks_byte_len_except_for_qfloat(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"declares 12 bytes but its shape \[2, 2\] and dtype F32 need 16"):
-        BurnpackWriter(tmp_path / "x.bpk", [TensorEntry("w", "F32", (2, 2), 12)])
-    qfloat = {"QFloat": QuantScheme().to_serde()}
+        BurnpackWriter(tmp_path / "x.bpk", [TensorEntry("w", Plain.F32, (2, 2), 12)])
     # the producer's length is trusted for QFloat
-    BurnpackWriter(tmp_path / "x.bpk", [TensorEntry("q", qfloat, (2, 2), 3)])
+    BurnpackWriter(tmp_path / "x.bpk", [TensorEntry("q", QFloat(QuantScheme()), (2, 2), 3)])
 
 
 def test_writer_refuses_duplicates_and_unknown_dtypes(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="Duplicate tensor name 'a'"):
-        BurnpackWriter(tmp_path / "x.bpk", [TensorEntry("a", "U8", (1,), 1)] * 2)
+        BurnpackWriter(tmp_path / "x.bpk", [TensorEntry("a", Plain.U8, (1,), 1)] * 2)
     with pytest.raises(ValueError, match="not a Burn DType"):
-        BurnpackWriter(tmp_path / "x.bpk", [TensorEntry("a", "F8_E4M3", (1,), 1)])
+        dtype_from_serde("F8_E4M3")
 
 
 def test_commit_refuses_unwritten_tensors(tmp_path: Path) -> None:
-    with BurnpackWriter(tmp_path / "x.bpk", [TensorEntry("a", "U8", (1,), 1)]) as writer:
+    with BurnpackWriter(tmp_path / "x.bpk", [TensorEntry("a", Plain.U8, (1,), 1)]) as writer:
         with pytest.raises(ValueError, match="1 tensors unwritten"):
             writer.commit()
     assert list(tmp_path.iterdir()) == []
@@ -262,7 +263,7 @@ def test_commit_refuses_unwritten_tensors(tmp_path: Path) -> None:
 def test_exception_mid_write_leaves_the_target_untouched(tmp_path: Path) -> None:
     target = tmp_path / "model.bpk"
     target.write_bytes(b"previous contents")
-    entries = [TensorEntry("a", "U8", (4,), 4), TensorEntry("b", "U8", (4,), 4)]
+    entries = [TensorEntry("a", Plain.U8, (4,), 4), TensorEntry("b", Plain.U8, (4,), 4)]
     with pytest.raises(RuntimeError, match="producer failed"):
         with BurnpackWriter(target, entries) as writer:
             writer.write("a", b"\x01\x02\x03\x04")
@@ -273,7 +274,7 @@ def test_exception_mid_write_leaves_the_target_untouched(tmp_path: Path) -> None
 
 
 def test_leaving_without_commit_leaves_nothing(tmp_path: Path) -> None:
-    with BurnpackWriter(tmp_path / "x.bpk", [TensorEntry("a", "U8", (1,), 1)]) as writer:
+    with BurnpackWriter(tmp_path / "x.bpk", [TensorEntry("a", Plain.U8, (1,), 1)]) as writer:
         writer.write("a", b"\x00")
     assert list(tmp_path.iterdir()) == []
 
@@ -281,7 +282,7 @@ def test_leaving_without_commit_leaves_nothing(tmp_path: Path) -> None:
 def test_finish_completes_the_file_without_touching_the_target(tmp_path: Path) -> None:
     target = tmp_path / "x.bpk"
     target.write_bytes(b"old")
-    with BurnpackWriter(target, [TensorEntry("a", "U8", (2,), 2)]) as writer:
+    with BurnpackWriter(target, [TensorEntry("a", Plain.U8, (2,), 2)]) as writer:
         writer.write("a", b"\x05\x06")
         done = writer.finish()
         assert done.parent == tmp_path and done != target and target.read_bytes() == b"old"
@@ -296,7 +297,7 @@ def test_finish_completes_the_file_without_touching_the_target(tmp_path: Path) -
 def test_commit_replaces_an_existing_target(tmp_path: Path) -> None:
     target = tmp_path / "x.bpk"
     target.write_bytes(b"old")
-    out = write_pack(target, [TensorEntry("a", "U8", (1,), 1)], [b"\x07"])
+    out = write_pack(target, [TensorEntry("a", Plain.U8, (1,), 1)], [b"\x07"])
     assert out[-1:] == b"\x07" and len(out) == 257
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.bpk"]
 
@@ -324,10 +325,11 @@ import resource, signal, sys
 sys.path.insert(0, {str(REPO)!r})
 from qcli.errors import OutputError
 from qcli.io.burnpack import BurnpackWriter, TensorEntry
+from qcli.io.dtypes import Plain
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
 try:
-    with BurnpackWriter({str(tmp_path / "big.bpk")!r}, [TensorEntry("w", "U8", ({n},), {n})]) as w:
+    with BurnpackWriter({str(tmp_path / "big.bpk")!r}, [TensorEntry("w", Plain.U8, ({n},), {n})]) as w:
         w.write("w", bytes({n}))
         w.commit()
 except OutputError as exc:
@@ -340,7 +342,7 @@ except OutputError as exc:
 
 def test_non_contiguous_tensor_is_refused(tmp_path: Path) -> None:
     data = torch.zeros(4, 2, dtype=torch.uint8).t()
-    with BurnpackWriter(tmp_path / "x.bpk", [TensorEntry("a", "U8", (2, 4), 8)]) as writer:
+    with BurnpackWriter(tmp_path / "x.bpk", [TensorEntry("a", Plain.U8, (2, 4), 8)]) as writer:
         with pytest.raises(ValueError, match="contiguous"):
             writer.write("a", data)
 
@@ -518,7 +520,7 @@ def test_split_refuses_a_tensor_larger_than_a_file() -> None:
 
 
 def test_split_keeps_burns_tensor_count_per_file() -> None:
-    entries = [TensorEntry(f"t{i}", "U8", (0,), 0) for i in range(100_001)]
+    entries = [TensorEntry(f"t{i}", Plain.U8, (0,), 0) for i in range(100_001)]
     assert [len(pack) for pack in split(entries, 10**12)] == [100_000, 1]
 
 
@@ -583,7 +585,7 @@ def test_temporary_names_fit_the_name_limit(tmp_path: Path, name: str) -> None:
     if len(os.fsencode(name)) < 230:
         assert temporary == f".{name}.{os.getpid()}-12345.tmp"  # short names as before
     target = tmp_path / name
-    with BurnpackWriter(target, [TensorEntry("w", "F32", (1,), 4)]) as writer:
+    with BurnpackWriter(target, [TensorEntry("w", Plain.F32, (1,), 4)]) as writer:
         writer.write("w", b"\x00" * 4)
         writer.commit()
     assert [p.name for p in tmp_path.iterdir()] == [name]

@@ -703,11 +703,12 @@ def test_catastrophic_patterns_match_in_linear_time(tmp_path: Path, pattern: str
 
 def test_bool_tensors_of_every_store_inspect(tmp_path: Path) -> None:
     from qcli.io.burnpack import BurnpackWriter, TensorEntry
+    from qcli.io.dtypes import Bool, BoolStore
 
     for store, payload in (("U32", struct.pack("<4I", 1, 0, 7, 1)), ("U8", bytes([1, 0, 2, 1])),
                            ("Native", bytes([1, 0, 1, 1]))):
         path = tmp_path / f"{store}.bpk"
-        with BurnpackWriter(path, [TensorEntry("mask", {"Bool": store}, (2, 2), len(payload))]) as writer:
+        with BurnpackWriter(path, [TensorEntry("mask", Bool(BoolStore(store)), (2, 2), len(payload))]) as writer:
             writer.write("mask", payload)
             writer.commit()
         result, seconds = timed_cli("inspect", path, "--tensor", "mask", "--json")

@@ -197,10 +197,12 @@ def test_two_level_statistics_report_the_global_scale(tmp_path):
 
 def test_compare_refuses_a_malformed_transposed_list(tmp_path):
     from qcli.io.burnpack import BurnpackWriter, TensorEntry
+    from qcli.io.dtypes import Plain
 
     bpk = tmp_path / "odd.bpk"
     norm = source_bytes()["model.norm.weight"]
-    with BurnpackWriter(bpk, [TensorEntry("model.norm.weight", "BF16", (128,), len(norm))], {"transposed": "x"}) as w:
+    entries = [TensorEntry("model.norm.weight", Plain.BF16, (128,), len(norm))]
+    with BurnpackWriter(bpk, entries, {"transposed": "x"}) as w:
         w.write("model.norm.weight", norm)
         w.commit()
     lines = assert_user_error(cli("inspect", bpk, "--compare", SINGLE), 3)

@@ -94,7 +94,7 @@ def test_default_policy_quantizes_matrices_and_keeps_norms(written):
             assert payload == raw[name]  # kept: the source bytes, unchanged
             continue
         bits = default_bits(name)
-        assert e.dtype == {"QFloat": q_serde(f"Q{bits}S", 32)}
+        assert e.dtype.to_serde() == {"QFloat": q_serde(f"Q{bits}S", 32)}
         assert e.nbytes == len(payload) == packed_len(x.shape, bits, 32)
         decoded, _ = decode_packed(payload, x.shape, bits=bits, block=32)
         assert np.all(np.abs(decoded - x) <= half_step_bound(x, 2.0 ** (bits - 1) - 1, 32)), name
@@ -290,7 +290,7 @@ def test_fp4_preset_writes_e2m1_in_u32_words_with_f16_block_scales(tmp_path):
     for e in read_bpk(out).entries():
         if not is_norm(e.name) and e.name not in WIDE:
             rows, cols = e.shape
-            assert e.dtype == {"QFloat": fp4}
+            assert e.dtype.to_serde() == {"QFloat": fp4}
             assert e.nbytes == rows * cols // 2 + rows * cols // 32 * 2  # 8 codes per word, F16 scales
 
 
@@ -326,7 +326,7 @@ def test_transpose_rule_writes_in_out_and_records_it(tmp_path):
         e = next(e for e in reader.entries() if e.name == name)
         xt = np.ascontiguousarray(sources[name].T)
         assert tuple(e.shape) == xt.shape == (128, 352)
-        assert e.dtype == {"QFloat": q_serde("Q8S", 32)}
+        assert e.dtype.to_serde() == {"QFloat": q_serde("Q8S", 32)}
         decoded, _ = decode_packed(bytes(reader.read(name)), xt.shape, bits=8, block=32)
         assert np.all(np.abs(decoded - xt) <= half_step_bound(xt, 127.0, 32))
     compare = cli("inspect", out, "--compare", SINGLE, "--json")
@@ -705,9 +705,9 @@ def test_burn_0_21_gets_both_key_sets_and_its_version_in_the_metadata(tmp_path):
     assert cli("quantize", SINGLE, "-o", out, "--scheme", "q8s", "--burn-version", "0.21", "--device", "cpu").code == 0
     reader = read_bpk(out)
     assert reader.metadata["burn_version"] == "0.21.0"
-    weight = next(e for e in reader.entries() if e.name == "lm_head.weight")
-    assert weight.dtype["QFloat"]["param"] == "F32" and weight.dtype["QFloat"]["level"] == "Tensor"
-    assert weight.dtype["QFloat"]["tensor"] == "F32" and weight.dtype["QFloat"]["block"] is None
+    weight = next(e for e in reader.entries() if e.name == "lm_head.weight").dtype.to_serde()["QFloat"]
+    assert weight["param"] == "F32" and weight["level"] == "Tensor"
+    assert weight["tensor"] == "F32" and weight["block"] is None
 
 
 def test_burn_0_21_has_no_two_level_scheme(tmp_path):

@@ -26,7 +26,7 @@ from safetensors import safe_open
 
 from qcli.errors import InputError, RecipeError
 from qcli.io.burnpack import BurnpackReader, BurnpackWriter, TensorEntry
-from qcli.io.dtypes import SAFETENSORS_BITS
+from qcli.io.dtypes import SAFETENSORS_BITS, Plain
 from qcli.io.safetensors import SafetensorsSource
 from qcli.recipe import RULE_KEYS, TOP_KEYS, load_recipe, parse_recipe
 
@@ -144,7 +144,7 @@ def packs(draw: st.DrawFn) -> tuple[list[TensorEntry], list[bytes], dict[str, st
         for d in shape:
             numel *= d
         param_id = draw(st.none() | st.integers(0, 2**64 - 1))
-        entries.append(TensorEntry(name, dtype, shape, numel * SIZES[dtype], param_id))
+        entries.append(TensorEntry(name, Plain(dtype), shape, numel * SIZES[dtype], param_id))
         payloads.append(draw(st.binary(min_size=numel * SIZES[dtype], max_size=numel * SIZES[dtype])))
     metadata = draw(st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2))
     return entries, payloads, metadata

@@ -15,6 +15,7 @@ from safetensors import safe_open
 
 from qcli.errors import UsageError
 from qcli.io.burnpack import BurnpackReader
+from qcli.io.dtypes import QFloat
 from qcli.sizes import parse_size
 
 GIB = 1024**3
@@ -111,7 +112,7 @@ def test_compare_through_the_index_finds_a_damaged_shard(tmp_path: Path) -> None
     index = sharded(tmp_path)
     last = sorted(tmp_path.glob("model-*.bpk"))[-1]
     reader = BurnpackReader.open(last)
-    name = next(e.name for e in reader.entries() if isinstance(e.dtype, dict))
+    name = next(e.name for e in reader.entries() if isinstance(e.dtype, QFloat))
     start, _ = reader.data_offsets(name)
     data = bytearray(last.read_bytes())
     data[reader.data_start + start] ^= 0x88  # a value of the tensor's first block, 8 steps or more away

@@ -67,7 +67,7 @@ def test_default_policy_on_a_llama_checkpoint() -> None:
     q = entries[f"{LAYER}.self_attn.q_proj.weight"]
     assert q.decision.scheme.to_serde() == Q4S_B32
     assert q.decision.reason == "default: BF16 tensor of rank 2 -> q4s-b32"
-    assert q.out_dtype == {"QFloat": Q4S_B32}
+    assert q.out_dtype.to_serde() == {"QFloat": Q4S_B32}
     # The token embedding and the output head take 8 bits (q8s-b32) under a narrower preset.
     for name, role in (("model.embed_tokens.weight", "token embedding"), ("lm_head.weight", "output head")):
         assert entries[name].decision.scheme is PRESETS["q8s-b32"].scheme
@@ -370,7 +370,7 @@ def test_newer_safetensors_dtypes_are_classified_not_guessed() -> None:
         "default: keep, bool tensor (BOOL)",
         "default: keep, non-floating tensor (C64)",
     ]
-    assert plan.entries[2].out_dtype == {"Bool": "Native"}
+    assert plan.entries[2].out_dtype.to_serde() == {"Bool": "Native"}
     assert [p.tensors for p in plan.errors()] == [("fp4.weight",), ("fp4.weight_scale",), ("freqs",)]
 
 

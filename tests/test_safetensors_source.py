@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from qcli.errors import InputError
-from qcli.io.burnpack import burn_dtype
+from qcli.io.dtypes import burn_dtype
 from qcli.io.safetensors import SafetensorsSource, TensorInfo
 
 REPO = Path(__file__).parents[1]
@@ -145,7 +145,8 @@ def test_headers_are_read_without_torch(tmp_path: Path) -> None:
      ("BOOL", {"Bool": "Native"}), ("F8_E4M3", None), ("F8_E5M2", None), ("F4", None), ("C64", None)],
 )
 def test_burn_dtype(dtype: str, expected: object) -> None:
-    assert burn_dtype(dtype) == expected
+    got = burn_dtype(dtype)
+    assert (None if got is None else got.to_serde()) == expected
 
 
 # -- Refusals --------------------------------------------------------------------------------------

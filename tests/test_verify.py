@@ -21,6 +21,7 @@ from cli_support import SINGLE, assert_user_error, cli
 from qcli.codec import decode, encode
 from qcli.errors import OutputError
 from qcli.io.burnpack import BurnpackReader, BurnpackWriter, TensorEntry
+from qcli.io.dtypes import Plain, QFloat
 from qcli.io.safetensors import SafetensorsSource
 from qcli.measure import Measurement, block_errors, error_bound
 from qcli.plan import make_plan
@@ -157,7 +158,7 @@ def check(path: Path, good: Path) -> None:
 def check_decoded(path: Path, name: str) -> None:
     """The bound check on `name` as written in `path`, against its source, as `qcli quantize` raises it."""
     entry = next(e for e in BurnpackReader.open(path).entries() if e.name == name)
-    scheme = QuantScheme.from_serde(entry.dtype["QFloat"])
+    scheme = entry.dtype.scheme
     payload = torch.frombuffer(bytearray(BurnpackReader.open(path).read(name)), dtype=torch.uint8)
     with SafetensorsSource.open(SINGLE) as source:
         x = source.load(name)
@@ -169,13 +170,13 @@ def check_decoded(path: Path, name: str) -> None:
 
 
 def first_quantized(entries: list[TensorEntry]) -> int:
-    return next(i for i, e in enumerate(entries) if isinstance(e.dtype, dict) and "QFloat" in e.dtype)
+    return next(i for i, e in enumerate(entries) if isinstance(e.dtype, QFloat))
 
 
 def test_a_good_file_reads_back_and_decodes_within_its_bound(good: Path) -> None:
     check(good, good)
     for entry in BurnpackReader.open(good).entries():
-        if isinstance(entry.dtype, dict):
+        if isinstance(entry.dtype, QFloat):
             check_decoded(good, entry.name)
 
 
@@ -222,7 +223,7 @@ def test_a_missing_tensor_fails(good: Path, tmp_path: Path) -> None:
 
 def test_a_changed_kept_tensor_fails(good: Path, tmp_path: Path) -> None:
     def damage(entries, payloads):
-        i = next(i for i, e in enumerate(entries) if not isinstance(e.dtype, dict))
+        i = next(i for i, e in enumerate(entries) if isinstance(e.dtype, Plain))
         payloads[i][0] ^= 1
         return entries, payloads
 
@@ -232,11 +233,11 @@ def test_a_changed_kept_tensor_fails(good: Path, tmp_path: Path) -> None:
 
 def test_a_tensor_written_with_another_scheme_fails(good: Path, tmp_path: Path) -> None:
     same_size = {"BF16": "F16", "F16": "BF16", "F32": "I32"}
-    kept = next(e for e in BurnpackReader.open(good).entries() if not isinstance(e.dtype, dict))
+    kept = next(e for e in BurnpackReader.open(good).entries() if isinstance(e.dtype, Plain))
 
     def relabel(entries, payloads):
         i = entries.index(kept)
-        entries[i] = TensorEntry(kept.name, same_size[kept.dtype], kept.shape, kept.nbytes)
+        entries[i] = TensorEntry(kept.name, Plain(same_size[kept.dtype]), kept.shape, kept.nbytes)
         return entries, payloads
 
     other = same_size[kept.dtype]
@@ -296,7 +297,7 @@ def corrupt_writer(monkeypatch: pytest.MonkeyPatch) -> None:
     real = BurnpackWriter.finish
 
     def finish(self):
-        quantized = next(i for i, e in enumerate(self._entries) if isinstance(e.dtype, dict))
+        quantized = next(i for i, e in enumerate(self._entries) if isinstance(e.dtype, QFloat))
         self._file.flush()
         position = self.data_start + self._offsets[quantized][0]
         with open(self._tmp, "r+b") as file:

@@ -13,6 +13,7 @@ import pytest
 from qcli.errors import OutputError
 from qcli.io import burnpack, writeback
 from qcli.io.burnpack import BurnpackWriter, TensorEntry
+from qcli.io.dtypes import Plain
 from qcli.io.writeback import Writeback
 
 
@@ -74,7 +75,7 @@ def test_writer_reports_a_failed_early_sync(tmp_path: Path, monkeypatch: pytest.
     target = tmp_path / "x.bpk"
     target.write_bytes(b"old")
     with pytest.raises(OutputError, match="cannot write .*x.bpk: Input/output error"):
-        with BurnpackWriter(target, [TensorEntry("a", "U8", (2,), 2)]) as writer:
+        with BurnpackWriter(target, [TensorEntry("a", Plain.U8, (2,), 2)]) as writer:
             writer.write("a", b"\x01\x02")
             assert synced.wait(10)
             writer.commit()

@@ -14,7 +14,7 @@ from qcli import layout
 from qcli.errors import InputError, UsageError
 from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER, TensorEntry
 from qcli.io.burnpack_index import BurnpackSet, standing_index
-from qcli.io.dtypes import TORCH_DTYPE_NAMES, dtype_str, torch_dtype
+from qcli.io.dtypes import TORCH_DTYPE_NAMES, Bool, BoolStore, DType, Plain, QFloat, torch_dtype
 from qcli.io.safetensors import SafetensorsSource
 from qcli.plan import FLOAT_DTYPES
 from qcli.report import (
@@ -34,35 +34,23 @@ if TYPE_CHECKING:
     import torch
 
 
-def qfloat_scheme(dtype: object) -> QuantScheme | None:
-    """The scheme of a `{"QFloat": …}` Burn DType (serde form, as the reader gives it); None otherwise."""
-    if isinstance(dtype, dict) and "QFloat" in dtype:
-        return QuantScheme.from_serde(dtype["QFloat"])
-    return None
+def _dtype_key(dtype: Plain | Bool) -> str:
+    """The safetensors spelling of a dtype that is not QFloat (`Bool(…)` -> BOOL)."""
+    return "BOOL" if isinstance(dtype, Bool) else dtype.value
 
 
-def _dtype_key(dtype: object) -> str:
-    """The plain name of a non-QFloat dtype, Burn's or safetensors' spelling (`{"Bool": …}` -> BOOL)."""
-    if isinstance(dtype, dict):
-        return "BOOL" if "Bool" in dtype else dtype_str(dtype)
-    return str(dtype).upper()
-
-
-def _tensor_from_bytes(data: memoryview, dtype: object, shape: tuple[int, ...]) -> torch.Tensor:
+def _tensor_from_bytes(data: memoryview, dtype: Plain | Bool, shape: tuple[int, ...]) -> torch.Tensor:
     import torch
 
     key = _dtype_key(dtype)
     if key not in TORCH_DTYPE_NAMES:
-        raise UsageError(
-            f"qcli cannot decode dtype {dtype_str(dtype)}", hint="inspect lists it without --tensor"
-        )
+        raise UsageError(f"qcli cannot decode dtype {dtype}", hint="inspect lists it without --tensor")
     if key == "BOOL":
-        # Burn's Bool(U32) holds a u32 per element, Bool(Native|U8) and safetensors' BOOL a byte; any
-        # nonzero element is true (a torch bool read from a byte other than 0 or 1 is undefined).
-        store = dtype.get("Bool") if isinstance(dtype, dict) else None
+        # Burn's Bool(U32) holds a u32 per element, Bool(Native|U8) a byte; any nonzero element is true
+        # (a torch bool read from a byte other than 0 or 1 is undefined).
         if math.prod(shape) == 0:
             return torch.empty(shape, dtype=torch.bool)
-        raw = torch.int32 if store == "U32" else torch.uint8
+        raw = torch.int32 if dtype == Bool(BoolStore.U32) else torch.uint8
         return torch.frombuffer(bytearray(data), dtype=raw).reshape(shape).ne(0)
     t = torch_dtype(key)
     if math.prod(shape) == 0:
@@ -70,14 +58,13 @@ def _tensor_from_bytes(data: memoryview, dtype: object, shape: tuple[int, ...]) 
     return torch.frombuffer(bytearray(data), dtype=t).reshape(shape)
 
 
-def _decoded(data: memoryview, dtype: object, shape: tuple[int, ...]) -> torch.Tensor:
+def _decoded(data: memoryview, dtype: DType, shape: tuple[int, ...]) -> torch.Tensor:
     """A burnpack tensor's values: a QFloat decoded to f32, anything else reinterpreted."""
-    scheme = qfloat_scheme(dtype)
-    if scheme is None:
+    if not isinstance(dtype, QFloat):
         return _tensor_from_bytes(data, dtype, shape)
     from qcli.codec import decode
 
-    return decode(data, scheme, shape)
+    return decode(data, dtype.scheme, shape)
 
 
 def _scale_stats(data: memoryview, scheme: QuantScheme, shape: tuple[int, ...]) -> tuple[ValueStats, float | None]:
@@ -149,7 +136,7 @@ def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None
         format="burnpack",
         files=[SourceFile(r.path.name, r.path.stat().st_size) for r in reader.readers],
         tensors=[
-            ListedTensor(e.name, dtype_str(e.dtype), e.dtype, tuple(e.shape), e.nbytes)
+            ListedTensor(e.name, str(e.dtype), e.dtype, tuple(e.shape), e.nbytes)
             for e in entries
         ],
         version=reader.version,
@@ -162,8 +149,8 @@ def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None
         entry = by_name[tensor]
         data = reader.read(tensor)
         values = value_stats(_decoded(data, entry.dtype, tuple(entry.shape)))
-        scheme = qfloat_scheme(entry.dtype)
-        scales, global_scale = _scale_stats(data, scheme, tuple(entry.shape)) if scheme else (None, None)
+        scales, global_scale = (_scale_stats(data, entry.dtype.scheme, tuple(entry.shape))
+                                if isinstance(entry.dtype, QFloat) else (None, None))
         report.tensor_stats = TensorStats(tensor, values, scales, global_scale)
     if compare is not None:
         report.compare = _compare(reader, entries, Path(compare))
@@ -199,15 +186,14 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path)
             flip = e.name in transposed
             if flip:
                 x = x.t()
-            text = dtype_str(e.dtype)
+            text = str(e.dtype)
             if tuple(x.shape) != tuple(e.shape):
                 src = "the transposed source" if flip else "the source"
                 problem = f"shape {list(e.shape)} but {src} is {list(x.shape)}"
                 rows.append(CompareRow(e.name, text, flip, False, None, problem))
                 continue
             data = reader.read(e.name)
-            scheme = qfloat_scheme(e.dtype)
-            if scheme is None:
+            if not isinstance(e.dtype, QFloat):
                 written_as, source_dtype = _dtype_key(e.dtype), infos[e.name].dtype
                 cast = written_as != source_dtype and {written_as, source_dtype} <= set(FLOAT_DTYPES)
                 if cast:
@@ -224,7 +210,7 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path)
             x = x.contiguous()
             decoded = _decoded(data, e.dtype, tuple(e.shape))
             error = ErrorRow.of(error_stats(x, decoded))
-            block, block_error, bound = _judged(x, decoded, data, scheme)
+            block, block_error, bound = _judged(x, decoded, data, e.dtype.scheme)
             problem = None if block is None or block_error <= bound else (
                 f"block {block} is {block_error:.3g} off, over its bound {bound:.3g}")
             rows.append(CompareRow(e.name, text, flip, error.max_abs == 0.0, error, problem,

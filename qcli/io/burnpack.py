@@ -16,7 +16,6 @@ from __future__ import annotations
 import glob
 import hashlib
 import itertools
-import math
 import os
 import re
 import struct
@@ -31,11 +30,11 @@ import cbor2
 
 from qcli.errors import InputError, OutputError
 from qcli.io.digest import digest
-from qcli.io.dtypes import burn_dtype, dtype_str, element_size, parse_dtype, payload_len
+from qcli.io.dtypes import DType, QFloat, dtype_from_serde
 from qcli.io.safetensors import NOT_REGULAR_HINT, NotRegularFile, open_regular, printable, shown
 from qcli.io.writeback import Writeback
 
-__all__ = ["BurnpackReader", "BurnpackWriter", "TensorEntry", "burn_dtype"]
+__all__ = ["BurnpackReader", "BurnpackWriter", "TensorEntry"]
 
 MAGIC_NUMBER = 0x4255524E  # "NRUB" on disk
 FORMAT_VERSION = 1
@@ -57,10 +56,10 @@ NAME_MAX = 255  # bytes of one file name on Linux, macOS and Windows filesystems
 
 @dataclass(frozen=True)
 class TensorEntry:
-    """One tensor of a pack: its name, Burn DType serde, logical shape and payload length in bytes."""
+    """One tensor of a pack: its name, Burn DType, logical shape and payload length in bytes."""
 
     name: str
-    dtype: object
+    dtype: DType
     shape: tuple[int, ...]
     nbytes: int
     param_id: int | None = None
@@ -123,7 +122,7 @@ def _bytewise(mapping: Mapping[str, object]) -> dict[str, object]:
 def _descriptor(entry: TensorEntry, span: tuple[int, int]) -> dict[str, object]:
     """A `TensorDescriptor`: dtype, shape, data_offsets and, when set, param_id, in that order."""
     descriptor: dict[str, object] = {
-        "dtype": entry.dtype, "shape": list(entry.shape), "data_offsets": list(span)
+        "dtype": entry.dtype.to_serde(), "shape": list(entry.shape), "data_offsets": list(span)
     }
     if entry.param_id is not None:
         descriptor["param_id"] = entry.param_id
@@ -189,7 +188,7 @@ def encode_metadata(
 
 
 def _checked_entry(entry: TensorEntry) -> TensorEntry:
-    """The entry with its dtype in canonical serde form; ValueError where the producer is wrong."""
+    """The entry with its shape as a tuple; ValueError where the producer is wrong."""
     if not isinstance(entry.name, str):
         raise ValueError(f"tensor name {entry.name!r} is not a string")
     entry.name.encode("utf-8")  # a lone surrogate cannot be stored
@@ -200,15 +199,13 @@ def _checked_entry(entry: TensorEntry) -> TensorEntry:
         raise ValueError(f"tensor {entry.name!r}: param_id {entry.param_id!r} is not a u64")
     if isinstance(entry.nbytes, bool) or not isinstance(entry.nbytes, int) or entry.nbytes < 0:
         raise ValueError(f"tensor {entry.name!r}: nbytes {entry.nbytes!r} is not a length")
-    dtype = parse_dtype(entry.dtype)
-    size = element_size(dtype)
     # Burn's check_byte_len; QFloat is exempt, its length belongs to the quantization layout.
-    if size is not None and entry.nbytes != math.prod(shape) * size:
+    if not isinstance(entry.dtype, QFloat) and entry.nbytes != entry.dtype.nbytes(shape):
         raise ValueError(
             f"tensor {entry.name!r} declares {entry.nbytes} bytes but its shape {list(shape)} and dtype "
-            f"{dtype_str(dtype)} need {math.prod(shape) * size}"
+            f"{entry.dtype} need {entry.dtype.nbytes(shape)}"
         )
-    return replace(entry, dtype=dtype, shape=shape)
+    return replace(entry, shape=shape)
 
 
 def _check_scalar(name: str, scalar: object) -> None:
@@ -609,10 +606,10 @@ def _open(path: Path, file: BinaryIO, size: int) -> BurnpackReader:
             raise _fail(path, f"tensor '{name}' has {end - start} bytes, exceeding the maximum of "
                         f"{MAX_TENSOR_SIZE} bytes", "Burn refuses tensors over 10 GiB")
         # Burn checks neither length on read; its backends fail later, on load, without naming the file.
-        need = payload_len(dtype, shape)
+        need = dtype.nbytes(shape)
         if end - start != need:
             raise _fail(path, f"tensor '{name}' spans {end - start} bytes but its shape {list(shape)} and "
-                        f"dtype {dtype_str(dtype)} need {need}", _CORRUPT_HINT)
+                        f"dtype {dtype} need {need}", _CORRUPT_HINT)
         entries.append(TensorEntry(name, dtype, shape, end - start, param_id))
         offsets[name] = (start, end)
     entries.sort(key=lambda entry: (offsets[entry.name][0], offsets[entry.name][1]))
@@ -623,7 +620,7 @@ def _is_u64(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= U64_MAX
 
 
-_Descriptor = tuple[object, tuple[int, ...], tuple[int, int], "int | None"]
+_Descriptor = tuple[DType, tuple[int, ...], tuple[int, int], "int | None"]
 
 
 def _parse_metadata(
@@ -655,7 +652,7 @@ def _parse_metadata(
         if not isinstance(descriptor, dict) or not {"dtype", "shape", "data_offsets"} <= descriptor.keys():
             raise bad(f"tensor '{name}' lacks dtype, shape or data_offsets")
         try:
-            dtype = parse_dtype(descriptor["dtype"])
+            dtype = dtype_from_serde(descriptor["dtype"])
         except ValueError as exc:
             raise bad(f"tensor '{name}': {exc}") from None
         shape, offsets = descriptor["shape"], descriptor["data_offsets"]

@@ -1,14 +1,17 @@
-"""Element types on both sides: safetensors' spellings, Burn's `DType` serde, and the bytes each takes.
+"""Element types on both sides: safetensors' spellings, Burn's `DType`, and the bytes each takes.
 
-Burn's `DType` (burn-std `tensor/dtype.rs`) serialises plain variants as text (`"F32"`) and newtype
-variants as a one-entry map (`{"Bool": "Native"}`, `{"QFloat": scheme}`). A QFloat payload's length
-comes from `qcli.layout`, never from an element size, so `element_size` answers None for it.
+Burn's `DType` (burn-std `tensor/dtype.rs`) is a plain variant (`Plain`), `Bool(BoolStore)` or
+`QFloat(QuantScheme)`; its serde form is the variant's name as text (`"F32"`) for a plain one and a
+one-entry map (`{"Bool": "Native"}`, `{"QFloat": scheme}`) for the others. A QFloat payload's length
+comes from `qcli.layout`, never from an element size.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from qcli import layout
@@ -18,14 +21,117 @@ from qcli.scheme import QuantScheme
 if TYPE_CHECKING:
     import torch
 
-# Bytes of one element of each plain Burn DType.
-BURN_PLAIN_SIZES = {
-    "F64": 8, "F32": 4, "Flex32": 4, "F16": 2, "BF16": 2,
-    "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-    "U64": 8, "U32": 4, "U16": 2, "U8": 1,
+
+class Plain(StrEnum):
+    """A plain Burn DType, which is its own serde form."""
+
+    F64 = "F64"
+    F32 = "F32"
+    Flex32 = "Flex32"
+    F16 = "F16"
+    BF16 = "BF16"
+    I64 = "I64"
+    I32 = "I32"
+    I16 = "I16"
+    I8 = "I8"
+    U64 = "U64"
+    U32 = "U32"
+    U16 = "U16"
+    U8 = "U8"
+
+    @property
+    def size(self) -> int:
+        """Bytes of one element."""
+        return _PLAIN_SIZES[self]
+
+    def nbytes(self, shape: Sequence[int]) -> int:
+        return math.prod(shape) * self.size
+
+    def to_serde(self) -> str:
+        return self.value
+
+
+_PLAIN_SIZES = {
+    Plain.F64: 8, Plain.F32: 4, Plain.Flex32: 4, Plain.F16: 2, Plain.BF16: 2,
+    Plain.I64: 8, Plain.I32: 4, Plain.I16: 2, Plain.I8: 1,
+    Plain.U64: 8, Plain.U32: 4, Plain.U16: 2, Plain.U8: 1,
 }
-# Bytes of one element of `Bool(BoolStore)`: a Rust bool, a u8 or a u32.
-BOOL_STORE_SIZES = {"Native": 1, "U8": 1, "U32": 4}
+
+
+class BoolStore(StrEnum):
+    """How Burn stores one Bool element: a Rust bool, a u8 or a u32."""
+
+    Native = "Native"
+    U8 = "U8"
+    U32 = "U32"
+
+
+_BOOL_STORE_SIZES = {BoolStore.Native: 1, BoolStore.U8: 1, BoolStore.U32: 4}
+
+
+@dataclass(frozen=True)
+class Bool:
+    """Burn's `DType::Bool(BoolStore)`."""
+
+    store: BoolStore
+
+    @property
+    def size(self) -> int:
+        """Bytes of one element."""
+        return _BOOL_STORE_SIZES[self.store]
+
+    def nbytes(self, shape: Sequence[int]) -> int:
+        return math.prod(shape) * self.size
+
+    def to_serde(self) -> dict[str, str]:
+        return {"Bool": self.store.value}
+
+    def __str__(self) -> str:
+        return f"Bool({self.store})"
+
+
+@dataclass(frozen=True)
+class QFloat:
+    """Burn's `DType::QFloat(QuantScheme)`. `with_0_21_keys`: its serde form also has the keys Burn 0.21
+    reads (`QuantScheme.to_serde`), as a file written for 0.21 has them."""
+
+    scheme: QuantScheme
+    with_0_21_keys: bool = False
+
+    def nbytes(self, shape: Sequence[int]) -> int:
+        return layout.quantized_data_len(self.scheme, shape)
+
+    def to_serde(self) -> dict[str, dict]:
+        return {"QFloat": self.scheme.to_serde(with_0_21_keys=self.with_0_21_keys)}
+
+    def __str__(self) -> str:
+        """`QFloat(Q4S PackedU32(0) block [32] F16)`."""
+        return f"QFloat({self.scheme})"
+
+
+DType = Plain | Bool | QFloat
+
+
+def dtype_from_serde(obj: object) -> DType:
+    """Burn's DType from its serde form; ValueError when malformed. A QFloat's 0.21 keys must say what its
+    other keys say."""
+    if isinstance(obj, str) and obj in tuple(Plain):
+        return Plain(obj)
+    if isinstance(obj, dict) and len(obj) == 1:
+        ((kind, inner),) = obj.items()
+        if kind == "Bool" and isinstance(inner, str) and inner in tuple(BoolStore):
+            return Bool(BoolStore(inner))
+        if kind == "QFloat":
+            try:
+                scheme = QuantScheme.from_serde(inner)
+            except SchemeError as exc:
+                raise ValueError(exc.message) from None
+            older = isinstance(inner, dict) and ("param" in inner or "level" in inner)
+            if older and (scheme.is_two_level() or inner != scheme.to_serde(with_0_21_keys=True)):
+                raise ValueError(f"the Burn 0.21 keys of {inner!r} do not say what its other keys say")
+            return QFloat(scheme, with_0_21_keys=older)
+    raise ValueError(f"not a Burn DType: {obj!r}")
+
 
 # Bits of one element of each dtype the safetensors format knows (sub-byte types pack densely).
 SAFETENSORS_BITS = {
@@ -46,9 +152,9 @@ SAFETENSORS_TORCH_NAMES = {
     **TORCH_DTYPE_NAMES, "F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu",
     "C64": "complex64",
 }
-_SAFETENSORS_TO_BURN: dict[str, object] = {
-    **{name: name for name in BURN_PLAIN_SIZES if name != "Flex32"},
-    "BOOL": {"Bool": "Native"},
+_SAFETENSORS_TO_BURN: dict[str, DType] = {
+    **{plain.value: plain for plain in Plain if plain is not Plain.Flex32},
+    "BOOL": Bool(BoolStore.Native),
 }
 
 
@@ -59,52 +165,6 @@ def torch_dtype(safetensors_dtype: str) -> torch.dtype:
     return getattr(torch, SAFETENSORS_TORCH_NAMES[safetensors_dtype])
 
 
-def burn_dtype(safetensors_dtype: str) -> object | None:
-    """Burn's DType serde for a safetensors dtype, or None where Burn has none (F8_E4M3, F4, C64, ...)."""
+def burn_dtype(safetensors_dtype: str) -> DType | None:
+    """Burn's DType for a safetensors dtype, or None where Burn has none (F8_E4M3, F4, C64, ...)."""
     return _SAFETENSORS_TO_BURN.get(safetensors_dtype)
-
-
-def parse_dtype(obj: object) -> object:
-    """Burn's DType serde in canonical form (QFloat keys in declaration order); ValueError when malformed."""
-    if isinstance(obj, str) and obj in BURN_PLAIN_SIZES:
-        return obj
-    if isinstance(obj, dict) and len(obj) == 1:
-        ((kind, inner),) = obj.items()
-        if kind == "Bool" and isinstance(inner, str) and inner in BOOL_STORE_SIZES:
-            return {"Bool": inner}
-        if kind == "QFloat":
-            try:
-                scheme = QuantScheme.from_serde(inner)
-            except SchemeError as exc:
-                raise ValueError(exc.message) from None
-            older = isinstance(inner, dict) and ("param" in inner or "level" in inner)
-            if older and (scheme.is_two_level() or inner != scheme.to_serde(with_0_21_keys=True)):
-                raise ValueError(f"the Burn 0.21 keys of {inner!r} do not say what its other keys say")
-            return {"QFloat": scheme.to_serde(with_0_21_keys=older)}
-    raise ValueError(f"not a Burn DType: {obj!r}")
-
-
-def element_size(dtype: object) -> int | None:
-    """Bytes of one element of a canonical DType; None for QFloat, whose length is `quantized_data_len`."""
-    if isinstance(dtype, str):
-        return BURN_PLAIN_SIZES[dtype]
-    assert isinstance(dtype, dict), f"not a canonical DType: {dtype!r}"
-    if "Bool" in dtype:
-        return BOOL_STORE_SIZES[dtype["Bool"]]
-    return None
-
-
-def payload_len(dtype: object, shape: Sequence[int]) -> int:
-    """Bytes a tensor of a canonical DType takes: numel * element size, or `quantized_data_len`."""
-    size = element_size(dtype)
-    if size is not None:
-        return math.prod(shape) * size
-    return layout.quantized_data_len(QuantScheme.from_serde(dtype["QFloat"]), shape)
-
-
-def dtype_str(dtype: object) -> str:
-    """A short readable form: `F32`, `Bool(Native)`, `QFloat(Q4S PackedU32(0) block [32] F16)`."""
-    if isinstance(dtype, str):
-        return dtype
-    ((kind, inner),) = dtype.items()
-    return f"QFloat({QuantScheme.from_serde(inner)})" if kind == "QFloat" else f"{kind}({inner})"
