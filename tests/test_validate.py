@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from qcli.commands.validate_scheme import recipe_problems
 from qcli.errors import RecipeError
 from qcli.io.safetensors import TensorInfo
-from qcli.validate import validate_scheme
 
 MODEL = [
     TensorInfo(name, "BF16", shape, math.prod(shape) * 2, Path("model.safetensors"))
@@ -39,8 +39,8 @@ def test_a_good_recipe_has_no_problems(tmp_path: Path) -> None:
         tmp_path,
         'version = 1\n[[rule]]\nmatch = "*norm*"\nkeep = true\n[[rule]]\nmatch = "*"\npreset = "q4s-b32"\n',
     )
-    assert validate_scheme(path) == []
-    assert validate_scheme(path, MODEL) == []  # model.odd.weight is kept: on_indivisible defaults to keep
+    assert recipe_problems(path) == []
+    assert recipe_problems(path, MODEL) == []  # model.odd.weight is kept: on_indivisible defaults to keep
 
 
 def test_every_fault_is_reported_at_once_with_its_line(tmp_path: Path) -> None:
@@ -53,7 +53,7 @@ def test_every_fault_is_reported_at_once_with_its_line(tmp_path: Path) -> None:
         '[[rule]]\nmatch = "*embed*"\nvalue = "Q4S"\nblock = [32]\nblock_scale = "UE8M0"\n'  # 13: refused,
         'tensor_scale = "F32"\n',  # a two-level scheme needs block scales no wider than f16
     )
-    problems = validate_scheme(path)
+    problems = recipe_problems(path)
     assert summary(problems) == [
         ("error", "recipe", 4),
         ("error", "recipe", 12),
@@ -69,7 +69,7 @@ def test_every_fault_is_reported_at_once_with_its_line(tmp_path: Path) -> None:
 
 
 def test_a_syntax_error_is_one_problem_at_tomls_line(tmp_path: Path) -> None:
-    problems = validate_scheme(write(tmp_path, 'version = 1\n[[rule]]\nmatch = "*\n'))
+    problems = recipe_problems(write(tmp_path, 'version = 1\n[[rule]]\nmatch = "*\n'))
     assert summary(problems) == [("error", "recipe", 3)]
     assert problems[0].message.startswith("invalid TOML")
 
@@ -81,7 +81,7 @@ def test_with_a_model_unmatched_rules_are_errors_and_uncovered_tensors_warnings(
         '[[rule]]\nmatch = "*.bias"\nkeep = true\n'  # 4: matches nothing
         '[[rule]]\nmatch = "model.*.weight"\npreset = "q4s-b32"\n',  # 7: model.odd.weight [4, 36] cannot
     )
-    problems = validate_scheme(path, MODEL)
+    problems = recipe_problems(path, MODEL)
     assert summary(problems) == [
         ("error", "shape", 7),
         ("error", "unmatched-rule", 4),
@@ -98,19 +98,19 @@ def test_with_a_model_unmatched_rules_are_errors_and_uncovered_tensors_warnings(
 
 def test_with_a_model_a_lookup_refusal_names_the_tensors(tmp_path: Path) -> None:
     path = write(tmp_path, 'version = 1\n[[rule]]\nmatch = "*"\npreset = "nf4"\n')
-    (problem,) = validate_scheme(path, MODEL)
+    (problem,) = recipe_problems(path, MODEL)
     assert (problem.kind, problem.line, len(problem.tensors)) == ("lookup", 2, 6)
     assert "it would have covered 6 tensors (model.embed_tokens.weight, " in problem.message
 
 
 def test_an_unreadable_recipe_is_raised(tmp_path: Path) -> None:
     with pytest.raises(RecipeError):
-        validate_scheme(tmp_path / "missing.toml")
+        recipe_problems(tmp_path / "missing.toml")
 
 
 def test_with_a_model_a_rule_that_quantizes_nothing_is_an_error_naming_why(tmp_path: Path) -> None:
     path = write(tmp_path, 'version = 1\n[[rule]]\nmatch = "model.odd.*"\npreset = "q4s-b32"\n')
-    problems = validate_scheme(path, MODEL)
+    problems = recipe_problems(path, MODEL)
     assert summary(problems)[0] == ("error", "unquantized-rule", 2)
     assert problems[0].file == str(path)
     assert problems[0].message == (
@@ -126,7 +126,7 @@ def test_with_a_model_a_shadowed_rule_says_which_rule_takes_its_tensors(tmp_path
         '[[rule]]\nmatch = "*norm*"\nkeep = true\n'
         '[[rule]]\nmatch = "*.bias"\nkeep = true\n',
     )
-    shadowed, unmatched = validate_scheme(path, MODEL)
+    shadowed, unmatched = recipe_problems(path, MODEL)
     assert summary([shadowed, unmatched]) == [("error", "unmatched-rule", 5), ("error", "unmatched-rule", 8)]
     assert f"is shadowed by rule 1 ({path}:2)" in shadowed.message
     assert "matches no tensor" not in shadowed.message
@@ -135,6 +135,6 @@ def test_with_a_model_a_shadowed_rule_says_which_rule_takes_its_tensors(tmp_path
 
 def test_with_a_model_a_plan_that_quantizes_nothing_is_a_warning(tmp_path: Path) -> None:
     path = write(tmp_path, 'version = 1\n[[rule]]\nmatch = "*"\nkeep = true\n')
-    (problem,) = validate_scheme(path, MODEL)
+    (problem,) = recipe_problems(path, MODEL)
     assert (problem.severity, problem.kind) == ("warning", "nothing-quantized")
     assert problem.message.startswith("nothing is quantized: all 6 tensors (")

@@ -1,16 +1,31 @@
-"""`validate_scheme`: every problem of each recipe, and with a model of the plan each makes from headers."""
+"""`validate_scheme`: every problem of each recipe, and with a model of the plan each makes from headers.
+
+Unlike `load_recipe`, nothing is raised for a faulty recipe: parse errors, schemes Burn refuses and
+Lookup or zero-point requests all come back together as `Problem`s, each with its file and line so CI
+can annotate the recipe. With the model's `TensorInfo`s the plan is resolved from the headers too:
+tensors that cannot take their scheme, rules that decide nothing (matching no tensor, shadowed by
+earlier rules, or quantizing none of the tensors they match: errors here, warnings in `make_plan`),
+tensors no rule covers and a plan that quantizes nothing (warnings).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from qcli import validate
-from qcli.burn_backends import resolve_backend, resolve_version
+from qcli import BURN_VERSION
+from qcli.burn_backends import BurnBackend, load_problem, loads_instead, resolve_backend, resolve_version
 from qcli.errors import UsageError
-from qcli.io.safetensors import NOT_REGULAR_HINT, SafetensorsSource, not_regular_problem, printable
-from qcli.presets import resolve_preset
+from qcli.io.safetensors import NOT_REGULAR_HINT, SafetensorsSource, TensorInfo, not_regular_problem, printable
+from qcli.plan import count_and_first, make_plan, preset_or_scheme, rule_refusal
+from qcli.presets import Preset, resolve_preset
+from qcli.problem import Kind, Problem, Severity
+from qcli.recipe import Rule, read_recipe
 from qcli.report import ValidateReport
+
+# Warnings of `make_plan` that are errors here: a rule that decides nothing is a mistake in the recipe.
+RULE_KINDS = (Kind.unmatched_rule, Kind.unquantized_rule)
 
 
 def validate_scheme(
@@ -40,5 +55,48 @@ def validate_scheme(
     preset = resolve_preset(scheme)
     backend = resolve_backend(burn_backend)
     version = resolve_version(burn_version)
-    problems = [p for path in paths for p in validate.validate_scheme(path, infos, preset, backend, version)]
+    problems = [p for path in paths for p in recipe_problems(path, infos, preset, backend, version)]
     return ValidateReport([str(p) for p in paths], None if model is None else str(model), problems)
+
+
+def recipe_problems(
+    recipe_path: str | Path, infos: Iterable[TensorInfo] | None = None, preset: Preset | None = None,
+    backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
+) -> list[Problem]:
+    """Every problem of the recipe at `recipe_path`, and of its plan for `infos` when given; with
+    `backend`, every scheme that Burn backend cannot load (checked per tensor when `infos` is given).
+
+    An unreadable recipe file raises `RecipeError`; everything wrong inside it is returned.
+    """
+    recipe, problems = read_recipe(recipe_path)
+    if infos is None:
+        problems += [p for rule in recipe.rules if (p := rule_refusal(rule)) is not None]
+        return problems + ([] if backend is None else _backend_refusals(recipe.rules, backend, burn_version))
+    plan = make_plan(infos, recipe, preset, backend=backend, burn_version=burn_version)
+    for problem in plan.problems:
+        problems.append(replace(problem, severity=Severity.error) if problem.kind in RULE_KINDS else problem)
+    uncovered = [e.info.name for e in plan.entries if e.decision.rule is None]
+    if uncovered:
+        problems.append(Problem(
+            Kind.uncovered, f"no rule covers {count_and_first(uncovered)}; they follow the default policy "
+            f"({plan.preset.name if plan.preset else 'default'} where the shape takes it, else keep)",
+            "add a rule for them (match = \"*\" as the last rule catches everything), or accept the default",
+            severity=Severity.warning, file=str(recipe_path), tensors=tuple(uncovered),
+        ))
+    return problems
+
+
+def _backend_refusals(rules: Iterable[Rule], backend: BurnBackend, version: str) -> list[Problem]:
+    """Each rule whose scheme `backend` of Burn `version` cannot load whatever the tensor's shape (no model:
+    shapes unknown)."""
+    problems = []
+    for rule in rules:
+        why = None if rule.scheme is None or rule.refusals else load_problem(backend, rule.scheme, (), version)
+        if why is not None:
+            instead = loads_instead(backend, rule.scheme, (), version)
+            hint = (f"use {preset_or_scheme(instead)}, which {backend} loads" if instead is not None
+                    else "keep those tensors (keep = true), or load the file on another backend")
+            problems.append(Problem(Kind.backend, f"rule (match {rule.match!r}) asks for {rule.describe()}, "
+                                    f"which Burn {version}'s {backend} backend cannot load: {why}", hint,
+                                    file=rule.file, line=rule.line))
+    return problems
