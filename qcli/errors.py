@@ -7,8 +7,12 @@ into the table that `qcli --help`, the README and docs/cli.md show.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from qcli.problem import Problem
+
+if TYPE_CHECKING:
+    import torch
 
 SUCCESS = 0
 
@@ -95,16 +99,16 @@ class NonFiniteTensor(InputError):
 class NotFloatTensor(InputError):
     """A tensor to quantize whose dtype is not a float type. One wording on every device."""
 
-    def __init__(self, name: str, dtype: object) -> None:
+    def __init__(self, name: str, dtype: torch.dtype) -> None:
         super().__init__(f"tensor {name!r} has dtype {dtype}, not a float type, so it cannot be quantized",
                          hint="keep it unquantized with a `keep = true` rule")
 
 
 class NotKernelFloat(InputError):
     """A float tensor to quantize on the GPU in a dtype the Triton kernels do not take (they take float32,
-    float16 and bfloat16)."""
+    float16 and bfloat16): a torch dtype, or a safetensors one where the file is read."""
 
-    def __init__(self, name: str, dtype: object) -> None:
+    def __init__(self, name: str, dtype: torch.dtype | str) -> None:
         super().__init__(f"tensor {name!r} is {dtype}, which the kernels cannot quantize",
                          hint="keep it unquantized (keep = true)")
 

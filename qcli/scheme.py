@@ -142,7 +142,7 @@ class Native:
     def size_bits(self, value: QuantValue) -> int:
         return value.size_bits()
 
-    def to_serde(self) -> object:
+    def to_serde(self) -> str:
         return "Native"
 
     def __str__(self) -> str:
@@ -158,7 +158,7 @@ class PackedNative:
     def size_bits(self, value: QuantValue) -> int:
         return value.size_bits() * value.native_packing()
 
-    def to_serde(self) -> object:
+    def to_serde(self) -> dict[str, int]:
         return {"PackedNative": self.dim}
 
     def __str__(self) -> str:
@@ -177,7 +177,7 @@ class PackedU32:
     def size_bits(self, value: QuantValue) -> int:
         return 32
 
-    def to_serde(self) -> object:
+    def to_serde(self) -> dict[str, int]:
         return {"PackedU32": self.dim}
 
     def __str__(self) -> str:

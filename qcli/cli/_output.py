@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import (
@@ -21,6 +21,9 @@ from rich.progress import (
 from rich.text import Text
 
 from qcli.io.safetensors import printable
+
+if TYPE_CHECKING:
+    from qcli.commands.quantize import ProgressHook
 
 # Piped output is data: wide enough that tensor names are not folded (unless COLUMNS says otherwise).
 PIPE_WIDTH = 200
@@ -37,7 +40,7 @@ def stderr() -> Console:
     return Console(stderr=True, highlight=False, markup=False)
 
 
-def print_json(doc: Any) -> None:
+def print_json(doc: dict) -> None:
     """One JSON document on stdout (no NaN or infinity: those are written as null by the reports)."""
     sys.stdout.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
     sys.stdout.flush()
@@ -55,8 +58,8 @@ def progress_enabled() -> bool:
 
 
 @contextmanager
-def progress_bar(enabled: bool) -> Iterator[Any]:
-    """A `qcli.commands.quantize.ProgressHook` drawing bytes, rate, ETA and the current tensor on stderr, or None."""
+def progress_bar(enabled: bool) -> Iterator[ProgressHook | None]:
+    """A `ProgressHook` drawing bytes, rate, ETA and the current tensor on stderr, or None."""
     if not enabled:
         yield None
         return
