@@ -30,7 +30,7 @@ from qcli import layout
 from qcli.codec.blocks import BlockGrid
 from qcli.codec.decode import block_scales
 from qcli.codec.stats import ErrorSums
-from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme, ScaleDtype
+from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme
 
 if TYPE_CHECKING:
     from qcli.codec import ErrorStats
@@ -82,12 +82,6 @@ class Whole:
 
 # -- The error bound of a scheme, from the source: what every block's decode must lie within -------
 
-# How far above the exact scale `round_up` may land: one unit of the dtype's last mantissa bit ...
-_ROUND_UP_SLACK = {ScaleDtype.F32: 2.0**-23, ScaleDtype.F16: 2.0**-10, ScaleDtype.BF16: 2.0**-7,
-                   ScaleDtype.UE4M3: 2.0**-3, ScaleDtype.UE8M0: 1.0}
-# ... or, below the dtype's normal range, its subnormal spacing: round_up(f32::MIN_POSITIVE).
-_ROUND_UP_FLOOR = {ScaleDtype.F32: F32_MIN_POSITIVE, ScaleDtype.F16: 2.0**-24,
-                   ScaleDtype.BF16: F32_MIN_POSITIVE, ScaleDtype.UE4M3: 2.0**-9, ScaleDtype.UE8M0: 2.0**-126}
 _F32_ROUNDING = 2.0**-20  # generous cover for the f32 divisions and products on the way
 
 
@@ -130,12 +124,16 @@ def bound_of(
     else:
         alpha = mean if calibration is Calibration.AbsMean else peak
     h = value.half_range()
+    # How far above the exact scale `round_up` may land: one unit of the dtype's last mantissa bit, or,
+    # below the dtype's normal range, what it makes of the smallest scale, round_up(f32::MIN_POSITIVE).
+    traits = dtype.traits
+    slack, floor = 2.0**-traits.mantissa_bits, max(traits.smallest, F32_MIN_POSITIVE)
     if scheme.is_two_level():
-        global_scale = torch.clamp(whole.peak / h / dtype.max_representable(), min=F32_MIN_POSITIVE)
-        cap, floor = float("inf"), global_scale * (1 + _F32_ROUNDING) * _ROUND_UP_FLOOR[dtype]
+        global_scale = torch.clamp(whole.peak / h / traits.max, min=F32_MIN_POSITIVE)
+        cap, floor = float("inf"), global_scale * (1 + _F32_ROUNDING) * floor
     else:
-        cap, floor = dtype.max_representable(), _ROUND_UP_FLOOR[dtype]
-    s_high = torch.clamp(peak / h * (1 + _ROUND_UP_SLACK[dtype]), max=cap) * (1 + _F32_ROUNDING) + floor
+        cap = traits.max
+    s_high = torch.clamp(peak / h * (1 + slack), max=cap) * (1 + _F32_ROUNDING) + floor
     s_low = torch.clamp(alpha / h, max=cap) * (1 - _F32_ROUNDING)
     return _bound(peak, s_high, s_low, scheme)
 

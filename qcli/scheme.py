@@ -11,6 +11,7 @@ This module imports nothing heavy: the CLI validates recipes with it before torc
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -18,8 +19,12 @@ from enum import StrEnum
 from qcli.errors import SchemeError
 from qcli.problem import Kind, Problem
 
-F16_MAX = 65504.0
 F32_MIN_POSITIVE = 1.1754943508222875e-38  # f32::MIN_POSITIVE, 2^-126
+
+
+def f32_bits(x: float) -> int:
+    """The bit pattern of `x` as an f32, as a signed 32-bit integer (how the codec and the kernels view it)."""
+    return struct.unpack("<i", struct.pack("<f", x))[0]
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class MinifloatFormat:
 E4M3 = MinifloatFormat(exponent_bits=4, mantissa_bits=3, bias=7, max=448.0, top="fn")  # OCP e4m3fn
 E5M2 = MinifloatFormat(exponent_bits=5, mantissa_bits=2, bias=15, max=57344.0, top="ieee")
 E2M1 = MinifloatFormat(exponent_bits=2, mantissa_bits=1, bias=1, max=6.0, top="finite")
+F16 = MinifloatFormat(exponent_bits=5, mantissa_bits=10, bias=15, max=65504.0, top="ieee")  # IEEE binary16
 
 
 @dataclass(frozen=True)
@@ -203,13 +209,17 @@ class ScaleDtype(StrEnum):
     UE8M0 = "UE8M0"
     UE4M3 = "UE4M3"
 
+    @property
+    def traits(self) -> ScaleTraits:
+        return SCALE_TRAITS[self]
+
     def scale_size(self) -> int:
         """Bytes of one stored scale."""
-        return _SCALE_SIZE[self]
+        return self.traits.bytes
 
     def max_representable(self) -> float:
         """The largest finite scale this dtype stores; `round_up` saturates there."""
-        return _SCALE_MAX[self]
+        return self.traits.max
 
     def has_round_up(self) -> bool:
         """Whether Burn can round a scale onto this dtype: every dtype at Burn 0.22.1 (cubecl 0.11.3),
@@ -217,13 +227,47 @@ class ScaleDtype(StrEnum):
         return True
 
 
-_SCALE_SIZE = {ScaleDtype.F32: 4, ScaleDtype.F16: 2, ScaleDtype.BF16: 2, ScaleDtype.UE8M0: 1, ScaleDtype.UE4M3: 1}
-_SCALE_MAX = {
-    ScaleDtype.F32: 3.4028234663852886e38,
-    ScaleDtype.F16: F16_MAX,
-    ScaleDtype.BF16: 3.3895313892515355e38,  # bf16::MAX, bits 0x7F7F
-    ScaleDtype.UE8M0: 2.0**127,
-    ScaleDtype.UE4M3: 448.0,
+@dataclass(frozen=True)
+class ScaleTraits:
+    """Everything qcli knows of one scale dtype (`ScaleDtype`): its width in bytes, its largest value, and
+    the grid cubecl's `round_up` puts a scale on, as f32 data. The codec, the kernels and the error bound
+    read these, so a new scale dtype is one row of `SCALE_TRAITS`.
+
+    A scale dtype is either f32 cut short, sharing f32's exponent (F32, BF16, UE8M0): its grid is the f32
+    values whose low `23 - mantissa_bits` bits are zero, and its stored bits are an f32's top bits; or a
+    `minifloat` with an exponent of its own (F16, UE4M3): below the format's smallest normal its grid is
+    the subnormal spacing, and its stored bits are the format's code. `floor` is the value of code 0
+    where that is not zero (UE8M0's 2^-127, subnormal in f32): every smaller scale rounds up to it.
+    """
+
+    bytes: int
+    max: float
+    mantissa_bits: int
+    minifloat: MinifloatFormat | None = None
+    floor: float | None = None
+
+    @property
+    def step_bits(self) -> int:
+        """log2 of the grid's step on f32 bit patterns (0 for F32, whose grid is every f32); also how far
+        an f32's bits shift down to a cut-short dtype's stored bits."""
+        return 23 - self.mantissa_bits
+
+    @property
+    def smallest(self) -> float:
+        """The smallest positive value of the grid: `round_up` gives it to every positive scale below."""
+        if self.minifloat is not None:
+            return self.minifloat.subnormal_spacing
+        if self.floor is not None:
+            return self.floor
+        return 2.0 ** (-126 - self.mantissa_bits)  # f32's smallest subnormal, cut short
+
+
+SCALE_TRAITS = {
+    ScaleDtype.F32: ScaleTraits(4, 3.4028234663852886e38, 23),
+    ScaleDtype.F16: ScaleTraits(2, F16.max, F16.mantissa_bits, F16),
+    ScaleDtype.BF16: ScaleTraits(2, 3.3895313892515355e38, 7),  # bf16::MAX, bits 0x7F7F
+    ScaleDtype.UE8M0: ScaleTraits(1, 2.0**127, 0, floor=2.0**-127),
+    ScaleDtype.UE4M3: ScaleTraits(1, E4M3.max, E4M3.mantissa_bits, E4M3),
 }
 
 
@@ -477,7 +521,7 @@ def accept_problems(scheme: QuantScheme, calibration: Calibration = Calibration.
     # refused for its own sake; UE8M0 block scales under a global are refused by the f16 rule below.
     if scheme.is_two_level():
         assert scheme.block is not None and scheme.tensor is not None
-        if scheme.block.dtype.max_representable() > F16_MAX:
+        if scheme.block.dtype.max_representable() > F16.max:
             problems.append(
                 Problem(
                     Kind.scheme,

@@ -17,12 +17,10 @@ import torch
 
 from qcli import layout
 from qcli.codec import minifloat
-from qcli.codec.scales import UE8M0_MIN_BITS, round_up
-from qcli.scheme import E4M3, QuantScheme, ScaleDtype
+from qcli.scheme import QuantScheme, ScaleDtype, f32_bits
 
 # An integer type as wide as the bytes whose fields share one packed byte (2 or 4 of them).
 _WORD = {2: torch.int16, 4: torch.int32}
-_TORCH_SCALE = {ScaleDtype.F32: torch.float32, ScaleDtype.F16: torch.float16, ScaleDtype.BF16: torch.bfloat16}
 
 
 def pack_fields(fields: torch.Tensor, scheme: QuantScheme, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -82,39 +80,32 @@ def unpack_fields(region: torch.Tensor, scheme: QuantScheme, shape: Sequence[int
 
 
 def pack_scales(stored: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
-    """Stored scales (already on `dtype`'s grid, so every conversion here is exact) as bytes, row-major."""
-    stored = stored.reshape(-1).to(torch.float32)
-    if dtype is ScaleDtype.UE4M3:
-        return minifloat.encode(stored.contiguous(), E4M3).to(torch.uint8)
-    if dtype is ScaleDtype.UE8M0:
-        return _ue8m0_codes(stored.contiguous())
-    return stored.to(_TORCH_SCALE[dtype]).view(torch.uint8)
-
-
-def _ue8m0_codes(stored: torch.Tensor) -> torch.Tensor:
-    """cubecl's `f32_to_ue8m0`: the f32 exponent field of the scale rounded up onto a power of two (a no-op
-    for a stored scale), so 2^-127 (subnormal, exponent field 0) is code 0, 2^-126 code 1, 1.0 code 127 and
-    2^127 code 254; NaN is 0xFF."""
-    rounded = round_up(stored, ScaleDtype.UE8M0)
-    codes = (rounded.view(torch.int32) >> 23) & 0xFF
-    return torch.where(torch.isnan(rounded), 0xFF, codes).to(torch.uint8)
+    """Stored scales (already on `dtype`'s grid, so every conversion here is exact) as bytes, row-major: each
+    a minifloat's code or an f32's top bits (`ScaleTraits`), little-endian."""
+    traits = dtype.traits
+    stored = stored.reshape(-1).to(torch.float32).contiguous()
+    if traits.minifloat is not None:
+        codes = minifloat.encode(stored, traits.minifloat)
+    else:  # cubecl `f32_to_ue8m0` for UE8M0: the exponent field, so 2^-127 (exponent field 0) is code 0
+        codes = stored.view(torch.int32) >> traits.step_bits
+    return codes.view(torch.uint8).reshape(-1, 4)[:, : traits.bytes].reshape(-1)
 
 
 def unpack_scales(region: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
-    """f32 scales from their bytes."""
-    if dtype is ScaleDtype.UE4M3:
-        return minifloat.decode(region, E4M3)
-    if dtype is ScaleDtype.UE8M0:
-        return _ue8m0_values(region)
-    return region.clone().view(_TORCH_SCALE[dtype]).to(torch.float32)
-
-
-def _ue8m0_values(region: torch.Tensor) -> torch.Tensor:
-    """cubecl's `ue8m0_to_f32`: code 0 is 2^-127 (f32 has no exponent field to spare for it), 0xFF is NaN,
-    any other code c is the f32 with exponent field c, 2^(c - 127)."""
-    codes = region.to(torch.int32)
-    bits = torch.where(codes == 0, UE8M0_MIN_BITS, codes << 23)
-    return torch.where(codes == 0xFF, float("nan"), bits.view(torch.float32))
+    """f32 scales from their bytes: a minifloat's code through its table, or an f32's top bits."""
+    traits = dtype.traits
+    words = torch.zeros(region.numel() // traits.bytes, 4, dtype=torch.uint8, device=region.device)
+    words[:, : traits.bytes] = region.reshape(-1, traits.bytes)
+    codes = words.view(torch.int32).reshape(-1)
+    if traits.minifloat is not None:
+        return minifloat.decode(codes, traits.minifloat)
+    bits = codes << traits.step_bits
+    if traits.floor is None:
+        return bits.view(torch.float32)
+    # cubecl `ue8m0_to_f32`: code 0 is the floor, and all ones, a bare exponent with no mantissa to tell
+    # infinity from NaN, is NaN
+    values = torch.where(codes == 0, f32_bits(traits.floor), bits).view(torch.float32)
+    return torch.where(codes == (1 << 8 * traits.bytes) - 1, float("nan"), values)
 
 
 def pack_global(global_scale: float) -> torch.Tensor:

@@ -10,52 +10,40 @@ from dataclasses import dataclass
 import torch
 
 from qcli.codec.blocks import BlockGrid
-from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme, ScaleDtype
-
-# round_up's bit-grid step per dtype: 1 << (24 - mantissa digits); UE8M0 has one digit (no mantissa).
-_STEP_BITS = {ScaleDtype.F16: 13, ScaleDtype.BF16: 16, ScaleDtype.UE4M3: 20, ScaleDtype.UE8M0: 23}
-# UE8M0's range, 2^-127 (subnormal in f32) to 2^127, as f32 bit patterns (cubecl `ScaleDtype::UE8M0_MIN/MAX`).
-UE8M0_MIN_BITS = 0x00400000
-UE8M0_MAX_BITS = 0x7F000000
-# Below the smallest normal, F16 and UE4M3 round up onto their subnormal spacing instead.
-_SUBNORMAL = {ScaleDtype.F16: (2.0**-14, 2.0**24), ScaleDtype.UE4M3: (2.0**-6, 2.0**9)}
+from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme, ScaleDtype, f32_bits
 
 
 def round_up(s: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
-    """Non-negative f32 scales rounded up (never to nearest) onto `dtype`'s grid, saturating at its max.
+    """Non-negative f32 scales rounded up (never to nearest) onto `dtype`'s grid (`ScaleTraits`),
+    saturating at its max; NaN stays NaN.
 
     cubecl's `ScaleDtype::round_up`: the scale a quantizer divides by is then exactly the stored one.
     """
-    if dtype is ScaleDtype.F32:
+    traits = dtype.traits
+    if traits.step_bits == 0:  # every f32 is on the grid
         return s
-    if dtype is ScaleDtype.UE8M0:
-        return _round_up_to_power_of_two(s)
-    step = 1 << _STEP_BITS[dtype]
-    bits = s.view(torch.int32) + (step - 1)
-    rounded = bits.bitwise_and_(~(step - 1)).view(torch.float32)
-    if dtype in _SUBNORMAL:
-        smallest_normal, inverse_spacing = _SUBNORMAL[dtype]
-        small = s < smallest_normal
+    step = 1 << traits.step_bits
+    bits = s.view(torch.int32)
+    rounded = torch.bitwise_and(bits + (step - 1), ~(step - 1))
+    if traits.floor is not None:
+        # cubecl `round_up_to_power_of_two`: nothing below the floor (subnormal in f32), compared on the bits
+        # (a non-negative f32 orders like its bit pattern, so no subnormal constant is needed)
+        floor_bits = f32_bits(traits.floor)
+        rounded = torch.where(bits <= floor_bits, floor_bits, rounded)
+    rounded = rounded.view(torch.float32)
+    fmt = traits.minifloat
+    if fmt is not None:
+        # below the format's smallest normal, up onto its subnormal spacing
+        small = s < 2.0 ** (1 - fmt.bias)
         # rare in weights: skip the passes when no scale is that small (a data-dependent branch, which
         # torch.compile cannot trace, so it takes them)
         if torch.compiler.is_compiling() or bool(small.any()):
+            inverse_spacing = 1.0 / fmt.subnormal_spacing
             subnormal = torch.ceil(s * inverse_spacing) * (1.0 / inverse_spacing)
             rounded = torch.where(small, subnormal, rounded)
-    # Saturate: an s below the maximum rounds up to at most the maximum, which lies on the grid.
-    return rounded.clamp_(max=dtype.max_representable())
-
-
-def _round_up_to_power_of_two(s: torch.Tensor) -> torch.Tensor:
-    """cubecl's `round_up_to_power_of_two`: NaN stays NaN; s <= 2^-127 gives 2^-127 and s >= 2^127 gives
-    2^127 (clamped first: ue8m0 has nothing below its minimum, and the step would carry past 2^127 into
-    infinity); otherwise the f32 bits rounded up onto the powers of two, clearing every mantissa bit."""
-    step = 1 << _STEP_BITS[ScaleDtype.UE8M0]
-    bits = s.view(torch.int32)
-    rounded = torch.bitwise_and((bits + (step - 1)), ~(step - 1))
-    # the ends compared on the bits: a non-negative f32 orders like its bit pattern (a negative one, never
-    # a scale, has negative bits and clamps to the minimum as in cubecl), and no subnormal constant is needed
-    rounded = torch.where(bits <= UE8M0_MIN_BITS, UE8M0_MIN_BITS, rounded)
-    rounded = torch.where(bits >= UE8M0_MAX_BITS, UE8M0_MAX_BITS, rounded).view(torch.float32)
+    # Saturate, comparing s: a step as wide as the mantissa carries the largest values past the maximum
+    # (into infinity or the sign bit), and any s below the maximum rounds up to at most the maximum.
+    rounded = torch.where(s >= traits.max, traits.max, rounded)
     return torch.where(torch.isnan(s), s, rounded)
 
 
