@@ -1,7 +1,7 @@
 """Where the fused Q4S block-32 kernel's time goes: the same tiles, loads and stores, with less arithmetic.
 
 Run on a CUDA machine from the repository root: `python3 -m bench.ceiling`. Variants of one program
-shape (4096 bf16 values, 2 warps, as `qcli.kernels.encode` launches it): `move` loads, packs 4 bits of every value's
+shape (4096 bf16 values, 2 warps, as `qcli.kernels.launch` launches it): `move` loads, packs 4 bits of every value's
 bit pattern and stores words and one 2-byte scale per block (the real kernel's traffic, no math);
 `+div_rn` adds an IEEE division per value; `+markstein` adds the reciprocal-and-residual division instead;
 `qcli` is the real kernel. Prints each one's bytes in plus out per second as a fraction of copy.
@@ -15,7 +15,7 @@ import triton.language as tl
 
 from bench.kernels import copy_bandwidth, median_ms
 from qcli import layout
-from qcli.kernels.encode import enqueue
+from qcli.kernels import enqueue
 from qcli.scheme import Calibration, QuantScheme, QuantValue, ScaleDtype
 
 

@@ -16,7 +16,8 @@ import os
 import subprocess
 import sys
 
-KERNELS = ("_quantize_kernel", "_alpha_kernel", "_scales_kernel")
+KERNELS = ("_quantize_fused_kernel", "_quantize_blocks_kernel", "_quantize_tensor_kernel", "_alpha_kernel",
+           "_scales_kernel")
 _OPTION_NAMES = ("enable_fp_fusion", "num_warps")
 
 
@@ -26,7 +27,7 @@ def _record(path: str) -> None:
 
     from bench.schemes import all_schemes
     from qcli.kernels import _quantize as K
-    from qcli.kernels.encode import encode
+    from qcli.kernels import encode
 
     seen: dict[str, dict] = {}
     types = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
@@ -49,7 +50,9 @@ def _record(path: str) -> None:
                     options = {k: kwargs.pop(k) for k in _OPTION_NAMES if k in kwargs}
                     params = inspect.signature(self.fn.fn).parameters
                     values = dict(zip(params, args, strict=False)) | kwargs
-                    constexprs = {n: v for n, v in values.items() if params[n].annotation is tl.constexpr}
+                    # an absent pointer (None) is a constexpr to Triton too
+                    constexprs = {n: v for n, v in values.items()
+                                  if params[n].annotation is tl.constexpr or v is None}
                     sig = {n: "constexpr" if n in constexprs else arg_type(values[n]) for n in params}
                     seen[json.dumps([self.name, sig, constexprs, options], sort_keys=True)] = {}
                     return self.fn[grid](*args, **kwargs, **options)

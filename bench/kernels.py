@@ -1,7 +1,7 @@
 """Kernel throughput per scheme against the device-to-device copy and a torch.compile'd implementation.
 
 Run on a CUDA machine from the repository root: `python3 -m bench.kernels --out DIR`. For each scheme
-and size it times the Triton path (`qcli.kernels.encode.enqueue`, every launch included; once as Python
+and size it times the Triton path (`qcli.kernels.enqueue`, every launch included; once as Python
 launches it, once replayed from a CUDA graph, the device's time alone), the codec's
 own torch arithmetic run eagerly on the GPU, and the same function through torch.compile; it counts
 bytes in (the bf16 tensor) plus bytes out (the payload) over the median time, and checks the Triton
@@ -20,12 +20,12 @@ import torch
 import triton
 
 from qcli import layout
+from qcli.codec import QuantizedParts, pack
 from qcli.codec import encode as codec_encode
-from qcli.codec.blocks import BlockGrid
-from qcli.codec.pack import pack_fields, pack_scales
+from qcli.codec.blocks import counts
 from qcli.codec.scales import block_alpha, block_reduce, scales_from_alpha
 from qcli.codec.values import to_fields
-from qcli.kernels.encode import enqueue
+from qcli.kernels import enqueue
 from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue, ScaleDtype
 
 MinMax, AbsMean = Calibration.MinMax, Calibration.AbsMean
@@ -58,21 +58,17 @@ SCHEMES = [  # (label, scheme, calibration, compare with torch.compile)
 def codec_on_device(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration) -> torch.Tensor:
     """The codec's arithmetic (qcli.codec) on x's device: the eager baseline and torch.compile's input."""
     xf = x.float()
-    grid = BlockGrid.of(scheme, x.shape)
+    grid = layout.BlockGrid.of(scheme, x.shape)
     reduced = block_reduce(xf, grid, calibration)
     if calibration is MinMax:
         alpha = block_alpha(reduced, grid, calibration)
     else:  # the codec's counts live on the CPU
-        alpha = (reduced / grid.counts().to(x.device)).to(torch.float32)
+        alpha = (reduced / counts(grid).to(x.device)).to(torch.float32)
     scales = scales_from_alpha(alpha, scheme)
     q = to_fields(xf, scales.effective, grid, scheme.value).reshape(x.shape)
     # Inductor (torch 2.11) fails to lower the byte view of a one-element scale made in the same graph
     torch._dynamo.graph_break()
-    regions = [pack_fields(q, scheme), pack_scales(scales.stored, scheme.scale_dtype())]
-    if scales.global_scale is not None:
-        glob = torch.tensor([scales.global_scale], dtype=torch.float32, device=x.device)
-        regions.append(glob.view(torch.uint8))
-    return torch.cat(regions)
+    return pack(QuantizedParts(q, scales.stored, scales.global_scale), scheme, x.shape)
 
 
 def median_ms(fn, rep: int = 200) -> float:

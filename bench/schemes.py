@@ -24,11 +24,9 @@ def all_schemes() -> list[tuple[QuantScheme, Calibration, tuple[int, ...]]]:
     """(scheme, calibration, small shape) triples; shapes have last axes that are not multiples of the
     pack width and partial edge blocks wherever the scheme allows them."""
     cases = []
-    ints = (QuantValue.Q8S, QuantValue.Q8F, QuantValue.Q4S, QuantValue.Q4F, QuantValue.Q2S, QuantValue.Q2F)
-    floats = (QuantValue.E4M3, QuantValue.E5M2, QuantValue.E2M1)
-    for value in ints + floats:
+    for value in QuantValue:
         cases.append((_s(value), MinMax, (5, 37)))                                   # default: tensor F32
-        cases.append((_s(value).per_block([32], ScaleDtype.F16), MinMax, (3, 80)))
+        cases += [(_s(value).per_block([32], dtype), MinMax, (3, 80)) for dtype in ScaleDtype]
         cases.append((_s(value).per_block([32], ScaleDtype.BF16), AbsMean, (4, 64)))
         cases.append((_s(value).per_block([2, 16], ScaleDtype.UE4M3), MinMax, (3, 5, 48)))
         two_level = _s(value).per_block([16], ScaleDtype.UE4M3).per_tensor(ScaleDtype.F32)

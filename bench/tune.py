@@ -15,7 +15,7 @@ import torch
 
 from bench.kernels import SCHEMES, copy_bandwidth, median_ms
 from qcli import layout
-from qcli.kernels import encode as E
+from qcli.kernels import launch as E
 
 
 def main() -> None:

@@ -1,28 +1,27 @@
 """The kernels: block ranges, scales, and quantize-and-pack.
 
-A tensor is viewed as rows of `C` values (`R` rows). A program of `_quantize_kernel` takes `G` groups of
+A tensor is viewed as rows of `C` values (`R` rows). A program of a quantize kernel takes `G` groups of
 `U` storage units of `N` values from one row, so a group is one `[U, N]` tile and a unit is one stored
-word or byte. In the fused mode a group is exactly one block of the last axis, whose scale the program
-computes itself; otherwise each value reads its effective scale from an f32 array computed beforehand
-(`_alpha_kernel` then `_scales_kernel`).
+word or byte. `_quantize_fused_kernel` takes groups that are exactly one block of the last axis each, and
+computes their scales itself; `_quantize_blocks_kernel` and `_quantize_tensor_kernel` read each value's
+effective scale from an f32 array computed beforehand (`_alpha_kernel` then `_scales_kernel`), one per
+block or one for the whole tensor. The three share the tile, the value fields and the packing.
+
+Constexpr arguments name a value type's traits (IS_FLOAT, BITS, LO, HI, EBITS, MBITS, BIAS) and a scale
+dtype's (SCALE_*), both from `qcli.scheme` rows (`qcli.kernels.launch`).
 """
 
 import triton
 import triton.language as tl
 
-from qcli.kernels._codes import (
-    MIN_POSITIVE,
-    _one_level_scale,
+from qcli.kernels._arith import (
+    _global_scale,
     _rescaling,
-    _round_up,
     _scale_bits,
     _store_scale,
+    _stored_scale,
     _value_field,
 )
-
-MODE_FUSED = tl.constexpr(0)    # scale per group (a block of the last axis), computed in the program
-MODE_BLOCKS = tl.constexpr(1)   # scale index = row_base[row] + col // BC, computed beforehand
-MODE_TENSOR = tl.constexpr(2)   # one scale for the whole tensor, computed beforehand
 
 CAL_MINMAX = tl.constexpr(0)
 CAL_ABSMEAN = tl.constexpr(1)
@@ -51,15 +50,17 @@ def _block_range(reduced, block, C, BC: tl.constexpr, CAL: tl.constexpr, MEAN: t
     """From a block's reduced terms: max |x| (MinMax), the float64 sum of |x|, or with MEAN its f32 mean
     over the values the block holds. Raises the flag at bad_ptr for a block with NaN or inf."""
     if CAL == CAL_MINMAX:
-        bad = reduced >= 0x7F800000
+        bad = reduced >= 0x7F800000  # the bits of inf; NaN's order above them
         a = reduced.to(tl.float32, bitcast=True)
     else:
+        # x - x is 0 for every finite x, and NaN for inf and NaN: no isfinite needed
         bad = (reduced - reduced) != 0
         a = reduced
         if MEAN:
             count = tl.minimum(tl.maximum(C - block * BC, 0), BC).to(tl.float64)
             # f64 `/` is IEEE on every target (only f32 division is approximate on NVIDIA).
             a = (a / tl.maximum(count, 1.0)).to(tl.float32)
+    # `block * 0` gives the one flag pointer the shape of `bad`, so the masked store takes one lane per block
     tl.store(bad_ptr + block * 0, 1, mask=bad)
     return a
 
@@ -80,83 +81,31 @@ def _left(remaining, TILE: tl.constexpr):
 
 
 @triton.jit
-def _tile(first_unit, U: tl.constexpr, N: tl.constexpr, G: tl.constexpr):
-    """A program's `[G, U]` storage units and `[G, U, N]` values as int32 offsets from its first unit
-    (`first_unit`, int64), and the first value's offset: per-value index arithmetic stays 32-bit."""
-    unit = tl.arange(0, G)[:, None] * U + tl.arange(0, U)[None, :]
-    return unit, unit[:, :, None] * N + tl.arange(0, N)[None, None, :], first_unit * N
-
-
-@triton.jit
-def _global_scale(alpha_max_ptr, HALF_RANGE: tl.constexpr, DTYPE_MAX: tl.constexpr):
-    """max(max over blocks of raw / D.max, MIN_POSITIVE), from the largest block range: both divisions are
-    monotonic, so dividing the maximum equals the maximum of the quotients."""
-    peak = tl.math.div_rn(tl.math.div_rn(tl.load(alpha_max_ptr), HALF_RANGE), DTYPE_MAX)
-    return tl.maximum(peak, MIN_POSITIVE)
-
-
-@triton.jit
-def _stored_scale(alpha, glob, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr, KIND: tl.constexpr):
-    """(stored scale, effective scale) of blocks with ranges `alpha` (docs/arithmetic.md §2)."""
-    if TWO_LEVEL:
-        rel = tl.math.div_rn(tl.math.div_rn(alpha, HALF_RANGE), glob)
-        stored = _round_up(tl.where(rel > 0, rel, MIN_POSITIVE), KIND)
-        return stored, glob * stored
-    else:
-        stored = _one_level_scale(alpha, HALF_RANGE, KIND)
-        return stored, stored
-
-
-@triton.jit
-def _quantize_kernel(
-    x_ptr, values_ptr, scales_ptr, global_ptr, s_eff_ptr, r_eff_ptr, alpha_max_ptr, row_base_ptr,
-    bad_ptr, C, units_per_row, chunks_per_row, blocks_per_row,
-    BC: tl.constexpr, G: tl.constexpr, U: tl.constexpr, N: tl.constexpr, MODE: tl.constexpr,
-    CAL: tl.constexpr, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr, KIND: tl.constexpr,
-    SCALE_SIZE: tl.constexpr, DTYPE_MAX: tl.constexpr,
-    IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr,
-    EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EVEN: tl.constexpr, SAFE: tl.constexpr,
-):
-    """EVEN: every program's tile lies wholly inside its row, so nothing is masked. SAFE: every scale the
-    scheme can produce lies where `_quotient` is exact, so none is rescaled (`_rescaling`)."""
+def _program(x_ptr, C, chunks_per_row, G: tl.constexpr, U: tl.constexpr, N: tl.constexpr, EVEN: tl.constexpr):
+    """This program's tile: its row, its first group, its `[G, U]` storage units and `[G, U, N]` values as
+    int32 offsets from its first unit and value (per-value index arithmetic stays 32-bit), the first value's
+    offset in the row, which values lie inside the row, and the values in f32."""
+    tl.static_assert((G & (G - 1)) == 0, "G, groups per program, must be a power of two")
+    tl.static_assert((U & (U - 1)) == 0, "U, units per group, must be a power of two")
     pid = tl.program_id(0).to(tl.int64)
     row = pid // chunks_per_row
     group = (pid % chunks_per_row) * G
-    unit, local, start = _tile(group * U, U, N, G)
+    unit = tl.arange(0, G)[:, None] * U + tl.arange(0, U)[None, :]
+    local = unit[:, :, None] * N + tl.arange(0, N)[None, None, :]
+    start = group * U * N
     inside = local < _left(C - start, G * U * N)
     x = _load(x_ptr + row * C + start + local, inside, 0.0, EVEN).to(tl.float32)
+    return row, group, unit, local, start, inside, x
 
-    if MODE == MODE_FUSED:
-        block = group + tl.arange(0, G)
-        terms = _reduce(_reduce(_range_terms(x, CAL), 2, CAL), 1, CAL)
-        alpha = _block_range(terms, block, C, BC, CAL, True, bad_ptr)
-        glob = 1.0
-        if TWO_LEVEL:
-            glob = _global_scale(alpha_max_ptr, HALF_RANGE, DTYPE_MAX)
-            _store_scale(global_ptr, 0, glob.to(tl.int32, bitcast=True), pid == 0, 4)
-        stored, s = _stored_scale(alpha, glob, TWO_LEVEL, HALF_RANGE, KIND)
-        real = block < blocks_per_row
-        _store_scale(scales_ptr, row * blocks_per_row + block, _scale_bits(stored, KIND), real, SCALE_SIZE)
-        if not SAFE:
-            p = _rescaling(s)
-            s = s * p
-            x = x * p[:, None, None]
-        s_eff = s[:, None, None]
-        r_eff = tl.math.div_rn(1.0, s)[:, None, None]
-    elif MODE == MODE_BLOCKS:
-        # the scale of column start + local, without 64-bit arithmetic per value
-        first = tl.load(row_base_ptr + row) + start // BC
-        index = ((start % BC).to(tl.int32) + local) // BC
-        s_eff = _load(s_eff_ptr + first + index, inside, 1.0, EVEN)
-        r_eff = _load(r_eff_ptr + first + index, inside, 1.0, EVEN)
-    else:
-        s_eff = tl.load(s_eff_ptr)
-        r_eff = tl.load(r_eff_ptr)
-    if MODE != MODE_FUSED and not SAFE:  # r_eff is already the reciprocal of the rescaled scale
-        p = _rescaling(s_eff)
-        s_eff = s_eff * p
-        x = x * p
 
+@triton.jit
+def _store_fields(x, s_eff, r_eff, inside, values_ptr, row, group, unit, units_per_row, G: tl.constexpr,
+                  U: tl.constexpr, N: tl.constexpr, IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr,
+                  HI: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
+                  EVEN: tl.constexpr):
+    """Quantize the tile's values (`_value_field`) and store them packed, N fields of BITS bits to a unit,
+    the first in the least significant bits; values outside the row pack as zero fields."""
+    tl.static_assert((N * BITS == 8) | (N * BITS == 32), "a storage unit is one byte or one u32 word")
     field = _value_field(x, s_eff, r_eff, IS_FLOAT, BITS, LO, HI, EBITS, MBITS, BIAS)
     if not EVEN:
         field = tl.where(inside, field, 0)
@@ -171,11 +120,96 @@ def _quantize_kernel(
 
 
 @triton.jit
+def _quantize_fused_kernel(
+    x_ptr, values_ptr, scales_ptr, global_ptr, alpha_max_ptr, bad_ptr, C, units_per_row, chunks_per_row,
+    blocks_per_row,
+    BC: tl.constexpr, G: tl.constexpr, U: tl.constexpr, N: tl.constexpr, CAL: tl.constexpr,
+    TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr,
+    SCALE_STEP: tl.constexpr, SCALE_FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr, SCALE_EBITS: tl.constexpr,
+    SCALE_MBITS: tl.constexpr, SCALE_BIAS: tl.constexpr, SCALE_SIZE: tl.constexpr,
+    IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr,
+    EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EVEN: tl.constexpr, SAFE: tl.constexpr,
+):
+    """Each group one block of BC values along the last axis: its range, its scale (into `scales_ptr`, and
+    for two levels the global, from the largest block range at `alpha_max_ptr`, into `global_ptr`), then
+    its values. `global_ptr` and `alpha_max_ptr` are None for one level.
+
+    EVEN: every program's tile lies wholly inside its row, so nothing is masked. SAFE: every scale the
+    scheme can produce lies where `_quotient` is exact, so none is rescaled (`_rescaling`)."""
+    tl.static_assert(BC == U * N, "a group is one block: BC values, U whole units of N")
+    row, group, unit, local, start, inside, x = _program(x_ptr, C, chunks_per_row, G, U, N, EVEN)
+    block = group + tl.arange(0, G)
+    terms = _reduce(_reduce(_range_terms(x, CAL), 2, CAL), 1, CAL)
+    alpha = _block_range(terms, block, C, BC, CAL, True, bad_ptr)
+    glob = 1.0
+    if TWO_LEVEL:
+        glob = _global_scale(alpha_max_ptr, HALF_RANGE, SCALE_MAX)
+        _store_scale(global_ptr, 0, glob.to(tl.int32, bitcast=True), tl.program_id(0) == 0, 4)
+    stored, s = _stored_scale(alpha, glob, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX,
+                              SCALE_EBITS, SCALE_MBITS, SCALE_BIAS)
+    bits = _scale_bits(stored, SCALE_STEP, SCALE_MAX, SCALE_EBITS, SCALE_MBITS, SCALE_BIAS)
+    _store_scale(scales_ptr, row * blocks_per_row + block, bits, block < blocks_per_row, SCALE_SIZE)
+    if not SAFE:
+        p = _rescaling(s)
+        s = s * p
+        x = x * p[:, None, None]
+    r = tl.math.div_rn(1.0, s)
+    _store_fields(x, s[:, None, None], r[:, None, None], inside, values_ptr, row, group, unit, units_per_row,
+                  G, U, N, IS_FLOAT, BITS, LO, HI, EBITS, MBITS, BIAS, EVEN)
+
+
+@triton.jit
+def _quantize_blocks_kernel(
+    x_ptr, values_ptr, s_eff_ptr, r_eff_ptr, row_base_ptr, C, units_per_row, chunks_per_row,
+    BC: tl.constexpr, G: tl.constexpr, U: tl.constexpr, N: tl.constexpr,
+    IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr,
+    EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EVEN: tl.constexpr, SAFE: tl.constexpr,
+):
+    """Values whose effective scales and their reciprocals were computed beforehand, one per block: the
+    scale of column c of a row is at row_base[row] + c // BC (EVEN and SAFE as for the fused kernel)."""
+    row, group, unit, local, start, inside, x = _program(x_ptr, C, chunks_per_row, G, U, N, EVEN)
+    # the scale of column start + local, without 64-bit arithmetic per value
+    first = tl.load(row_base_ptr + row) + start // BC
+    index = ((start % BC).to(tl.int32) + local) // BC
+    s_eff = _load(s_eff_ptr + first + index, inside, 1.0, EVEN)
+    r_eff = _load(r_eff_ptr + first + index, inside, 1.0, EVEN)
+    if not SAFE:  # r_eff is already the reciprocal of the rescaled scale
+        p = _rescaling(s_eff)
+        s_eff = s_eff * p
+        x = x * p
+    _store_fields(x, s_eff, r_eff, inside, values_ptr, row, group, unit, units_per_row, G, U, N, IS_FLOAT, BITS,
+                  LO, HI, EBITS, MBITS, BIAS, EVEN)
+
+
+@triton.jit
+def _quantize_tensor_kernel(
+    x_ptr, values_ptr, s_eff_ptr, r_eff_ptr, C, units_per_row, chunks_per_row,
+    G: tl.constexpr, U: tl.constexpr, N: tl.constexpr,
+    IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr,
+    EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EVEN: tl.constexpr, SAFE: tl.constexpr,
+):
+    """Values under the one effective scale of the tensor and its reciprocal, computed beforehand (EVEN and
+    SAFE as for the fused kernel)."""
+    row, group, unit, local, start, inside, x = _program(x_ptr, C, chunks_per_row, G, U, N, EVEN)
+    s_eff = tl.load(s_eff_ptr)
+    r_eff = tl.load(r_eff_ptr)
+    if not SAFE:  # r_eff is already the reciprocal of the rescaled scale
+        p = _rescaling(s_eff)
+        s_eff = s_eff * p
+        x = x * p
+    _store_fields(x, s_eff, r_eff, inside, values_ptr, row, group, unit, units_per_row, G, U, N, IS_FLOAT, BITS,
+                  LO, HI, EBITS, MBITS, BIAS, EVEN)
+
+
+@triton.jit
 def _alpha_kernel(x_ptr, out_ptr, bad_ptr, C, blocks_per_row, chunks_per_row,
                   BC: tl.constexpr, G: tl.constexpr, BP: tl.constexpr, CAL: tl.constexpr,
                   PER_PROGRAM: tl.constexpr):
     """Ranges of blocks of BC values along each row: per block (max |x| in f32, or the f64 sum of |x|),
-    or with PER_PROGRAM the largest f32 block range (the mean for AbsMean) of the program's G blocks."""
+    or with PER_PROGRAM the largest f32 block range (the mean for AbsMean) of the program's G blocks.
+    A block is read as BP lanes, the power of two at or above BC."""
+    tl.static_assert((G & (G - 1)) == 0, "G, blocks per program, must be a power of two")
+    tl.static_assert(((BP & (BP - 1)) == 0) & (BP >= BC), "BP must be a power of two of at least BC")
     pid = tl.program_id(0).to(tl.int64)
     row = pid // chunks_per_row
     group = (pid % chunks_per_row) * G
@@ -196,17 +230,23 @@ def _alpha_kernel(x_ptr, out_ptr, bad_ptr, C, blocks_per_row, chunks_per_row,
 @triton.jit
 def _scales_kernel(alpha_ptr, alpha_max_ptr, scales_ptr, global_ptr, s_eff_ptr, r_eff_ptr, n,
                    BLOCK: tl.constexpr, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr,
-                   KIND: tl.constexpr, SCALE_SIZE: tl.constexpr, DTYPE_MAX: tl.constexpr):
+                   SCALE_STEP: tl.constexpr, SCALE_FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr,
+                   SCALE_EBITS: tl.constexpr, SCALE_MBITS: tl.constexpr, SCALE_BIAS: tl.constexpr,
+                   SCALE_SIZE: tl.constexpr):
     """Stored scales (bytes into the payload), effective f32 scales, and the reciprocals of the effective
-    scales brought into range (`_rescaling`), from f32 per-block ranges."""
+    scales brought into range (`_rescaling`), from f32 per-block ranges; for two levels also the global
+    (`alpha_max_ptr` and `global_ptr` are None for one level)."""
+    tl.static_assert((BLOCK & (BLOCK - 1)) == 0, "BLOCK must be a power of two")
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = i < n
     alpha = tl.load(alpha_ptr + i, mask=inside, other=0.0)
     glob = 1.0
     if TWO_LEVEL:
-        glob = _global_scale(alpha_max_ptr, HALF_RANGE, DTYPE_MAX)
+        glob = _global_scale(alpha_max_ptr, HALF_RANGE, SCALE_MAX)
         _store_scale(global_ptr, 0, glob.to(tl.int32, bitcast=True), tl.program_id(0) == 0, 4)
-    stored, s_eff = _stored_scale(alpha, glob, TWO_LEVEL, HALF_RANGE, KIND)
-    _store_scale(scales_ptr, i, _scale_bits(stored, KIND), inside, SCALE_SIZE)
+    stored, s_eff = _stored_scale(alpha, glob, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX,
+                                  SCALE_EBITS, SCALE_MBITS, SCALE_BIAS)
+    bits = _scale_bits(stored, SCALE_STEP, SCALE_MAX, SCALE_EBITS, SCALE_MBITS, SCALE_BIAS)
+    _store_scale(scales_ptr, i, bits, inside, SCALE_SIZE)
     tl.store(s_eff_ptr + i, s_eff, mask=inside)
     tl.store(r_eff_ptr + i, tl.math.div_rn(1.0, s_eff * _rescaling(s_eff)), mask=inside)

@@ -7,14 +7,74 @@
 No padding between the regions (burn-std `quantized_data_len`, B:quantization.rs:400-407). Packed
 stores pad each row of the packed (last) axis on its own to whole storage elements. This module alone
 answers `quantized_data_len`; the container takes lengths from here and never recomputes them.
+
+`BlockGrid` is the integer geometry of the scale grid, which the codec's torch views and the kernels'
+launches share.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from qcli.scheme import Native, QuantScheme
+
+
+@dataclass(frozen=True)
+class BlockGrid:
+    """`shape` split into blocks of `block`, `grid` blocks per axis (all three of the same rank >= 1).
+
+    Blocks are right-aligned on the trailing axes (`BlockSize.to_dim_vec`); a partial block at the edge
+    takes a scale of its own. A per-tensor scheme is one block covering the whole tensor. A rank-0 tensor
+    is handled as shape `[1]`.
+    """
+
+    shape: tuple[int, ...]
+    block: tuple[int, ...]
+    grid: tuple[int, ...]
+
+    @staticmethod
+    def of(scheme: QuantScheme, shape: Sequence[int]) -> BlockGrid:
+        shape = tuple(shape) or (1,)
+        if scheme.block is None:
+            return BlockGrid(shape, shape, (1,) * len(shape))
+        block = tuple(scheme.block.size.to_dim_vec(len(shape)))
+        return BlockGrid(shape, block, tuple(math.ceil(d / b) for d, b in zip(shape, block, strict=True)))
+
+    @property
+    def padded(self) -> tuple[int, ...]:
+        """The shape rounded up to whole blocks."""
+        return tuple(g * b for g, b in zip(self.grid, self.block, strict=True))
+
+    @property
+    def _splits(self) -> list[bool]:
+        # Which axes split into (blocks, extent). An axis of extent 1 stays whole, so a [32] block on a
+        # matrix is the view [rows, blocks, 32] and reductions run over one contiguous innermost axis;
+        # the last axis always splits, so there is at least one axis to reduce over.
+        last = len(self.shape) - 1
+        return [b != 1 or i == last for i, b in enumerate(self.block)]
+
+    def _view(self, inner: Sequence[int]) -> list[int]:
+        parts = zip(self.grid, inner, self._splits, strict=True)
+        return [n for g, b, split in parts for n in ((g, b) if split else (g,))]
+
+    @property
+    def blocked_shape(self) -> list[int]:
+        """The padded shape with each block on its own axes (`qcli.codec.blocks.to_blocks`)."""
+        return self._view(self.block)
+
+    @property
+    def scales_shape(self) -> list[int]:
+        """The grid's shape viewed to broadcast over `blocked_shape`."""
+        return self._view([1] * len(self.block))
+
+    @property
+    def block_axes(self) -> tuple[int, ...]:
+        """The axes of `blocked_shape` that run inside one block."""
+        ends = itertools.accumulate(2 if split else 1 for split in self._splits)
+        return tuple(end - 1 for end, split in zip(ends, self._splits, strict=True) if split)
 
 
 def row_elements(scheme: QuantScheme, last_dim: int) -> int:

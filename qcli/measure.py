@@ -12,8 +12,9 @@ judges: `error_bound` from the source alone, `stored_bound` from the scales a pa
 Device memory stays bounded whatever the tensor: a tensor is measured in row slices of whole blocks
 along its first axis, each of at most `SLICE_VALUES` values, its payload carved out of the tensor's
 (`qcli.layout.row_regions`). The temporaries of one slice take at most `BYTES_PER_VALUE` bytes per
-value. A per-tensor or two-level scheme's bound depends on the whole tensor (`Whole`), taken first in a
-cheap pass over the slices, or handed in by a caller that holds the tensor in row chunks.
+value. A per-tensor or two-level scheme's bound depends on the whole tensor (`qcli.tensor_range`), taken
+first in a cheap pass over the slices (`whole_range`), or handed in by a caller that holds the tensor in row
+chunks.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ import torch
 
 import qcli.codec
 from qcli import layout
-from qcli.codec.blocks import BlockGrid
+from qcli.codec.blocks import counts, to_blocks
 from qcli.codec.decode import block_scales
 from qcli.codec.stats import ErrorSums
 from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme
+from qcli.tensor_range import TensorRange
 
 if TYPE_CHECKING:
-    from qcli.codec import ErrorStats
+    from qcli.error_stats import ErrorStats
 
 SLICE_VALUES = 1 << 24
 # The source widened to f32, the decode, the int64 codes the decode indexes with, and the bound's and
@@ -51,33 +53,17 @@ class BoundFailure:
     bound: float
 
 
-@dataclass(frozen=True)
-class Whole:
-    """What a per-tensor or two-level scheme's scales depend on, over the whole tensor: the largest |x|
-    (f32, held as f64) and the float64 sum of |x| over `count` values, as device tensors of shape [1]."""
-
-    peak: torch.Tensor
-    total: torch.Tensor
-    count: int
-
-    @staticmethod
-    def of(x: torch.Tensor) -> Whole:
-        """The whole of `x`, a slice of rows at a time."""
-        peak = torch.zeros(1, dtype=torch.float64, device=x.device)
-        total = torch.zeros(1, dtype=torch.float64, device=x.device)
-        for start, stop in _slices(tuple(x.shape), 1):
-            part = _rows(x, start, stop).to(torch.float32).abs()
-            if part.numel():
-                peak = torch.maximum(peak, part.amax().to(torch.float64))
-                total += part.sum(dtype=torch.float64)
-        return Whole(peak, total, x.numel())
-
-    def add(self, other: Whole) -> Whole:
-        return Whole(torch.maximum(self.peak, other.peak), self.total + other.total, self.count + other.count)
-
-    def mean(self) -> torch.Tensor:
-        """mean |x|, float64 (docs/arithmetic.md's AbsMean alpha before its f32 rounding)."""
-        return self.total / max(self.count, 1)
+def whole_range(x: torch.Tensor) -> TensorRange:
+    """What the bound of a per-tensor or two-level scheme needs of `x`: its largest |x| and its sum of |x|,
+    a slice of rows at a time."""
+    peak = torch.zeros(1, dtype=torch.float32, device=x.device)
+    total = torch.zeros(1, dtype=torch.float64, device=x.device)
+    for start, stop in _slices(tuple(x.shape), 1):
+        part = _rows(x, start, stop).to(torch.float32).abs()
+        if part.numel():
+            peak = torch.maximum(peak, part.amax())
+            total += part.sum(dtype=torch.float64)
+    return TensorRange(peak, total, x.numel())
 
 
 # -- The error bound of a scheme, from the source: what every block's decode must lie within -------
@@ -86,7 +72,7 @@ _F32_ROUNDING = 2.0**-20  # generous cover for the f32 divisions and products on
 
 
 def error_bound(
-    x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, whole: Whole | None = None
+    x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, whole: TensorRange | None = None
 ) -> torch.Tensor:
     """The largest error each block of `x` may show after quantizing with `scheme`, grid-shaped f64.
 
@@ -99,21 +85,21 @@ def error_bound(
     Works on `x`'s device without waiting for it.
     """
     if whole is None and (scheme.block is None or scheme.is_two_level()):
-        whole = Whole.of(x)
-    grid = BlockGrid.of(scheme, x.shape)
+        whole = whole_range(x)
+    grid = layout.BlockGrid.of(scheme, x.shape)
     if scheme.block is None:
         return bound_of(whole.peak.reshape(grid.grid), None, scheme, calibration, whole)
-    blocks = grid.to_blocks(x.to(torch.float32)).abs()  # in f32, as the codec measures it
+    blocks = to_blocks(x.to(torch.float32), grid).abs()  # in f32, as the codec measures it
     peak = blocks.amax(dim=grid.block_axes)
     mean = None
     if calibration is Calibration.AbsMean:
-        mean = blocks.sum(dim=grid.block_axes, dtype=torch.float64) / grid.counts(x.device)
+        mean = blocks.sum(dim=grid.block_axes, dtype=torch.float64) / counts(grid, x.device)
     return bound_of(peak, mean, scheme, calibration, whole)
 
 
 def bound_of(
     peak: torch.Tensor, mean: torch.Tensor | None, scheme: QuantScheme, calibration: Calibration,
-    whole: Whole | None,
+    whole: TensorRange | None,
 ) -> torch.Tensor:
     """`error_bound` from each block's largest |x| (`peak`, grid-shaped) and, for AbsMean, its mean |x|
     (`mean`, float64); for a per-tensor or two-level scheme, `whole` is the tensor's."""
@@ -129,7 +115,7 @@ def bound_of(
     traits = dtype.traits
     slack, floor = 2.0**-traits.mantissa_bits, max(traits.smallest, F32_MIN_POSITIVE)
     if scheme.is_two_level():
-        global_scale = torch.clamp(whole.peak / h / traits.max, min=F32_MIN_POSITIVE)
+        global_scale = torch.clamp(whole.peak.to(torch.float64) / h / traits.max, min=F32_MIN_POSITIVE)
         cap, floor = float("inf"), global_scale * (1 + _F32_ROUNDING) * floor
     else:
         cap = traits.max
@@ -156,17 +142,17 @@ def stored_bound(x: torch.Tensor, payload: Any, scheme: QuantScheme) -> torch.Te
     Unlike `error_bound` it trusts the payload's scales; `inspect --compare` takes the smaller of the two
     per block, so that neither a payload of other data nor one with inflated scales passes.
     """
-    grid = BlockGrid.of(scheme, x.shape)
-    peak = grid.to_blocks(x.to(torch.float32)).abs().amax(dim=grid.block_axes).to(torch.float64)
+    grid = layout.BlockGrid.of(scheme, x.shape)
+    peak = to_blocks(x.to(torch.float32), grid).abs().amax(dim=grid.block_axes).to(torch.float64)
     s = block_scales(payload, scheme, x.shape).to(torch.float64).abs()
     return _bound(peak, s * (1 + _F32_ROUNDING), s * (1 - _F32_ROUNDING), scheme)
 
 
 def block_errors(x: torch.Tensor, decoded: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
     """max |x - decoded| per block, grid-shaped f64 (the difference taken in f32: within the bound's slack)."""
-    grid = BlockGrid.of(scheme, x.shape)
+    grid = layout.BlockGrid.of(scheme, x.shape)
     difference = (x.to(torch.float32) - decoded.to(torch.float32)).abs_()
-    return grid.to_blocks(difference).amax(dim=grid.block_axes).to(torch.float64)
+    return to_blocks(difference, grid).amax(dim=grid.block_axes).to(torch.float64)
 
 
 # -- Measuring: the one decode against its source -------------------------------------------------------
@@ -190,7 +176,7 @@ class Measurement:
 
     def add(
         self, x: torch.Tensor, payload: torch.Tensor, scheme: QuantScheme, calibration: Calibration,
-        whole: Whole | None = None, first_row: int = 0,
+        whole: TensorRange | None = None, first_row: int = 0,
     ) -> None:
         """Decode `payload` (uint8, on `x`'s device) and measure it against its source `x` (any float
         dtype, the tensor's out shape) into this measurement, a row slice at a time.
@@ -201,9 +187,9 @@ class Measurement:
         """
         shape = tuple(x.shape)
         if whole is None and (scheme.block is None or scheme.is_two_level()):
-            whole = Whole.of(x)
+            whole = whole_range(x)
         step = _step(scheme, shape)
-        blocks_per_row = math.prod(BlockGrid.of(scheme, shape).grid[1:]) if len(shape) >= 2 else 0
+        blocks_per_row = math.prod(layout.BlockGrid.of(scheme, shape).grid[1:]) if len(shape) >= 2 else 0
         for start, stop in _slices(shape, step):
             first_block = 0 if scheme.block is None else (first_row + start) // step * blocks_per_row
             self._add_slice(_rows(x, start, stop), _carve(payload, scheme, shape, start, stop), scheme,
@@ -216,14 +202,14 @@ class Measurement:
 
     def _add_slice(
         self, x: torch.Tensor, payload: torch.Tensor, scheme: QuantScheme, calibration: Calibration,
-        whole: Whole | None, first_block: int,
+        whole: TensorRange | None, first_block: int,
     ) -> None:
         self.add_decoded(x, qcli.codec.decode(payload, scheme, tuple(x.shape)), scheme, calibration, whole,
                          first_block)
 
     def add_decoded(
         self, x: torch.Tensor, decoded: torch.Tensor, scheme: QuantScheme, calibration: Calibration,
-        whole: Whole | None = None, first_block: int = 0,
+        whole: TensorRange | None = None, first_block: int = 0,
     ) -> None:
         """Measure `decoded` (f32, of `x`'s shape; overwritten) against its source `x`, whole blocks
         starting at block `first_block` of the tensor's grid (`whole` as for `add`); `seconds` counts
@@ -231,8 +217,8 @@ class Measurement:
         started = time.perf_counter()
         x = x.to(torch.float32)  # widened once for both measures, which then take it as it is
         difference = decoded.sub_(x)
-        grid = BlockGrid.of(scheme, tuple(x.shape))
-        errors = grid.to_blocks(difference).abs().amax(dim=grid.block_axes).reshape(-1)
+        grid = layout.BlockGrid.of(scheme, tuple(x.shape))
+        errors = to_blocks(difference, grid).abs().amax(dim=grid.block_axes).reshape(-1)
         if errors.numel():
             self.sums.add_difference(x, difference)
             self.sums.max_abs = torch.maximum(self.sums.max_abs, errors.amax().to(torch.float64))
@@ -269,7 +255,7 @@ class ChunkedTensor:
     def __init__(self, measurement: Measurement, x: torch.Tensor, scheme: QuantScheme, calibration: Calibration
                  ) -> None:
         self.measurement, self.scheme, self.calibration = measurement, scheme, calibration
-        self.grid = BlockGrid.of(scheme, tuple(x.shape))
+        self.grid = layout.BlockGrid.of(scheme, tuple(x.shape))
         self.errors = torch.zeros(math.prod(self.grid.grid), dtype=torch.float32)
         self.peaks = self.errors.clone() if calibration is Calibration.AbsMean else None
         self.abs_sums: torch.Tensor | None = None  # the codec's sum|x| per block, under AbsMean
@@ -287,13 +273,13 @@ class ChunkedTensor:
         from qcli.codec.decode import decode_values
 
         started = time.perf_counter()
-        grid = BlockGrid.of(self.scheme, tuple(rows.shape))
+        grid = layout.BlockGrid.of(self.scheme, tuple(rows.shape))
         part = slice(first_block, first_block + math.prod(grid.grid))
         difference = decode_values(values, self.scales[part], self.scheme, rows.shape).sub_(rows)
         self.measurement.sums.add_difference(rows, difference, quick=True)
-        _max_into(self.errors[part], grid.to_blocks(difference.abs_()).amax(dim=grid.block_axes))
+        _max_into(self.errors[part], to_blocks(difference.abs_(), grid).amax(dim=grid.block_axes))
         if self.calibration is Calibration.AbsMean:
-            _max_into(self.peaks[part], grid.to_blocks(rows).abs().amax(dim=grid.block_axes))
+            _max_into(self.peaks[part], to_blocks(rows, grid).abs().amax(dim=grid.block_axes))
         self.measurement.seconds += time.perf_counter() - started
 
     def finish(self) -> None:
@@ -302,13 +288,12 @@ class ChunkedTensor:
         m = self.measurement
         if self.errors.numel():
             m.sums.max_abs = torch.maximum(m.sums.max_abs, self.errors.amax().to(torch.float64))
-            peak = self.peaks.amax().to(torch.float64).reshape(1)
+            peak = self.peaks.amax().reshape(1)
             total = torch.zeros(1, dtype=torch.float64) if self.abs_sums is None else self.abs_sums.sum().reshape(1)
-            count = math.prod(self.grid.shape)
-            whole = Whole(peak, total, count)
+            whole = TensorRange(peak, total, math.prod(self.grid.shape))
             means = None
             if self.abs_sums is not None and self.scheme.block is not None:
-                means = (self.abs_sums / self.grid.counts()).reshape(-1)
+                means = (self.abs_sums / counts(self.grid)).reshape(-1)
             for start in range(0, self.errors.numel(), BOUND_BLOCKS):  # the bound's f64 temporaries stay small
                 part = slice(start, start + BOUND_BLOCKS)
                 bounds = bound_of(self.peaks[part], None if means is None else means[part], self.scheme,

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from qcli import __version__
+from qcli.error_stats import ErrorStats
 from qcli.io.dtypes import DType, QFloat
 from qcli.problem import Problem, Severity
 
@@ -28,26 +29,11 @@ def _finite(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else x
 
 
-@dataclass(frozen=True)
-class ErrorRow:
-    """Error of a decoded tensor against its source (relative RMS, SQNR in dB, max abs)."""
-
-    rel_rms: float
-    sqnr_db: float
-    max_abs: float
-
-    @staticmethod
-    def of(stats: Any) -> ErrorRow:
-        """From `qcli.codec.ErrorStats` (or anything with the same three fields)."""
-        return ErrorRow(float(stats.rel_rms), float(stats.sqnr_db), float(stats.max_abs))
-
-    def to_json(self) -> dict:
-        return {"rel_rms": self.rel_rms, "sqnr_db": _finite(self.sqnr_db), "max_abs": self.max_abs}
-
-    @staticmethod
-    def json_of(error: ErrorRow | None) -> dict:
-        """The three error fields of a row, null where nothing was measured."""
-        return error.to_json() if error else {"rel_rms": None, "sqnr_db": None, "max_abs": None}
+def error_json(error: ErrorStats | None) -> dict:
+    """The three error fields of a row, null where nothing was measured."""
+    if error is None:
+        return {"rel_rms": None, "sqnr_db": None, "max_abs": None}
+    return {"rel_rms": error.rel_rms, "sqnr_db": _finite(error.sqnr_db), "max_abs": error.max_abs}
 
 
 @dataclass(frozen=True)
@@ -64,14 +50,14 @@ class TensorRow:
     bytes_in: int
     bytes_out: int
     bits_per_weight: float
-    error: ErrorRow | None = None
+    error: ErrorStats | None = None
 
     @property
     def decision(self) -> str:
         return "keep" if self.scheme is None else "quantize"
 
     @staticmethod
-    def of(entry: PlanEntry, error: ErrorRow | None = None) -> TensorRow:
+    def of(entry: PlanEntry, error: ErrorStats | None = None) -> TensorRow:
         info, decision = entry.info, entry.decision
         return TensorRow(
             name=info.name,
@@ -101,7 +87,7 @@ class TensorRow:
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "bits_per_weight": self.bits_per_weight,
-            **ErrorRow.json_of(self.error),
+            **error_json(self.error),
         }
 
 
@@ -307,7 +293,7 @@ class CompareRow:
     dtype: str
     transposed: bool
     exact: bool
-    error: ErrorRow | None
+    error: ErrorStats | None
     problem: str | None = None
     # A quantized tensor's worst block (the largest error over bound; the first over it, if any is) with
     # its max |error| and its bound (`qcli.measure.stored_bound`); None for a kept one or none measured.
@@ -322,7 +308,7 @@ class CompareRow:
             "transposed": self.transposed,
             "exact": self.exact,
             "problem": self.problem,
-            **ErrorRow.json_of(self.error),
+            **error_json(self.error),
             "block": self.block,
             "block_error": _finite(self.block_error),
             "bound": _finite(self.bound),

@@ -15,7 +15,6 @@ import torch
 
 from qcli import layout
 from qcli.codec import decode, encode, error_stats, quantize, quantize_parts
-from qcli.codec.blocks import BlockGrid
 from qcli.errors import InputError, SchemeError
 from qcli.scheme import (
     Calibration,
@@ -254,7 +253,7 @@ def test_row_chunks_give_the_same_bytes(monkeypatch, shape, block, dtype, two_le
     expected, *_ = ref.quantize(xs, shape, "Q4S", "PackedU32", block, dtype, two_level, calibration)
     x = torch.tensor(xs).reshape(shape)
     assert encode(x, scheme, Calibration(calibration)).numpy().tobytes() == expected
-    assert len(quantize._row_chunks(BlockGrid.of(scheme, shape), scheme)) > 1
+    assert len(quantize._row_chunks(layout.BlockGrid.of(scheme, shape), scheme)) > 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -265,7 +264,7 @@ def test_chunks_widen_and_gather_their_own_rows(monkeypatch, dtype):
     xs = x.to(torch.float32).reshape(-1).tolist()  # widening is exact
     expected, *_ = ref.quantize(xs, [13, 64], "Q4S", "PackedU32", [32], "F16", False, "MinMax")
     assert encode(x, Q4S_B32).numpy().tobytes() == expected
-    assert len(quantize._row_chunks(BlockGrid.of(Q4S_B32, x.shape), Q4S_B32)) > 1
+    assert len(quantize._row_chunks(layout.BlockGrid.of(Q4S_B32, x.shape), Q4S_B32)) > 1
 
 
 def test_decode_takes_any_bytes_like_payload():

@@ -45,15 +45,15 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 @pytest.fixture(scope="module")
 def kernels():
-    """qcli.kernels.encode, interpreted when there is no GPU (Triton decides when a kernel is defined)."""
+    """qcli.kernels, interpreted when there is no GPU (Triton decides when a kernel is defined)."""
     if not CUDA:
         os.environ["TRITON_INTERPRET"] = "1"
-        modules = ("qcli.kernels._codes", "qcli.kernels._quantize", "qcli.kernels.encode",
+        modules = ("qcli.kernels._arith", "qcli.kernels._quantize", "qcli.kernels.launch", "qcli.kernels",
                    "qcli.pipeline.gpu")
         for name in modules:
             if name in sys.modules:
                 importlib.reload(sys.modules[name])
-    return importlib.import_module("qcli.kernels.encode")
+    return importlib.import_module("qcli.kernels")
 
 
 def run(kernels, x: torch.Tensor, scheme: QuantScheme, calibration=Calibration.MinMax) -> bytes:
@@ -95,12 +95,12 @@ def case_id(case) -> str:
 
 
 def _ue8m0_cases() -> list[tuple[QuantScheme, Calibration, tuple[int, ...]]]:
-    """UE8M0 scales (Burn 0.22.1), one level only, shaped like bench/schemes.py's cases: every value in
-    fused blocks of 32, MXFP4 (E2M1 pairs in blocks of 32), per tensor, and blocks the fused mode cannot take."""
+    """UE8M0 scales (Burn 0.22.1), one level only, shaped like bench/schemes.py's cases (which hold every
+    value in fused blocks of 32 under every scale dtype): MXFP4 (E2M1 pairs in blocks of 32), per tensor,
+    and blocks the fused kernel cannot take."""
     ue8m0 = ScaleDtype.UE8M0
-    cases = [(QuantScheme().with_value(v).per_block([32], ue8m0), Calibration.MinMax, (3, 80)) for v in QuantValue]
     e2m1 = QuantScheme().with_value(QuantValue.E2M1).with_store(PackedNative(0))
-    cases += [
+    cases = [
         (e2m1.per_block([32], ue8m0), Calibration.MinMax, (4, 48)),
         (e2m1.per_block([5], ue8m0), Calibration.AbsMean, (3, 13)),
         (QuantScheme().with_value(QuantValue.Q4S).per_tensor(ue8m0), Calibration.AbsMean, (5, 37)),

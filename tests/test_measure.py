@@ -20,8 +20,8 @@ from test_kernels import kernels  # noqa: F401  (the fixture that runs the kerne
 
 import qcli.codec
 from qcli import layout, measure
-from qcli.codec import ErrorStats
-from qcli.measure import Measurement, Whole
+from qcli.error_stats import ErrorStats
+from qcli.measure import Measurement, whole_range
 from qcli.pipeline import GpuSettings
 from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue, ScaleDtype
 
@@ -188,12 +188,12 @@ def test_small_ranks_and_empty_tensors_are_measured_whole(shape, monkeypatch) ->
     assert m.stats().max_abs == (float((decoded - x).abs().max()) if x.numel() else 0.0)
 
 
-def test_whole_takes_peak_and_mean_over_all_rows(monkeypatch) -> None:
+def test_whole_range_takes_peak_and_mean_over_all_rows(monkeypatch) -> None:
     monkeypatch.setattr(measure, "SLICE_VALUES", 4)
     x = torch.tensor([[1.0, -2.0], [0.5, 0.0], [-8.0, 4.0]], dtype=torch.bfloat16)
-    whole = Whole.of(x)
+    whole = whole_range(x)
     assert whole.peak.tolist() == [8.0] and whole.count == 6 and whole.mean().tolist() == [15.5 / 6]
-    halves = Whole.of(x[:1]).add(Whole.of(x[1:]))
+    halves = whole_range(x[:1]).add(whole_range(x[1:]))
     assert halves.peak.tolist() == [8.0] and halves.mean().tolist() == [15.5 / 6]
 
 

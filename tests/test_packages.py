@@ -106,6 +106,6 @@ def test_a_wheel_holds_the_kernels_as_qcli_kernels(tmp_path: Path) -> None:
                     "-w", str(tmp_path), str(source)], check=True, capture_output=True)
     (wheel,) = tmp_path.glob("qcli-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"qcli/kernels/__init__.py", "qcli/kernels/encode.py", "qcli/pipeline/gpu.py"} <= set(names)
+    assert {"qcli/kernels/__init__.py", "qcli/kernels/launch.py", "qcli/pipeline/gpu.py"} <= set(names)
     assert {f"qcli/{path.relative_to(ROOT / 'qcli')}" for path in (ROOT / "qcli").rglob("*.py")} <= set(names)
     assert not [n for n in names if n.startswith("kernels/")]

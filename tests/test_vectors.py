@@ -43,7 +43,6 @@ from burn_facts import VECTORS
 
 from qcli import layout
 from qcli.codec import QuantizedParts, decode, encode, pack, quantize_parts, round_up
-from qcli.codec.blocks import BlockGrid
 from qcli.codec.minifloat import encode as encode_minifloat
 from qcli.codec.minifloat import table
 from qcli.codec.pack import pack_fields, pack_scales, unpack_fields, unpack_scales
@@ -242,7 +241,7 @@ def _two_level_all_zero(v):
 
 
 def _fields_with_scale(x: list[float], scheme: QuantScheme, shape, scale: float) -> torch.Tensor:
-    grid = BlockGrid.of(scheme, shape)
+    grid = layout.BlockGrid.of(scheme, shape)
     effective = torch.full(grid.grid, scale, dtype=torch.float32)
     return to_fields(torch.tensor(x, dtype=torch.float32).reshape(shape), effective, grid, scheme.value)
 
@@ -323,7 +322,7 @@ def _e2m1_round_to_nearest_even(v):
 
 def _alpha(v, calibration: Calibration) -> list[float]:
     x = torch.tensor(v["input"], dtype=torch.float32)
-    grid = BlockGrid.of(scheme_of(v), x.shape)
+    grid = layout.BlockGrid.of(scheme_of(v), x.shape)
     return block_alpha(block_reduce(x, grid, calibration), grid, calibration).reshape(-1).tolist()
 
 

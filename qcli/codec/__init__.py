@@ -4,20 +4,17 @@
 intermediate steps the GPU path is compared against.
 """
 
-from qcli.codec import quantize
 from qcli.codec.decode import decode
 from qcli.codec.quantize import QuantizedParts, encode, pack, quantize_parts
 from qcli.codec.scales import round_up
-from qcli.codec.stats import ErrorStats, error_stats
+from qcli.codec.stats import error_stats
 
 __all__ = [
-    "ErrorStats",
     "QuantizedParts",
     "decode",
     "encode",
     "error_stats",
     "pack",
-    "quantize",
     "quantize_parts",
     "round_up",
 ]

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 import torch
 
 from qcli import layout
-from qcli.codec.blocks import BlockGrid
 from qcli.codec.pack import unpack_fields, unpack_scales
 from qcli.codec.values import dequantize
 from qcli.errors import InputError, SchemeError
@@ -47,7 +46,7 @@ def decode_values(values: torch.Tensor, scales: torch.Tensor, scheme: QuantSchem
                   ) -> torch.Tensor:
     """f32 values of `shape` from their packed bytes (uint8, the value region of a payload of `shape`, or
     the rows of one that `qcli.codec.encode` packs at a time) and their blocks' scales (`block_scales`)."""
-    grid = BlockGrid.of(scheme, tuple(shape))
+    grid = layout.BlockGrid.of(scheme, tuple(shape))
     return dequantize(unpack_fields(values, scheme, tuple(shape)), scales.reshape(grid.grid), grid, scheme.value)
 
 
@@ -58,7 +57,7 @@ def block_scales(payload: object, scheme: QuantScheme, shape: Sequence[int]) -> 
     data = as_bytes(payload)
     start = layout.value_bytes(scheme, shape)
     end = start + layout.scale_bytes(scheme, shape)
-    scales = unpack_scales(data[start:end], scheme.scale_dtype()).reshape(BlockGrid.of(scheme, shape).grid)
+    scales = unpack_scales(data[start:end], scheme.scale_dtype()).reshape(layout.BlockGrid.of(scheme, shape).grid)
     if scheme.is_two_level():
         scales = data[end:].clone().view(torch.float32) * scales
     return scales

@@ -108,8 +108,8 @@ def unpack_scales(region: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
     return torch.where(codes == (1 << 8 * traits.bytes) - 1, float("nan"), values)
 
 
-def pack_global(global_scale: float) -> torch.Tensor:
-    return torch.tensor([global_scale], dtype=torch.float32).view(torch.uint8)
+def pack_global(global_scale: float, device: torch.device | str | None = None) -> torch.Tensor:
+    return torch.tensor([global_scale], dtype=torch.float32, device=device).view(torch.uint8)
 
 
 def _low_byte(fields: torch.Tensor) -> torch.Tensor:

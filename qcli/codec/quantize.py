@@ -14,7 +14,6 @@ from typing import Protocol
 import torch
 
 from qcli import layout
-from qcli.codec.blocks import BlockGrid
 from qcli.codec.pack import pack_fields, pack_global, pack_scales
 from qcli.codec.scales import REDUCE_DTYPE, Scales, block_alpha, block_reduce, scales_from_alpha
 from qcli.codec.values import to_fields
@@ -91,7 +90,7 @@ def encode(
     if observer is not None:
         observer.begin(reduced, out)
     offset = 0
-    blocks_per_row = math.prod(BlockGrid.of(scheme, x.shape).grid[1:])
+    blocks_per_row = math.prod(layout.BlockGrid.of(scheme, x.shape).grid[1:])
     for (_, grid_rows), (piece, fields) in zip(chunks, _chunk_fields(work, chunks, scales, scheme), strict=True):
         values = out[offset : offset + layout.value_bytes(scheme, fields.shape)]
         pack_fields(fields, scheme, values)
@@ -102,7 +101,8 @@ def encode(
 
 
 def pack(parts: QuantizedParts, scheme: QuantScheme, shape: Sequence[int]) -> torch.Tensor:
-    """The payload (uint8, 1-D) of `parts`: values, stored scales, then the f32 global for two levels."""
+    """The payload (uint8, 1-D) of `parts`, on their device: values, stored scales, then the f32 global for
+    two levels (as `encode` writes them, a chunk of values at a time)."""
     regions = [pack_fields(parts.fields.reshape(tuple(shape)), scheme)]
     regions += _scale_regions(parts.scales, parts.global_scale, scheme)
     return torch.cat(regions)
@@ -111,7 +111,7 @@ def pack(parts: QuantizedParts, scheme: QuantScheme, shape: Sequence[int]) -> to
 def _scale_regions(stored: torch.Tensor, global_scale: float | None, scheme: QuantScheme) -> list[torch.Tensor]:
     regions = [pack_scales(stored, scheme.scale_dtype())]
     if global_scale is not None:
-        regions.append(pack_global(global_scale))
+        regions.append(pack_global(global_scale, stored.device))
     return regions
 
 
@@ -122,7 +122,7 @@ def _prepare(
     check_accepted(scheme, calibration)
     if not x.dtype.is_floating_point:
         raise NotFloatTensor(name, x.dtype)
-    grid = BlockGrid.of(scheme, x.shape)
+    grid = layout.BlockGrid.of(scheme, x.shape)
     work = x.detach().to(device="cpu").reshape(grid.shape)
     chunks = _row_chunks(grid, scheme)
     # Reductions go straight into one grid (a row per chunk for a per-tensor scale): small results kept
@@ -132,7 +132,7 @@ def _prepare(
     for i, (rows, grid_rows) in enumerate(chunks):
         piece = _f32_rows(work, rows)
         into = reduced[i] if per_tensor else reduced[grid_rows]
-        block_reduce(piece, BlockGrid.of(scheme, piece.shape), calibration, into)
+        block_reduce(piece, layout.BlockGrid.of(scheme, piece.shape), calibration, into)
     if per_tensor:  # one block over every chunk
         reduced = reduced.amax(0) if calibration is Calibration.MinMax else reduced.sum(0)
     alpha = block_alpha(reduced, grid, calibration)
@@ -141,7 +141,7 @@ def _prepare(
     return work, chunks, scales_from_alpha(alpha, scheme), reduced
 
 
-def _row_chunks(grid: BlockGrid, scheme: QuantScheme) -> list[tuple[slice, slice]]:
+def _row_chunks(grid: layout.BlockGrid, scheme: QuantScheme) -> list[tuple[slice, slice]]:
     """(rows of the tensor, rows of the scale grid) along axis 0, in whole blocks, about CHUNK_ELEMENTS each.
 
     A rank-1 tensor is one packed row, cut only where a storage element ends.
@@ -175,4 +175,5 @@ def _chunk_fields(
     """Each chunk's rows in f32 and their fields."""
     for rows, grid_rows in chunks:
         piece = _f32_rows(work, rows)
-        yield piece, to_fields(piece, scales.effective[grid_rows], BlockGrid.of(scheme, piece.shape), scheme.value)
+        grid = layout.BlockGrid.of(scheme, piece.shape)
+        yield piece, to_fields(piece, scales.effective[grid_rows], grid, scheme.value)

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from qcli.codec.blocks import BlockGrid
+from qcli.codec.blocks import counts, to_blocks
+from qcli.layout import BlockGrid
 from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme, ScaleDtype, f32_bits
 
 
@@ -59,7 +60,7 @@ def block_reduce(
         out = torch.empty(grid.grid, dtype=REDUCE_DTYPE[calibration], device=x.device)
     if x.numel() == 0:
         return out.zero_()
-    magnitudes = grid.to_blocks(x).abs()  # one read of the chunk, then reductions over cached data
+    magnitudes = to_blocks(x, grid).abs()  # one read of the chunk, then reductions over cached data
     if calibration is Calibration.MinMax:
         return torch.amax(magnitudes, dim=grid.block_axes, out=out)
     return torch.sum(magnitudes, dim=grid.block_axes, dtype=torch.float64, out=out)
@@ -69,7 +70,7 @@ def block_alpha(reduced: torch.Tensor, grid: BlockGrid, calibration: Calibration
     """f32 range per block from `block_reduce` over the whole tensor; AbsMean divides in f64, rounds once."""
     if calibration is Calibration.MinMax:
         return reduced
-    return (reduced / grid.counts()).to(torch.float32)
+    return (reduced / counts(grid)).to(torch.float32)
 
 
 REDUCE_DTYPE = {Calibration.MinMax: torch.float32, Calibration.AbsMean: torch.float64}

@@ -7,19 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
+from qcli.error_stats import ErrorStats
+
 CHUNK_ELEMENTS = 1 << 20
 # An f32 sum of squares in this range lost nothing that matters to underflow and did not overflow.
 _F32_ENERGY_FLOOR, _F32_ENERGY_CEILING = 2.0**-90, 2.0**120
-
-
-@dataclass(frozen=True)
-class ErrorStats:
-    """`rel_rms` = ||x - x'|| / ||x|| (0 when both are zero, inf when only x is), `sqnr_db` = 10 log10 of
-    signal over error energy (inf when exact), `max_abs` = max |x - x'|."""
-
-    rel_rms: float
-    sqnr_db: float
-    max_abs: float
 
 
 @dataclass

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from qcli.codec import minifloat
-from qcli.codec.blocks import BlockGrid
+from qcli.codec.blocks import from_blocks, per_block, to_blocks
+from qcli.layout import BlockGrid
 from qcli.scheme import QuantValue
 
 
@@ -14,14 +15,14 @@ def to_fields(x: torch.Tensor, effective: torch.Tensor, grid: BlockGrid, value: 
 
     `x` is f32; `effective` holds one scale per block, grid-shaped.
     """
-    blocks = grid.to_blocks(x)
-    v = blocks / grid.per_block(effective)  # IEEE division, as the GPU's div_rn
+    blocks = to_blocks(x, grid)
+    v = blocks / per_block(effective, grid)  # IEEE division, as the GPU's div_rn
     # An exact zero stays zero. x / s already gives x for x == ±0 unless s underflowed to 0 (0/0).
     # some scale is zero (all() is one pass, `== 0` then any() two); torch.compile takes the where always
     if torch.compiler.is_compiling() or not bool(effective.all()):
         v = torch.where(blocks == 0, blocks, v)
     a, b = value.range()
-    v = grid.from_blocks(v).clamp_(a, b)
+    v = from_blocks(v, grid).clamp_(a, b)
     if value.is_minifloat():
         return minifloat.encode(v.contiguous(), minifloat.FORMATS[value]).to(torch.uint8)
     return v.round_().to(torch.int8)  # round half to even; clamping first is the same, a and b are integers
@@ -39,4 +40,4 @@ def dequantize(fields: torch.Tensor, scales: torch.Tensor, grid: BlockGrid, valu
     grid-shaped f32, a global already multiplied in), as Burn decodes them."""
     # Integer fields go into the product as they are (torch widens them exactly on the way): one pass.
     q = from_fields(fields, value) if value.is_minifloat() else fields
-    return grid.from_blocks(grid.per_block(scales) * grid.to_blocks(q)).reshape(grid.shape)
+    return from_blocks(per_block(scales, grid) * to_blocks(q, grid), grid).reshape(grid.shape)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qcli import layout
+from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
 from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER, TensorEntry
 from qcli.io.burnpack_index import BurnpackSet, standing_index
@@ -20,7 +21,6 @@ from qcli.plan import FLOAT_DTYPES
 from qcli.report import (
     CompareReport,
     CompareRow,
-    ErrorRow,
     InspectReport,
     ListedTensor,
     SourceFile,
@@ -204,12 +204,12 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path)
                 exact = bytes(data) == x.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
                 problem = None if exact else (f"a kept tensor differs from its source cast to {written_as}" if cast
                                               else "a kept tensor differs from its source")
-                error = ErrorRow(0.0, math.inf, 0.0) if exact else None
+                error = ErrorStats(0.0, math.inf, 0.0) if exact else None
                 rows.append(CompareRow(e.name, text, flip, exact, error, problem))
                 continue
             x = x.contiguous()
             decoded = _decoded(data, e.dtype, tuple(e.shape))
-            error = ErrorRow.of(error_stats(x, decoded))
+            error = error_stats(x, decoded)
             block, block_error, bound = _judged(x, decoded, data, e.dtype.scheme)
             problem = None if block is None or block_error <= bound else (
                 f"block {block} is {block_error:.3g} off, over its bound {bound:.3g}")

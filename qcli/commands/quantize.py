@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from qcli import BURN_VERSION
 from qcli.burn_backends import BurnBackend, resolve_backend, resolve_version
+from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
 from qcli.io.safetensors import SafetensorsSource, TensorInfo, printable
 from qcli.output import Output, default_output, metadata, refuse_input_as_output, refuse_special_output
@@ -17,7 +18,7 @@ from qcli.pipeline.device import select_pipeline
 from qcli.plan import Plan, PlanEntry, make_plan
 from qcli.presets import Preset, resolve_preset
 from qcli.recipe import Recipe, load_recipe
-from qcli.report import ErrorRow, MemoryUse, Phase, QuantizeReport, SourceFile, TensorRow, Timings
+from qcli.report import MemoryUse, Phase, QuantizeReport, SourceFile, TensorRow, Timings
 from qcli.resident import peak_resident_bytes, resident_bytes
 from qcli.verify import out_of_bound
 
@@ -199,7 +200,7 @@ def _naming_files(plan: Plan, payloads: Iterator[Payload]) -> Iterator[Payload]:
 
 
 def _reported(entry: PlanEntry, measured: Measurement, target: Path, stats: bool, timings: Timings
-              ) -> ErrorRow | None:
+              ) -> ErrorStats | None:
     """A quantized tensor's measurement (`qcli.measure`), read back: its error with `stats`, and with
     `timings.verify` set its bound check, raising `OutputError` for a block over the bound.
 
@@ -207,7 +208,7 @@ def _reported(entry: PlanEntry, measured: Measurement, target: Path, stats: bool
     all of it on the CPU; on a GPU the launches, the work itself overlapping the stream) moves from the
     quantize phase to the stats phase, with the time taken to read the results back."""
     tick = time.perf_counter()
-    error = ErrorRow.of(measured.stats()) if stats else None
+    error = measured.stats() if stats else None
     timings.quantize.seconds = max(timings.quantize.seconds - measured.seconds, 0.0)
     timings.stats.seconds += measured.seconds + time.perf_counter() - tick
     timings.stats.bytes += entry.info.nbytes

@@ -17,7 +17,7 @@ pass over all chunks for the range its scales need.
 With `measure`, each quantized chunk is also decoded and measured against its source on the compute
 stream right after its payload is enqueued (`qcli.measure.Measurement`), while the payload goes back
 to the host; the first pass then also takes what the bound of a per-tensor or two-level scheme needs
-(`qcli.measure.Whole`). Measuring works a slice of at most `SLICE_VALUES` values at a time, whose
+(`qcli.measure.whole_range`). Measuring works a slice of at most `SLICE_VALUES` values at a time, whose
 temporaries (`BYTES_PER_VALUE` each) are reserved out of the quarter of the budget a chunk may take.
 
 `QCLI_KERNELS=triton` with `TRITON_INTERPRET=1` runs the same pipeline on CPU tensors, without a GPU.
@@ -40,11 +40,13 @@ import torch
 from qcli import layout
 from qcli.errors import InputError, NonFiniteTensor, NotKernelFloat, UsageError
 from qcli.io.dtypes import torch_dtype
-from qcli.kernels.encode import Range, enqueue, interpreted, tensor_range
-from qcli.measure import BYTES_PER_VALUE, SLICE_VALUES, Measurement, Whole
+from qcli.kernels import enqueue, tensor_range
+from qcli.kernels.launch import interpreted
+from qcli.measure import BYTES_PER_VALUE, SLICE_VALUES, Measurement, whole_range
 from qcli.pipeline import GpuSettings, Payload
 from qcli.pipeline.cpu import cast_kept
 from qcli.scheme import check_accepted
+from qcli.tensor_range import TensorRange
 
 if TYPE_CHECKING:
     from qcli.io.safetensors import SafetensorsSource
@@ -232,8 +234,8 @@ class _Tensor:
     bad: torch.Tensor
     measured: Measurement | None
     chunk: torch.Tensor | None = None
-    whole: Range | None = None
-    measure_whole: Whole | None = None  # the bound's, from the first pass of a chunked tensor
+    whole: TensorRange | None = None
+    measure_whole: TensorRange | None = None  # the bound's, from the first pass of a chunked tensor
     done = None                 # event after the last copy into `out`
     measure_done = None         # event after the last measuring work
 
@@ -330,9 +332,9 @@ def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
         if piece.collect:
             part = tensor_range(x, scheme, decision.calibration, tensor.bad)
             whole = tensor.whole
-            tensor.whole = part if whole is None else whole.add(part, decision.calibration, scheme)
+            tensor.whole = part if whole is None else whole.add(part)
             if tensor.measured is not None:
-                seen = Whole.of(x)
+                seen = whole_range(x)
                 tensor.measure_whole = seen if tensor.measure_whole is None else tensor.measure_whole.add(seen)
             return
         else:

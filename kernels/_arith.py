@@ -1,4 +1,4 @@
-"""Element-wise pieces shared by the kernels: rounding, value fields, scale rounding and scale bits.
+"""Element-wise arithmetic shared by the kernels: division, rounding, value fields, scale rounding and bits.
 
 Everything here is plain arithmetic, bit operations and `tl.math.div_rn`, so the same code runs compiled
 on a GPU and under TRITON_INTERPRET=1 (libdevice is not available to the interpreter).
@@ -87,68 +87,45 @@ def _value_field(x, s_eff, r_eff, IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO
         return _rint_bits(tl.minimum(tl.maximum(v, LO), HI)) & ((1 << BITS) - 1)
 
 
-UE8M0_MIN_BITS = tl.constexpr(0x00400000)  # 2^-127, subnormal in f32: ue8m0 code 0
-UE8M0_MAX_BITS = tl.constexpr(0x7F000000)  # 2^127: ue8m0 code 254
-
-
 @triton.jit
-def _round_up(s, KIND: tl.constexpr):
-    """Round a positive f32 scale up onto its dtype (KIND 0 F32, 1 F16, 2 BF16, 3 UE4M3, 4 UE8M0),
-    saturating."""
-    if KIND == 0:
+def _round_up(s, STEP: tl.constexpr, FLOOR: tl.constexpr, MAXR: tl.constexpr, EBITS: tl.constexpr,
+              MBITS: tl.constexpr, BIAS: tl.constexpr):
+    """Round a positive f32 scale up onto its dtype's grid, saturating at MAXR; NaN stays NaN. The grid is
+    `qcli.scheme.ScaleTraits` as constexprs (`qcli.kernels.launch`): STEP its `step_bits`, FLOOR the f32 bits
+    of its `floor` (0 for none), EBITS, MBITS and BIAS its minifloat's fields (EBITS 0 for none)."""
+    if STEP == 0:  # every f32 is on the grid
         return s
-    elif KIND == 4:
-        # cubecl `round_up_to_power_of_two`: clamp to [2^-127, 2^127], else clear the mantissa rounding up.
-        # The ends are compared on the bits (a non-negative f32 orders like them), so no subnormal constant
-        # or comparison is involved; NaN stays NaN.
-        bits = s.to(tl.int32, bitcast=True)
-        up = (bits + ((1 << 23) - 1)) & ~((1 << 23) - 1)
-        up = tl.where(bits <= UE8M0_MIN_BITS, UE8M0_MIN_BITS, up)
-        up = tl.where(bits >= UE8M0_MAX_BITS, UE8M0_MAX_BITS, up)
-        return tl.where(s != s, s, up.to(tl.float32, bitcast=True))
     else:
-        if KIND == 1:
-            MAXR: tl.constexpr = 65504.0
-            STEP: tl.constexpr = 1 << 13
-            SUB_LIMIT: tl.constexpr = 2.0**-14
-            SUB_INV: tl.constexpr = 2.0**24
-        elif KIND == 2:
-            MAXR: tl.constexpr = 3.3895313892515355e38
-            STEP: tl.constexpr = 1 << 16
-            SUB_LIMIT: tl.constexpr = 0.0
-            SUB_INV: tl.constexpr = 1.0
-        else:
-            MAXR: tl.constexpr = 448.0
-            STEP: tl.constexpr = 1 << 20
-            SUB_LIMIT: tl.constexpr = 2.0**-6
-            SUB_INV: tl.constexpr = 2.0**9
         bits = s.to(tl.int32, bitcast=True)
-        up = ((bits + (STEP - 1)) & ~(STEP - 1)).to(tl.float32, bitcast=True)
-        if SUB_LIMIT > 0:
-            # ceil(s / spacing) * spacing; s / spacing < 2^10 is exact and fits an int32.
+        up = (bits + ((1 << STEP) - 1)) & ~((1 << STEP) - 1)
+        if FLOOR > 0:
+            # cubecl `round_up_to_power_of_two`: nothing below the floor, compared on the bits (a non-negative
+            # f32 orders like them), so no subnormal constant or comparison is involved
+            up = tl.where(bits <= FLOOR, FLOOR, up)
+        up = up.to(tl.float32, bitcast=True)
+        if EBITS > 0:
+            # below the minifloat's smallest normal, ceil(s / spacing) * spacing; s / spacing < 2^MBITS is
+            # exact and fits an int32
+            SUB_LIMIT: tl.constexpr = 2.0 ** (1 - BIAS)
+            SUB_INV: tl.constexpr = 2.0 ** (BIAS - 1 + MBITS)
             t = s * SUB_INV
             ti = t.to(tl.int32)
             ceil = tl.where(ti.to(tl.float32) < t, ti + 1, ti).to(tl.float32)
             up = tl.where(s < SUB_LIMIT, ceil * (1.0 / SUB_INV), up)
-        return tl.where(s >= MAXR, MAXR, up)
+        # saturate comparing s: a step as wide as the mantissa carries the largest values past the maximum
+        return tl.where(s != s, s, tl.where(s >= MAXR, MAXR, up))
 
 
 @triton.jit
-def _scale_bits(stored, KIND: tl.constexpr):
-    """The little-endian storage bits of a scale already on its dtype's grid."""
-    bits = stored.to(tl.int32, bitcast=True)
-    if KIND == 0:
-        return bits
-    elif KIND == 1:
-        return stored.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    elif KIND == 2:
-        return (bits >> 16) & 0xFFFF
-    elif KIND == 4:
-        # cubecl `f32_to_ue8m0` of a power of two in [2^-127, 2^127]: its f32 exponent field (0 for the
-        # subnormal 2^-127); a NaN's exponent field is already 0xFF, its code.
-        return (bits >> 23) & 0xFF
+def _scale_bits(stored, STEP: tl.constexpr, MAXR: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr,
+                BIAS: tl.constexpr):
+    """The little-endian storage bits of a scale already on its dtype's grid (constexprs as `_round_up`'s):
+    its minifloat's code, or the f32's top bits (cubecl `f32_to_ue8m0` for UE8M0: the exponent field, 0 for
+    the subnormal 2^-127; a NaN's exponent field is already 0xFF, its code)."""
+    if EBITS > 0:
+        return _minifloat_code(stored, 0, EBITS, MBITS, BIAS, MAXR)
     else:
-        return _minifloat_code(stored, 0, 4, 3, 7, 448.0)
+        return stored.to(tl.int32, bitcast=True) >> STEP
 
 
 @triton.jit
@@ -159,7 +136,24 @@ def _store_scale(ptr, index, bits, mask, SIZE: tl.constexpr):
 
 
 @triton.jit
-def _one_level_scale(alpha, HALF_RANGE: tl.constexpr, KIND: tl.constexpr):
-    """The stored scale of one level: round_up(alpha / h), with MIN_POSITIVE for an all-zero block."""
+def _stored_scale(alpha, glob, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr, STEP: tl.constexpr,
+                  FLOOR: tl.constexpr, MAXR: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr,
+                  BIAS: tl.constexpr):
+    """(stored scale, effective scale) of blocks with ranges `alpha` (docs/arithmetic.md §2): round_up(alpha /
+    h), relative to the global `glob` for two levels, with MIN_POSITIVE for an all-zero block."""
     raw = tl.math.div_rn(alpha, HALF_RANGE)
-    return _round_up(tl.where(raw > 0, raw, MIN_POSITIVE), KIND)
+    if TWO_LEVEL:
+        raw = tl.math.div_rn(raw, glob)
+    stored = _round_up(tl.where(raw > 0, raw, MIN_POSITIVE), STEP, FLOOR, MAXR, EBITS, MBITS, BIAS)
+    if TWO_LEVEL:
+        return stored, glob * stored
+    else:
+        return stored, stored
+
+
+@triton.jit
+def _global_scale(alpha_max_ptr, HALF_RANGE: tl.constexpr, MAXR: tl.constexpr):
+    """max(max over blocks of raw / MAXR, MIN_POSITIVE), from the largest block range: both divisions are
+    monotonic, so dividing the maximum equals the maximum of the quotients."""
+    peak = tl.math.div_rn(tl.math.div_rn(tl.load(alpha_max_ptr), HALF_RANGE), MAXR)
+    return tl.maximum(peak, MIN_POSITIVE)

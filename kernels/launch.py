@@ -1,0 +1,288 @@
+"""Launching the kernels for one scheme: check the arguments, allocate, configure and run them.
+
+`encode` returns the same bytes as `qcli.codec.encode` (docs/arithmetic.md). `enqueue` is its
+asynchronous core for the pipeline: it writes the payload into a given buffer on the current stream and
+raises a flag instead of an error, so no launch waits for the device. Tensors too large for the device
+are encoded in row chunks: `tensor_range` takes, chunk by chunk, what the scales of a per-tensor or
+two-level scheme depend on (`qcli.tensor_range.TensorRange`), and `enqueue(..., whole=...)` then encodes
+each chunk with it.
+
+The kernels take a scheme's facts as constexprs, from its value type's and scale dtype's rows in
+`qcli.scheme` (`_value_constants`, `_scale_constants`), and their tile shapes from `launch_config`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from qcli import layout
+from qcli.codec.blocks import counts
+from qcli.errors import NonFiniteTensor, NotFloatTensor, NotKernelFloat, UsageError
+from qcli.kernels import _quantize as K
+from qcli.kernels._arith import SAFE_HIGH, SAFE_LOW
+from qcli.scheme import Calibration, QuantScheme, QuantValue, ScaleDtype, check_accepted, f32_bits
+from qcli.tensor_range import TensorRange
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_TILE = 4096          # values per program (bench/tune.py: the fastest on an H200 for most schemes)
+_WARPS = 2            # warps per program (bench/tune.py, an H200) ...
+_WIDE_WARPS = 4       # ... but 4 where a program gathers a scale per value or sums |x| in float64
+_GATHER_UNITS = 64    # values per group where scales were computed beforehand (whole units)
+_SCALES_BLOCK = 1024  # scales per program of the scale kernel
+_TENSOR_CHUNK = 4096  # values per partial range of a per-tensor scheme
+# No multiply-add contraction: every product must round on its own, as on the CPU.
+_OPTIONS = {"enable_fp_fusion": False}
+
+
+def interpreted() -> bool:
+    """Whether Triton runs kernels in its interpreter (TRITON_INTERPRET=1), on CPU tensors."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How a kernel covers rows of groups (a group: `group_values` values, of which a block or whole units):
+    `groups` per program (G), `chunks` programs per row, `num_warps` per program."""
+
+    groups: int
+    chunks: int
+    num_warps: int
+
+    def even(self, cols: int, group_values: int) -> bool:
+        """Whether every program's tile lies wholly inside its row of `cols` values, so nothing is masked."""
+        return cols % (self.groups * group_values) == 0
+
+
+def launch_config(group_values: int, groups_per_row: int, wide: bool = False) -> LaunchConfig:
+    """Programs of about `_TILE` values, in whole groups of `group_values` (a power of two); `wide` for the
+    programs that gather a scale per value or sum |x| in float64."""
+    groups = max(1, _TILE // group_values)
+    return LaunchConfig(groups, triton.cdiv(groups_per_row, groups), _WIDE_WARPS if wide else _WARPS)
+
+
+def _value_constants(value: QuantValue) -> dict:
+    """A value type's row (`qcli.scheme.ValueTraits`) as the kernels' constexprs."""
+    lo, hi = value.range()
+    fmt = value.traits.minifloat
+    ebits, mbits, bias = (fmt.exponent_bits, fmt.mantissa_bits, fmt.bias) if fmt else (0, 0, 0)
+    return dict(IS_FLOAT=value.is_minifloat(), BITS=value.size_bits(), LO=lo, HI=hi, EBITS=ebits, MBITS=mbits,
+                BIAS=bias)
+
+
+def _scale_constants(dtype: ScaleDtype) -> dict:
+    """A scale dtype's row (`qcli.scheme.ScaleTraits`) as the kernels' constexprs (`_arith._round_up`)."""
+    traits = dtype.traits
+    fmt = traits.minifloat
+    ebits, mbits, bias = (fmt.exponent_bits, fmt.mantissa_bits, fmt.bias) if fmt else (0, 0, 0)
+    return dict(SCALE_STEP=traits.step_bits, SCALE_FLOOR=0 if traits.floor is None else f32_bits(traits.floor),
+                SCALE_MAX=traits.max, SCALE_EBITS=ebits, SCALE_MBITS=mbits, SCALE_BIAS=bias,
+                SCALE_SIZE=traits.bytes)
+
+
+def _safe_scales(scheme: QuantScheme) -> bool:
+    """Whether every scale the scheme can produce lies in [SAFE_LOW, SAFE_HIGH], where the kernels'
+    reciprocal division is exact, so none need rescaling: one level, on a grid between those ends."""
+    traits = scheme.scale_dtype().traits
+    return not scheme.is_two_level() and traits.smallest >= SAFE_LOW.value and traits.max <= SAFE_HIGH.value
+
+
+def _check_tensor(x: torch.Tensor, name: str) -> None:
+    if not x.dtype.is_floating_point:
+        raise NotFloatTensor(name, x.dtype)
+    if x.dtype not in _FLOAT_DTYPES:
+        raise NotKernelFloat(name, x.dtype)
+    if not x.is_contiguous():
+        raise UsageError(f"tensor {name!r} is not contiguous", hint="pass x.contiguous()")
+    if x.device.type != "cuda" and not (interpreted() and x.device.type == "cpu"):
+        raise UsageError(f"tensor {name!r} is on {x.device}, the Triton kernels need a CUDA tensor",
+                         hint="move it with .cuda(), or set TRITON_INTERPRET=1 to run the kernels on the CPU")
+
+
+def _rows(grid: layout.BlockGrid) -> tuple[int, int]:
+    """(rows, values per row) of the tensor viewed as rows of its last axis."""
+    return math.prod(grid.shape[:-1]), grid.shape[-1]
+
+
+def _fused(scheme: QuantScheme, grid: layout.BlockGrid) -> bool:
+    """Whether each program can compute its blocks' scales itself: blocks along the last axis only, of a
+    power-of-two width holding whole storage units (a two-level scheme needs its global first)."""
+    width = grid.block[-1]
+    return (scheme.block is not None and all(b == 1 for b in grid.block[:-1]) and width & (width - 1) == 0
+            and width % scheme.num_quants() == 0)
+
+
+def _flat(grid: layout.BlockGrid, width: int, per_unit: int) -> tuple[int, int, int]:
+    """(rows, values per row, units per row) of the view the kernels take: with no partial block of `width`
+    and no row padding, the tensor is one long row."""
+    rows, cols = _rows(grid)
+    if cols % width == 0 and width % per_unit == 0:
+        n = rows * cols
+        return 1, n, n // per_unit
+    return rows, cols, math.ceil(cols / per_unit)
+
+
+def _tensor_alpha(whole: TensorRange, scheme: QuantScheme, calibration: Calibration) -> torch.Tensor:
+    """The f32 range the scale kernel takes from a tensor's range: its mean |x| for a per-tensor AbsMean
+    scheme (float64 division, IEEE on every device, then rounded once), else its largest |x|."""
+    if calibration is Calibration.AbsMean and scheme.block is None:
+        return whole.mean().to(torch.float32)
+    return whole.peak
+
+
+def tensor_range(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, bad: torch.Tensor
+                 ) -> TensorRange:
+    """What the scales of a per-tensor or two-level scheme need of `x` (a tensor or a row chunk of it): the
+    largest |x| (the largest block range, for two levels), or for a per-tensor AbsMean the float64 sum of
+    |x|; sets `bad[0]` on NaN or inf."""
+    grid = layout.BlockGrid.of(scheme, tuple(x.shape))
+    if scheme.is_two_level():
+        if _fused(scheme, grid):
+            rows, cols, _ = _flat(grid, grid.block[-1], scheme.num_quants())
+            peak = _row_alpha(x, rows, cols, grid.block[-1], calibration, bad, per_program=True)
+        else:
+            peak = _block_alpha(x, grid, calibration, bad)
+        return TensorRange(peak.amax().reshape(1), None, x.numel())
+    partial = _row_alpha(x, 1, x.numel(), _TENSOR_CHUNK, calibration, bad)
+    if calibration is Calibration.AbsMean:
+        return TensorRange(None, partial.sum().reshape(1), x.numel())
+    return TensorRange(partial.amax().reshape(1), None, x.numel())
+
+
+def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out: torch.Tensor,
+            bad: torch.Tensor, whole: TensorRange | None = None) -> None:
+    """Write the payload of `x` into `out` (uint8, 1-D) on the current stream; set `bad[0]` on NaN or inf.
+
+    `whole` is the range of the whole tensor when `x` is one row chunk of it (per-tensor and two-level
+    schemes); other schemes need only the chunk, whose blocks must not straddle chunks.
+    """
+    shape = tuple(x.shape)
+    grid = layout.BlockGrid.of(scheme, shape)
+    per_unit = scheme.num_quants()
+    value_bytes = layout.value_bytes(scheme, shape)
+    values = out[:value_bytes]
+    values = values.view(torch.int32) if scheme.size_bits_stored() == 32 else values
+    scales = out[value_bytes:]
+    fields = dict(N=per_unit, SAFE=_safe_scales(scheme), **_value_constants(scheme.value), **_OPTIONS)
+    if _fused(scheme, grid):
+        width = grid.block[-1]
+        two_level = scheme.is_two_level()
+        rows, cols, units_per_row = _flat(grid, width, per_unit)
+        blocks_per_row = math.ceil(cols / width)
+        config = launch_config(width, blocks_per_row, wide=calibration is Calibration.AbsMean)
+        K._quantize_fused_kernel[(rows * config.chunks,)](
+            x, values, scales, scales[layout.scale_bytes(scheme, shape) :] if two_level else None,
+            (whole or tensor_range(x, scheme, calibration, bad)).peak if two_level else None, bad, cols,
+            units_per_row, config.chunks, blocks_per_row, BC=width, G=config.groups, U=width // per_unit,
+            CAL=_cal(calibration), TWO_LEVEL=two_level, HALF_RANGE=scheme.value.half_range(),
+            EVEN=config.even(cols, width), num_warps=config.num_warps,
+            **_scale_constants(scheme.scale_dtype()), **fields)
+        return
+    s_eff, r_eff = _scales(x, scheme, calibration, grid, scales, bad, whole)
+    u = max(1, _GATHER_UNITS // per_unit)
+    if scheme.block is None:
+        rows, cols, units_per_row = _flat(grid, 1, per_unit)
+        config = launch_config(u * per_unit, math.ceil(units_per_row / u))
+        K._quantize_tensor_kernel[(rows * config.chunks,)](
+            x, values, s_eff, r_eff, cols, units_per_row, config.chunks, G=config.groups, U=u,
+            EVEN=config.even(cols, u * per_unit), num_warps=config.num_warps, **fields)
+    else:
+        rows, cols = _rows(grid)
+        units_per_row = math.ceil(cols / per_unit)
+        config = launch_config(u * per_unit, math.ceil(units_per_row / u), wide=True)
+        K._quantize_blocks_kernel[(rows * config.chunks,)](
+            x, values, s_eff, r_eff, _row_base(grid, x.device), cols, units_per_row, config.chunks,
+            BC=grid.block[-1], G=config.groups, U=u, EVEN=config.even(cols, u * per_unit),
+            num_warps=config.num_warps, **fields)
+
+
+def _scales(x, scheme: QuantScheme, calibration: Calibration, grid: layout.BlockGrid, scales, bad,
+            whole: TensorRange | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the range and scale kernels: stored scales (and the global) into `scales`, the payload from its
+    scale region on; return the effective scales and their reciprocals."""
+    two_level = scheme.is_two_level()
+    if scheme.block is None:
+        alpha = _tensor_alpha(whole or tensor_range(x, scheme, calibration, bad), scheme, calibration)
+    else:
+        alpha = _block_alpha(x, grid, calibration, bad)
+        if two_level and whole is None:
+            whole = TensorRange(alpha.amax().reshape(1), None, x.numel())
+    n = alpha.numel()
+    s_eff = torch.empty(n, dtype=torch.float32, device=x.device)
+    r_eff = torch.empty_like(s_eff)
+    shape = tuple(x.shape)
+    K._scales_kernel[(triton.cdiv(n, _SCALES_BLOCK),)](
+        alpha, whole.peak if two_level else None, scales,
+        scales[layout.scale_bytes(scheme, shape) :] if two_level else None, s_eff, r_eff, n,
+        BLOCK=_SCALES_BLOCK, TWO_LEVEL=two_level, HALF_RANGE=scheme.value.half_range(),
+        **_scale_constants(scheme.scale_dtype()), **_OPTIONS)
+    return s_eff, r_eff
+
+
+def _row_alpha(x, rows: int, cols: int, width: int, calibration: Calibration, bad, per_program: bool = False
+               ) -> torch.Tensor:
+    """Per row and block of `width` values along it: max |x| (f32) or the f64 sum of |x|; with
+    per_program, the largest f32 block range (mean for AbsMean) of each program's blocks."""
+    blocks_per_row = math.ceil(cols / width)
+    bp = triton.next_power_of_2(width)
+    config = launch_config(bp, blocks_per_row)
+    if per_program:
+        out = torch.empty(rows * config.chunks, dtype=torch.float32, device=x.device)
+    else:
+        dtype = torch.float64 if calibration is Calibration.AbsMean else torch.float32
+        out = torch.empty(rows * blocks_per_row, dtype=dtype, device=x.device)
+    # Triton's default warps, as before: the order of its float64 sums may depend on them
+    K._alpha_kernel[(rows * config.chunks,)](
+        x, out, bad, cols, blocks_per_row, config.chunks, BC=width, G=config.groups, BP=bp,
+        CAL=_cal(calibration), PER_PROGRAM=per_program, **_OPTIONS)
+    return out
+
+
+def _block_alpha(x, grid: layout.BlockGrid, calibration: Calibration, bad) -> torch.Tensor:
+    """f32 range per block of the grid, row-major: max |x|, or f32(f64 sum |x| / count) for AbsMean.
+    A kernel reduces along the last axis, torch over the leading axes."""
+    rows, cols = _rows(grid)
+    alpha = _row_alpha(x, rows, cols, grid.block[-1], calibration, bad)
+    alpha = alpha.reshape(*grid.shape[:-1], grid.grid[-1])
+    for axis, b in enumerate(grid.block[:-1]):
+        if b == 1:
+            continue
+        pad = grid.grid[axis] * b - grid.shape[axis]
+        if pad:  # zeros change neither a max of |x| nor a sum
+            zeros = alpha.new_zeros(*alpha.shape[:axis], pad, *alpha.shape[axis + 1 :])
+            alpha = torch.cat([alpha, zeros], axis)
+        alpha = alpha.unflatten(axis, (grid.grid[axis], b))
+        alpha = alpha.sum(axis + 1) if calibration is Calibration.AbsMean else alpha.amax(axis + 1)
+    alpha = alpha.reshape(-1)
+    if calibration is Calibration.AbsMean:  # float64 division, IEEE on every device
+        alpha = (alpha / counts(grid, x.device).reshape(-1)).to(torch.float32)
+    return alpha.contiguous()
+
+
+def _row_base(grid: layout.BlockGrid, device) -> torch.Tensor:
+    """For each row of the last axis, the index of its first block's scale in the row-major grid."""
+    base = torch.zeros(1, dtype=torch.int64, device=device)
+    for d, b, g in zip(grid.shape[:-1], grid.block[:-1], grid.grid[:-1], strict=True):
+        base = (base[:, None] * g + torch.arange(d, device=device) // b).reshape(-1)
+    return base * grid.grid[-1]
+
+
+def encode(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration = Calibration.MinMax,
+           *, name: str = "tensor") -> torch.Tensor:
+    """The payload of `x` (uint8, 1-D, `quantized_data_len` bytes) on x's device, as `qcli.codec.encode`."""
+    check_accepted(scheme, calibration)
+    _check_tensor(x, name)
+    out = torch.empty(layout.quantized_data_len(scheme, tuple(x.shape)), dtype=torch.uint8, device=x.device)
+    bad = torch.zeros(1, dtype=torch.int32, device=x.device)
+    enqueue(x, scheme, calibration, out, bad)
+    if bad.item():
+        raise NonFiniteTensor(name, beyond_float32=False)  # float32, float16 or bfloat16 (`_check_tensor`)
+    return out
+
+
+def _cal(calibration: Calibration) -> int:
+    return (K.CAL_ABSMEAN if calibration is Calibration.AbsMean else K.CAL_MINMAX).value
