@@ -121,10 +121,10 @@ def quantized_data_len(scheme: QuantScheme, shape: Sequence[int]) -> int:
     return value_bytes(scheme, shape) + scale_bytes(scheme, shape) + global_bytes(scheme)
 
 
-def bits_per_weight(scheme: QuantScheme, shape: Sequence[int]) -> float:
-    """Payload bits per logical element, scales included."""
-    numel = math.prod(shape)
-    return 8 * quantized_data_len(scheme, shape) / numel if numel else 0.0
+def bits_per_weight(nbytes: int, count: int) -> float:
+    """Bits per logical element of `count` elements stored in `nbytes` (a payload's: its scales included);
+    0 where there is no element."""
+    return 8 * nbytes / count if count else 0.0
 
 
 def row_regions(scheme: QuantScheme, shape: Sequence[int], start: int, stop: int) -> list[tuple[int, int, int]]:

@@ -106,7 +106,7 @@ class PlanEntry:
 
     @property
     def bits_per_weight(self) -> float:
-        return 8 * self.out_nbytes / self.numel if self.numel else 0.0
+        return layout.bits_per_weight(self.out_nbytes, self.numel)
 
     @property
     def peak_bytes(self) -> int:
@@ -142,7 +142,7 @@ class Totals:
 
     @property
     def bits_per_weight(self) -> float:
-        return 8 * self.bytes_out / self.params if self.params else 0.0
+        return layout.bits_per_weight(self.bytes_out, self.params)
 
 
 @dataclass

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from qcli import __version__
+from qcli import __version__, layout
 from qcli.error_stats import ErrorStats
 from qcli.io.dtypes import DType, QFloat
 from qcli.problem import Problem, Severity
@@ -360,7 +360,7 @@ class InspectReport:
         if not isinstance(t.stored, QFloat):
             return None
         count = math.prod(t.shape)
-        return t.nbytes * 8 / count if count else None
+        return layout.bits_per_weight(t.nbytes, count) if count else None
 
     def totals(self) -> dict:
         """How many tensors are listed, their bytes and their values; the quantized tensors' bits per weight
@@ -371,7 +371,7 @@ class InspectReport:
             "tensors": len(self.tensors),
             "bytes": sum(t.nbytes for t in self.tensors),
             "params": sum(math.prod(t.shape) for t in self.tensors),
-            "bits_per_weight": sum(t.nbytes * 8 for t in quantized) / values if values else None,
+            "bits_per_weight": layout.bits_per_weight(sum(t.nbytes for t in quantized), values) if values else None,
         }
 
     def to_json(self) -> dict:

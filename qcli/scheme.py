@@ -109,11 +109,6 @@ class QuantValue(StrEnum):
         a, b = self.range()
         return (b - a) / 2
 
-    def is_symmetric(self) -> bool:
-        """Whether the integer range is symmetric around zero (Q8S, Q4S, Q2S)."""
-        a, b = self.range()
-        return not self.is_minifloat() and -a == b
-
     def is_minifloat(self) -> bool:
         """Whether the stored field is a float code (E4M3, E5M2, E2M1) rather than an integer."""
         return self.traits.minifloat is not None
@@ -324,9 +319,6 @@ class BlockSize:
     def num_blocks(self, shape: Sequence[int]) -> list[int]:
         """Blocks per axis; a partial block still takes a scale."""
         return [math.ceil(d / b) for d, b in zip(shape, self.to_dim_vec(len(shape)), strict=True)]
-
-    def num_elements(self) -> int:
-        return math.prod(self.dims())
 
     def to_serde(self) -> dict:
         return {"storage": list(self.storage), "len": self.len}

@@ -55,5 +55,6 @@ def test_rank_0_is_one_value(scheme, length):
 
 def test_bits_per_weight():
     """Q4S [32] F16 on [64, 64]: 4 bits per value plus one 16-bit scale per 32 values = 4.5."""
-    assert layout.bits_per_weight(Q4S.per_block([32], ScaleDtype.F16), [64, 64]) == 4.5
-    assert layout.bits_per_weight(Q4S, [0, 8]) == 0.0
+    q4s_b32 = Q4S.per_block([32], ScaleDtype.F16)
+    assert layout.bits_per_weight(layout.quantized_data_len(q4s_b32, [64, 64]), 64 * 64) == 4.5
+    assert layout.bits_per_weight(layout.quantized_data_len(Q4S, [0, 8]), 0) == 0.0

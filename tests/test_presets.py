@@ -100,7 +100,7 @@ def test_docs_presets_lists_every_preset_with_its_scheme() -> None:
     rows = {row.split("|")[1].strip(" `"): row for row in docs.splitlines() if row.startswith("| `")}
     assert set(rows) == set(PRESETS)
     for name, preset in PRESETS.items():
-        bits = layout.bits_per_weight(preset.scheme, (4096, 4096))
+        bits = layout.bits_per_weight(layout.quantized_data_len(preset.scheme, (4096, 4096)), 4096 * 4096)
         assert f"| {bits:.4g} |" in rows[name].replace(".0 |", " |"), name
         # The scheme column spells the scheme the way `str(QuantScheme)` does (nvfp4 after Burn's name).
         assert str(preset.scheme) in rows[name], name

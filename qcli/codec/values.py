@@ -17,8 +17,9 @@ def to_fields(x: torch.Tensor, effective: torch.Tensor, grid: BlockGrid, value: 
     """
     blocks = to_blocks(x, grid)
     v = blocks / per_block(effective, grid)  # IEEE division, as the GPU's div_rn
-    # An exact zero stays zero. x / s already gives x for x == ±0 unless s underflowed to 0 (0/0).
-    # some scale is zero (all() is one pass, `== 0` then any() two); torch.compile takes the where always
+    # An exact zero stays zero. x / s already gives x for x == ±0 unless s underflowed to 0 (0/0), so the
+    # where runs only when some scale is zero (all() is one pass, `== 0` then any() two); under
+    # torch.compile it always runs.
     if torch.compiler.is_compiling() or not bool(effective.all()):
         v = torch.where(blocks == 0, blocks, v)
     a, b = value.range()
