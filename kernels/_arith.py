@@ -149,11 +149,3 @@ def _stored_scale(alpha, glob, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr
         return stored, glob * stored
     else:
         return stored, stored
-
-
-@triton.jit
-def _global_scale(alpha_max_ptr, HALF_RANGE: tl.constexpr, MAXR: tl.constexpr):
-    """max(max over blocks of raw / MAXR, MIN_POSITIVE), from the largest block range: both divisions are
-    monotonic, so dividing the maximum equals the maximum of the quotients."""
-    peak = tl.math.div_rn(tl.math.div_rn(tl.load(alpha_max_ptr), HALF_RANGE), MAXR)
-    return tl.maximum(peak, MIN_POSITIVE)

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from qcli.kernels._arith import (
-    _global_scale,
+    MIN_POSITIVE,
     _rescaling,
     _scale_bits,
     _store_scale,
@@ -120,6 +120,48 @@ def _store_fields(x, s_eff, r_eff, inside, values_ptr, row, group, unit, units_p
 
 
 @triton.jit
+def _store_gathered(x, s_eff, r_eff, inside, values_ptr, row, group, unit, units_per_row, G: tl.constexpr,
+                    U: tl.constexpr, N: tl.constexpr, IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr,
+                    HI: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
+                    EVEN: tl.constexpr, SAFE: tl.constexpr):
+    """`_store_fields` under effective scales computed beforehand (`_scales_kernel`), whose reciprocals
+    r_eff are already those of the rescaled scales: without SAFE, only s_eff and x are rescaled here."""
+    if not SAFE:
+        p = _rescaling(s_eff)
+        s_eff = s_eff * p
+        x = x * p
+    _store_fields(x, s_eff, r_eff, inside, values_ptr, row, group, unit, units_per_row, G, U, N, IS_FLOAT, BITS,
+                  LO, HI, EBITS, MBITS, BIAS, EVEN)
+
+
+@triton.jit
+def _global_scale(alpha_max_ptr, HALF_RANGE: tl.constexpr, MAXR: tl.constexpr):
+    """max(max over blocks of raw / MAXR, MIN_POSITIVE), from the largest block range: both divisions are
+    monotonic, so dividing the maximum equals the maximum of the quotients."""
+    peak = tl.math.div_rn(tl.math.div_rn(tl.load(alpha_max_ptr), HALF_RANGE), MAXR)
+    return tl.maximum(peak, MIN_POSITIVE)
+
+
+@triton.jit
+def _store_block_scales(alpha, index, mask, scales_ptr, global_ptr, alpha_max_ptr, TWO_LEVEL: tl.constexpr,
+                        HALF_RANGE: tl.constexpr, SCALE_STEP: tl.constexpr, SCALE_FLOOR: tl.constexpr,
+                        SCALE_MAX: tl.constexpr, SCALE_EBITS: tl.constexpr, SCALE_MBITS: tl.constexpr,
+                        SCALE_BIAS: tl.constexpr, SCALE_SIZE: tl.constexpr):
+    """Store the scales of blocks with ranges `alpha` at scale `index` where `mask` holds, and for two
+    levels the global (program 0 writes it, from the largest block range at alpha_max_ptr); return the
+    effective scales."""
+    glob = 1.0
+    if TWO_LEVEL:
+        glob = _global_scale(alpha_max_ptr, HALF_RANGE, SCALE_MAX)
+        _store_scale(global_ptr, 0, glob.to(tl.int32, bitcast=True), tl.program_id(0) == 0, 4)
+    stored, effective = _stored_scale(alpha, glob, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX,
+                                      SCALE_EBITS, SCALE_MBITS, SCALE_BIAS)
+    bits = _scale_bits(stored, SCALE_STEP, SCALE_MAX, SCALE_EBITS, SCALE_MBITS, SCALE_BIAS)
+    _store_scale(scales_ptr, index, bits, mask, SCALE_SIZE)
+    return effective
+
+
+@triton.jit
 def _quantize_fused_kernel(
     x_ptr, values_ptr, scales_ptr, global_ptr, alpha_max_ptr, bad_ptr, C, units_per_row, chunks_per_row,
     blocks_per_row,
@@ -141,14 +183,9 @@ def _quantize_fused_kernel(
     block = group + tl.arange(0, G)
     terms = _reduce(_reduce(_range_terms(x, CAL), 2, CAL), 1, CAL)
     alpha = _block_range(terms, block, C, BC, CAL, True, bad_ptr)
-    glob = 1.0
-    if TWO_LEVEL:
-        glob = _global_scale(alpha_max_ptr, HALF_RANGE, SCALE_MAX)
-        _store_scale(global_ptr, 0, glob.to(tl.int32, bitcast=True), tl.program_id(0) == 0, 4)
-    stored, s = _stored_scale(alpha, glob, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX,
-                              SCALE_EBITS, SCALE_MBITS, SCALE_BIAS)
-    bits = _scale_bits(stored, SCALE_STEP, SCALE_MAX, SCALE_EBITS, SCALE_MBITS, SCALE_BIAS)
-    _store_scale(scales_ptr, row * blocks_per_row + block, bits, block < blocks_per_row, SCALE_SIZE)
+    s = _store_block_scales(alpha, row * blocks_per_row + block, block < blocks_per_row, scales_ptr, global_ptr,
+                            alpha_max_ptr, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX, SCALE_EBITS,
+                            SCALE_MBITS, SCALE_BIAS, SCALE_SIZE)
     if not SAFE:
         p = _rescaling(s)
         s = s * p
@@ -173,12 +210,8 @@ def _quantize_blocks_kernel(
     index = ((start % BC).to(tl.int32) + local) // BC
     s_eff = _load(s_eff_ptr + first + index, inside, 1.0, EVEN)
     r_eff = _load(r_eff_ptr + first + index, inside, 1.0, EVEN)
-    if not SAFE:  # r_eff is already the reciprocal of the rescaled scale
-        p = _rescaling(s_eff)
-        s_eff = s_eff * p
-        x = x * p
-    _store_fields(x, s_eff, r_eff, inside, values_ptr, row, group, unit, units_per_row, G, U, N, IS_FLOAT, BITS,
-                  LO, HI, EBITS, MBITS, BIAS, EVEN)
+    _store_gathered(x, s_eff, r_eff, inside, values_ptr, row, group, unit, units_per_row, G, U, N, IS_FLOAT, BITS,
+                    LO, HI, EBITS, MBITS, BIAS, EVEN, SAFE)
 
 
 @triton.jit
@@ -193,12 +226,8 @@ def _quantize_tensor_kernel(
     row, group, unit, local, start, inside, x = _program(x_ptr, C, chunks_per_row, G, U, N, EVEN)
     s_eff = tl.load(s_eff_ptr)
     r_eff = tl.load(r_eff_ptr)
-    if not SAFE:  # r_eff is already the reciprocal of the rescaled scale
-        p = _rescaling(s_eff)
-        s_eff = s_eff * p
-        x = x * p
-    _store_fields(x, s_eff, r_eff, inside, values_ptr, row, group, unit, units_per_row, G, U, N, IS_FLOAT, BITS,
-                  LO, HI, EBITS, MBITS, BIAS, EVEN)
+    _store_gathered(x, s_eff, r_eff, inside, values_ptr, row, group, unit, units_per_row, G, U, N, IS_FLOAT, BITS,
+                    LO, HI, EBITS, MBITS, BIAS, EVEN, SAFE)
 
 
 @triton.jit
@@ -240,13 +269,7 @@ def _scales_kernel(alpha_ptr, alpha_max_ptr, scales_ptr, global_ptr, s_eff_ptr, 
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = i < n
     alpha = tl.load(alpha_ptr + i, mask=inside, other=0.0)
-    glob = 1.0
-    if TWO_LEVEL:
-        glob = _global_scale(alpha_max_ptr, HALF_RANGE, SCALE_MAX)
-        _store_scale(global_ptr, 0, glob.to(tl.int32, bitcast=True), tl.program_id(0) == 0, 4)
-    stored, s_eff = _stored_scale(alpha, glob, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX,
-                                  SCALE_EBITS, SCALE_MBITS, SCALE_BIAS)
-    bits = _scale_bits(stored, SCALE_STEP, SCALE_MAX, SCALE_EBITS, SCALE_MBITS, SCALE_BIAS)
-    _store_scale(scales_ptr, i, bits, inside, SCALE_SIZE)
+    s_eff = _store_block_scales(alpha, i, inside, scales_ptr, global_ptr, alpha_max_ptr, TWO_LEVEL, HALF_RANGE,
+                                SCALE_STEP, SCALE_FLOOR, SCALE_MAX, SCALE_EBITS, SCALE_MBITS, SCALE_BIAS, SCALE_SIZE)
     tl.store(s_eff_ptr + i, s_eff, mask=inside)
     tl.store(r_eff_ptr + i, tl.math.div_rn(1.0, s_eff * _rescaling(s_eff)), mask=inside)
