@@ -1,4 +1,5 @@
-"""Minifloat codes (E4M3, E5M2, E2M1) from f32 values and back, by integer arithmetic on f32 bits.
+"""Minifloat codes from f32 values and back, by integer arithmetic on f32 bits: the value types E4M3, E5M2
+and E2M1, and the scale dtypes with a format of their own (F16, UE4M3).
 
 Encoding is round-to-nearest, ties to even mantissa, after the caller clamped to the format's max; the
 sign is kept (a negative value that rounds to zero gives the -0 code). Normal values round their f32
@@ -16,7 +17,7 @@ import torch
 
 from qcli.scheme import MinifloatFormat, QuantValue
 
-# The minifloat value types' formats (`qcli.scheme.VALUE_TRAITS`); E4M3 also codes UE4M3 scales.
+# The minifloat value types' formats (`qcli.scheme.VALUE_TRAITS`); the scale dtypes' are in `SCALE_TRAITS`.
 FORMATS = {value: value.traits.minifloat for value in QuantValue if value.is_minifloat()}
 
 
