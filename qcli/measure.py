@@ -30,6 +30,7 @@ import qcli.codec
 from qcli import layout
 from qcli.codec.blocks import counts, to_blocks
 from qcli.codec.decode import block_scales
+from qcli.codec.search import CLIPS
 from qcli.codec.stats import ErrorSums
 from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme
 from qcli.tensor_range import TensorRange
@@ -119,9 +120,19 @@ def bound_of(
         cap, floor = float("inf"), global_scale * (1 + _F32_ROUNDING) * floor
     else:
         cap = traits.max
-    s_high = torch.clamp(peak / h * (1 + slack), max=cap) * (1 + _F32_ROUNDING) + floor
-    s_low = torch.clamp(alpha / h, max=cap) * (1 - _F32_ROUNDING)
+    widest, narrowest = _searched(scheme) if calibration is Calibration.Mse else (1.0, 1.0)
+    s_high = torch.clamp(peak / h * widest * (1 + slack), max=cap) * (1 + _F32_ROUNDING) + floor
+    s_low = torch.clamp(alpha / h * narrowest, max=cap) * (1 - _F32_ROUNDING)
+    if calibration is Calibration.Mse:  # rounded to nearest: down by up to half a step, or to MinMax's floor
+        s_low = torch.clamp(s_low * (1 - slack) - floor, min=0)
     return _bound(peak, s_high, s_low, scheme)
+
+
+def _searched(scheme: QuantScheme) -> tuple[float, float]:
+    """How far `Calibration.Mse`'s candidates reach beyond `amax / h`: up to `amax / min(-a, b)` (the scale
+    that puts an amax on the nearer end) and down to the smallest clip."""
+    a, b = scheme.value.range()
+    return scheme.value.half_range() / min(-a, b), min(CLIPS)
 
 
 def _bound(peak: torch.Tensor, s_high: torch.Tensor, s_low: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
@@ -263,7 +274,7 @@ class ChunkedTensor:
 
     def begin(self, reduced: torch.Tensor, payload: torch.Tensor) -> None:
         self.scales = block_scales(payload, self.scheme, self.grid.shape).reshape(-1)  # as stored
-        if self.calibration is Calibration.MinMax:
+        if self.calibration is not Calibration.AbsMean:
             self.peaks = reduced.reshape(-1)
         else:
             self.abs_sums = reduced

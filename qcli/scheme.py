@@ -271,6 +271,7 @@ class Calibration(StrEnum):
 
     MinMax = "MinMax"
     AbsMean = "AbsMean"
+    Mse = "Mse"  # qcli's own: MinMax's range, then each block's scale searched (qcli.codec.search)
 
 
 MAX_BLOCK_DIMS = 5

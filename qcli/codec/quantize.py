@@ -16,6 +16,7 @@ import torch
 from qcli import layout
 from qcli.codec.pack import pack_fields, pack_global, pack_scales
 from qcli.codec.scales import REDUCE_DTYPE, Scales, block_alpha, block_reduce, scales_from_alpha
+from qcli.codec.search import search_scales
 from qcli.codec.values import to_fields
 from qcli.errors import NonFiniteTensor, NotFloatTensor
 from qcli.scheme import Calibration, QuantScheme, check_accepted
@@ -134,10 +135,13 @@ def _prepare(
         into = reduced[i] if per_tensor else reduced[grid_rows]
         block_reduce(piece, layout.BlockGrid.of(scheme, piece.shape), calibration, into)
     if per_tensor:  # one block over every chunk
-        reduced = reduced.amax(0) if calibration is Calibration.MinMax else reduced.sum(0)
+        reduced = reduced.sum(0) if calibration is Calibration.AbsMean else reduced.amax(0)
     alpha = block_alpha(reduced, grid, calibration)
     if not bool(torch.isfinite(alpha).all()):
         raise NonFiniteTensor(name, x.dtype == torch.float64 and bool(torch.isfinite(x).all()))
+    if calibration is Calibration.Mse:
+        pieces = ((_f32_rows(work, rows), grid_rows) for rows, grid_rows in chunks)
+        return work, chunks, search_scales(pieces, alpha, scheme, grid.shape), reduced
     return work, chunks, scales_from_alpha(alpha, scheme), reduced
 
 

@@ -48,6 +48,33 @@ def round_up(s: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
     return torch.where(torch.isnan(s), s, rounded)
 
 
+def nearest(s: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
+    """Non-negative f32 scales rounded to nearest onto `dtype`'s grid (`ScaleTraits`; ties to the even
+    code, and between two powers of two of UE8M0 to the larger), saturating at its max; unlike `round_up`,
+    a scale may round to zero."""
+    traits = dtype.traits
+    if traits.step_bits == 0:
+        return s
+    shift = traits.step_bits
+    bits = s.view(torch.int32)
+    half = (1 << (shift - 1)) - (0 if traits.mantissa_bits == 0 else 1 - ((bits >> shift) & 1))
+    rounded = torch.bitwise_and(bits + half, ~((1 << shift) - 1))
+    if traits.floor is not None:
+        # a floor subnormal in f32 has its double as the next grid value: the bits hold no exponent to round
+        # there, so the two split at their midpoint, and nothing is below the floor
+        floor, double = bits.new_tensor(f32_bits(traits.floor)), bits.new_tensor(f32_bits(2 * traits.floor))
+        low = torch.where(bits < floor + (floor >> 1), floor, double)
+        rounded = torch.where(bits < double, low, rounded)
+    rounded = rounded.view(torch.float32)
+    fmt = traits.minifloat
+    if fmt is not None:  # below the format's smallest normal, its subnormal spacing
+        inverse_spacing = 1.0 / fmt.subnormal_spacing
+        subnormal = torch.round(s * inverse_spacing) * (1.0 / inverse_spacing)
+        rounded = torch.where(s < 2.0 ** (1 - fmt.bias), subnormal, rounded)
+    return torch.where(s >= traits.max, traits.max, rounded).clamp_(max=traits.max)
+    return torch.where(torch.isnan(s), s, rounded)
+
+
 def block_reduce(
     x: torch.Tensor, grid: BlockGrid, calibration: Calibration, out: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -61,19 +88,20 @@ def block_reduce(
     if x.numel() == 0:
         return out.zero_()
     magnitudes = to_blocks(x, grid).abs()  # one read of the chunk, then reductions over cached data
-    if calibration is Calibration.MinMax:
+    if calibration is not Calibration.AbsMean:
         return torch.amax(magnitudes, dim=grid.block_axes, out=out)
     return torch.sum(magnitudes, dim=grid.block_axes, dtype=torch.float64, out=out)
 
 
 def block_alpha(reduced: torch.Tensor, grid: BlockGrid, calibration: Calibration) -> torch.Tensor:
     """f32 range per block from `block_reduce` over the whole tensor; AbsMean divides in f64, rounds once."""
-    if calibration is Calibration.MinMax:
+    if calibration is not Calibration.AbsMean:
         return reduced
     return (reduced / counts(grid)).to(torch.float32)
 
 
-REDUCE_DTYPE = {Calibration.MinMax: torch.float32, Calibration.AbsMean: torch.float64}
+REDUCE_DTYPE = {Calibration.MinMax: torch.float32, Calibration.AbsMean: torch.float64,
+                Calibration.Mse: torch.float32}
 
 
 @dataclass(frozen=True)
