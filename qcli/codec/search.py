@@ -1,6 +1,6 @@
 """The scale search of `Calibration.Mse`: each block keeps, of a few candidate scales, the one whose decode
 errs least in squared error. Burn decodes any stored scale as `q * s`, so a better scale costs nothing at
-load time (docs/arithmetic.md §5).
+load time (docs/arithmetic.md §6).
 
 The candidates, in order: the scale MinMax stores (`amax / h` rounded up onto the scale dtype); then
 `c * amax / h` rounded to nearest for each c in CLIPS; then, for a range with unequal ends (Q8F, Q4F,
