@@ -8,9 +8,9 @@ Q2F), `amax / b` and `amax / -a` rounded to nearest, which put the block's large
 Under a global scale (two levels) the global is MinMax's, and the stored scale relative to it is searched.
 
 A candidate's error is integer arithmetic on f32 operations that round the same everywhere: with
-`d = x - q * s` in f32 and `e` the exponent of the block's amax, each element adds `trunc(d * 2^(J - e))^2`
-to an int64 sum. An integer sum does not depend on its order, so a GPU's reduction picks what the CPU
-picks; of equal errors the first candidate wins.
+`d = x - q * s` in f32 and `e` the exponent of the block's amax, each element adds `RN(d * 2^(J - e))^2`
+to a sum that stays an integer below 2^53. An exact sum does not depend on its order, so a GPU's
+reduction picks what the CPU picks; of equal errors the first candidate wins.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from qcli.codec.blocks import BlockGrid
 from qcli.codec.scales import Scales, nearest, scales_from_alpha
 from qcli.codec.values import dequantize, to_fields
-from qcli.scheme import QuantScheme
+from qcli.scheme import QuantScheme, QuantValue
 
 # Clip factors k/32: exact in f32, so `c * raw` rounds once, the same in every implementation.
 CLIPS = tuple((32 - k) / 32 for k in range(1, 10))  # 31/32 down to 23/32 (0.72)
@@ -32,8 +32,8 @@ ERROR_BITS = 20  # J at most: the fixed-point bits of |d| / 2^e
 
 def error_bits(block_elements: int) -> int:
     """J for blocks of `block_elements`: |d| stays below the block's amax < 2^(e + 1), so each term is
-    below 2^(2J + 2) and a block's sum fits an int64."""
-    return min(ERROR_BITS, (60 - max(block_elements, 1).bit_length()) // 2)
+    below 2^(2J + 2) and a block's sum below 2^53, exact in an int64 and in a float64 alike."""
+    return min(ERROR_BITS, (51 - max(block_elements, 1).bit_length()) // 2)
 
 
 def candidates(alpha: torch.Tensor, scheme: QuantScheme) -> list[Scales]:
@@ -62,13 +62,23 @@ def fixed_point_unit(alpha: torch.Tensor, bits: int) -> torch.Tensor:
     return (field << 23).view(torch.float32)
 
 
-def block_errors(x: torch.Tensor, effective: torch.Tensor, unit: torch.Tensor, grid: BlockGrid,
-                 scheme: QuantScheme) -> torch.Tensor:
-    """Σ trunc((x - q * s) * unit)^2 per block of `x` (f32, `grid.shape`) at scales `effective`, int64."""
-    fields = to_fields(x, effective, grid, scheme.value)
-    difference = grid.to_blocks(x - dequantize(fields, effective, grid, scheme.value))
-    fixed = difference.mul_(grid.per_block(unit)).trunc_().to(torch.int64)
-    return fixed.mul_(fixed).sum(dim=grid.block_axes)
+def block_errors(blocks: torch.Tensor, effective: torch.Tensor, unit: torch.Tensor, grid: BlockGrid,
+                 value: QuantValue, work: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
+    """Σ RN((x - q * s) * unit)^2 per block, for `blocks` (`grid.to_blocks` of f32 x) at the grid-shaped
+    scales `effective`, as float64 integers: each term and partial sum is an integer below 2^53
+    (`error_bits`), so the sum is exact. `work` (f32) and `wide` (f64), shaped like `blocks`, are scratch."""
+    scales = grid.per_block(effective)
+    if value.is_minifloat():
+        x = grid.from_blocks(blocks)
+        work.copy_(grid.to_blocks(dequantize(to_fields(x, effective, grid, value), effective, grid, value)))
+    else:  # to_fields' arithmetic on the block view, without its int8 round trip
+        torch.div(blocks, scales, out=work)
+        if not bool(effective.all()):
+            torch.where(blocks == 0, blocks, work, out=work)
+        work.clamp_(*value.range()).round_().mul_(scales)
+    torch.sub(blocks, work, out=work).mul_(grid.per_block(unit)).round_()
+    wide.copy_(work)
+    return wide.mul_(wide).sum(dim=grid.block_axes)
 
 
 def search_scales(pieces: Iterable[tuple[torch.Tensor, slice]], alpha: torch.Tensor, scheme: QuantScheme,
@@ -78,19 +88,27 @@ def search_scales(pieces: Iterable[tuple[torch.Tensor, slice]], alpha: torch.Ten
     found = candidates(alpha, scheme)
     unit = fixed_point_unit(alpha, error_bits(math.prod(BlockGrid.of(scheme, shape).block)))
     per_tensor = scheme.block is None
-    totals = torch.zeros((len(found), *alpha.shape), dtype=torch.int64) if per_tensor else None
+    least = torch.full(alpha.shape, math.inf, dtype=torch.float64)  # a per-tensor scheme's: summed at the end
+    totals = torch.zeros(len(found), dtype=torch.float64)
     choice = torch.zeros(alpha.shape, dtype=torch.int64)
     for piece, grid_rows in pieces:
         grid = BlockGrid.of(scheme, piece.shape)
         rows = slice(None) if per_tensor else grid_rows
-        errors = torch.stack([block_errors(piece, c.effective[rows], unit[rows], grid, scheme) for c in found])
-        if per_tensor:
-            totals += errors
-        else:
-            choice[rows] = errors.argmin(0)  # the first of equal minima
+        blocks = grid.to_blocks(piece)
+        work, wide = torch.empty_like(blocks), torch.empty(blocks.shape, dtype=torch.float64)
+        for k, candidate in enumerate(found):
+            errors = block_errors(blocks, candidate.effective[rows], unit[rows], grid, scheme.value, work, wide)
+            if per_tensor:
+                totals[k] += errors.sum()
+                continue
+            better = errors < least[rows]  # strictly: of equal errors the first candidate stays
+            least[rows] = torch.where(better, errors, least[rows])
+            choice[rows] = torch.where(better, k, choice[rows])
     if per_tensor:
-        choice = totals.argmin(0)
-    pick = choice.unsqueeze(0)
-    stored = torch.stack([c.stored for c in found]).gather(0, pick).squeeze(0)
-    effective = torch.stack([c.effective for c in found]).gather(0, pick).squeeze(0)
+        choice.fill_(int(totals.argmin()))  # the first of equal minima
+    stored, effective = found[0].stored.clone(), found[0].effective.clone()
+    for k, candidate in enumerate(found[1:], start=1):
+        taken = choice == k
+        stored = torch.where(taken, candidate.stored, stored)
+        effective = torch.where(taken, candidate.effective, effective)
     return Scales(stored, effective, found[0].global_scale)
