@@ -36,6 +36,7 @@ from safetensors.torch import load_file
 from qcli import BURN_VERSION
 from qcli.burn_backends import BURN_VERSIONS, BurnBackend
 from qcli.codec import decode, encode
+from qcli.codec.decode import block_scales
 from qcli.io.burnpack import BurnpackReader, BurnpackWriter, TensorEntry
 from qcli.io.dtypes import QFloat
 from qcli.presets import PRESETS
@@ -375,3 +376,36 @@ def test_a_bf16_model_loads_on_ndarray_with_its_kept_tensors_cast_to_f32(tmp_pat
         assert same_bits(got, mine[name]), name
         if "norm" in name:
             assert same_bits(got, original[name].to(torch.float32)), name
+
+
+SEARCHED = {  # recipe keys of the searched schemes, with the backends of Burn 0.22.1 that load them
+    "Q4F b32 F16": ('value = "Q4F"\nblock = [32]\nblock_scale = "F16"', (BurnBackend.flex, BurnBackend.wgpu)),
+    "Q8F b32 F16": ('value = "Q8F"\nblock = [32]\nblock_scale = "F16"', (BurnBackend.flex, BurnBackend.ndarray,
+                                                                        BurnBackend.wgpu)),
+    "Q4S b32 F16": ('value = "Q4S"\nblock = [32]\nblock_scale = "F16"', (BurnBackend.flex, BurnBackend.wgpu)),
+    "Q8S tensor F32": ('value = "Q8S"', (BurnBackend.flex, BurnBackend.ndarray, BurnBackend.wgpu)),
+    "E2M1 b32 F16": ('value = "E2M1"\nblock = [32]\nblock_scale = "F16"', (BurnBackend.wgpu,)),
+}
+
+
+@pytest.mark.parametrize(("name", "backend"), [(n, b) for n, (_, backends) in SEARCHED.items() for b in backends],
+                         ids=str)
+def test_searched_scales_negative_ones_included_decode_in_burn_as_qcli_decodes_them(name, backend, tmp_path):
+    """`calibration = "mse"` stores scales MinMax never would (rounded to nearest, clipped, and for Q4F and
+    Q8F negative): Burn decodes each tensor to exactly qcli's values."""
+    require(backend)
+    source = checkpoint(tmp_path / "model.safetensors")
+    recipe = tmp_path / "recipe.toml"
+    rule = SEARCHED[name][0]
+    recipe.write_text(f'version = 1\n[[rule]]\nmatch = "*.weight"\n{rule}\ncalibration = "mse"\n')
+    out = tmp_path / "model.bpk"
+    result = cli("quantize", source, "-o", out, "--recipe", recipe, "--device", "cpu", "--burn-backend", backend)
+    assert result.code == 0, result.err
+    burn, mine = dequantize(backend, out, tmp_path / "burn.safetensors"), qcli_decodes(out)
+    for tensor, got in burn.items():
+        assert same_bits(got, mine[tensor]), f"{tensor}: Burn ({backend}) decodes other values than qcli"
+    if name.startswith(("Q4F", "Q8F")):
+        reader = BurnpackReader.open(out)
+        entry = next(e for e in reader.entries() if e.name == "layers.0.weight")
+        scheme = QuantScheme.from_serde(entry.dtype["QFloat"])
+        assert bool((block_scales(bytes(reader.read(entry.name)), scheme, entry.shape) < 0).any())

@@ -26,17 +26,28 @@ def f16_scale(payload: torch.Tensor, values_bytes: int) -> float:
     return struct.unpack("<e", bytes(payload[values_bytes : values_bytes + 2].tolist()))[0]
 
 
-def test_a_q4f_block_whose_largest_value_is_positive_is_stored_at_amax_over_7():
+def test_a_q4f_block_whose_largest_value_is_positive_gets_a_negative_scale_onto_minus_8():
     """Hand-worked: a block of 7.5 and zeros. MinMax stores s = 7.5 / 7.5 = 1, and 7.5 / 1 clamps to 7
-    (error 0.5). amax / 7 = 1.0714... rounds to the f16 1.0712890625, 7.5 / that is 7.0009, so q = 7 and
-    the decode 7.4990234375 errs by under 0.001: no clip candidate comes close, so that scale is stored."""
+    (error 0.5). amax / 7 = 1.0714... rounds to the f16 1.0712890625 and decodes 7.4990234375; the negative
+    scale -7.5 / 8 = -0.9375 (exact in f16) takes 7.5 to q = -8 exactly, error 0, so it is stored."""
     x = torch.zeros(32)
     x[5] = 7.5
     scheme = q4f_b32_f16()
     minmax, searched = encode(x, scheme, Calibration.MinMax), encode(x, scheme, Calibration.Mse)
     assert f16_scale(minmax, 16) == 1.0
-    assert f16_scale(searched, 16) == 1.0712890625
-    assert decode(searched, scheme, (32,))[5].item() == 7.4990234375
+    assert f16_scale(searched, 16) == -0.9375
+    assert decode(searched, scheme, (32,))[5].item() == 7.5
+
+
+def test_without_a_sign_bit_the_same_block_takes_amax_over_7():
+    """UE4M3 scales have no sign. MinMax's 1.0 clamps 7.5 to 7 (error 0.5), and the clips, smaller, clamp it
+    lower; 7.5 / 7 = 1.0714 rounds to the nearer e4m3 1.125 (not 1.0), and 7.5 / 1.125 = 6.67 gives q = 7,
+    decoded 7.875 (error 0.375): the least error of the candidates."""
+    x = torch.zeros(32)
+    x[5] = 7.5
+    scheme = QuantScheme().with_value(QuantValue.Q4F).per_block([32], ScaleDtype.UE4M3)
+    decoded = decode(encode(x, scheme, Calibration.Mse), scheme, (32,))
+    assert decoded[5].item() == 7.875
 
 
 def test_a_q4f_block_whose_largest_value_is_negative_keeps_the_exact_scale_amax_over_8():

@@ -3,8 +3,11 @@ errs least in squared error. Burn decodes any stored scale as `q * s`, so a bett
 load time (docs/arithmetic.md §6).
 
 The candidates, in order: the scale MinMax stores (`amax / h` rounded up onto the scale dtype); then
-`c * amax / h` rounded to nearest for each c in CLIPS; then, for a range with unequal ends (Q8F, Q4F,
-Q2F), `amax / b` and `amax / -a` rounded to nearest, which put the block's largest value exactly on an end.
+`c * amax / h` rounded to nearest for each c in CLIPS; then, for a range `[a, b]` with unequal ends (Q8F,
+Q4F, Q2F), `amax / b` and `amax / -a`, which put the block's largest value exactly on an end, and (for
+scale dtypes with a sign) the negative scales `c * amax / a` for c in 1 and CLIPS, which put a positive
+largest value on the longer end `a` as llama.cpp's Q4_0 does (Burn decodes `q * s` whatever the sign:
+tests/test_burn.py).
 Under a global scale (two levels) the global is MinMax's, and the stored scale relative to it is searched.
 
 A candidate's error is integer arithmetic on f32 operations that round the same everywhere: with
@@ -23,10 +26,11 @@ import torch
 from qcli.codec.blocks import BlockGrid
 from qcli.codec.scales import Scales, nearest, scales_from_alpha
 from qcli.codec.values import dequantize, to_fields
-from qcli.scheme import QuantScheme, QuantValue
+from qcli.scheme import QuantScheme, QuantValue, ScaleDtype
 
 # Clip factors k/32: exact in f32, so `c * raw` rounds once, the same in every implementation.
 CLIPS = tuple((32 - k) / 32 for k in range(1, 10))  # 31/32 down to 23/32 (0.72)
+SIGNED_SCALES = (ScaleDtype.F32, ScaleDtype.F16, ScaleDtype.BF16)  # UE4M3 and UE8M0 have no sign bit
 ERROR_BITS = 20  # J at most: the fixed-point bits of |d| / 2^e
 
 
@@ -43,12 +47,15 @@ def candidates(alpha: torch.Tensor, scheme: QuantScheme) -> list[Scales]:
     a, b = value.range()
     raw = alpha / value.half_range()
     tried = [raw * c for c in CLIPS]
-    if -a != b:
+    if -a != b:  # both ends exactly, and (where the dtype has a sign) a positive amax on the longer end a
         tried += [alpha / b, alpha / -a]
+        if dtype in SIGNED_SCALES:
+            tried += [alpha / a * c for c in (1.0, *CLIPS)]
     found = [first]
     for s in tried:
-        stored = nearest(s if first.global_scale is None else s / first.global_scale, dtype)
-        stored = torch.where(stored > 0, stored, first.stored)  # rounded to zero: MinMax's scale instead
+        relative = s if first.global_scale is None else s / first.global_scale
+        stored = nearest(relative.abs(), dtype)
+        stored = torch.where(stored > 0, stored.copysign(relative), first.stored)  # zero: MinMax's scale
         effective = stored if first.global_scale is None else first.global_scale * stored
         found.append(Scales(stored, effective, first.global_scale))
     return found
