@@ -1,0 +1,59 @@
+"""What the scale search (`--calibration mse`) costs on the CPU path: the codec's `encode` of one seeded
+4096x4096 standard-normal f32 matrix under MinMax and under Mse, per preset, median of `--runs` runs with
+torch's default thread count (OpenMP's passive wait, as the qcli command sets it).
+
+    python3 -m bench.search [--runs 5] [--presets q4s-b32 q4f-b32 ...]
+
+Other processes share small machines: the load average is printed before and after; re-run when quiet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402  (after the OpenMP setting, which torch reads when it loads)
+
+from qcli.codec import encode  # noqa: E402
+from qcli.presets import PRESETS  # noqa: E402
+from qcli.scheme import Calibration  # noqa: E402
+
+SHAPE = (4096, 4096)
+DEFAULT_PRESETS = ["q4s-b32", "q4f-b32", "q8s-b32", "q2s-b32", "fp4-b32", "e4m3-b32", "q8s"]
+
+
+def seconds(x: torch.Tensor, preset: str, calibration: Calibration, runs: int) -> float:
+    scheme = PRESETS[preset].scheme
+    encode(x, scheme, calibration)  # warm: allocator, minifloat tables
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        encode(x, scheme, calibration)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--presets", nargs="+", default=DEFAULT_PRESETS)
+    args = parser.parse_args()
+    x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(0))
+    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads; load {os.getloadavg()[0]:.2f}")
+    print("| preset | MinMax M weights/s | Mse M weights/s | Mse / MinMax time |")
+    print("|---|---|---|---|")
+    for preset in args.presets:
+        fast, searched = (seconds(x, preset, c, args.runs) for c in (Calibration.MinMax, Calibration.Mse))
+        print(f"| {preset} | {x.numel() / fast / 1e6:.0f} | {x.numel() / searched / 1e6:.1f} |"
+              f" {searched / fast:.1f}x |", flush=True)
+    print(f"load {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
