@@ -114,16 +114,18 @@ class Scales:
     global_scale: float | None
 
 
-def scales_from_alpha(alpha: torch.Tensor, scheme: QuantScheme) -> Scales:
-    """The stored and effective scales for per-block ranges `alpha` (one-level or two-level recipe)."""
+def scales_from_alpha(alpha: torch.Tensor, scheme: QuantScheme, peak: torch.Tensor | None = None) -> Scales:
+    """The stored and effective scales for per-block ranges `alpha` (one-level or two-level recipe); `peak`
+    is the largest block range of the whole tensor when `alpha` covers only rows of it."""
     raw = alpha / scheme.value.half_range()
     dtype = scheme.scale_dtype()
     if not scheme.is_two_level():
         stored = round_up(_positive(raw), dtype)
         return Scales(stored, stored, None)
-    ratio = raw / dtype.max_representable()
-    peak = ratio.amax() if ratio.numel() else ratio.new_zeros(())
-    global_scale = torch.clamp_min(peak, F32_MIN_POSITIVE)
+    if peak is None:
+        peak = alpha.amax() if alpha.numel() else alpha.new_zeros(())
+    # the divisions are monotonic: the quotient of the peak is the peak of the quotients
+    global_scale = torch.clamp_min(peak / scheme.value.half_range() / dtype.max_representable(), F32_MIN_POSITIVE)
     stored = round_up(_positive(raw / global_scale), dtype)
     return Scales(stored, global_scale * stored, float(global_scale))
 

@@ -40,9 +40,10 @@ def error_bits(block_elements: int) -> int:
     return min(ERROR_BITS, (51 - max(block_elements, 1).bit_length()) // 2)
 
 
-def candidates(alpha: torch.Tensor, scheme: QuantScheme) -> list[Scales]:
-    """Each candidate's stored and effective scales for the blocks' amax `alpha` (grid-shaped f32)."""
-    first = scales_from_alpha(alpha, scheme)
+def candidates(alpha: torch.Tensor, scheme: QuantScheme, peak: torch.Tensor | None = None) -> list[Scales]:
+    """Each candidate's stored and effective scales for the blocks' amax `alpha` (grid-shaped f32); `peak`
+    is the whole tensor's largest amax when `alpha` covers rows of it (`scales_from_alpha`)."""
+    first = scales_from_alpha(alpha, scheme, peak)
     value, dtype = scheme.value, scheme.scale_dtype()
     a, b = value.range()
     raw = alpha / value.half_range()
@@ -88,34 +89,53 @@ def block_errors(blocks: torch.Tensor, effective: torch.Tensor, unit: torch.Tens
     return wide.mul_(wide).sum(dim=grid.block_axes)
 
 
+class Search:
+    """The search over one tensor of `shape` whose blocks' amax is `alpha`, fed its rows in whole blocks
+    (`add`, any order; a per-tensor scheme's one block sums over all of them) until `scales` picks."""
+
+    def __init__(self, alpha: torch.Tensor, scheme: QuantScheme, shape: tuple[int, ...],
+                 peak: torch.Tensor | None = None) -> None:
+        self.scheme, self.found = scheme, candidates(alpha, scheme, peak)
+        self.unit = fixed_point_unit(alpha, error_bits(math.prod(BlockGrid.of(scheme, shape).block)))
+        self.per_tensor = scheme.block is None
+        self.least = torch.full(alpha.shape, math.inf, dtype=torch.float64, device=alpha.device)
+        self.totals = torch.zeros(len(self.found), dtype=torch.float64, device=alpha.device)
+        self.choice = torch.zeros(alpha.shape, dtype=torch.int64, device=alpha.device)
+
+    def add(self, piece: torch.Tensor, grid_rows: slice) -> None:
+        """f32 rows of the tensor in whole blocks, covering `grid_rows` of its block grid."""
+        grid = BlockGrid.of(self.scheme, piece.shape)
+        rows = slice(None) if self.per_tensor else grid_rows
+        blocks = grid.to_blocks(piece)
+        work, wide = torch.empty_like(blocks), torch.empty(blocks.shape, dtype=torch.float64, device=blocks.device)
+        least, choice = self.least[rows], self.choice[rows]
+        for k, candidate in enumerate(self.found):
+            errors = block_errors(blocks, candidate.effective[rows], self.unit[rows], grid, self.scheme.value,
+                                  work, wide)
+            if self.per_tensor:
+                self.totals[k] += errors.sum()
+                continue
+            better = errors < least  # strictly: of equal errors the first candidate stays
+            least.copy_(torch.where(better, errors, least))
+            choice.copy_(torch.where(better, k, choice))
+
+    def scales(self) -> Scales:
+        """Each block's candidate of least error."""
+        if self.per_tensor:
+            self.choice.fill_(int(self.totals.argmin()))  # the first of equal minima
+        first = self.found[0]
+        stored, effective = first.stored.clone(), first.effective.clone()
+        for k, candidate in enumerate(self.found[1:], start=1):
+            taken = self.choice == k
+            stored = torch.where(taken, candidate.stored, stored)
+            effective = torch.where(taken, candidate.effective, effective)
+        return Scales(stored, effective, first.global_scale)
+
+
 def search_scales(pieces: Iterable[tuple[torch.Tensor, slice]], alpha: torch.Tensor, scheme: QuantScheme,
                   shape: tuple[int, ...]) -> Scales:
-    """The searched scales of a tensor of `shape` whose blocks' amax is `alpha`, from its `pieces`: f32 rows
-    in whole blocks with the grid rows they cover (for a per-tensor scheme, every piece feeds one sum)."""
-    found = candidates(alpha, scheme)
-    unit = fixed_point_unit(alpha, error_bits(math.prod(BlockGrid.of(scheme, shape).block)))
-    per_tensor = scheme.block is None
-    least = torch.full(alpha.shape, math.inf, dtype=torch.float64)  # a per-tensor scheme's: summed at the end
-    totals = torch.zeros(len(found), dtype=torch.float64)
-    choice = torch.zeros(alpha.shape, dtype=torch.int64)
+    """The searched scales of a whole tensor, from its `pieces` (`Search.add`'s arguments)."""
+    search = Search(alpha, scheme, shape)
     for piece, grid_rows in pieces:
-        grid = BlockGrid.of(scheme, piece.shape)
-        rows = slice(None) if per_tensor else grid_rows
-        blocks = grid.to_blocks(piece)
-        work, wide = torch.empty_like(blocks), torch.empty(blocks.shape, dtype=torch.float64)
-        for k, candidate in enumerate(found):
-            errors = block_errors(blocks, candidate.effective[rows], unit[rows], grid, scheme.value, work, wide)
-            if per_tensor:
-                totals[k] += errors.sum()
-                continue
-            better = errors < least[rows]  # strictly: of equal errors the first candidate stays
-            least[rows] = torch.where(better, errors, least[rows])
-            choice[rows] = torch.where(better, k, choice[rows])
-    if per_tensor:
-        choice.fill_(int(totals.argmin()))  # the first of equal minima
-    stored, effective = found[0].stored.clone(), found[0].effective.clone()
-    for k, candidate in enumerate(found[1:], start=1):
-        taken = choice == k
-        stored = torch.where(taken, candidate.stored, stored)
-        effective = torch.where(taken, candidate.effective, effective)
-    return Scales(stored, effective, found[0].global_scale)
+        search.add(piece, grid_rows)
+    return search.scales()
