@@ -247,21 +247,27 @@ def smaller_block(scheme: QuantScheme, shape: Sequence[int], calibration: Calibr
 def make_plan(
     infos: Iterable[TensorInfo], recipe: Recipe | None = None, preset: Preset | None = None,
     *, split: bool = False, backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
+    calibration: Calibration | None = None,
 ) -> Plan:
     """One decision per tensor and every problem found from the headers (see the module docstring).
 
     `split`: the output is cut into several files (--max-shard-size), so Burn's per-file limits are
     the split's to keep, not one file's. `backend`: every tensor that Burn backend cannot load is an
     error; without one, what a common backend cannot load is a warning. `burn_version`: the Burn release
-    the file is for; a scheme it has no form for is an error.
+    the file is for; a scheme it has no form for is an error. `calibration` (`--calibration`): the
+    calibration of every quantized tensor whose rule names none, in place of its preset's.
     """
-    return _Planner(list(infos), recipe, preset or PRESETS[DEFAULT_PRESET], split, backend, burn_version).plan()
+    return _Planner(list(infos), recipe, preset or PRESETS[DEFAULT_PRESET], split, backend, burn_version,
+                    calibration).plan()
 
 
 class _Planner:
     def __init__(self, infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False,
-                 backend: BurnBackend | None = None, burn_version: str = BURN_VERSION) -> None:
+                 backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
+                 calibration: Calibration | None = None) -> None:
         self.infos = infos
+        self.calibration = calibration
+        self.refused_calibration: set[int] = set()  # id(rule): rules `calibration` is refused for, reported
         self.split = split
         self.backend = backend
         self.burn_version = burn_version
@@ -349,35 +355,40 @@ class _Planner:
         not divide the row; None when the shape takes neither. `why` replaces the reason's start (kept short:
         the reason is a column of quantize's table)."""
         reason = f"{why or f'default: {info.dtype} tensor of rank {len(info.shape)}'} -> {preset.name}"
-        scheme = preset.scheme
+        scheme, calibration = preset.scheme, self.calibration or preset.calibration
         if shape_problem(scheme, info.shape) is not None:
-            smaller = smaller_block(scheme, info.shape, preset.calibration)
+            smaller = smaller_block(scheme, info.shape, calibration)
             if smaller is None:
                 return None
             reason += (f" → block {smaller.block.size}: {info.shape[-1]} is not a multiple of "
                        f"{scheme.block.size.dims()[0]}")
             scheme = smaller
-        return Decision(scheme, preset.calibration, False, reason, None)
+        return Decision(scheme, calibration, False, reason, None)
 
     def by_rule(self, info: TensorInfo, rule: Rule) -> Decision:
         where = f"rule {rule.location}"
+        calibration = rule.calibration or self.calibration or Calibration.MinMax
         if rule.refusals:
             reason = f"refused: {where} asks for {rule.describe()}"
-            return Decision(None, rule.calibration, False, reason, rule)
+            return Decision(None, calibration, False, reason, rule)
         transpose = rule.transpose and len(info.shape) == 2
         if rule.transpose and not transpose:
             self.not_2d.setdefault(id(rule), []).append(info.name)
         if rule.keep:
             if rule.cast is not None and info.dtype not in FLOAT_DTYPES:
                 self.not_float.setdefault(id(rule), []).append(info.name)
-                return Decision(None, rule.calibration, transpose, f"{where}: keep", rule)
-            return self.kept(info, f"{where}: keep", rule, transpose, rule.calibration, rule.cast)
+                return Decision(None, calibration, transpose, f"{where}: keep", rule)
+            return self.kept(info, f"{where}: keep", rule, transpose, calibration, rule.cast)
         assert rule.scheme is not None
         shape = info.shape[::-1] if transpose else info.shape
         why_not = self.cannot_take(info, rule.scheme, shape)
+        if why_not is None and rule.calibration is None and self.calibration is not None:
+            refused = self.calibration_refused(info, rule)
+            if refused is not None:
+                return self.kept(info, f"{where}: keep, {refused}", rule, transpose)
         if why_not is None:
             asked = rule.preset or str(rule.scheme)
-            return Decision(rule.scheme, rule.calibration, transpose, f"{where} -> {asked}", rule)
+            return Decision(rule.scheme, calibration, transpose, f"{where} -> {asked}", rule)
         if self.recipe is not None and self.recipe.on_indivisible is OnIndivisible.error:
             self.problem(
                 Kind.shape, f"{info.name} {list(info.shape)}{' transposed' if transpose else ''} cannot take "
@@ -388,7 +399,19 @@ class _Planner:
         self.unquantized.setdefault(id(rule), []).append(
             f"{info.name} {list(info.shape)}{' transposed' if transpose else ''}: {why_not}")
         reason = f"{where}: keep, cannot take the scheme: {why_not}"
-        return self.kept(info, reason, rule, transpose, rule.calibration)
+        return self.kept(info, reason, rule, transpose, calibration)
+
+    def calibration_refused(self, info: TensorInfo, rule: Rule) -> str | None:
+        """Why `--calibration` cannot apply to the scheme of `rule` (reported once per rule, as an error),
+        or None."""
+        refusals = accept_problems(rule.scheme, self.calibration)
+        if not refusals:
+            return None
+        if id(rule) not in self.refused_calibration:
+            self.refused_calibration.add(id(rule))
+            self.problem(refusals[0].kind, f"--calibration {self.calibration.value} cannot apply to "
+                         f"{rule.describe()}: {refusals[0].message}", refusals[0].hint, [info.name], rule=rule)
+        return f"--calibration {self.calibration.value} does not apply"
 
     def cannot_take(self, info: TensorInfo, scheme: QuantScheme, shape: Sequence[int]) -> str | None:
         if is_quantized(info.dtype):
@@ -476,7 +499,7 @@ class _Planner:
 
     def default_problems(self, names: list[str]) -> None:
         """A preset Burn refuses is reported once, like a rule (the CLI only offers accepted presets)."""
-        refusals = accept_problems(self.preset.scheme, self.preset.calibration)
+        refusals = accept_problems(self.preset.scheme, self.calibration or self.preset.calibration)
         if refusals and names:
             self.problem(
                 refusals[0].kind,

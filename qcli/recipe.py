@@ -88,7 +88,7 @@ class Rule:
     line: int
     keep: bool
     scheme: QuantScheme | None
-    calibration: Calibration
+    calibration: Calibration | None  # None: not said, so `--calibration`'s, else the preset's or MinMax
     transpose: bool
     preset: str | None
     mode: QuantMode | ZeroPoint = QuantMode.Symmetric
@@ -391,9 +391,10 @@ class _Parser:
                 line(conflicts[0]), f"keep = true cannot be combined with {', '.join(conflicts)}",
                 "a kept tensor is written unchanged; remove keep, or the scheme keys",
             )
-        if preset_name is not None and scheme_keys:
+        shape_keys = [k for k in scheme_keys if k != "calibration"]  # a preset takes a calibration of its own
+        if preset_name is not None and shape_keys:
             self.fault(
-                line(scheme_keys[0]), f"preset cannot be combined with {', '.join(scheme_keys)}",
+                line(shape_keys[0]), f"preset cannot be combined with {', '.join(shape_keys)}",
                 "a preset is a whole scheme: use either preset = \"...\" or value/store/block/... keys",
             )
         cast = self.cast(table, "cast", line) if "cast" in table else None
@@ -412,8 +413,9 @@ class _Parser:
             )
         scheme = calibration = preset = None
         refusals: tuple[Problem, ...] = ()
-        if not keep and preset_name is not None and not scheme_keys:
-            preset, scheme, calibration, refusals = self.preset(preset_name, line("preset"))
+        if not keep and preset_name is not None and not shape_keys:
+            preset, scheme, _, refusals = self.preset(preset_name, line("preset"))
+            calibration = self.enum(table, "calibration", Calibration, line)
             if refusals:
                 mode = QuantMode.Lookup if preset_name.strip().lower() in LOOKUP_NAMES else ZeroPoint.Asymmetric
         elif not keep and "value" in table:
@@ -424,11 +426,11 @@ class _Parser:
             refusals = (_zero_point_refusal(table.get("value")),)
         elif mode is QuantMode.Lookup and scheme is None and not refusals:
             refusals = (_lookup_refusal(None),)
-        if scheme is not None and calibration is not None:
-            refusals = refusals + tuple(accept_problems(scheme, calibration))
+        if scheme is not None:
+            refusals = refusals + tuple(accept_problems(scheme, calibration or Calibration.MinMax))
         return Rule(
             match=match, file=self.file, line=header, keep=keep, scheme=scheme,
-            calibration=calibration or Calibration.MinMax, transpose=transpose, preset=preset,
+            calibration=calibration, transpose=transpose, preset=preset,
             mode=mode, refusals=refusals, cast=cast, number=index + 1,
         )
 
@@ -536,7 +538,7 @@ class _Parser:
         block = self.block(table, line)
         block_scale = self.enum(table, "block_scale", ScaleDtype, line)
         tensor_scale = self.enum(table, "tensor_scale", ScaleDtype, line)
-        calibration = self.enum(table, "calibration", Calibration, line) or Calibration.MinMax
+        calibration = self.enum(table, "calibration", Calibration, line)
         if "block" in table and "block_scale" not in table:
             self.fault(line("block"), "block needs block_scale, the dtype of its scales",
                        "add block_scale = \"F16\" (or \"UE4M3\", \"BF16\", \"F32\")")

@@ -12,7 +12,7 @@ from qcli.io.safetensors import TensorInfo
 from qcli.plan import CHUNK_WORKING_BYTES, make_plan, shape_problem
 from qcli.presets import PRESETS
 from qcli.recipe import load_recipe
-from qcli.scheme import QuantScheme, QuantValue, ScaleDtype
+from qcli.scheme import Calibration, QuantScheme, QuantValue, ScaleDtype
 
 ITEM = {"F32": 4, "BF16": 2, "F16": 2, "I64": 8, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1}
 SOURCE = Path("model.safetensors")
@@ -579,3 +579,36 @@ def test_ndarray_loads_bf16_norms_cast_to_f32(tmp_path: Path) -> None:
     cast = make_plan(LLAMA, recipe(tmp_path, '[defaults]\ncast_kept = "F32"\n'), PRESETS["q8s-b32"],
                      backend=BurnBackend.ndarray)
     assert cast.errors() == []
+
+
+def calibration_recipe(tmp_path: Path) -> Path:
+    path = tmp_path / "recipe.toml"
+    path.write_text('version = 1\n'
+                    '[[rule]]\nmatch = "*.q_proj.weight"\npreset = "q4f-b32"\ncalibration = "absmean"\n'
+                    '[[rule]]\nmatch = "*.k_proj.weight"\npreset = "q4f-b32"\n'
+                    '[[rule]]\nmatch = "*.v_proj.weight"\nvalue = "E2M1"\nblock = [16]\nblock_scale = "UE4M3"\n'
+                    'tensor_scale = "F32"\n')
+    return path
+
+
+def test_calibration_comes_from_the_rule_then_the_flag_then_the_preset(tmp_path):
+    """A rule's own `calibration` wins; `--calibration` covers rules without one and the default preset."""
+    infos = [info(f"{LAYER}.self_attn.{p}_proj.weight", "BF16", [64, 64]) for p in "qk"]
+    infos.append(info(f"{LAYER}.mlp.up_proj.weight", "BF16", [64, 64]))
+    recipe = load_recipe(calibration_recipe(tmp_path))
+    plain = {e.info.name.split(".")[-2]: e.decision.calibration.value for e in make_plan(infos, recipe).entries}
+    assert plain == {"q_proj": "AbsMean", "k_proj": "MinMax", "up_proj": "MinMax"}
+    searched = make_plan(infos, recipe, calibration=Calibration.Mse)
+    got = {e.info.name.split(".")[-2]: e.decision.calibration.value for e in searched.entries}
+    assert got == {"q_proj": "AbsMean", "k_proj": "Mse", "up_proj": "Mse"}
+    assert not [p for p in searched.problems if p.severity == "error"]
+
+
+def test_a_flag_calibration_a_rules_scheme_cannot_take_is_an_error_at_the_rule(tmp_path):
+    """AbsMean has no two-level form: `--calibration absmean` on a two-level rule names the rule."""
+    infos = [info(f"{LAYER}.self_attn.v_proj.weight", "BF16", [64, 64])]
+    plan = make_plan(infos, load_recipe(calibration_recipe(tmp_path)), calibration=Calibration.AbsMean)
+    (problem,) = [p for p in plan.problems if p.severity == "error"]
+    assert problem.line == 9 and "--calibration AbsMean cannot apply to" in problem.message
+    assert "two-level" in problem.message
+    assert plan.entries[0].decision.scheme is None

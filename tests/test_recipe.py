@@ -105,7 +105,10 @@ def test_scheme_keys_default_to_packed_u32_symmetric_minmax_per_tensor_f32(tmp_p
         "tensor": "F32",
         "block": None,
     }
-    assert rule.calibration.value == "MinMax"
+    assert rule.calibration is None  # not said: the plan takes --calibration's, else MinMax
+    recipe = load_recipe(write(tmp_path, 'version = 1\n[[rule]]\nmatch = "*"\nvalue = "Q8S"\n'))
+    (entry,) = make_plan([TensorInfo("w", "F32", (4, 32), 512, Path("m.safetensors"))], recipe).entries
+    assert entry.decision.calibration.value == "MinMax"
 
 
 def test_names_are_accepted_in_any_case_and_reported_canonical(tmp_path: Path) -> None:
