@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from qcli.errors import SchemeError
+from qcli.errors import SchemeError, UsageError
 from qcli.problem import Kind, Problem
 
 F32_MIN_POSITIVE = 1.1754943508222875e-38  # f32::MIN_POSITIVE, 2^-126
@@ -272,6 +272,14 @@ class Calibration(StrEnum):
     MinMax = "MinMax"
     AbsMean = "AbsMean"
     Mse = "Mse"  # qcli's own: MinMax's range, then each block's scale searched (qcli.codec.search)
+
+
+def resolve_calibration(name: str) -> Calibration:
+    """A calibration by name, any case (`mse`, `MinMax`)."""
+    for member in Calibration:
+        if member.name.lower() == name.strip().lower():
+            return member
+    raise UsageError(f"unknown calibration {name!r}", hint=f"one of {', '.join(m.name.lower() for m in Calibration)}")
 
 
 MAX_BLOCK_DIMS = 5

@@ -33,6 +33,12 @@ class Device(StrEnum):
     cuda = "cuda"
 
 
+class CalibrationChoice(StrEnum):
+    minmax = "minmax"
+    absmean = "absmean"
+    mse = "mse"
+
+
 def quantize(
     input: Annotated[
         Path,
@@ -61,6 +67,17 @@ def quantize(
     ] = None,
     recipe: Annotated[
         Path | None, typer.Option("--recipe", metavar="FILE", help="TOML recipe: rules per tensor name.")
+    ] = None,
+    calibration: Annotated[
+        CalibrationChoice | None,
+        typer.Option(
+            "--calibration",
+            metavar="minmax|absmean|mse",
+            case_sensitive=False,
+            help="How each scale is chosen, for every quantized tensor whose recipe rule names none: minmax"
+            " (the preset's: the largest value on the range's end), absmean, or mse (a search for the scale"
+            " whose decode errs least: better at 4 bits and below, slower; docs/arithmetic.md).",
+        ),
     ] = None,
     device: Annotated[
         Device,
@@ -126,8 +143,8 @@ def quantize(
     try:
         if quiet and verbose:
             raise UsageError("--quiet and --verbose cannot be used together", hint="pass one of them")
-        report = _run(input, output, scheme, recipe, device, dry_run, force, verify, max_shard_size,
-                      burn_backend, burn_version, stats)
+        report = _run(input, output, scheme, recipe, calibration, device, dry_run, force, verify,
+                      max_shard_size, burn_backend, burn_version, stats)
     except QcliError as exc:
         if json_output:
             _output.print_json(error_json(exc))
@@ -150,8 +167,8 @@ def error_json(exc: QcliError) -> dict:
     }
 
 
-def _run(input, output, scheme, recipe, device, dry_run, force, verify, max_shard_size, burn_backend,
-         burn_version, stats) -> QuantizeReport:
+def _run(input, output, scheme, recipe, calibration, device, dry_run, force, verify, max_shard_size,
+         burn_backend, burn_version, stats) -> QuantizeReport:
     target = Path(output) if output is not None else default_output(Path(input))
     with _output.progress_bar(_output.progress_enabled()) as hook:
         report = command.quantize_file(
@@ -159,6 +176,7 @@ def _run(input, output, scheme, recipe, device, dry_run, force, verify, max_shar
             output,
             scheme=scheme,
             recipe=recipe,
+            calibration=None if calibration is None else calibration.value,
             device=device.value,
             dry_run=dry_run,
             force=force,

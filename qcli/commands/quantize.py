@@ -20,6 +20,7 @@ from qcli.presets import Preset, resolve_preset
 from qcli.recipe import Recipe, load_recipe
 from qcli.report import MemoryUse, Phase, QuantizeReport, SourceFile, TensorRow, Timings
 from qcli.resident import peak_resident_bytes, resident_bytes
+from qcli.scheme import Calibration, resolve_calibration
 from qcli.verify import out_of_bound
 
 if TYPE_CHECKING:
@@ -31,12 +32,14 @@ ProgressHook = Callable[[str | None, int, int], None]
 
 
 def make_checked_plan(infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False,
-                      backend: BurnBackend | None = None, burn_version: str = BURN_VERSION) -> Plan:
+                      backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
+                      calibration: Calibration | None = None) -> Plan:
     """The plan for `infos` in name order (so shards and one file give the same output); every error is
     raised together as one PlanError. `split`: the output will be cut into several files; `backend` and
-    `burn_version`: the Burn backend and release the file must load on."""
+    `burn_version`: the Burn backend and release the file must load on; `calibration`: the one for every
+    quantized tensor whose rule names none."""
     plan = make_plan(sorted(infos, key=lambda i: i.name), recipe, preset, split=split, backend=backend,
-                     burn_version=burn_version)
+                     burn_version=burn_version, calibration=calibration)
     plan.raise_if_errors()
     return plan
 
@@ -47,6 +50,7 @@ def quantize_file(
     *,
     scheme: str | None = None,
     recipe: str | Path | None = None,
+    calibration: str | None = None,
     device: str = "auto",
     dry_run: bool = False,
     force: bool = False,
@@ -69,13 +73,16 @@ def quantize_file(
     written (`qcli.verify`); a file that fails never reaches `output`. With `max_shard_size`, the output
     is split into `NAME-00001-of-0000N.bpk` files of at most that many bytes each. With `burn_backend`,
     every tensor that Burn backend cannot load stops the plan (`qcli.burn_backends`); `burn_version` is
-    the Burn release to write for (default: the newest stable one, `qcli.BURN_VERSION`).
+    the Burn release to write for (default: the newest stable one, `qcli.BURN_VERSION`). `calibration`
+    (`minmax`, `absmean`, `mse`, any case) replaces the presets' calibration and covers every recipe rule
+    that names none.
     """
     input = Path(input)
     preset = resolve_preset(scheme)
     backend = resolve_backend(burn_backend)
     version = resolve_version(burn_version)
     loaded_recipe = load_recipe(recipe) if recipe is not None else None
+    chosen = None if calibration is None else resolve_calibration(calibration)
     target = Path(output) if output is not None else default_output(input)
     refuse_special_output(target)  # a dry run refuses what the run would (docs/cli.md)
     if target.exists() and not force:
@@ -90,7 +97,7 @@ def quantize_file(
             inputs.append((Path(recipe), "the recipe"))
         refuse_input_as_output(target, inputs)
         plan = make_checked_plan(source.infos(), loaded_recipe, preset, split=max_shard_size is not None,
-                                 backend=backend, burn_version=version)
+                                 backend=backend, burn_version=version, calibration=chosen)
         report = QuantizeReport(
             input=str(input),
             output=str(target),
