@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import struct
 
 import numpy as np
 import pytest
@@ -280,3 +281,34 @@ def test_bits_per_weight_of_a_quantized_file(quantized):
     text = cli("inspect", quantized).out
     assert "bits/weight" in text
     assert f"{doc['totals']['bits_per_weight']:.2f} bits/weight" in text
+
+
+@pytest.mark.parametrize("preset", ["q4f-b32", "q4s-b32", "q8s", "fp4-b32"])
+def test_compare_accepts_searched_scales_and_still_catches_inflated_ones(preset, tmp_path):
+    """A `--calibration mse` file (nearest-rounded, clipped and negative scales) passes --compare against
+    its source; the same file's first scale multiplied by 4 does not."""
+    out = tmp_path / "mse.bpk"
+    assert cli("quantize", SINGLE, "-o", out, "--device", "cpu", "--scheme", preset, "--calibration", "mse").code == 0
+    assert cli("inspect", out, "--compare", SINGLE).code == 0
+    doc = cli("inspect", out, "--json").json
+    name = next(t["name"] for t in doc["tensors"] if t["dtype"].startswith("QFloat") and "proj" in t["name"])
+    damaged = tmp_path / "damaged.bpk"
+    _scale_times_four(out, damaged, name)
+    assert cli("inspect", damaged, "--compare", SINGLE).code == 1
+
+
+def _scale_times_four(path, out, name):
+    """A copy of `path` with tensor `name`'s first stored scale (F16 or F32) multiplied by 4 in place."""
+    from qcli import layout
+    from qcli.io.burnpack import BurnpackReader
+    from qcli.scheme import QuantScheme, ScaleDtype
+
+    reader = BurnpackReader.open(path)
+    entry = next(e for e in reader.entries() if e.name == name)
+    scheme = QuantScheme.from_serde(entry.dtype["QFloat"])
+    at = reader.data_start + reader.data_offsets(name)[0] + layout.value_bytes(scheme, tuple(entry.shape))
+    kind = "<e" if scheme.scale_dtype() is ScaleDtype.F16 else "<f"
+    data = bytearray(path.read_bytes())
+    (scale,) = struct.unpack_from(kind, data, at)
+    struct.pack_into(kind, data, at, scale * 4)
+    out.write_bytes(bytes(data))

@@ -229,8 +229,9 @@ def _judged(x: torch.Tensor, decoded: torch.Tensor, data: memoryview, scheme: Qu
     bound), the first block over its bound if any is (NaN counts as over); (None, 0, 0) without a block.
 
     The bound per block is the smaller of the one the payload's stored scales give (`stored_bound`) and the
-    one the source alone gives (`error_bound`, under AbsMean: the looser calibration, since the file does
-    not record which one was used), so neither other data under the right scales nor inflated scales pass.
+    one the source alone gives (`error_bound` under the loosest calibration, AbsMean's or Mse's, since the
+    file does not record which one was used), so neither other data under the right scales nor inflated
+    scales pass.
     """
     import torch
 
@@ -239,7 +240,8 @@ def _judged(x: torch.Tensor, decoded: torch.Tensor, data: memoryview, scheme: Qu
     errors = block_errors(x, decoded, scheme).reshape(-1)
     if not errors.numel():
         return None, 0.0, 0.0
-    bounds = torch.minimum(stored_bound(x, data, scheme), error_bound(x, scheme, Calibration.AbsMean)).reshape(-1)
+    loosest = torch.maximum(error_bound(x, scheme, Calibration.AbsMean), error_bound(x, scheme, Calibration.Mse))
+    bounds = torch.minimum(stored_bound(x, data, scheme), loosest).reshape(-1)
     over = ~(errors <= bounds)
     ratio = torch.where(over, math.inf, torch.nan_to_num(errors / bounds, nan=0.0, posinf=math.inf))
     worst = int(ratio.argmax())
