@@ -141,7 +141,7 @@ def qcli_weights(source: Path, preset: str, calibration: str | None, workdir: Pa
     linears, decoded from the written .bpk, and the run's time."""
     from qcli.codec import decode
     from qcli.io.burnpack import BurnpackReader
-    from qcli.scheme import QuantScheme
+    from qcli.io.dtypes import QFloat
 
     recipe = workdir / f"{preset}.toml"
     scheme = SPELLED_OUT.get(preset, f'preset = "{preset}"')
@@ -160,9 +160,8 @@ def qcli_weights(source: Path, preset: str, calibration: str | None, workdir: Pa
     reader = BurnpackReader.open(target)
     decoded = {}
     for entry in reader.entries():
-        if isinstance(entry.dtype, dict) and "QFloat" in entry.dtype:
-            scheme = QuantScheme.from_serde(entry.dtype["QFloat"])
-            decoded[entry.name] = decode(reader.read(entry.name), scheme, tuple(entry.shape))
+        if isinstance(entry.dtype, QFloat):
+            decoded[entry.name] = decode(reader.read(entry.name), entry.dtype.scheme, tuple(entry.shape))
     return decoded, seconds
 
 

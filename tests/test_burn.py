@@ -407,5 +407,4 @@ def test_searched_scales_negative_ones_included_decode_in_burn_as_qcli_decodes_t
     if name.startswith(("Q4F", "Q8F")):
         reader = BurnpackReader.open(out)
         entry = next(e for e in reader.entries() if e.name == "layers.0.weight")
-        scheme = QuantScheme.from_serde(entry.dtype["QFloat"])
-        assert bool((block_scales(bytes(reader.read(entry.name)), scheme, entry.shape) < 0).any())
+        assert bool((block_scales(bytes(reader.read(entry.name)), entry.dtype.scheme, entry.shape) < 0).any())

@@ -301,11 +301,11 @@ def _scale_times_four(path, out, name):
     """A copy of `path` with tensor `name`'s first stored scale (F16 or F32) multiplied by 4 in place."""
     from qcli import layout
     from qcli.io.burnpack import BurnpackReader
-    from qcli.scheme import QuantScheme, ScaleDtype
+    from qcli.scheme import ScaleDtype
 
     reader = BurnpackReader.open(path)
     entry = next(e for e in reader.entries() if e.name == name)
-    scheme = QuantScheme.from_serde(entry.dtype["QFloat"])
+    scheme = entry.dtype.scheme
     at = reader.data_start + reader.data_offsets(name)[0] + layout.value_bytes(scheme, tuple(entry.shape))
     kind = "<e" if scheme.scale_dtype() is ScaleDtype.F16 else "<f"
     data = bytearray(path.read_bytes())

@@ -33,6 +33,8 @@ from cli_support import (
 )
 
 from qcli import BURN_VERSION, __version__
+from qcli.io.dtypes import QFloat
+from qcli.scheme import QuantValue
 
 NORMS = ("input_layernorm", "post_attention_layernorm", "model.norm")
 # The default policy writes the token embedding and the output head in 8 bits (q8s-b32) under a 4-bit preset.
@@ -900,7 +902,7 @@ def test_calibration_mse_lowers_the_error_an_independent_decoder_sees(tmp_path):
         reader = read_bpk(out)
         source = source_tensors()
         for entry in reader.entries():
-            if isinstance(entry.dtype, dict) and entry.dtype["QFloat"]["value"] == "Q4F":
+            if isinstance(entry.dtype, QFloat) and entry.dtype.scheme.value is QuantValue.Q4F:
                 values, scales = decode_packed(bytes(reader.read(entry.name)), tuple(entry.shape), 4, 32)
                 x = source[entry.name].astype(np.float64)
                 errors.setdefault(entry.name, {})[calibration] = (np.sum((x - values) ** 2), (scales < 0).any())
