@@ -12,7 +12,7 @@ from qcli.scheme import (
     accept_problems,
 )
 
-MinMax, AbsMean = Calibration.MinMax, Calibration.AbsMean
+MinMax, AbsMean, Mse = Calibration.MinMax, Calibration.AbsMean, Calibration.Mse
 
 
 def _s(value: QuantValue, store=None) -> QuantScheme:
@@ -31,6 +31,8 @@ def all_schemes() -> list[tuple[QuantScheme, Calibration, tuple[int, ...]]]:
         cases.append((_s(value).per_block([2, 16], ScaleDtype.UE4M3), MinMax, (3, 5, 48)))
         two_level = _s(value).per_block([16], ScaleDtype.UE4M3).per_tensor(ScaleDtype.F32)
         cases.append((two_level, MinMax, (6, 40)))
+        cases += [(_s(value), Mse, (5, 37)), (_s(value).per_block([32], ScaleDtype.F16), Mse, (3, 80)),
+                  (two_level, Mse, (6, 40))]
         if value.size_bits() == 8:
             cases.append((_s(value, Native()).per_tensor(ScaleDtype.F16), AbsMean, (7, 9)))
             cases.append((_s(value, Native()).per_block([3, 5], ScaleDtype.F32), AbsMean, (2, 7, 11)))
@@ -43,6 +45,8 @@ def all_schemes() -> list[tuple[QuantScheme, Calibration, tuple[int, ...]]]:
     cases.append((e2m1.per_block([16], ScaleDtype.F16), AbsMean, (3, 40)))
     cases.append((e2m1.per_block([5], ScaleDtype.UE4M3), MinMax, (3, 13)))
     cases.append((e2m1.per_tensor(ScaleDtype.BF16), MinMax, (1, 2, 3, 4, 5, 7)))
+    cases.append((_s(QuantValue.Q4F).per_block([2, 16], ScaleDtype.F32), Mse, (3, 5, 48)))  # negative scales
+    cases.append((_s(QuantValue.Q8F).per_block([32], ScaleDtype.BF16), Mse, (4, 70)))
     for scheme, calibration, _ in cases:
         assert not accept_problems(scheme, calibration, quantizer=False), scheme
     return cases

@@ -65,12 +65,13 @@ def _quotient(x, s, r):
 
 @triton.jit
 def _rescaling(s):
-    """A power of two p that brings the positive scale s into [SAFE_LOW, SAFE_HIGH], where `_quotient` is
-    exact; x / s = (x * p) / (s * p). The product x * p is exact wherever it matters: below SAFE_LOW the
-    block's values are tiny as well (at most its count times the half range times s), so x * 2^64 cannot
-    overflow; above SAFE_HIGH, x * 2^-64 rounds only for |x| < 2^-62, whose quotient (under 2^-187)
-    quantizes to zero either way."""
-    return tl.where(s < SAFE_LOW, RESCALE_UP, tl.where(s > SAFE_HIGH, RESCALE_DOWN, 1.0))
+    """A power of two p that brings the scale s (negative ones too: a searched scale may be) into
+    [SAFE_LOW, SAFE_HIGH] in magnitude, where `_quotient` is exact; x / s = (x * p) / (s * p). The product
+    x * p is exact wherever it matters: below SAFE_LOW the block's values are tiny as well (at most its
+    count times the half range times |s|), so x * 2^64 cannot overflow; above SAFE_HIGH, x * 2^-64 rounds
+    only for |x| < 2^-62, whose quotient (under 2^-187) quantizes to zero either way."""
+    a = tl.abs(s)
+    return tl.where(a < SAFE_LOW, RESCALE_UP, tl.where(a > SAFE_HIGH, RESCALE_DOWN, 1.0))
 
 
 @triton.jit

@@ -22,9 +22,12 @@ import triton
 
 from qcli import layout
 from qcli.codec.blocks import counts
+from qcli.codec.pack import pack_global, pack_scales
+from qcli.codec.scales import Scales
+from qcli.codec.search import Search
 from qcli.errors import NonFiniteTensor, NotFloatTensor, NotKernelFloat, UsageError
 from qcli.kernels import _quantize as K
-from qcli.kernels._arith import SAFE_HIGH, SAFE_LOW
+from qcli.kernels._arith import RESCALE_DOWN, RESCALE_UP, SAFE_HIGH, SAFE_LOW
 from qcli.scheme import Calibration, QuantScheme, QuantValue, ScaleDtype, check_accepted, f32_bits
 from qcli.tensor_range import TensorRange
 
@@ -154,11 +157,12 @@ def tensor_range(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration,
 
 
 def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out: torch.Tensor,
-            bad: torch.Tensor, whole: TensorRange | None = None) -> None:
+            bad: torch.Tensor, whole: TensorRange | None = None, searched: Scales | None = None) -> None:
     """Write the payload of `x` into `out` (uint8, 1-D) on the current stream; set `bad[0]` on NaN or inf.
 
     `whole` is the range of the whole tensor when `x` is one row chunk of it (per-tensor and two-level
-    schemes); other schemes need only the chunk, whose blocks must not straddle chunks.
+    schemes); other schemes need only the chunk, whose blocks must not straddle chunks. `searched`: under
+    `Calibration.Mse`, a per-tensor scheme's scale searched over every chunk (`qcli.codec.search.Search`).
     """
     shape = tuple(x.shape)
     grid = layout.BlockGrid.of(scheme, shape)
@@ -168,7 +172,7 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
     values = values.view(torch.int32) if scheme.size_bits_stored() == 32 else values
     scales = out[value_bytes:]
     fields = dict(N=per_unit, SAFE=_safe_scales(scheme), **_value_constants(scheme.value), **_OPTIONS)
-    if _fused(scheme, grid):
+    if calibration is not Calibration.Mse and _fused(scheme, grid):
         width = grid.block[-1]
         two_level = scheme.is_two_level()
         rows, cols, units_per_row = _flat(grid, width, per_unit)
@@ -182,7 +186,10 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
             EVEN=config.even(cols, width), num_warps=config.num_warps,
             **_scale_constants(scheme.scale_dtype()), **fields)
         return
-    s_eff, r_eff = _scales(x, scheme, calibration, grid, scales, bad, whole)
+    if calibration is Calibration.Mse:
+        s_eff, r_eff = _searched(x, scheme, grid, scales, bad, whole, searched)
+    else:
+        s_eff, r_eff = _scales(x, scheme, calibration, grid, scales, bad, whole)
     u = max(1, _GATHER_UNITS // per_unit)
     if scheme.block is None:
         rows, cols, units_per_row = _flat(grid, 1, per_unit)
@@ -221,6 +228,32 @@ def _scales(x, scheme: QuantScheme, calibration: Calibration, grid: layout.Block
         BLOCK=_SCALES_BLOCK, TWO_LEVEL=two_level, HALF_RANGE=scheme.value.half_range(),
         **_scale_constants(scheme.scale_dtype()), **_OPTIONS)
     return s_eff, r_eff
+
+
+def _searched(x, scheme: QuantScheme, grid: layout.BlockGrid, scales, bad, whole: TensorRange | None,
+              searched: Scales | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`Calibration.Mse`: the codec's search (`qcli.codec.search`), in torch on x's device, whose every
+    operation rounds as on the CPU, so it picks the same scales; the stored ones (and the global) into
+    `scales`, and the effective scales with their reciprocals as `_scales_kernel` gives them. The ranges
+    are MinMax's, from the range kernel."""
+    if searched is None:
+        if scheme.block is None:
+            alpha = (whole or tensor_range(x, scheme, Calibration.MinMax, bad)).peak
+        else:
+            alpha = _block_alpha(x, grid, Calibration.MinMax, bad)
+        peak = whole.peak.reshape(()) if whole is not None and scheme.is_two_level() else None
+        search = Search(alpha.reshape(grid.grid), scheme, grid.shape, peak)
+        search.add(x.to(torch.float32), slice(None))
+        searched = search.scales()
+    stored_bytes = layout.scale_bytes(scheme, grid.shape)
+    scales[:stored_bytes].copy_(pack_scales(searched.stored, scheme.scale_dtype()))
+    if searched.global_scale is not None:
+        scales[stored_bytes : stored_bytes + 4].copy_(pack_global(searched.global_scale))
+    s_eff = searched.effective.reshape(-1).contiguous()
+    magnitude = s_eff.abs()
+    rescaling = torch.where(magnitude < SAFE_LOW.value, RESCALE_UP.value,
+                            torch.where(magnitude > SAFE_HIGH.value, RESCALE_DOWN.value, 1.0))
+    return s_eff, 1.0 / (s_eff * rescaling)  # IEEE division on every device, as the kernel's div_rn
 
 
 def _row_alpha(x, rows: int, cols: int, width: int, calibration: Calibration, bad, per_program: bool = False

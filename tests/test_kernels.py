@@ -478,13 +478,17 @@ def _checkpoint(tmp_path: Path) -> tuple[Path, dict]:
     GpuSettings(budget=6 << 10, piece_bytes=1000, read_slice=1000),
     GpuSettings(budget=30000, piece_bytes=7 << 10, read_slice=1000),
 ], ids=["whole", "chunked", "chunked-pieces"])
-def test_pipeline_yields_the_cpu_pipelines_bytes(kernels, tmp_path, settings):
+@pytest.mark.parametrize("searched", [False, True], ids=["as-decided", "mse"])
+def test_pipeline_yields_the_cpu_pipelines_bytes(kernels, tmp_path, settings, searched):
     # Small budgets split tensors into row chunks of whole blocks (and per-tensor/two-level schemes into
-    # two passes); small pieces split each chunk into several reads, and small read slices each piece
-    # into several reads in flight.
+    # two passes, a per-tensor Mse scheme into three); small pieces split each chunk into several reads,
+    # and small read slices each piece into several reads in flight.
     from qcli.pipeline import cpu, gpu
 
     path, decisions = _checkpoint(tmp_path)
+    if searched:
+        decisions = {name: (scheme, Calibration.Mse if scheme else calibration, transpose)
+                     for name, (scheme, calibration, transpose) in decisions.items()}
     plan, source = _plan(path, decisions)
     with source:
         want = [(p.entry.info.name, bytes(p.data.numpy())) for p in cpu.run(plan, source)]

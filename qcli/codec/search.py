@@ -23,9 +23,10 @@ from collections.abc import Iterable
 
 import torch
 
-from qcli.codec.blocks import BlockGrid
+from qcli.codec.blocks import from_blocks, per_block, to_blocks
 from qcli.codec.scales import Scales, nearest, scales_from_alpha
 from qcli.codec.values import dequantize, to_fields
+from qcli.layout import BlockGrid
 from qcli.scheme import QuantScheme, QuantValue, ScaleDtype
 
 # Clip factors k/32: exact in f32, so `c * raw` rounds once, the same in every implementation.
@@ -72,19 +73,19 @@ def fixed_point_unit(alpha: torch.Tensor, bits: int) -> torch.Tensor:
 
 def block_errors(blocks: torch.Tensor, effective: torch.Tensor, unit: torch.Tensor, grid: BlockGrid,
                  value: QuantValue, work: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
-    """Σ RN((x - q * s) * unit)^2 per block, for `blocks` (`grid.to_blocks` of f32 x) at the grid-shaped
+    """Σ RN((x - q * s) * unit)^2 per block, for `blocks` (`to_blocks` of f32 x) at the grid-shaped
     scales `effective`, as float64 integers: each term and partial sum is an integer below 2^53
     (`error_bits`), so the sum is exact. `work` (f32) and `wide` (f64), shaped like `blocks`, are scratch."""
-    scales = grid.per_block(effective)
+    scales = per_block(effective, grid)
     if value.is_minifloat():
-        x = grid.from_blocks(blocks)
-        work.copy_(grid.to_blocks(dequantize(to_fields(x, effective, grid, value), effective, grid, value)))
+        x = from_blocks(blocks, grid)
+        work.copy_(to_blocks(dequantize(to_fields(x, effective, grid, value), effective, grid, value), grid))
     else:  # to_fields' arithmetic on the block view, without its int8 round trip
         torch.div(blocks, scales, out=work)
         if not bool(effective.all()):
             torch.where(blocks == 0, blocks, work, out=work)
         work.clamp_(*value.range()).round_().mul_(scales)
-    torch.sub(blocks, work, out=work).mul_(grid.per_block(unit)).round_()
+    torch.sub(blocks, work, out=work).mul_(per_block(unit, grid)).round_()
     wide.copy_(work)
     return wide.mul_(wide).sum(dim=grid.block_axes)
 
@@ -106,7 +107,7 @@ class Search:
         """f32 rows of the tensor in whole blocks, covering `grid_rows` of its block grid."""
         grid = BlockGrid.of(self.scheme, piece.shape)
         rows = slice(None) if self.per_tensor else grid_rows
-        blocks = grid.to_blocks(piece)
+        blocks = to_blocks(piece, grid)
         work, wide = torch.empty_like(blocks), torch.empty(blocks.shape, dtype=torch.float64, device=blocks.device)
         least, choice = self.least[rows], self.choice[rows]
         for k, candidate in enumerate(self.found):

@@ -32,20 +32,24 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from qcli import layout
+from qcli.codec.scales import Scales
+from qcli.codec.search import Search
 from qcli.errors import InputError, NonFiniteTensor, NotKernelFloat, UsageError
 from qcli.io.dtypes import torch_dtype
 from qcli.kernels import enqueue, tensor_range
 from qcli.kernels.launch import interpreted
+from qcli.layout import BlockGrid
 from qcli.measure import BYTES_PER_VALUE, SLICE_VALUES, Measurement, whole_range
 from qcli.pipeline import GpuSettings, Payload
 from qcli.pipeline.cpu import cast_kept
-from qcli.scheme import check_accepted
+from qcli.scheme import Calibration, check_accepted
 from qcli.tensor_range import TensorRange
 
 if TYPE_CHECKING:
@@ -56,10 +60,19 @@ _SLOTS = 2  # staging buffers: pieces read ahead of the device
 _KERNEL_DTYPES = ("F32", "F16", "BF16")  # the source dtypes the kernels quantize
 
 
+class Pass(Enum):
+    """What a read is for. A chunked per-tensor or two-level scheme is read first for its range; under
+    `Calibration.Mse` a chunked per-tensor scheme is then read again for its one scale's search."""
+
+    range = "range"
+    search = "search"
+    quantize = "quantize"
+
+
 @dataclass(frozen=True)
 class _Piece:
     """One read: rows [start, stop) along the first axis of one entry, within GPU chunk [chunk_start,
-    chunk_stop). `collect` marks the first pass of a chunked per-tensor or two-level scheme."""
+    chunk_stop), read for `purpose`."""
 
     index: int            # the entry's position in the plan
     entry: PlanEntry
@@ -70,7 +83,7 @@ class _Piece:
     stop: int
     chunk_start: int
     chunk_stop: int
-    collect: bool
+    purpose: Pass
     last: bool            # the entry's last piece
 
 
@@ -122,17 +135,21 @@ def _pieces(index: int, entry: PlanEntry, settings: GpuSettings, measure: bool) 
         per_row = footprint / rows
         chunk_rows = max(step, int(max(room, 0) / per_row) // step * step)
     two_pass = scheme is not None and chunk_rows < rows and (scheme.block is None or scheme.is_two_level())
-    passes = (True, False) if two_pass else (False,)
+    passes = (Pass.quantize,)
+    if two_pass:
+        search = scheme.block is None and decision.calibration is Calibration.Mse
+        passes = (Pass.range, Pass.search, Pass.quantize) if search else (Pass.range, Pass.quantize)
     piece_rows = max(1, settings.piece_bytes // row_bytes) if row_bytes else 1
     if scheme is None and decision.transpose:  # transposed on the CPU, whole
         piece_rows = rows
-    for collect in passes:
+    for purpose in passes:
         for chunk_start in range(0, max(rows, 1), chunk_rows):
             chunk_stop = min(chunk_start + chunk_rows, max(rows, 1))
             for start in range(chunk_start, chunk_stop, piece_rows):
                 stop = min(start + piece_rows, chunk_stop)
                 yield _Piece(index, entry, info.file, info.offset + start * row_bytes, (stop - start) * row_bytes,
-                             start, stop, chunk_start, chunk_stop, collect, not collect and stop == max(rows, 1))
+                             start, stop, chunk_start, chunk_stop, purpose,
+                             purpose is Pass.quantize and stop == max(rows, 1))
 
 
 class _Stage:
@@ -236,6 +253,8 @@ class _Tensor:
     chunk: torch.Tensor | None = None
     whole: TensorRange | None = None
     measure_whole: TensorRange | None = None  # the bound's, from the first pass of a chunked tensor
+    search: Search | None = None  # a chunked per-tensor Mse scheme's, fed in the search pass
+    searched: Scales | None = None  # what it picked
     done = None                 # event after the last copy into `out`
     measure_done = None         # event after the last measuring work
 
@@ -320,8 +339,8 @@ def _upload(tensor: _Tensor, piece: _Piece, host: torch.Tensor, stage: _Stage) -
 
 
 def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
-    """Quantize a whole device chunk (or collect its range, in a first pass), copy its payload back and,
-    when measuring, measure it."""
+    """Quantize a whole device chunk (or collect its range, or feed its scale's search, in a pass before),
+    copy its payload back and, when measuring, measure it."""
     entry, decision = piece.entry, piece.entry.decision
     scheme = decision.scheme
     if stage.compute is not None:
@@ -329,7 +348,13 @@ def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
         tensor.chunk.record_stream(stage.compute)
     with _on(stage.compute):
         x = tensor.chunk.t().contiguous() if decision.transpose else tensor.chunk
-        if piece.collect:
+        if piece.purpose is Pass.search:
+            if tensor.search is None:
+                shape = tuple(entry.info.shape)
+                tensor.search = Search(tensor.whole.peak.reshape(BlockGrid.of(scheme, shape).grid), scheme, shape)
+            tensor.search.add(x.to(torch.float32), slice(None))
+            return
+        if piece.purpose is Pass.range:
             part = tensor_range(x, scheme, decision.calibration, tensor.bad)
             whole = tensor.whole
             tensor.whole = part if whole is None else whole.add(part)
@@ -340,7 +365,10 @@ def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
         else:
             payload = torch.empty(layout.quantized_data_len(scheme, tuple(x.shape)), dtype=torch.uint8,
                                   device=stage.device)
-            enqueue(x, scheme, decision.calibration, payload, tensor.bad, whole=tensor.whole)
+            if tensor.search is not None and tensor.searched is None:
+                tensor.searched = tensor.search.scales()
+            enqueue(x, scheme, decision.calibration, payload, tensor.bad, whole=tensor.whole,
+                    searched=tensor.searched)
     if stage.d2h is not None:
         stage.d2h.wait_stream(stage.compute)
         payload.record_stream(stage.d2h)
