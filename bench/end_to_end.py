@@ -15,7 +15,7 @@ Parts (each appends to OUT/end_to_end.json):
 - `qcli`: `qcli.commands.quantize.quantize_file`, what `qcli quantize --device cuda` runs, which by default also
   decodes every quantized tensor on the GPU for its error statistics and bound check and reads the
   finished file back to verify it; `qcli-nostats` is `--no-stats`, `qcli-nostats-noverify` adds
-  `--no-verify`. Cold and cached.
+  `--no-verify`; a scheme `PRESET:mse` adds `--calibration mse`. Cold and cached.
 - `naive`: load_file(shard, device="cuda"), a torch.compile'd quantize per tensor (the codec's own torch
   arithmetic), .cpu(), written and fsynced; compiled for every shape first (not timed). Cold and cached.
 Each run is a child process reporting its wall time, peak RSS and peak GPU memory.
@@ -225,7 +225,9 @@ def _pipeline(directory: Path, scheme: str, target: Path) -> dict:
 def _qcli(directory: Path, scheme: str, target: Path, **options) -> dict:
     from qcli.commands.quantize import quantize_file
 
-    report = quantize_file(directory, target, scheme=scheme, device="cuda", force=True, **options)
+    preset, _, calibration = scheme.partition(":")  # `q4s-b32:mse` adds --calibration mse
+    report = quantize_file(directory, target, scheme=preset, calibration=calibration or None, device="cuda",
+                           force=True, **options)
     t = report.timings
     return {"device": report.device, "output_bytes": target.stat().st_size,
             "phases_s": {k: getattr(t, k).seconds for k in ("read", "quantize", "write", "stats", "verify")
