@@ -1,8 +1,10 @@
-"""What the scale search (`--calibration mse`) costs on the CPU path: the codec's `encode` of one seeded
-4096x4096 standard-normal f32 matrix under MinMax and under Mse, per preset, median of `--runs` runs with
-torch's default thread count (OpenMP's passive wait, as the qcli command sets it).
+"""What the scale search (`--calibration mse`) costs: one seeded standard-normal f32 matrix encoded under
+MinMax and under Mse, per preset, median of `--runs` runs. On the CPU (`--device cpu`, 4096x4096) the
+codec's `encode` with torch's default thread count (OpenMP's passive wait, as the qcli command sets it);
+on a GPU (`--device cuda`, 8192x8192 bf16) the kernels' `encode`, synchronized, with a check that its
+bytes are the CPU codec's.
 
-    python3 -m bench.search [--runs 5] [--presets q4s-b32 q4f-b32 ...]
+    python3 -m bench.search [--device cpu|cuda] [--runs 5] [--presets q4s-b32 q4f-b32 ...]
 
 Other processes share small machines: the load average is printed before and after; re-run when quiet.
 """
@@ -19,33 +21,52 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402  (after the OpenMP setting, which torch reads when it loads)
 
-from qcli.codec import encode  # noqa: E402
+from qcli import codec  # noqa: E402
 from qcli.presets import PRESETS  # noqa: E402
 from qcli.scheme import Calibration  # noqa: E402
 
 SHAPE = (4096, 4096)
+GPU_SHAPE = (8192, 8192)
 DEFAULT_PRESETS = ["q4s-b32", "q4f-b32", "q8s-b32", "q2s-b32", "fp4-b32", "e4m3-b32", "q8s"]
 
 
 def seconds(x: torch.Tensor, preset: str, calibration: Calibration, runs: int) -> float:
     scheme = PRESETS[preset].scheme
-    encode(x, scheme, calibration)  # warm: allocator, minifloat tables
+    encode = _encoder(x.device)
+    first = encode(x, scheme, calibration)  # warm: compiles, allocator, minifloat tables
+    if x.is_cuda:
+        assert torch.equal(first.cpu(), codec.encode(x.cpu(), scheme, calibration)), (preset, calibration)
     times = []
     for _ in range(runs):
         start = time.perf_counter()
         encode(x, scheme, calibration)
+        if x.is_cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def _encoder(device: torch.device):
+    if device.type == "cuda":
+        from qcli.kernels import encode
+
+        return encode
+    return codec.encode
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--presets", nargs="+", default=DEFAULT_PRESETS)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
-    x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(0))
-    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; load {os.getloadavg()[0]:.2f}")
+    if args.device == "cuda":
+        x = torch.randn(GPU_SHAPE, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16).cuda()
+        where = torch.cuda.get_device_name()
+    else:
+        x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(0))
+        where = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    print(f"{where}, torch {torch.__version__}, {torch.get_num_threads()} threads; load {os.getloadavg()[0]:.2f}")
     print("| preset | MinMax M weights/s | Mse M weights/s | Mse / MinMax time |")
     print("|---|---|---|---|")
     for preset in args.presets:
