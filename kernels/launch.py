@@ -253,7 +253,7 @@ def _searched(x, scheme: QuantScheme, grid: layout.BlockGrid, scales, bad, whole
     magnitude = s_eff.abs()
     rescaling = torch.where(magnitude < SAFE_LOW.value, RESCALE_UP.value,
                             torch.where(magnitude > SAFE_HIGH.value, RESCALE_DOWN.value, 1.0))
-    return s_eff, 1.0 / (s_eff * rescaling)  # IEEE division on every device, as the kernel's div_rn
+    return s_eff, torch.ones_like(s_eff) / (s_eff * rescaling)  # tensor by tensor: IEEE, as the kernel's div_rn
 
 
 def _row_alpha(x, rows: int, cols: int, width: int, calibration: Calibration, bad, per_program: bool = False

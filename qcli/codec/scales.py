@@ -117,7 +117,7 @@ class Scales:
 def scales_from_alpha(alpha: torch.Tensor, scheme: QuantScheme, peak: torch.Tensor | None = None) -> Scales:
     """The stored and effective scales for per-block ranges `alpha` (one-level or two-level recipe); `peak`
     is the largest block range of the whole tensor when `alpha` covers only rows of it."""
-    raw = alpha / scheme.value.half_range()
+    raw = divided(alpha, scheme.value.half_range())
     dtype = scheme.scale_dtype()
     if not scheme.is_two_level():
         stored = round_up(_positive(raw), dtype)
@@ -125,9 +125,16 @@ def scales_from_alpha(alpha: torch.Tensor, scheme: QuantScheme, peak: torch.Tens
     if peak is None:
         peak = alpha.amax() if alpha.numel() else alpha.new_zeros(())
     # the divisions are monotonic: the quotient of the peak is the peak of the quotients
-    global_scale = torch.clamp_min(peak / scheme.value.half_range() / dtype.max_representable(), F32_MIN_POSITIVE)
+    ratio = divided(divided(peak, scheme.value.half_range()), dtype.max_representable())
+    global_scale = torch.clamp_min(ratio, F32_MIN_POSITIVE)
     stored = round_up(_positive(raw / global_scale), dtype)
     return Scales(stored, global_scale * stored, float(global_scale))
+
+
+def divided(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    """`x / divisor` rounded once, as IEEE divides, on every device: given a Python number, torch's CUDA
+    division multiplies by its rounded reciprocal instead, so the divisor goes in as a tensor."""
+    return x / torch.tensor(divisor, dtype=x.dtype, device=x.device)
 
 
 def _positive(s: torch.Tensor) -> torch.Tensor:

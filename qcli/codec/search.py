@@ -24,7 +24,7 @@ from collections.abc import Iterable
 import torch
 
 from qcli.codec.blocks import from_blocks, per_block, to_blocks
-from qcli.codec.scales import Scales, nearest, scales_from_alpha
+from qcli.codec.scales import Scales, divided, nearest, scales_from_alpha
 from qcli.codec.values import dequantize, to_fields
 from qcli.layout import BlockGrid
 from qcli.scheme import QuantScheme, QuantValue, ScaleDtype
@@ -47,15 +47,15 @@ def candidates(alpha: torch.Tensor, scheme: QuantScheme, peak: torch.Tensor | No
     first = scales_from_alpha(alpha, scheme, peak)
     value, dtype = scheme.value, scheme.scale_dtype()
     a, b = value.range()
-    raw = alpha / value.half_range()
+    raw = divided(alpha, value.half_range())
     tried = [raw * c for c in CLIPS]
     if -a != b:  # both ends exactly, and (where the dtype has a sign) a positive amax on the longer end a
-        tried += [alpha / b, alpha / -a]
+        tried += [divided(alpha, b), divided(alpha, -a)]
         if dtype in SIGNED_SCALES:
-            tried += [alpha / a * c for c in (1.0, *CLIPS)]
+            tried += [divided(alpha, a) * c for c in (1.0, *CLIPS)]
     found = [first]
     for s in tried:
-        relative = s if first.global_scale is None else s / first.global_scale
+        relative = s if first.global_scale is None else divided(s, first.global_scale)
         stored = nearest(relative.abs(), dtype)
         stored = torch.where(stored > 0, stored.copysign(relative), first.stored)  # zero: MinMax's scale
         effective = stored if first.global_scale is None else first.global_scale * stored
