@@ -216,16 +216,12 @@ class ScaleDtype(StrEnum):
         """The largest finite scale this dtype stores; `round_up` saturates there."""
         return self.traits.max
 
-    def has_round_up(self) -> bool:
-        """Whether Burn can round a scale onto this dtype: every dtype at Burn 0.22.1 (cubecl 0.11.3),
-        UE8M0 onto the powers of two 2^-127..2^127."""
-        return True
-
 
 @dataclass(frozen=True)
 class ScaleTraits:
-    """Everything qcli knows of one scale dtype (`ScaleDtype`): its width in bytes, its largest value, and
-    the grid cubecl's `round_up` puts a scale on, as f32 data. The codec, the kernels and the error bound
+    """Everything qcli knows of one scale dtype (`ScaleDtype`): its width in bytes, its largest value,
+    whether it stores a sign (`signed`: the scale search may then store a negative scale), and the grid
+    cubecl's `round_up` puts a scale on, as f32 data. The codec, the kernels and the error bound
     read these, so a new scale dtype is one row of `SCALE_TRAITS`.
 
     A scale dtype is either f32 cut short, sharing f32's exponent (F32, BF16, UE8M0): its grid is the f32
@@ -240,6 +236,7 @@ class ScaleTraits:
     mantissa_bits: int
     minifloat: MinifloatFormat | None = None
     floor: float | None = None
+    signed: bool = field(kw_only=True)
 
     @property
     def step_bits(self) -> int:
@@ -258,11 +255,11 @@ class ScaleTraits:
 
 
 SCALE_TRAITS = {
-    ScaleDtype.F32: ScaleTraits(4, 3.4028234663852886e38, 23),
-    ScaleDtype.F16: ScaleTraits(2, F16.max, F16.mantissa_bits, F16),
-    ScaleDtype.BF16: ScaleTraits(2, 3.3895313892515355e38, 7),  # bf16::MAX, bits 0x7F7F
-    ScaleDtype.UE8M0: ScaleTraits(1, 2.0**127, 0, floor=2.0**-127),
-    ScaleDtype.UE4M3: ScaleTraits(1, E4M3.max, E4M3.mantissa_bits, E4M3),
+    ScaleDtype.F32: ScaleTraits(4, 3.4028234663852886e38, 23, signed=True),
+    ScaleDtype.F16: ScaleTraits(2, F16.max, F16.mantissa_bits, F16, signed=True),
+    ScaleDtype.BF16: ScaleTraits(2, 3.3895313892515355e38, 7, signed=True),  # bf16::MAX, bits 0x7F7F
+    ScaleDtype.UE8M0: ScaleTraits(1, 2.0**127, 0, floor=2.0**-127, signed=False),
+    ScaleDtype.UE4M3: ScaleTraits(1, E4M3.max, E4M3.mantissa_bits, E4M3, signed=False),  # E4M3's positive codes
 }
 
 

@@ -106,6 +106,7 @@ SCALE_MAX = {
     "UE4M3": 448.0,
     "UE8M0": 2.0**127,
 }
+SIGNED_SCALES = {"F32", "F16", "BF16"}  # UE4M3 and UE8M0 are unsigned (the U)
 
 
 def round_up(s: float, dtype: str) -> float:

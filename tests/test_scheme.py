@@ -154,10 +154,12 @@ def test_quantizer_only_refusals_leave_the_layout_to_the_codec(scheme, why):
     check_accepted(scheme)
 
 
-def test_every_scale_dtype_rounds_up():
-    """Burn 0.22.1 (cubecl 0.11.3) has a round-up rule for every scale dtype, UE8M0 included."""
-    assert all(dtype.has_round_up() for dtype in ScaleDtype)
-    assert ScaleDtype.UE8M0.scale_size() == 1 and ScaleDtype.UE8M0.max_representable() == 2.0**127
+@pytest.mark.parametrize("dtype", list(ScaleDtype))
+def test_no_scale_dtype_is_refused_for_its_own_sake(dtype: ScaleDtype) -> None:
+    """Burn 0.22.1 (cubecl 0.11.3) has a round-up rule for every scale dtype, UE8M0 included, so each
+    stores a one-level scale."""
+    assert not accept_problems(QuantScheme().per_tensor(dtype))
+    assert not accept_problems(QuantScheme().per_block([32], dtype))
 
 
 def test_absmean_has_no_two_level_form():
@@ -199,3 +201,13 @@ def test_each_value_types_traits_agree_with_the_independent_oracle(value: QuantV
     widest = max(b - a for a, b in zip(grid, grid[1:], strict=False))
     assert value.half_step() == widest / 2
     assert value.is_minifloat() == (value.value in ref.MINIFLOAT)
+
+
+@pytest.mark.parametrize("dtype", list(ScaleDtype))
+def test_each_scale_dtypes_traits_agree_with_the_independent_oracle(dtype: ScaleDtype) -> None:
+    # The one row qcli keeps per scale dtype (`SCALE_TRAITS`) against tests/qfloat_reference.py, which
+    # enumerates every grid but F32's on its own: bytes, largest and smallest positive scale, and a sign.
+    assert dtype.scale_size() == len(ref.scale_bytes(1.0, dtype.value))
+    assert dtype.max_representable() == ref.SCALE_MAX[dtype.value]
+    assert dtype.traits.smallest == ref.round_up(2.0**-149, dtype.value)
+    assert dtype.traits.signed == (dtype.value in ref.SIGNED_SCALES)

@@ -27,11 +27,10 @@ from qcli.codec.blocks import from_blocks, per_block, to_blocks
 from qcli.codec.scales import Scales, divided, nearest, scales_from_alpha
 from qcli.codec.values import dequantize, to_fields
 from qcli.layout import BlockGrid
-from qcli.scheme import QuantScheme, QuantValue, ScaleDtype
+from qcli.scheme import QuantScheme, QuantValue
 
 # Clip factors k/32: exact in f32, so `c * raw` rounds once, the same in every implementation.
 CLIPS = tuple((32 - k) / 32 for k in range(1, 10))  # 31/32 down to 23/32 (0.72)
-SIGNED_SCALES = (ScaleDtype.F32, ScaleDtype.F16, ScaleDtype.BF16)  # UE4M3 and UE8M0 have no sign bit
 ERROR_BITS = 20  # J at most: the fixed-point bits of |d| / 2^e
 
 
@@ -51,7 +50,7 @@ def candidates(alpha: torch.Tensor, scheme: QuantScheme, peak: torch.Tensor | No
     tried = [raw * c for c in CLIPS]
     if -a != b:  # both ends exactly, and (where the dtype has a sign) a positive amax on the longer end a
         tried += [divided(alpha, b), divided(alpha, -a)]
-        if dtype in SIGNED_SCALES:
+        if dtype.traits.signed:
             tried += [divided(alpha, a) * c for c in (1.0, *CLIPS)]
     found = [first]
     for s in tried:
