@@ -19,7 +19,7 @@ from enum import StrEnum
 from qcli import BURN_VERSION
 from qcli.errors import UsageError
 from qcli.io.dtypes import DType, Plain, QFloat
-from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype
+from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype, symmetric_integer
 
 # Burn 0.21 reads a scheme's scales from the keys `param` and `level`, 0.22 from `tensor` and `block`.
 OLDER_SERDE_VERSIONS = frozenset({"0.21.0"})
@@ -37,9 +37,9 @@ class BurnBackend(StrEnum):
 # portable GPU one (ndarray is deprecated in Burn 0.22 in favour of flex).
 COMMON_BACKENDS = (BurnBackend.flex, BurnBackend.wgpu)
 
-_INTEGERS = frozenset({QuantValue.Q8F, QuantValue.Q8S, QuantValue.Q4F, QuantValue.Q4S, QuantValue.Q2F,
-                       QuantValue.Q2S})
-_EIGHT_BIT_INTEGERS = frozenset({QuantValue.Q8F, QuantValue.Q8S})
+_INTEGERS = frozenset(v for v in QuantValue if not v.is_minifloat())
+_EIGHT_BIT_INTEGERS = frozenset(v for v in _INTEGERS if v.size_bits() == 8)
+_EIGHT_BIT_NAMES = " and ".join(v for v in QuantValue if v in _EIGHT_BIT_INTEGERS)
 _NONE: frozenset[QuantValue] = frozenset()
 
 
@@ -81,8 +81,8 @@ _NDARRAY_0_22 = Capability(
     ragged_rank=0,
     kept_refused=frozenset({Plain.F16, Plain.BF16}),
     unsupported={
-        "value": "ndarray builds only Q8F and Q8S tensors (\"from_data not supported for scheme\")",
-        "store": "ndarray builds only Q8F and Q8S tensors",
+        "value": f"ndarray builds only {_EIGHT_BIT_NAMES} tensors (\"from_data not supported for scheme\")",
+        "store": f"ndarray builds only {_EIGHT_BIT_NAMES} tensors",
         "ragged": "ndarray needs whole u32 words in every row",
         "kept": "ndarray has no F16 or BF16 tensors (\"Unsupported dtype\")",
     },
@@ -214,13 +214,11 @@ def qfloat(scheme: QuantScheme, version: str = BURN_VERSION) -> QFloat:
     return QFloat(scheme, with_0_21_keys=version in OLDER_SERDE_VERSIONS)
 
 
-# Same width first, then the most widely loaded scale dtypes: the first that loads is offered instead.
-_SAME_WIDTH = {
-    QuantValue.E4M3: (QuantValue.Q8S,), QuantValue.E5M2: (QuantValue.Q8S,), QuantValue.E2M1: (QuantValue.Q4S,),
-    QuantValue.Q4F: (QuantValue.Q4S, QuantValue.Q8S), QuantValue.Q4S: (QuantValue.Q8S,),
-    QuantValue.Q2F: (QuantValue.Q2S, QuantValue.Q8S), QuantValue.Q2S: (QuantValue.Q8S,),
-    QuantValue.Q8F: (QuantValue.Q8S,),
-}
+def _values_instead(value: QuantValue) -> tuple[QuantValue, ...]:
+    """The values offered for `value` where it does not load: the Symmetric integer of its width, then, for
+    an integer, the 8-bit one, which every backend loads."""
+    wider = () if value.is_minifloat() else (symmetric_integer(8),)
+    return tuple(v for v in dict.fromkeys((symmetric_integer(value.size_bits()), *wider)) if v is not value)
 
 
 def loads_instead(backend: BurnBackend, scheme: QuantScheme, shape: Sequence[int],
@@ -230,8 +228,8 @@ def loads_instead(backend: BurnBackend, scheme: QuantScheme, shape: Sequence[int
     when nothing near loads."""
     if scheme.is_two_level() and not CAPABILITIES[version][backend].two_level:
         scheme = QuantScheme(scheme.value, scheme.store, scheme.mode, None, scheme.block)
-    values = (scheme.value, *_SAME_WIDTH.get(scheme.value, ()))
-    for value in values:
+    # Same width first, then the most widely loaded scale dtypes: the first that loads is offered instead.
+    for value in (scheme.value, *_values_instead(scheme.value)):
         for store in (scheme.store, PackedU32(0), Native()):
             for dtype in (None, ScaleDtype.F16, ScaleDtype.F32):
                 candidate = _with_scale_dtype(scheme.with_value(value).with_store(store), dtype)

@@ -585,11 +585,16 @@ def accept_problems(scheme: QuantScheme, calibration: Calibration = Calibration.
     return problems
 
 
+def symmetric_integer(bits: int) -> QuantValue:
+    """The integer value type of `bits` whose range is symmetric around 0 (Q8S, Q4S, Q2S)."""
+    return next(v for v in QuantValue
+                if not v.is_minifloat() and v.size_bits() == bits and -v.range()[0] == v.range()[1])
+
+
 def same_width_instead(bits: int) -> str:
     """What to use instead of a mode Burn refuses (Lookup, a zero point): a Symmetric scheme of `bits`."""
-    symmetric = {8: "Q8S", 4: "Q4S", 2: "Q2S"}[bits]
-    return (f"use a Symmetric scheme of the same width (e.g. {symmetric} with block [32] and F16 scales), "
-            "or keep the tensor unquantized (keep = true)")
+    return (f"use a Symmetric scheme of the same width (e.g. {symmetric_integer(bits)} with block [32] and F16 "
+            "scales), or keep the tensor unquantized (keep = true)")
 
 
 def check_accepted(scheme: QuantScheme, calibration: Calibration = Calibration.MinMax) -> None:
