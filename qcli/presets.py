@@ -108,10 +108,10 @@ FOREIGN_NAMES: dict[str, tuple[str, str, str]] = {
 # llama.cpp's K-quants: super-blocks of 256 values with integer sub-block scales under an F16 scale, and
 # for Q2_K, Q4_K and Q5_K an integer min per sub-block. Burn's block scales are floats and it has no min
 # (zero point), so none has a QFloat form. `_s`, `_m`, `_l` name llama.cpp's mixes of them.
+_FLOAT_SCALES = f"block scales are floats ({', '.join(ScaleDtype)}), not integers"
 _K_MINS = ("integer sub-block scales and mins under an F16 scale; Burn has no zero point (a min) and its "
-           "block scales are floats (F16, BF16, F32, UE4M3, UE8M0), not integers")
-_K_SYMMETRIC = ("integer sub-block scales under an F16 scale; Burn's block scales are floats (F16, BF16, F32, "
-                "UE4M3, UE8M0), not integers")
+           + _FLOAT_SCALES)
+_K_SYMMETRIC = f"integer sub-block scales under an F16 scale; Burn's {_FLOAT_SCALES}"
 K_QUANTS: dict[str, tuple[str, str, str]] = {
     "q2_k": (_K_MINS, "q4s-b32", "4-bit, blocks of 32 with F16 scales; q2s-b32 is ternary, for BitNet-style "
              "models only"),

@@ -540,8 +540,9 @@ class _Parser:
         tensor_scale = self.enum(table, "tensor_scale", ScaleDtype, line)
         calibration = self.enum(table, "calibration", Calibration, line)
         if "block" in table and "block_scale" not in table:
+            others = ", ".join(f'"{dtype}"' for dtype in ScaleDtype if dtype is not ScaleDtype.F16)
             self.fault(line("block"), "block needs block_scale, the dtype of its scales",
-                       "add block_scale = \"F16\" (or \"UE4M3\", \"BF16\", \"F32\")")
+                       f"add block_scale = \"F16\" (or {others})")
         if "block_scale" in table and "block" not in table:
             self.fault(line("block_scale"), "block_scale needs block, the extents of a block",
                        "add block = [32], or use tensor_scale for one scale per tensor")
