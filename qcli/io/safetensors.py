@@ -1,15 +1,15 @@
 """The lazy safetensors source: one file, a directory, or a sharded checkpoint behind its index.
 
 Every header is read and checked by qcli itself first, so a corrupt or inconsistent checkpoint is
-refused, with the file and tensor named, before any weight is read. Tensors are then loaded one at a
-time through the `safetensors` library.
+refused, with the file and tensor named, before any weight is read. Tensors are then read one at a
+time from their offsets into memory of their own (`load`).
 
 ```
 [ u64 LE header length n ][ n bytes of JSON: name -> {dtype, shape, data_offsets}, "__metadata__" ][ data ]
 ```
 
-`data_offsets` are relative to the data section; the library requires the tensors to tile it exactly,
-in offset order, with nothing left over, so qcli refuses gaps and trailing bytes as it would.
+`data_offsets` are relative to the data section; the `safetensors` library requires the tensors to tile
+it exactly, in offset order, with nothing left over, so qcli refuses gaps and trailing bytes as it would.
 """
 
 from __future__ import annotations
