@@ -8,6 +8,7 @@ import pytest
 from cli_support import ROOT, SCHEMA, SINGLE, assert_user_error, cli, validate_json
 
 from qcli.problem import Kind, Severity
+from qcli.scheme import QuantValue, ScaleDtype
 
 GOOD = """version = 1
 
@@ -198,6 +199,20 @@ def test_the_json_schema_names_every_kind_and_severity_of_a_problem():
     problem = SCHEMA["$defs"]["problem"]["properties"]
     assert problem["kind"]["enum"] == list(Kind)
     assert problem["severity"]["enum"] == list(Severity)
+
+
+def test_the_json_schema_names_every_value_and_scale_dtype():
+    scheme = SCHEMA["$defs"]["scheme"]["properties"]
+    assert scheme["value"]["enum"] == list(QuantValue)
+    assert scheme["tensor"]["enum"] == [*ScaleDtype, None]
+    assert scheme["block"]["oneOf"][1]["properties"]["dtype"]["enum"] == list(ScaleDtype)
+
+
+def test_docs_recipes_names_every_value_and_scale_dtype():
+    docs = (ROOT / "docs" / "recipes.md").read_text()
+    for key, members in (("value", QuantValue), ("block_scale", ScaleDtype)):
+        row = re.search(rf"^\| `{key}` \|.*$", docs, re.M).group()
+        assert set(re.findall(r"`([A-Z0-9]+)`", row)) == set(members), key
 
 
 def test_docs_recipes_describes_every_kind_of_problem():

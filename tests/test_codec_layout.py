@@ -66,6 +66,10 @@ def sample(n: int, seed: int) -> list[float]:
     return out
 
 
+def test_the_cases_cover_every_value_and_scale_dtype():
+    assert set(STORES) == set(QuantValue) and {dtype for _, _, dtype, _ in LEVELS} == set(ScaleDtype)
+
+
 CASES = [
     pytest.param(value, store, level, shape, id=f"{value.value}-{store}-{level[0]}-{'x'.join(map(str, shape))}")
     for value, stores in STORES.items()

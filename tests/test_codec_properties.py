@@ -39,6 +39,13 @@ GRID_VALUES = {
     QuantValue.E2M1: [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0],
 }
 BLOCKS = [[32], [16], [4, 32], [2, 16], [3], [2, 5], [1], [8], [4]]
+# The block scale dtypes a two-level scheme takes: those no wider than f16 (F16, UE4M3).
+UNDER_A_GLOBAL = [dtype for dtype in ScaleDtype
+                  if not accept_problems(QuantScheme().per_block([32], dtype).per_tensor(ScaleDtype.F32))]
+
+
+def test_the_format_tables_cover_every_minifloat():
+    assert set(MINIFLOAT) == set(GRID_VALUES) == {value for value in QuantValue if value.is_minifloat()}
 
 
 @st.composite
@@ -48,13 +55,9 @@ def schemes(draw, calibration=Calibration.MinMax):
     scheme = QuantScheme().with_value(value).with_store(store)
     level = draw(st.sampled_from(["tensor", "block", "two"]))
     if level == "tensor":
-        scheme = scheme.per_tensor(
-            draw(st.sampled_from([ScaleDtype.F32, ScaleDtype.F16, ScaleDtype.BF16, ScaleDtype.UE4M3, ScaleDtype.UE8M0]))
-        )
+        scheme = scheme.per_tensor(draw(st.sampled_from(list(ScaleDtype))))
     else:
-        # F32, BF16 and UE8M0 block scales are wider than f16, so they have no two-level form
-        one_level_only = [ScaleDtype.F32, ScaleDtype.BF16, ScaleDtype.UE8M0]
-        dtypes = [ScaleDtype.F16, ScaleDtype.UE4M3] + (one_level_only if level == "block" else [])
+        dtypes = UNDER_A_GLOBAL if level == "two" else list(ScaleDtype)
         scheme = scheme.per_block(draw(st.sampled_from(BLOCKS)), draw(st.sampled_from(dtypes)))
         if level == "two":
             scheme = scheme.per_tensor(ScaleDtype.F32)

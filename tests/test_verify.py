@@ -68,8 +68,7 @@ def test_bound_of_absmean_includes_what_clamping_cuts() -> None:
 
 def accepted_schemes():
     for value, store, levels, dtype in itertools.product(
-        QuantValue, (Native(), PackedU32(0), PackedNative(0)), ("tensor", "block", "two"),
-        (ScaleDtype.F32, ScaleDtype.F16, ScaleDtype.BF16, ScaleDtype.UE4M3),
+        QuantValue, (Native(), PackedU32(0), PackedNative(0)), ("tensor", "block", "two"), ScaleDtype
     ):
         scheme = QuantScheme().with_value(value).with_store(store)
         if levels == "tensor":
