@@ -25,9 +25,9 @@ def _record(path: str) -> None:
     import torch
     import triton.language as tl
 
-    from bench.schemes import all_schemes
     from qcli.kernels import _quantize as K
     from qcli.kernels import encode
+    from tests.cases import all_schemes
 
     seen: dict[str, dict] = {}
     types = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",

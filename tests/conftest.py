@@ -1,4 +1,4 @@
-"""Fixtures used by several test modules."""
+"""Options and fixtures shared by the test modules: where the Triton kernels run, and a small checkpoint."""
 
 from __future__ import annotations
 
@@ -7,6 +7,46 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu",
+        help="where the kernel tests put their tensors: cuda runs the compiled kernels, cpu the kernels "
+             "interpreted by Triton (TRITON_INTERPRET=1); default cuda where torch sees a GPU, else cpu")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--device") == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError("--device cuda: torch sees no CUDA device")
+    if config.getoption("--device") == "cpu":
+        # Triton chooses between compiling and interpreting as it defines each kernel, so the variable is
+        # set before any test module imports qcli.kernels, for every test alike; undone at the end.
+        interpret = pytest.MonkeyPatch()
+        interpret.setenv("TRITON_INTERPRET", "1")
+        config.add_cleanup(interpret.undo)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--device") != "cuda":
+        needs_cuda = pytest.mark.skip(reason="needs a CUDA device (--device cuda)")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(needs_cuda)
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig: pytest.Config) -> str:
+    """The torch device the kernel tests put their tensors on (--device)."""
+    return pytestconfig.getoption("--device")
+
+
+@pytest.fixture(scope="session")
+def kernels():
+    """qcli.kernels, compiled or interpreted as --device chose in pytest_configure."""
+    import qcli.kernels
+
+    return qcli.kernels
 
 
 @pytest.fixture(scope="session")

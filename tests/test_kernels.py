@@ -1,26 +1,24 @@
 """The Triton kernels write the same payload bytes as the CPU codec, for every scheme Burn accepts.
 
-Marker `interpreter`: small shapes on CPU tensors under TRITON_INTERPRET=1 (set here when there is no
-GPU). Marker `gpu`: large shapes on a CUDA device. Expectations come from the CPU codec
+Marker `interpreter`: small shapes, on CUDA tensors or, under `--device cpu` (the default where there is
+no GPU; tests/conftest.py), on CPU tensors with TRITON_INTERPRET=1. Marker `gpu`: large shapes, only under
+`--device cuda`. Expectations come from the CPU codec
 (`qcli.codec.encode`) and, for the hand-worked cases, from Burn's literals and the spec's worked example
 (tests/data/burn-vectors.json) or arithmetic done by hand in the comments.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
 import struct
-import sys
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from burn_facts import VECTORS
+from cases import all_schemes
+from kernel_support import checkpoint, fixed_plan, wide
 
-from bench.schemes import all_schemes
 from qcli import layout
 from qcli.codec import encode as codec_encode
 from qcli.errors import InputError, NonFiniteTensor, NotFloatTensor, NotKernelFloat, SchemeError, UsageError
@@ -35,36 +33,27 @@ from qcli.scheme import (
     ScaleDtype,
 )
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
 POISON = 0xA5
 CASES = all_schemes()
 # The interpreter computes every lane with numpy, masked-off and discarded ones too, which warns.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 
-@pytest.fixture(scope="module")
-def kernels():
-    """qcli.kernels, interpreted when there is no GPU (Triton decides when a kernel is defined)."""
-    if not CUDA:
-        os.environ["TRITON_INTERPRET"] = "1"
-        modules = ("qcli.kernels._arith", "qcli.kernels._quantize", "qcli.kernels.launch", "qcli.kernels",
-                   "qcli.pipeline.gpu")
-        for name in modules:
-            if name in sys.modules:
-                importlib.reload(sys.modules[name])
-    return importlib.import_module("qcli.kernels")
+@pytest.fixture
+def payload(kernels, device):
+    """The kernels' payload of a tensor, written on the device into a poisoned buffer, so an unwritten
+    byte cannot pass for a zero."""
 
+    def write(x: torch.Tensor, scheme: QuantScheme, calibration=Calibration.MinMax) -> bytes:
+        x = x.to(device)
+        out = torch.full((layout.quantized_data_len(scheme, tuple(x.shape)),), POISON, dtype=torch.uint8,
+                         device=device)
+        bad = torch.zeros(1, dtype=torch.int32, device=device)
+        kernels.enqueue(x, scheme, calibration, out, bad)
+        assert int(bad.item()) == 0
+        return out.cpu().numpy().tobytes()
 
-def run(kernels, x: torch.Tensor, scheme: QuantScheme, calibration=Calibration.MinMax) -> bytes:
-    """The payload written into a poisoned buffer, so an unwritten byte cannot pass for a zero."""
-    x = x.to(DEVICE)
-    out = torch.full((layout.quantized_data_len(scheme, tuple(x.shape)),), POISON, dtype=torch.uint8,
-                     device=DEVICE)
-    bad = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-    kernels.enqueue(x, scheme, calibration, out, bad)
-    assert int(bad.item()) == 0
-    return out.cpu().numpy().tobytes()
+    return write
 
 
 def expected(x: torch.Tensor, scheme: QuantScheme, calibration=Calibration.MinMax) -> bytes:
@@ -79,13 +68,6 @@ def assert_same(got: bytes, want: bytes) -> None:
                     f"got {a[diff[:6]].tolist()}, want {b[diff[:6]].tolist()}")
 
 
-def wide(shape, seed: int) -> torch.Tensor:
-    """Random values over many binary orders of magnitude, signs mixed, never zero."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=g) * torch.exp(torch.randn(shape, generator=g) * 3)
-    return torch.where(x == 0, 1.0, x)
-
-
 def case_id(case) -> str:
     scheme, calibration, shape = case
     return f"{scheme}-{calibration.value}-{'x'.join(map(str, shape))}".replace(" ", "_")
@@ -95,7 +77,7 @@ def case_id(case) -> str:
 
 
 def _ue8m0_cases() -> list[tuple[QuantScheme, Calibration, tuple[int, ...]]]:
-    """UE8M0 scales (Burn 0.22.1), one level only, shaped like bench/schemes.py's cases (which hold every
+    """UE8M0 scales (Burn 0.22.1), one level only, shaped like the cases of tests/cases.py (which hold every
     value in fused blocks of 32 under every scale dtype): MXFP4 (E2M1 pairs in blocks of 32), per tensor,
     and blocks the fused kernel cannot take."""
     ue8m0 = ScaleDtype.UE8M0
@@ -118,11 +100,11 @@ UE8M0_CASES = _ue8m0_cases()
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("case", CASES + UE8M0_CASES, ids=[case_id(c) for c in CASES + UE8M0_CASES])
-def test_random_data_matches_codec(kernels, case):
+def test_random_data_matches_codec(payload, case):
     scheme, calibration, shape = case
     for seed, dtype in enumerate((torch.float32, torch.bfloat16)):
         x = wide(shape, seed).to(dtype)
-        assert_same(run(kernels, x, scheme, calibration), expected(x, scheme, calibration))
+        assert_same(payload(x, scheme, calibration), expected(x, scheme, calibration))
 
 
 # Shapes that fill every program's tile (4096 values), so the kernels take their unmasked path; the
@@ -145,10 +127,10 @@ WHOLE_TILES = [
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("case", WHOLE_TILES, ids=[case_id((*c, (4, 4096))) for c in WHOLE_TILES])
-def test_whole_tiles_match_codec(kernels, case):
+def test_whole_tiles_match_codec(payload, case):
     scheme, calibration = case
     x = wide((4, 4096), 11).to(torch.bfloat16)
-    assert_same(run(kernels, x, scheme, calibration), expected(x, scheme, calibration))
+    assert_same(payload(x, scheme, calibration), expected(x, scheme, calibration))
 
 
 HALF_SCHEMES = [c for c in CASES if c[0].value in (QuantValue.Q4S, QuantValue.E2M1)]
@@ -156,10 +138,10 @@ HALF_SCHEMES = [c for c in CASES if c[0].value in (QuantValue.Q4S, QuantValue.E2
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("case", HALF_SCHEMES, ids=[case_id(c) for c in HALF_SCHEMES])
-def test_float16_input_matches_codec(kernels, case):
+def test_float16_input_matches_codec(payload, case):
     scheme, calibration, shape = case
     x = wide(shape, 7).clamp(-6e4, 6e4).to(torch.float16)  # inside float16's range
-    assert_same(run(kernels, x, scheme, calibration), expected(x, scheme, calibration))
+    assert_same(payload(x, scheme, calibration), expected(x, scheme, calibration))
 
 
 SPECIAL = [
@@ -196,10 +178,10 @@ SPECIAL_SCHEMES = [
 @pytest.mark.interpreter
 @pytest.mark.parametrize("special", SPECIAL, ids=[s[0] for s in SPECIAL])
 @pytest.mark.parametrize("case", SPECIAL_SCHEMES, ids=[case_id(c) for c in SPECIAL_SCHEMES])
-def test_edge_data_matches_codec(kernels, special, case):
+def test_edge_data_matches_codec(payload, special, case):
     scheme, calibration, shape = case
     x = special[1](wide(shape, 3)).to(torch.float32)
-    assert_same(run(kernels, x, scheme, calibration), expected(x, scheme, calibration))
+    assert_same(payload(x, scheme, calibration), expected(x, scheme, calibration))
 
 
 # ---- hand-worked and Burn-derived expectations ----------------------------------------------------
@@ -214,71 +196,71 @@ def f32_bytes(*values: float) -> bytes:
 
 
 @pytest.mark.interpreter
-def test_worked_example_rounds_the_tie_to_even(kernels):
+def test_worked_example_rounds_the_tie_to_even(payload):
     # qfloat-spec §6: [2, 8] Q4S PackedU32 blocks of 4, F16 scales; element [1, 2] = 2.5 / 1.0 is a tie.
     vec = _vector("worked example (this spec, section 6)")
     scheme = QuantScheme.from_serde(vec["scheme"])
-    got = run(kernels, torch.tensor(vec["input"], dtype=torch.float32), scheme)
+    got = payload(torch.tensor(vec["input"], dtype=torch.float32), scheme)
     assert got.hex() == vec["expected"]["bytes_half_even"]
 
 
 @pytest.mark.interpreter
-def test_burn_quantize_dynamic_scale(kernels):
+def test_burn_quantize_dynamic_scale(payload):
     # Burn ops/quantize.rs:71: [5, 0, 4, -12.7] Q8S per tensor gives q [50, 0, 40, -127], scale 0x3dcccccd.
     vec = _vector("quantization/ops/quantize.rs:71")
     scheme = QuantScheme.from_serde(vec["scheme"])
-    got = run(kernels, torch.tensor(vec["input"], dtype=torch.float32), scheme)
+    got = payload(torch.tensor(vec["input"], dtype=torch.float32), scheme)
     want = bytes(q & 0xFF for q in vec["expected"]["q"]) + struct.pack("<I", 0x3DCCCCCD)
     assert got == want
 
 
 @pytest.mark.interpreter
-def test_ue4m3_tensor_scale_is_rounded_up_before_dividing(kernels):
+def test_ue4m3_tensor_scale_is_rounded_up_before_dividing(payload):
     # Burn flex qtensor.rs:545: alpha 4.5, 9/254 rounds up to 0.0390625 (byte 0x12). By hand:
     # -3/0.0390625 = -76.8 -> -77, -1.5/.. = -38.4 -> -38, 0, 38, 77, 4.5/.. = 115.2 -> 115.
     scheme = QuantScheme().with_value(QuantValue.Q8S).with_store(Native()).per_tensor(ScaleDtype.UE4M3)
-    got = run(kernels, torch.tensor([[-3.0, -1.5, 0.0], [1.5, 3.0, 4.5]]), scheme)
+    got = payload(torch.tensor([[-3.0, -1.5, 0.0], [1.5, 3.0, 4.5]]), scheme)
     assert got == bytes([0xB3, 0xDA, 0x00, 0x26, 0x4D, 0x73, 0x12])
 
 
 @pytest.mark.interpreter
-def test_two_level_scales_follow_burns_recipe(kernels):
+def test_two_level_scales_follow_burns_recipe(payload):
     # Burn scheme.rs:52: block ranges 1.8, 1.8, 0.04, 0.04 under Q8S give the global 0x3804b19e and
     # UE4M3 block scales 448, 448, 10, 10 (bytes 7e 7e 52 52).
     vec = _vector("quantization/scheme.rs:52")
     scheme = QuantScheme.from_serde(vec["scheme"])
     x = torch.tensor([-1.8, 0.5, 0.1, 0.2, -0.5, 1.8, 0.3, -0.3,
                       0.01, 0.04, 0.02, 0.03, -0.04, -0.01, -0.02, -0.03])
-    got = run(kernels, x, scheme)
+    got = payload(x, scheme)
     assert got[16:20].hex() == vec["expected"]["stored_ue4m3_bytes_computed"]
     assert got[20:] == struct.pack("<I", int(vec["expected"]["global_f32_bits"], 16))
 
 
 @pytest.mark.interpreter
-def test_integer_ties_round_to_even(kernels):
+def test_integer_ties_round_to_even(payload):
     # alpha 3.5 makes the Q4S scale exactly 0.5: x / 0.5 = 7, .5, 1.5, -2.5, -.5, 2.5, 4.5, -7
     # round half to even: 7, 0, 2, -2, 0, 2, 4, -7 -> nibbles 7 0 2 e 0 2 4 9, first in the low bits.
     scheme = QuantScheme().with_value(QuantValue.Q4S)
-    got = run(kernels, torch.tensor([3.5, 0.25, 0.75, -1.25, -0.25, 1.25, 2.25, -3.5]), scheme)
+    got = payload(torch.tensor([3.5, 0.25, 0.75, -1.25, -0.25, 1.25, 2.25, -3.5]), scheme)
     assert got == struct.pack("<I", 0x9420E207) + f32_bytes(0.5)
 
 
 @pytest.mark.interpreter
-def test_e2m1_ties_round_to_even_mantissa_and_keep_the_sign(kernels):
+def test_e2m1_ties_round_to_even_mantissa_and_keep_the_sign(payload):
     # alpha 6 gives scale 1. Codes: 6 -> 7, 0.25 -> 0 (0 | 0.5), 0.75 -> 2 (1.0), 1.25 -> 2 (1.0),
     # 2.5 -> 4 (2), 5 -> 6 (4), -1.75 -> 0xC (-2), -0.1 -> 8 (-0). Pairs: even element in the low nibble.
     scheme = QuantScheme().with_value(QuantValue.E2M1).with_store(PackedNative(0))
-    got = run(kernels, torch.tensor([6.0, 0.25, 0.75, 1.25, 2.5, 5.0, -1.75, -0.1]), scheme)
+    got = payload(torch.tensor([6.0, 0.25, 0.75, 1.25, 2.5, 5.0, -1.75, -0.1]), scheme)
     assert got == bytes([0x07, 0x22, 0x64, 0x8C]) + f32_bytes(1.0)
 
 
 @pytest.mark.interpreter
-def test_e4m3_codes_from_the_spec(kernels):
+def test_e4m3_codes_from_the_spec(payload):
     # qfloat-spec §4: 448 = 0x7E, 1.5 = 0x3C, 0.1171875 = 0x1F, 0.5 = 0x30, 0.125 = 0x20, 10 = 0x52,
     # 0.0390625 = 0x12; alpha 448 makes the scale 1.
     scheme = QuantScheme().with_value(QuantValue.E4M3).with_store(Native())
     x = torch.tensor([448.0, 1.5, 0.1171875, 0.5, 0.125, 10.0, 0.0390625, -448.0])
-    assert run(kernels, x, scheme) == bytes([0x7E, 0x3C, 0x1F, 0x30, 0x20, 0x52, 0x12, 0xFE]) + f32_bytes(1.0)
+    assert payload(x, scheme) == bytes([0x7E, 0x3C, 0x1F, 0x30, 0x20, 0x52, 0x12, 0xFE]) + f32_bytes(1.0)
 
 
 ROUND_UP = _vector("cubecl-common/src/quant/scheme.rs:737")["expected"]
@@ -299,14 +281,14 @@ def scale_bytes(value: float, dtype: ScaleDtype) -> bytes:
 @pytest.mark.parametrize("dtype", [ScaleDtype.F16, ScaleDtype.BF16, ScaleDtype.UE4M3])
 @pytest.mark.parametrize("alpha,key", [(1.7, "round_up(1.7)"), (1e-30, "round_up(1e-30)"),
                                        (2.0**-7, "round_up(2^-7)"), (3.4e38, "round_up(2*max)")])
-def test_scale_rounds_up_saturates_and_keeps_subnormals(kernels, dtype, alpha, key):
+def test_scale_rounds_up_saturates_and_keeps_subnormals(payload, dtype, alpha, key):
     # Q2S has h = 1, so the raw scale is alpha itself; cubecl scheme.rs:737 gives the stored scale
     # (3.4e38 is past every dtype's max, so it saturates like 2 * max).
     scheme = QuantScheme().with_value(QuantValue.Q2S).per_block([16], dtype)
     stored = ROUND_UP[dtype.value][key]
     x = torch.full((16,), alpha / 2)
     x[3] = -alpha
-    assert run(kernels, x, scheme)[4:] == scale_bytes(stored, dtype)
+    assert payload(x, scheme)[4:] == scale_bytes(stored, dtype)
 
 
 # cubecl 0.11.3 `round_up_to_power_of_two` then `f32_to_ue8m0`, worked by hand: the code is the biased
@@ -327,17 +309,17 @@ UE8M0_CODES = [
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("alpha,code", UE8M0_CODES, ids=[repr(a) for a, _ in UE8M0_CODES])
-def test_ue8m0_scale_is_the_exponent_rounded_up(kernels, alpha, code):
+def test_ue8m0_scale_is_the_exponent_rounded_up(payload, alpha, code):
     # Q2S has h = 1, so the raw scale is alpha itself; 16 fields of 2 bits fill one word.
     for block in ([16], [2, 16]):  # the fused kernel, then the separate scale kernel
         scheme = QuantScheme().with_value(QuantValue.Q2S).per_block(block, ScaleDtype.UE8M0)
         x = torch.full((1, 16), alpha / 2)
         x[0, 3] = -alpha
-        assert run(kernels, x, scheme)[4:] == bytes([code])
+        assert payload(x, scheme)[4:] == bytes([code])
 
 
 @pytest.mark.interpreter
-def test_ue8m0_block_scales_hand_worked(kernels):
+def test_ue8m0_block_scales_hand_worked(payload):
     # Q8S Native, blocks of 4 with UE8M0 scales (x = q * 2^(code - 127)):
     # block 0: alpha 2, raw 2/127 = 0.01575 > 2^-6 -> 2^-5, code 122 = 0x7A; q = 32, -16, 8, 64.
     # block 1: all zero -> f32::MIN_POSITIVE = 2^-126, code 1; q = 0.
@@ -348,20 +330,20 @@ def test_ue8m0_block_scales_hand_worked(kernels):
     x = torch.tensor([1.0, -0.5, 0.25, 2.0, 0.0, -0.0, 0.0, 0.0, 127.0, -63.5, 1.0, 0.75,
                       127 * 2.0**-127, -(2.0**-127), 0.0, 64 * 2.0**-127, 2.0**-120, -(2.0**-121), 2.0**-126, 0.0])
     want = bytes.fromhex("20f00840" "00000000" "7fc00101" "7fff0040" "40e00100" + "7a017f0001")
-    assert run(kernels, x, scheme) == want
-    assert run(kernels, x.reshape(5, 4), scheme.per_block([1, 4], ScaleDtype.UE8M0)) == want  # not fused
+    assert payload(x, scheme) == want
+    assert payload(x.reshape(5, 4), scheme.per_block([1, 4], ScaleDtype.UE8M0)) == want  # not fused
 
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("dtype,floor", [(ScaleDtype.F32, struct.pack("<I", 0x00800000)),
                                          (ScaleDtype.F16, b"\x01\x00"), (ScaleDtype.UE4M3, b"\x01"),
                                          (ScaleDtype.UE8M0, b"\x01")])
-def test_all_zero_block_stores_the_smallest_positive_scale(kernels, dtype, floor):
+def test_all_zero_block_stores_the_smallest_positive_scale(payload, dtype, floor):
     # An all-zero block takes round_up(f32::MIN_POSITIVE): F32 0x00800000, F16 2^-24, UE4M3 2^-9,
     # UE8M0 2^-126 (code 1: f32::MIN_POSITIVE is a power of two).
     scheme = QuantScheme().with_value(QuantValue.Q4S).per_block([8], dtype)
     x = torch.tensor([0.0] * 8 + [7.0, 1, 2, 3, 4, 5, 6, -7])
-    got = run(kernels, x, scheme)
+    got = payload(x, scheme)
     assert got[:4] == b"\x00\x00\x00\x00"
     assert got[8 : 8 + len(floor)] == floor
 
@@ -377,39 +359,39 @@ def same_error(gpu: pytest.ExceptionInfo, cpu: pytest.ExceptionInfo) -> bool:
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_non_finite_values_are_refused_naming_the_tensor(kernels, bad):
+def test_non_finite_values_are_refused_naming_the_tensor(kernels, device, bad):
     x = wide((4, 32), 1)
     x[2, 5] = bad
     scheme = QuantScheme().with_value(QuantValue.Q4S).per_block([32], ScaleDtype.F16)
     with pytest.raises(NonFiniteTensor, match="layers.0.w") as gpu:
-        kernels.encode(x.to(DEVICE), scheme, name="layers.0.w")
+        kernels.encode(x.to(device), scheme, name="layers.0.w")
     with pytest.raises(NonFiniteTensor) as cpu:
         codec_encode(x, scheme, name="layers.0.w")
     assert gpu.value.hint and gpu.value.exit_code == InputError.exit_code and same_error(gpu, cpu)
 
 
 @pytest.mark.interpreter
-def test_tensors_the_kernels_cannot_take_are_input_errors(kernels):
+def test_tensors_the_kernels_cannot_take_are_input_errors(kernels, device):
     scheme = QuantScheme().with_value(QuantValue.Q8S)
     ints = torch.ones(4, 4, dtype=torch.int32)
     with pytest.raises(NotFloatTensor, match="int32") as gpu:
-        kernels.encode(ints.to(DEVICE), scheme, name="ids")
+        kernels.encode(ints.to(device), scheme, name="ids")
     with pytest.raises(NotFloatTensor) as cpu:
         codec_encode(ints, scheme, name="ids")
     assert gpu.value.exit_code == InputError.exit_code and same_error(gpu, cpu)
     with pytest.raises(NotKernelFloat, match="float64") as wide64:
-        kernels.encode(wide((8, 8), 0).double().to(DEVICE), scheme, name="w")
+        kernels.encode(wide((8, 8), 0).double().to(device), scheme, name="w")
     assert wide64.value.exit_code == InputError.exit_code
 
 
 @pytest.mark.interpreter
-def test_bad_arguments_are_usage_errors(kernels):
+def test_bad_arguments_are_usage_errors(kernels, device):
     scheme = QuantScheme().with_value(QuantValue.Q8S)
     with pytest.raises(UsageError, match="contiguous"):
-        kernels.encode(wide((8, 8), 0).to(DEVICE).t(), scheme)
+        kernels.encode(wide((8, 8), 0).to(device).t(), scheme)
     with pytest.raises(SchemeError):
         # UE8M0 block scales under a global: wider than f16, so Burn has no two-level form of them
-        kernels.encode(wide((8, 8), 0).to(DEVICE), scheme.per_block([8], ScaleDtype.UE8M0).per_tensor(ScaleDtype.F32))
+        kernels.encode(wide((8, 8), 0).to(device), scheme.per_block([8], ScaleDtype.UE8M0).per_tensor(ScaleDtype.F32))
 
 
 # ---- large shapes on the GPU --------------------------------------------------------------------
@@ -418,58 +400,18 @@ GPU_SHAPES = [(2048, 4096), (517, 1031)]
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("case", CASES + UE8M0_CASES, ids=[case_id(c) for c in CASES + UE8M0_CASES])
-def test_large_random_data_matches_codec_on_gpu(kernels, case):
+def test_large_random_data_matches_codec_on_gpu(payload, case):
     scheme, calibration, small = case
     for i, (rows, cols) in enumerate(GPU_SHAPES):
         lead = (2,) * (len(small) - 2)  # the case's rank, about the same number of values
         shape = (*lead, max(1, rows >> len(lead)), cols)
         x = wide(shape, 100 + i).to(torch.bfloat16 if i % 2 else torch.float32)
         x = torch.where(torch.rand(shape) < 0.001, x * 1e-40, x)  # subnormal inputs and blocks
-        assert_same(run(kernels, x, scheme, calibration), expected(x, scheme, calibration))
+        assert_same(payload(x, scheme, calibration), expected(x, scheme, calibration))
 
 
 # ---- the streaming pipeline ---------------------------------------------------------------------
-
-
-def _plan(path: Path, decisions: dict):
-    from qcli.io.safetensors import SafetensorsSource
-    from qcli.plan import Decision, Plan, PlanEntry
-
-    source = SafetensorsSource.open(path)
-    entries = [PlanEntry(info, Decision(*decisions[info.name], reason="test", rule=None))
-               for info in source.infos()]
-    return Plan(entries, []), source
-
-
-def _checkpoint(tmp_path: Path) -> tuple[Path, dict]:
-    """Two shards' worth of tensors in one file: bf16, f32 and f16 weights, a 3-D one, kept norms and ints."""
-    from safetensors.torch import save_file
-
-    tensors = {
-        "embed.weight": wide((67, 96), 1).to(torch.bfloat16),
-        "layers.0.attn.q.weight": wide((64, 96), 2),
-        "layers.0.mlp.up.weight": wide((40, 33), 3).to(torch.float16),
-        "layers.0.conv.weight": wide((6, 4, 32), 4).to(torch.bfloat16),
-        "layers.0.norm.weight": wide((96,), 5),
-        "position_ids": torch.arange(12, dtype=torch.int64).reshape(3, 4),
-        "lm_head.weight": wide((96, 64), 6).to(torch.bfloat16),
-    }
-    path = tmp_path / "model.safetensors"
-    save_file(tensors, str(path))
-    q4 = QuantScheme().with_value(QuantValue.Q4S).per_block([32], ScaleDtype.F16)
-    q2 = QuantScheme().with_value(QuantValue.Q2F).per_block([3, 1, 16], ScaleDtype.BF16)
-    decisions = {
-        "embed.weight": (QuantScheme.nvfp4(), Calibration.MinMax, False),
-        "layers.0.attn.q.weight": (q4, Calibration.MinMax, False),
-        "layers.0.mlp.up.weight": (QuantScheme().with_value(QuantValue.Q8S), Calibration.AbsMean, False),
-        "layers.0.conv.weight": (q2, Calibration.MinMax, False),
-        "layers.0.norm.weight": (None, Calibration.MinMax, False),
-        "position_ids": (None, Calibration.MinMax, True),
-        "lm_head.weight": (q4, Calibration.MinMax, True),
-    }
-    return path, decisions
 
 
 @pytest.mark.interpreter
@@ -479,17 +421,17 @@ def _checkpoint(tmp_path: Path) -> tuple[Path, dict]:
     GpuSettings(budget=30000, piece_bytes=7 << 10, read_slice=1000),
 ], ids=["whole", "chunked", "chunked-pieces"])
 @pytest.mark.parametrize("searched", [False, True], ids=["as-decided", "mse"])
-def test_pipeline_yields_the_cpu_pipelines_bytes(kernels, tmp_path, settings, searched):
+def test_pipeline_yields_the_cpu_pipelines_bytes(tmp_path, settings, searched):
     # Small budgets split tensors into row chunks of whole blocks (and per-tensor/two-level schemes into
     # two passes, a per-tensor Mse scheme into three); small pieces split each chunk into several reads,
     # and small read slices each piece into several reads in flight.
     from qcli.pipeline import cpu, gpu
 
-    path, decisions = _checkpoint(tmp_path)
+    path, decisions = checkpoint(tmp_path)
     if searched:
         decisions = {name: (scheme, Calibration.Mse if scheme else calibration, transpose)
                      for name, (scheme, calibration, transpose) in decisions.items()}
-    plan, source = _plan(path, decisions)
+    plan, source = fixed_plan(path, decisions)
     with source:
         want = [(p.entry.info.name, bytes(p.data.numpy())) for p in cpu.run(plan, source)]
         got = [(p.entry.info.name, bytes(p.data.numpy())) for p in gpu.run(plan, source, settings=settings)]
@@ -499,7 +441,7 @@ def test_pipeline_yields_the_cpu_pipelines_bytes(kernels, tmp_path, settings, se
 
 
 @pytest.mark.interpreter
-def test_pipeline_refuses_non_finite_values_naming_the_tensor(kernels, tmp_path):
+def test_pipeline_refuses_non_finite_values_naming_the_tensor(tmp_path):
     from safetensors.torch import save_file
 
     from qcli.pipeline import cpu, gpu
@@ -509,7 +451,7 @@ def test_pipeline_refuses_non_finite_values_naming_the_tensor(kernels, tmp_path)
     save_file({"w": x}, str(tmp_path / "model.safetensors"))
     raised = []
     for run in (partial(gpu.run, settings=GpuSettings()), cpu.run):
-        plan, source = _plan(tmp_path / "model.safetensors",
+        plan, source = fixed_plan(tmp_path / "model.safetensors",
                              {"w": (QuantScheme().with_value(QuantValue.Q8S), Calibration.MinMax, False)})
         with source, pytest.raises(NonFiniteTensor, match="'w'") as err:
             list(run(plan, source))
@@ -518,11 +460,11 @@ def test_pipeline_refuses_non_finite_values_naming_the_tensor(kernels, tmp_path)
 
 
 @pytest.mark.interpreter
-def test_pipeline_refuses_a_file_cut_short_after_it_was_opened(kernels, tmp_path):
+def test_pipeline_refuses_a_file_cut_short_after_it_was_opened(tmp_path):
     from qcli.pipeline import gpu
 
-    path, decisions = _checkpoint(tmp_path)
-    plan, source = _plan(path, decisions)
+    path, decisions = checkpoint(tmp_path)
+    plan, source = fixed_plan(path, decisions)
     with open(path, "r+b") as f:
         f.truncate(path.stat().st_size - 1000)
     with source, pytest.raises(InputError, match="cut short while reading tensor"):
@@ -531,13 +473,13 @@ def test_pipeline_refuses_a_file_cut_short_after_it_was_opened(kernels, tmp_path
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("value", ["lots", "0", "-5GiB", "12 XB"])
-def test_the_gpu_pipeline_refuses_a_malformed_budget(kernels, value):
+def test_the_gpu_pipeline_refuses_a_malformed_budget(value):
     with pytest.raises(UsageError, match="QCLI_GPU_BUDGET"):
         select_pipeline("cpu", {"QCLI_KERNELS": "triton", "QCLI_GPU_BUDGET": value})
 
 
 @pytest.mark.interpreter
-def test_the_gpu_pipeline_takes_its_settings_from_the_environment(kernels):
+def test_the_gpu_pipeline_takes_its_settings_from_the_environment():
     # Spelled as --max-shard-size is: decimal units, binary ones with an i; a blank variable is unset.
     environ = {"QCLI_KERNELS": "triton", "QCLI_GPU_BUDGET": "12 TB", "QCLI_PIECE_BYTES": "64kib"}
     device, run = select_pipeline("cpu", environ)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import qfloat_reference as ref
 import torch
-from test_kernels import kernels  # noqa: F401  (the fixture that runs the kernels, interpreted without a GPU)
+from kernel_support import checkpoint, fixed_plan
 
 import qcli.codec
 from qcli import layout, measure
@@ -208,17 +208,14 @@ def _pipeline_measures(run, plan, source) -> list[tuple[str, object, object]]:
 @pytest.mark.interpreter
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("settings", [GpuSettings(), GpuSettings(budget=6 << 10)], ids=["whole", "chunked"])
-@pytest.mark.usefixtures("kernels")
 def test_gpu_pipeline_measures_what_the_cpu_pipeline_does(tmp_path, monkeypatch, settings) -> None:
     # The tiny budget splits every quantized tensor into row chunks of whole blocks (two passes for nvfp4
     # and the per-tensor AbsMean one); small slices split chunks further.
-    from test_kernels import _checkpoint, _plan
-
     from qcli.pipeline import cpu, gpu
 
     monkeypatch.setattr(measure, "SLICE_VALUES", 1000)
-    path, decisions = _checkpoint(tmp_path)
-    plan, source = _plan(path, decisions)
+    path, decisions = checkpoint(tmp_path)
+    plan, source = fixed_plan(path, decisions)
     with source:
         want = _pipeline_measures(cpu.run, plan, source)
         got = _pipeline_measures(partial(gpu.run, settings=settings), plan, source)
@@ -239,10 +236,7 @@ def _scale_to_nan(out: torch.Tensor, scheme: QuantScheme, shape: tuple[int, ...]
 
 @pytest.mark.interpreter
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.usefixtures("kernels")
 def test_gpu_pipeline_reports_a_damaged_payload(tmp_path, monkeypatch) -> None:
-    from test_kernels import _checkpoint, _plan
-
     from qcli.pipeline import gpu
 
     real = gpu.enqueue
@@ -252,7 +246,7 @@ def test_gpu_pipeline_reports_a_damaged_payload(tmp_path, monkeypatch) -> None:
         _scale_to_nan(out, scheme, tuple(x.shape))
 
     monkeypatch.setattr(gpu, "enqueue", enqueue)
-    plan, source = _plan(*_checkpoint(tmp_path))
+    plan, source = fixed_plan(*checkpoint(tmp_path))
     with source:
         failures = [p.measurement.failure() for p in gpu.run(plan, source, measure=True, settings=GpuSettings())
                     if p.measurement is not None]
@@ -261,12 +255,9 @@ def test_gpu_pipeline_reports_a_damaged_payload(tmp_path, monkeypatch) -> None:
 
 @pytest.mark.interpreter
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.usefixtures("kernels")
 def test_gpu_pipeline_reports_a_damaged_chunk_by_its_block_in_the_tensor(tmp_path, monkeypatch) -> None:
     # A tiny budget cuts each tensor (but the transposed lm_head) into row chunks; the second chunk of each
     # gets its first scale damaged. Its first block, counted in the whole tensor's block grid, is reported.
-    from test_kernels import _checkpoint, _plan
-
     from qcli.pipeline import gpu
 
     real = gpu.enqueue
@@ -283,7 +274,7 @@ def test_gpu_pipeline_reports_a_damaged_chunk_by_its_block_in_the_tensor(tmp_pat
             first_rows[key] = x.shape[0]
 
     monkeypatch.setattr(gpu, "enqueue", enqueue)
-    plan, source = _plan(*_checkpoint(tmp_path))
+    plan, source = fixed_plan(*checkpoint(tmp_path))
     with source:
         got = {p.entry.info.name: p.measurement.failure()
                for p in gpu.run(plan, source, measure=True, settings=GpuSettings(budget=6 << 10)) if p.measurement}

@@ -1,4 +1,5 @@
-"""The schemes the kernel checks and benchmarks cover: every value, store and scale level Burn accepts."""
+"""The scheme cases the kernel tests check and bench/ measures: every value, store and scale level Burn
+accepts. The tests own them and the benchmarks import them, so the two cannot drift apart."""
 
 from __future__ import annotations
 
