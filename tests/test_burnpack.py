@@ -17,6 +17,7 @@ import cbor2
 import pytest
 import torch
 from burn_facts import BURN_FIXTURES, VECTORS
+from cli_support import ROOT
 from safetensors.numpy import load_file
 
 from qcli.errors import InputError, OutputError
@@ -33,7 +34,6 @@ from qcli.io.dtypes import Bool, BoolStore, Plain, QFloat, dtype_from_serde
 from qcli.layout import quantized_data_len
 from qcli.scheme import QuantScheme
 
-REPO = Path(__file__).parents[1]
 BURNS_FILE = BURN_FIXTURES / "linear-f32.bpk"
 # What Burn saved it from, read with the safetensors library rather than qcli.
 SOURCE = load_file(BURN_FIXTURES / "linear.safetensors")
@@ -322,7 +322,7 @@ def test_file_too_large_is_an_output_error_and_leaves_nothing(tmp_path: Path, n:
     # RLIMIT_FSIZE makes the kernel answer EFBIG, as a full or size-limited filesystem would.
     script = f"""
 import resource, signal, sys
-sys.path.insert(0, {str(REPO)!r})
+sys.path.insert(0, {str(ROOT)!r})
 from qcli.errors import OutputError
 from qcli.io.burnpack import BurnpackWriter, TensorEntry
 from qcli.io.dtypes import Plain

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import re
 
 import pytest
+from cli_support import ROOT, cli
 
 from qcli import layout
 from qcli.burn_backends import BurnBackend, load_problem
@@ -56,9 +57,16 @@ def test_every_preset_is_accepted_by_burn(name: str) -> None:
     assert accept_problems(PRESETS[name].scheme, PRESETS[name].calibration) == []
 
 
-def test_default_preset_is_q4s_b32() -> None:
-    assert DEFAULT_PRESET == "q4s-b32"
+def test_the_docs_and_quantize_help_name_the_default_preset() -> None:
     assert DEFAULT_PRESET in PRESETS
+    readme = (ROOT / "README.md").read_text()
+    named = re.findall(r"\(default policy, ([\w-]+)\)|default `([\w-]+)`", readme)
+    assert named and {a or b for a, b in named} == {DEFAULT_PRESET}
+    presets = (ROOT / "docs" / "presets.md").read_text()
+    assert re.findall(r"The default is \*\*`([\w-]+)`\*\*", presets) == [DEFAULT_PRESET]
+    assert re.findall(r"^\| `([\w-]+)` \|.*\*\*default\*\*", presets, re.M) == [DEFAULT_PRESET]
+    shown = " ".join(cli("quantize", "--help").out.split())
+    assert re.findall(r"the default scheme \(([\w-]+)\)", shown) == [DEFAULT_PRESET]
 
 
 def test_get_preset_is_case_insensitive() -> None:
@@ -96,7 +104,7 @@ def test_zero_point_preset_names_are_refused() -> None:
 
 
 def test_docs_presets_lists_every_preset_with_its_scheme() -> None:
-    docs = (Path(__file__).parents[1] / "docs" / "presets.md").read_text().split("<!-- burn 0.21 -->")[0]
+    docs = (ROOT / "docs" / "presets.md").read_text().split("<!-- burn 0.21 -->")[0]
     rows = {row.split("|")[1].strip(" `"): row for row in docs.splitlines() if row.startswith("| `")}
     assert set(rows) == set(PRESETS)
     for name, preset in PRESETS.items():
@@ -117,7 +125,7 @@ def test_the_preset_by_backend_tables_say_what_the_capability_table_says(doc: st
     """✓ exactly where `qcli.burn_backends` (held to Burn by tests/test_burn_backends.py) loads the preset
     on a [4096, 4096] weight, and the pair count below the table adds up. Burn 0.21's table follows the
     marker `<!-- burn 0.21 -->`; the default release's comes first."""
-    text = (Path(__file__).parents[1] / doc).read_text()
+    text = (ROOT / doc).read_text()
     older = "<!-- burn 0.21 -->"
     text = text.split(older)[1] if version == "0.21.0" else text.split(older)[0]
     rows = {row.split("|")[1].strip(" `"): row for row in text.splitlines() if row.startswith("| `")}

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from cli_support import ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -360,7 +361,7 @@ def test_keep_false_alone_asks_for_nothing(tmp_path: Path) -> None:
 
 
 def test_every_example_in_docs_recipes_parses_and_is_accepted() -> None:
-    docs = (Path(__file__).parents[1] / "docs" / "recipes.md").read_text()
+    docs = (ROOT / "docs" / "recipes.md").read_text()
     examples = re.findall(r"```toml\n(.*?)```", docs, re.S)
     assert len(examples) >= 4
     for example in examples:

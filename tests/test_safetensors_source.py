@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_support import ROOT
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from qcli.errors import InputError
 from qcli.io.dtypes import burn_dtype
 from qcli.io.safetensors import SafetensorsSource, TensorInfo
-
-REPO = Path(__file__).parents[1]
 
 
 def raw_file(path: Path, header: object, data: bytes = b"", *, header_bytes: bytes | None = None) -> Path:
@@ -133,7 +132,7 @@ def test_headers_are_read_without_torch(tmp_path: Path) -> None:
     script = ("import sys; from qcli.io.safetensors import SafetensorsSource; "
               f"s = SafetensorsSource.open({str(tmp_path / 'x.safetensors')!r}); s.infos(); "
               "print('torch' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
                             timeout=60)
     assert result.stdout.strip() == "False", result.stderr
 
