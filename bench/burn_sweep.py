@@ -1,6 +1,6 @@
 """The capability sweep: every scheme qcli writes and every kept dtype, in one burnpack, with qcli's decode.
 
-tests/test_burn_backends.py runs it through the Burn harness on every backend and holds
+tests/io/test_burn_backends.py runs it through the Burn harness on every backend and holds
 `qcli.burn_backends` to the result; this module also runs it on another machine:
 
     python3 -m bench.burn_sweep write DIR [VERSION]             # DIR/sweep.bpk and qcli's decode of it

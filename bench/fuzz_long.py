@@ -1,4 +1,4 @@
-"""The long fuzz run: the targets of tests/test_fuzz.py for many examples each (docs/reliability.md).
+"""The long fuzz run: the targets of tests/reliability/test_fuzz.py for many examples each (docs/reliability.md).
 
     python3 bench/fuzz_long.py --examples 100000 safetensors burnpack recipe
 
@@ -38,7 +38,7 @@ def main() -> int:
         parser.error(f"unknown targets {sorted(unknown)}; choose from {', '.join(TARGETS)}")
     os.environ["QCLI_FUZZ_EXAMPLES"] = str(args.examples)
     sys.path.insert(0, str(REPO))
-    spec = importlib.util.spec_from_file_location("fuzz_targets", REPO / "tests" / "test_fuzz.py")
+    spec = importlib.util.spec_from_file_location("fuzz_targets", REPO / "tests" / "reliability" / "test_fuzz.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     failed = False

@@ -3,7 +3,7 @@
 Measured, not read from code. The harnesses in tests/burn (Burn 0.22.1) and tests/burn-0.21 (Burn 0.21.0)
 built every value x store x scale dtype x scale level, ragged and whole rows, and every kept dtype with
 `Tensor::from_data` on each backend and dequantized it; "loads" means Burn's f32 values equal qcli's
-decode bit for bit. tests/test_burn_backends.py runs that sweep again and holds this table to it;
+decode bit for bit. tests/io/test_burn_backends.py runs that sweep again and holds this table to it;
 docs/output.md has the table in prose.
 
 wgpu is Burn's `wgpu` feature (WGSL shaders), measured on Mesa's lavapipe Vulkan driver (and for 0.22.1 on

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from cli_support import ROOT
+
+from tests.cli_support import ROOT
 
 LINKED = ["README.md", "docs/cli.md", "docs/output.md", "docs/ci.md", "sample_weights/README.md"]
 

@@ -7,7 +7,7 @@ The candidates, in order: the scale MinMax stores (`amax / h` rounded up onto th
 Q4F, Q2F), `amax / b` and `amax / -a`, which put the block's largest value exactly on an end, and (for
 scale dtypes with a sign) the negative scales `c * amax / a` for c in 1 and CLIPS, which put a positive
 largest value on the longer end `a` as llama.cpp's Q4_0 does (Burn decodes `q * s` whatever the sign:
-tests/test_burn.py).
+tests/io/test_burn.py).
 Under a global scale (two levels) the global is MinMax's, and the stored scale relative to it is searched.
 
 A candidate's error is integer arithmetic on f32 operations that round the same everywhere: with

@@ -1,4 +1,4 @@
-//! The README's example of loading qcli's output in Burn, compiled and run by tests/test_burn.py.
+//! The README's example of loading qcli's output in Burn, compiled and run by tests/io/test_burn.py.
 //!
 //! `qcli quantize model.safetensors --recipe row.toml --burn-backend flex` wrote `up` and `down` as
 //! `[d_input, d_output]` (`transpose = true`), the layout of Burn's default `LinearLayout::Row`.

@@ -1,0 +1,69 @@
+"""`import qcli`, `qcli --help` and `qcli validate-scheme RECIPE` (no --model) load neither torch nor triton.
+
+Each case runs in a fresh interpreter, so nothing imported by other tests can hide an import.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.cli_support import ROOT
+
+RECIPE = """version = 1
+[[rule]]
+match = "*norm*"
+keep = true
+[[rule]]
+match = "*"
+preset = "q4s-b32"
+"""
+
+PROBE = """
+import json, sys
+{body}
+print(json.dumps({{"code": code, "heavy": sorted(m for m in ("torch", "triton") if m in sys.modules)}}))
+"""
+
+
+def probe(body: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE.format(body=body)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_cli(args: list[str]) -> str:
+    return (
+        "import io, contextlib\nfrom qcli.cli import run\n"
+        f"with contextlib.redirect_stdout(io.StringIO()):\n    code = run({args!r})"
+    )
+
+
+def test_import_qcli_is_lean():
+    assert probe("import qcli, qcli.cli, qcli.commands.quantize, qcli.commands.inspect, qcli.commands.validate_scheme, "
+                 "qcli.pipeline.device, qcli.report\ncode = 0") == {"code": 0, "heavy": []}
+
+
+@pytest.mark.parametrize("args", [["--help"], ["quantize", "--help"], ["inspect", "--help"], ["--version"]])
+def test_help_is_lean(args):
+    assert probe(run_cli(args)) == {"code": 0, "heavy": []}
+
+
+def test_validate_scheme_without_model_is_lean(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(RECIPE)
+    for fmt in ("text", "json", "github"):
+        assert probe(run_cli(["validate-scheme", str(recipe), "--format", fmt])) == {"code": 0, "heavy": []}
+
+
+def test_the_probe_sees_torch_when_it_is_imported():
+    assert probe("import torch\ncode = 0")["heavy"] == ["torch"]

@@ -1,0 +1,111 @@
+"""The capability table of qcli.burn_backends held to Burn itself: every scheme qcli writes, on every backend.
+
+Each case is encoded by qcli's codec and written with qcli's writer; the harness builds it on the backend
+with `Tensor::from_data` and dequantizes it. A case "loads" when Burn returns qcli's decode bit for bit.
+The table must say exactly which cases load: a case it accepts must load, and a case it refuses must
+really fail (a panic or a wrong decode), so the table can neither let a bad file through nor refuse a
+good one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bench import burn_sweep
+from bench.burn_sweep import QUANTIZED, WHOLE, sample
+from qcli.burn_backends import BURN_VERSIONS, BurnBackend, kept_problem, load_problem
+from qcli.codec import decode
+from qcli.io.burnpack import BurnpackReader
+from qcli.io.dtypes import Plain
+from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype
+from tests.burn_harness import BACKENDS, probe, same_bits, save_f32
+from tests.cli_support import cli
+
+pytestmark = pytest.mark.burn
+
+
+@pytest.fixture(scope="module", params=BURN_VERSIONS)
+def sweep(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, dict[str, torch.Tensor]]:
+    """For each Burn release, one burnpack holding every case it has a form for (qcli's payloads, in its
+    serde) and every kept dtype; the expected f32 values."""
+    folder = tmp_path_factory.mktemp("sweep")
+    burn_sweep.write(folder, request.param)
+    return request.param, folder / "sweep.bpk", load_file(folder / "expected.safetensors")
+
+
+def test_the_sweep_covers_every_value_store_scale_dtype_and_level() -> None:
+    schemes = [scheme for scheme, _ in QUANTIZED.values()]
+    assert {s.value for s in schemes} == set(QuantValue)
+    assert {type(s.store) for s in schemes} == {Native, PackedU32, PackedNative}
+    assert {s.scale_dtype() for s in schemes} == set(ScaleDtype)
+    assert any(s.is_two_level() for s in schemes) and any(s.block and s.block.size.len == 2 for s in schemes)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=str)
+def test_the_table_says_exactly_what_burn_loads(backend: BurnBackend, sweep, tmp_path: Path) -> None:
+    version, path, expected = sweep
+    decoded = probe(backend, path, tmp_path / "decoded.safetensors", version)
+    wrong = []
+    for name, want in expected.items():
+        got = decoded[name]
+        loads = isinstance(got, torch.Tensor) and same_bits(got, want)
+        if name.startswith("kept "):
+            table = kept_problem(backend, Plain(name.removeprefix("kept ")), version)
+        else:
+            scheme, shape = QUANTIZED[name]
+            table = load_problem(backend, scheme, shape, version)
+        if loads != (table is None):
+            burn = "decodes it exactly" if loads else (got if isinstance(got, str) else "decodes it wrongly")
+            wrong.append(f"{name}: the table says {table or 'it loads'}, but Burn {burn}")
+    assert not wrong, f"{len(wrong)} of {len(expected)} cases disagree on Burn {version} {backend}:\n" + \
+        "\n".join(wrong)
+
+
+def recipe_rule(name: str, scheme: QuantScheme) -> str:
+    """A recipe rule giving tensor `name` exactly `scheme`, in the recipe's keys (docs/recipes.md)."""
+    lines = ["[[rule]]", f"match = {name!r}".replace("'", '"'), f'value = "{scheme.value}"',
+             f'store = "{type(scheme.store).__name__}"']
+    if scheme.block is not None:
+        lines += [f"block = {scheme.block.size.dims()}", f'block_scale = "{scheme.block.dtype}"']
+    if scheme.tensor is not None:
+        lines.append(f'tensor_scale = "{scheme.tensor}"')
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module", params=BURN_VERSIONS)
+def through_the_cli(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """For each Burn release, every whole-row case it has a form for quantized by `qcli quantize --burn-version`
+    itself: one tensor per case, one recipe rule each."""
+    version = request.param
+    cases = {name: scheme for name, (scheme, shape) in burn_sweep.cases_for(version).items() if shape == WHOLE}
+    names = {name: f"case{i}.weight" for i, name in enumerate(cases)}
+    folder = tmp_path_factory.mktemp("recipe")
+    source = save_f32(folder / "cases.safetensors", {names[n]: sample(WHOLE, i) for i, n in enumerate(cases)})
+    recipe = folder / "cases.toml"
+    recipe.write_text("version = 1\n\n" + "\n".join(recipe_rule(names[n], s) for n, s in cases.items()))
+    out = folder / "cases.bpk"
+    result = cli("quantize", source, "-o", out, "--recipe", recipe, "--device", "cpu", "--burn-version", version)
+    assert result.code == 0, result.err
+    return version, out
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=str)
+def test_a_recipe_of_every_scheme_decodes_in_burn_wherever_the_table_accepts_it(backend, through_the_cli, tmp_path):
+    """The whole CLI path (plan, pipeline, writer, verify): every tensor the table says `backend` loads,
+    Burn decodes bit for bit as qcli does."""
+    version, out = through_the_cli
+    reader = BurnpackReader.open(out)
+    decoded = probe(backend, out, tmp_path / "decoded.safetensors", version)
+    accepted = 0
+    for entry in reader.entries():
+        scheme = entry.dtype.scheme
+        if load_problem(backend, scheme, entry.shape, version) is None:
+            accepted += 1
+            want = decode(bytes(reader.read(entry.name)), scheme, entry.shape)
+            got = decoded[entry.name]
+            assert isinstance(got, torch.Tensor) and same_bits(got, want), f"{entry.name} ({scheme}): {got}"
+    assert accepted > 0

@@ -1,0 +1,309 @@
+"""Measuring a payload where it is: the error statistics and the first block over its bound, whole or in
+row slices, and through both pipelines.
+
+Payloads and their decodes come from the independent pure-Python writer (tests/qfloat_reference.py);
+the statistics expected are worked in numpy float64 from that decode; damaged blocks are found by hand
+from the byte layout (docs/arithmetic.md §4).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+
+import qcli.codec
+from qcli import layout, measure
+from qcli.error_stats import ErrorStats
+from qcli.measure import Measurement, whole_range
+from qcli.pipeline import GpuSettings
+from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue, ScaleDtype
+from tests import qfloat_reference as ref
+from tests.kernel_support import checkpoint, fixed_plan
+
+Q8_BLOCK = QuantScheme().with_value(QuantValue.Q8S).with_store(Native()).per_block([16], ScaleDtype.F32)
+Q4_TILE = QuantScheme().with_value(QuantValue.Q4S).with_store(PackedU32(0)).per_block([4, 8], ScaleDtype.F16)
+Q4_TENSOR = QuantScheme().with_value(QuantValue.Q4S).with_store(PackedU32(0)).per_tensor(ScaleDtype.F32)
+E4M3_TENSOR = QuantScheme().with_value(QuantValue.E4M3).with_store(Native()).per_tensor(ScaleDtype.BF16)
+NVFP4 = QuantScheme.nvfp4()
+
+# (scheme, calibration, the reference writer's arguments)
+CASES = {
+    "q8s-block16-f32": (Q8_BLOCK, Calibration.MinMax, ("Q8S", "Native", [16], "F32", False)),
+    "q4s-u32-block4x8-f16": (Q4_TILE, Calibration.MinMax, ("Q4S", "PackedU32", [4, 8], "F16", False)),
+    "q4s-u32-tensor-minmax": (Q4_TENSOR, Calibration.MinMax, ("Q4S", "PackedU32", None, "F32", False)),
+    "q4s-u32-tensor-absmean": (Q4_TENSOR, Calibration.AbsMean, ("Q4S", "PackedU32", None, "F32", False)),
+    "e4m3-tensor-bf16": (E4M3_TENSOR, Calibration.MinMax, ("E4M3", "Native", None, "BF16", False)),
+    "nvfp4": (NVFP4, Calibration.MinMax, ("E2M1", "PackedNative", [16], "UE4M3", True)),
+}
+
+
+def source(shape: tuple[int, ...], seed: int = 3) -> torch.Tensor:
+    """Random f32 values whose rows span five orders of magnitude: a slice's own peak or mean is far from
+    the tensor's, so a per-tensor bound taken from a slice alone would be wrong."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g)
+    rows = torch.tensor([10.0 ** (i % 5 - 2) for i in range(shape[0])]).reshape(-1, *[1] * (len(shape) - 1))
+    return (x * rows).contiguous()
+
+
+def reference(x: torch.Tensor, case: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(payload, decoded) of `x` by the reference writer."""
+    _, calibration, (value, store, block, dtype, two_level) = CASES[case]
+    payload, _, _, decoded, _ = ref.quantize(x.reshape(-1).tolist(), list(x.shape), value, store, block, dtype,
+                                             two_level, calibration.value)
+    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else torch.empty(0, dtype=torch.uint8)
+    return data, torch.tensor(decoded, dtype=torch.float32).reshape(x.shape)
+
+
+# The CPU pipeline sums a part's energies in f32 (`ErrorSums.add_difference`), and every difference is
+# taken in f32: the statistics agree with a float64 reference to about 1e-7.
+F32_SUMS = 1e-6
+
+
+def assert_close(got: ErrorStats, want: ErrorStats, what: str = "") -> None:
+    """Equal statistics but for that f32 rounding (the SQNR compared in dB, not relative to its size)."""
+    assert (got.rel_rms, got.max_abs) == pytest.approx((want.rel_rms, want.max_abs), rel=F32_SUMS), what
+    assert got.sqnr_db == pytest.approx(want.sqnr_db, abs=F32_SUMS * 10), what
+
+
+def measured(x: torch.Tensor, payload: torch.Tensor, case: str) -> Measurement:
+    scheme, calibration, _ = CASES[case]
+    m = Measurement.on(x.device)
+    m.add(x, payload, scheme, calibration)
+    return m
+
+
+def expected_stats(x: torch.Tensor, decoded: torch.Tensor) -> tuple[float, float, float]:
+    a, b = x.double().numpy().reshape(-1), decoded.double().numpy().reshape(-1)
+    signal, error = float(np.dot(a, a)), float(np.dot(b - a, b - a))
+    return math.sqrt(error / signal), 10 * math.log10(signal / error), float(np.abs(b - a).max())
+
+
+@pytest.fixture
+def counted_decodes(monkeypatch) -> list[tuple[int, ...]]:
+    """The shapes qcli.codec.decode is called with."""
+    calls: list[tuple[int, ...]] = []
+    real = qcli.codec.decode
+    monkeypatch.setattr(qcli.codec, "decode", lambda p, s, shape: calls.append(tuple(shape)) or real(p, s, shape))
+    return calls
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_stats_are_those_of_the_reference_decode(case: str) -> None:
+    x = source((8, 48))
+    payload, decoded = reference(x, case)
+    m = measured(x, payload, case)
+    assert_close(m.stats(), ErrorStats(*expected_stats(x, decoded)))
+    assert m.failure() is None
+
+
+def test_special_cases_match_error_stats() -> None:
+    # All-zero source: every scale is the smallest positive, every value 0, the decode exact.
+    x = torch.zeros(4, 32)
+    payload, _ = reference(x, "q8s-block16-f32")
+    stats = measured(x, payload, "q8s-block16-f32").stats()
+    assert (stats.rel_rms, stats.sqnr_db, stats.max_abs) == (0.0, math.inf, 0.0)
+    # Zero source with a nonzero decode: no signal, some error.
+    payload[0] = 5
+    stats = measured(x, payload, "q8s-block16-f32").stats()
+    assert stats.rel_rms == math.inf and stats.sqnr_db == -math.inf and stats.max_abs > 0
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("shape", [(40, 48), (6, 5, 16)], ids=["2d", "3d"])
+def test_slices_measure_what_the_whole_tensor_does(case, shape, monkeypatch, counted_decodes) -> None:
+    x = source(shape)
+    payload, decoded = reference(x, case)
+    whole = measured(x, payload, case)
+    monkeypatch.setattr(measure, "SLICE_VALUES", 100)  # a slice of 1-2 rows, or the 4 rows of a [4, 8] block
+    sliced = measured(x, payload, case)
+    assert len(counted_decodes) > 1 + 4  # one whole decode, then several slices
+    got, want = sliced.stats(), whole.stats()
+    assert_close(got, want)
+    assert got.max_abs == pytest.approx(expected_stats(x, decoded)[2], rel=F32_SUMS)
+    assert sliced.failure() is None and whole.failure() is None
+
+
+def flip_value(payload: torch.Tensor, case: str, shape: tuple[int, int], row: int, col: int) -> None:
+    """Flip the top bit of element (row, col)'s value field: 8 or more steps away."""
+    if case == "q8s-block16-f32":  # one byte per value
+        payload[row * shape[1] + col] ^= 0x80
+    else:  # 4-bit fields, 8 to a little-endian u32 (or 2 to a byte), rows padded on their own, first low
+        row_bytes = math.ceil(shape[1] / 8) * 4
+        payload[row * row_bytes + col // 2] ^= 0x08 << (4 * (col % 2))
+
+
+@pytest.mark.parametrize("sliced", [False, True], ids=["whole", "sliced"])
+@pytest.mark.parametrize("case,block", [
+    ("q8s-block16-f32", 23 * 3 + 37 // 16),       # blocks of 16 along rows of 48: 3 per row
+    ("q4s-u32-block4x8-f16", 23 // 4 * 6 + 37 // 8),  # [4, 8] tiles of a 48-column matrix: 6 per row of tiles
+    ("q4s-u32-tensor-minmax", 0),                   # one block
+])
+def test_a_damaged_value_is_reported_in_its_block(case, block, sliced, monkeypatch) -> None:
+    shape = (40, 48)
+    x = source(shape)
+    x[23, 37] = x[20:24].abs().max() if case != "q4s-u32-tensor-minmax" else 0.5  # a field of 7, or 0
+    payload, _ = reference(x, case)
+    flip_value(payload, case, shape, 23, 37)
+    if sliced:
+        monkeypatch.setattr(measure, "SLICE_VALUES", 100)
+    failure = measured(x, payload, case).failure()
+    assert failure is not None and failure.block == block and failure.error > failure.bound
+
+
+@pytest.mark.parametrize("sliced", [False, True], ids=["whole", "sliced"])
+def test_a_nan_block_scale_of_nvfp4_is_reported_in_its_block(sliced, monkeypatch) -> None:
+    # (40, 48) in [16] blocks: 3 per row; the UE4M3 scales follow 24 bytes of packed values per row.
+    # Scale 0x7f is E4M3's NaN; the first block of the damaged ones is reported.
+    x = source((40, 48))
+    payload, _ = reference(x, "nvfp4")
+    payload[40 * 24 + 31] = 0x7F
+    payload[40 * 24 + 95] = 0x7F
+    if sliced:
+        monkeypatch.setattr(measure, "SLICE_VALUES", 100)
+    failure = measured(x, payload, "nvfp4").failure()
+    assert failure is not None and failure.block == 31 and math.isnan(failure.error)
+
+
+def test_a_nan_global_scale_is_reported_in_the_first_block() -> None:
+    x = source((8, 48))
+    payload, _ = reference(x, "nvfp4")
+    payload[-4:] = torch.frombuffer(bytearray(struct.pack("<f", math.nan)), dtype=torch.uint8)
+    failure = measured(x, payload, "nvfp4").failure()
+    assert failure is not None and failure.block == 0
+
+
+@pytest.mark.parametrize("shape", [(), (7,), (0, 16)], ids=["scalar", "vector", "empty"])
+def test_small_ranks_and_empty_tensors_are_measured_whole(shape, monkeypatch) -> None:
+    monkeypatch.setattr(measure, "SLICE_VALUES", 1)
+    x = torch.full(shape, 3.0) if shape else torch.tensor(-3.0)
+    payload, decoded = reference(x.reshape(shape), "q8s-block16-f32")
+    m = measured(x, payload, "q8s-block16-f32")
+    assert m.failure() is None
+    assert m.stats().max_abs == (float((decoded - x).abs().max()) if x.numel() else 0.0)
+
+
+def test_whole_range_takes_peak_and_mean_over_all_rows(monkeypatch) -> None:
+    monkeypatch.setattr(measure, "SLICE_VALUES", 4)
+    x = torch.tensor([[1.0, -2.0], [0.5, 0.0], [-8.0, 4.0]], dtype=torch.bfloat16)
+    whole = whole_range(x)
+    assert whole.peak.tolist() == [8.0] and whole.count == 6 and whole.mean().tolist() == [15.5 / 6]
+    halves = whole_range(x[:1]).add(whole_range(x[1:]))
+    assert halves.peak.tolist() == [8.0] and halves.mean().tolist() == [15.5 / 6]
+
+
+# ---- through the pipelines ------------------------------------------------------------------------
+
+
+def _pipeline_measures(run, plan, source) -> list[tuple[str, object, object]]:
+    return [(p.entry.info.name, None if p.measurement is None else p.measurement.stats(),
+             None if p.measurement is None else p.measurement.failure()) for p in run(plan, source, measure=True)]
+
+
+@pytest.mark.interpreter
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("settings", [GpuSettings(), GpuSettings(budget=6 << 10)], ids=["whole", "chunked"])
+def test_gpu_pipeline_measures_what_the_cpu_pipeline_does(tmp_path, monkeypatch, settings) -> None:
+    # The tiny budget splits every quantized tensor into row chunks of whole blocks (two passes for nvfp4
+    # and the per-tensor AbsMean one); small slices split chunks further.
+    from qcli.pipeline import cpu, gpu
+
+    monkeypatch.setattr(measure, "SLICE_VALUES", 1000)
+    path, decisions = checkpoint(tmp_path)
+    plan, source = fixed_plan(path, decisions)
+    with source:
+        want = _pipeline_measures(cpu.run, plan, source)
+        got = _pipeline_measures(partial(gpu.run, settings=settings), plan, source)
+    assert [n for n, _, _ in got] == [n for n, _, _ in want]
+    assert sum(stats is not None for _, stats, _ in got) == 5
+    for (name, g, gf), (_, w, wf) in zip(got, want, strict=True):
+        assert gf is None and wf is None, name
+        if w is not None:
+            assert_close(g, w, name)
+
+
+def _scale_to_nan(out: torch.Tensor, scheme: QuantScheme, shape: tuple[int, ...]) -> None:
+    """The payload's first stored scale as all ones bytes: NaN in every scale dtype, so its block decodes
+    to NaN."""
+    start = layout.value_bytes(scheme, shape)
+    out[start : start + scheme.scale_dtype().scale_size()] = 0xFF
+
+
+@pytest.mark.interpreter
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_gpu_pipeline_reports_a_damaged_payload(tmp_path, monkeypatch) -> None:
+    from qcli.pipeline import gpu
+
+    real = gpu.enqueue
+
+    def enqueue(x, scheme, calibration, out, bad, whole=None, searched=None):
+        real(x, scheme, calibration, out, bad, whole=whole, searched=searched)
+        _scale_to_nan(out, scheme, tuple(x.shape))
+
+    monkeypatch.setattr(gpu, "enqueue", enqueue)
+    plan, source = fixed_plan(*checkpoint(tmp_path))
+    with source:
+        failures = [p.measurement.failure() for p in gpu.run(plan, source, measure=True, settings=GpuSettings())
+                    if p.measurement is not None]
+    assert len(failures) == 5 and all(f is not None and f.block == 0 and math.isnan(f.error) for f in failures)
+
+
+@pytest.mark.interpreter
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_gpu_pipeline_reports_a_damaged_chunk_by_its_block_in_the_tensor(tmp_path, monkeypatch) -> None:
+    # A tiny budget cuts each tensor (but the transposed lm_head) into row chunks; the second chunk of each
+    # gets its first scale damaged. Its first block, counted in the whole tensor's block grid, is reported.
+    from qcli.pipeline import gpu
+
+    real = gpu.enqueue
+    first_rows: dict[tuple, int] = {}  # per tensor, told apart by value type and dtype
+
+    def enqueue(x, scheme, calibration, out, bad, whole=None, searched=None):
+        real(x, scheme, calibration, out, bad, whole=whole, searched=searched)
+        key = (scheme.value.name, x.dtype)
+        if key in first_rows:
+            if first_rows[key] >= 0:
+                _scale_to_nan(out, scheme, tuple(x.shape))
+                first_rows[key] = -first_rows[key]  # damage one chunk only
+        else:
+            first_rows[key] = x.shape[0]
+
+    monkeypatch.setattr(gpu, "enqueue", enqueue)
+    plan, source = fixed_plan(*checkpoint(tmp_path))
+    with source:
+        got = {p.entry.info.name: p.measurement.failure()
+               for p in gpu.run(plan, source, measure=True, settings=GpuSettings(budget=6 << 10)) if p.measurement}
+    embed, q = -first_rows["E2M1", torch.bfloat16], -first_rows["Q4S", torch.float32]
+    assert embed > 0 and q > 0 and -first_rows["Q2F", torch.bfloat16] == 3
+    assert first_rows["Q4S", torch.bfloat16] > 0  # lm_head is whole: nothing damaged
+    assert {name: f and f.block for name, f in got.items()} == {
+        "embed.weight": 6 * embed,  # [16] blocks: 6 to a row of 96
+        "layers.0.attn.q.weight": 3 * q,  # [32] blocks: 3 to a row
+        "layers.0.mlp.up.weight": 0,  # one block
+        "layers.0.conv.weight": 8,  # [3, 1, 16] on [6, 4, 32]: 4 * 2 blocks to each 3 rows
+        "lm_head.weight": None,
+    }
+
+
+@pytest.mark.parametrize("case", ["q4s-u32-block4x8-f16", "q4s-u32-tensor-absmean", "nvfp4"])
+def test_measuring_reads_nothing_back_to_the_host(case, monkeypatch) -> None:
+    # On a GPU any of these would wait for the device; here they are refused while measuring.
+    x = source((40, 48))
+    payload, _ = reference(x, case)
+    m = Measurement.on("cpu")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("read back to the host while measuring")
+
+    with monkeypatch.context() as patched:
+        for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "nonzero", "cpu", "numpy"):
+            patched.setattr(torch.Tensor, name, refuse)
+        patched.setattr(torch, "nonzero", refuse)
+        patched.setattr(measure, "SLICE_VALUES", 100)
+        m.add(x, payload, *CASES[case][:2])
+    assert m.failure() is None
