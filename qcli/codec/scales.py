@@ -72,7 +72,6 @@ def nearest(s: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
         subnormal = torch.round(s * inverse_spacing) * (1.0 / inverse_spacing)
         rounded = torch.where(s < 2.0 ** (1 - fmt.bias), subnormal, rounded)
     return torch.where(s >= traits.max, traits.max, rounded).clamp_(max=traits.max)
-    return torch.where(torch.isnan(s), s, rounded)
 
 
 def block_reduce(
