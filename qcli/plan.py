@@ -38,13 +38,14 @@ from qcli.scheme import (
     QuantScheme,
     accept_problems,
 )
+from qcli.transcode import SCALE_SUFFIXES, Transcode, block_size, companion
+from qcli.transcode import plan as transcode_plan
 
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 # Already quantized by another tool: 8-bit integers and the sub-16-bit float formats (F8_E4M3, F8_E5M2,
 # F8_E8M0, F6_*, F4) of newer safetensors.
 QUANTIZED_DTYPES = ("I8", "U8")
 QUANTIZED_PREFIXES = ("F8_", "F6_", "F4")
-SCALE_SUFFIXES = ("_scale_inv", "_scale", ".scale")
 FIRST_NAMES = 3
 # What quantizing holds beside a tensor's source and payload (`PlanEntry.peak_bytes`): six f32 grids of
 # a value per block at most, and a chunk's temporaries, about 24 bytes per value of a chunk of 2^18
@@ -70,6 +71,7 @@ class Decision:
     reason: str
     rule: Rule | None
     cast: str | None = None  # a kept floating tensor written in this dtype (F32, F16, BF16) instead of its own
+    transcode: Transcode | None = None  # an F8 tensor written as `scheme` with its codes unchanged
 
 
 @dataclass(frozen=True)
@@ -265,7 +267,13 @@ class _Planner:
     def __init__(self, infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False,
                  backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
                  calibration: Calibration | None = None) -> None:
-        self.infos = infos
+        by_name = {i.name: i for i in infos}
+        pairs = [(i, scale) for i in infos if is_quantized(i.dtype) and (scale := companion(i, by_name)) is not None]
+        block = block_size(sorted({str(i.file) for i in infos})) if pairs else None
+        # F8 tensor -> its transcode, or why it has none; the scales transcoded ones consume are no entries
+        self.transcodes = {info.name: transcode_plan(info, scale, block) for info, scale in pairs}
+        consumed = {t.scale.name for t in self.transcodes.values() if isinstance(t, Transcode)}
+        self.infos = [i for i in infos if i.name not in consumed]
         self.calibration = calibration
         self.refused_calibration: set[int] = set()  # id(rule): rules `calibration` is refused for, reported
         self.split = split
@@ -331,6 +339,10 @@ class _Planner:
 
         rank = len(info.shape)
         if is_quantized(info.dtype):
+            transcode = self.transcodes.get(info.name)
+            if isinstance(transcode, Transcode):
+                return Decision(transcode.scheme, Calibration.MinMax, False, f"default: {transcode.reason}", None,
+                                transcode=transcode)
             return keep(f"already quantized ({info.dtype})")
         companion = self.scale_companion_of(info.name)
         if companion is not None:
@@ -380,6 +392,10 @@ class _Planner:
                 return Decision(None, calibration, transpose, f"{where}: keep", rule)
             return self.kept(info, f"{where}: keep", rule, transpose, calibration, rule.cast)
         assert rule.scheme is not None
+        transcode = self.transcodes.get(info.name)
+        if isinstance(transcode, Transcode):  # qcli does not requantize: the codes are written as they are
+            return Decision(transcode.scheme, calibration, False, f"{where}: {transcode.reason}", rule,
+                            transcode=transcode)
         shape = info.shape[::-1] if transpose else info.shape
         why_not = self.cannot_take(info, rule.scheme, shape)
         if why_not is None and rule.calibration is None and self.calibration is not None:
@@ -512,9 +528,12 @@ class _Planner:
         """What Burn cannot load whatever the decision: an unrepresentable kept dtype, an oversized tensor."""
         info = entry.info
         if entry.decision.scheme is None and entry.out_dtype is None:
+            why_not = self.transcodes.get(info.name)
+            nor = f"; nor transcoded: {why_not}" if isinstance(why_not, str) else ""
             self.problem(
-                Kind.dtype, f"{info.name} ({info.dtype}) cannot be kept: Burn has no {info.dtype} dtype",
-                "dequantize the checkpoint to BF16 or F32 (with its scale tensors) first, then run qcli",
+                Kind.dtype, f"{info.name} ({info.dtype}) cannot be kept: Burn has no {info.dtype} dtype{nor}",
+                "dequantize the checkpoint to BF16 or F32 (with its scale tensors) first, then run qcli "
+                "(qcli transcodes F8_E4M3 with per-tensor, per-channel or block scales: docs/input-formats.md)",
                 [info.name], rule=entry.decision.rule,
             )
         if entry.decision.scheme is None and info.nbytes > MAX_TENSOR_SIZE:

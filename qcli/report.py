@@ -51,10 +51,11 @@ class TensorRow:
     bytes_out: int
     bits_per_weight: float
     error: ErrorStats | None = None
+    transcoded: bool = False  # an F8 tensor's codes written as they are (`qcli.transcode`)
 
     @property
     def decision(self) -> str:
-        return "keep" if self.scheme is None else "quantize"
+        return "keep" if self.scheme is None else "transcode" if self.transcoded else "quantize"
 
     @staticmethod
     def of(entry: PlanEntry, error: ErrorStats | None = None) -> TensorRow:
@@ -71,6 +72,7 @@ class TensorRow:
             bytes_out=entry.out_nbytes,
             bits_per_weight=float(entry.bits_per_weight),
             error=error,
+            transcoded=decision.transcode is not None,
         )
 
     def to_json(self) -> dict:

@@ -18,10 +18,11 @@ from qcli.errors import InputError
 from qcli.io.dtypes import torch_dtype
 from qcli.measure import Measurement
 from qcli.pipeline import Payload
+from qcli.transcode import to_qfloat
 
 if TYPE_CHECKING:
     from qcli.io.safetensors import SafetensorsSource
-    from qcli.plan import Plan
+    from qcli.plan import Plan, PlanEntry
 
 
 def run(plan: Plan, source: SafetensorsSource, measure: bool = False) -> Iterator[Payload]:
@@ -30,7 +31,7 @@ def run(plan: Plan, source: SafetensorsSource, measure: bool = False) -> Iterato
 
     A kept tensor's payload is its source bytes, unchanged, or its values cast (`cast_kept`) when the
     decision says so; a quantized one is `qcli.codec.encode`'s. Either is transposed first when the
-    decision says so (the plan allows that for 2-D tensors only).
+    decision says so (the plan allows that for 2-D tensors only). A transcoded F8 tensor's is `transcoded`.
     """
     for entry in plan.entries:
         started = time.perf_counter()
@@ -39,8 +40,10 @@ def run(plan: Plan, source: SafetensorsSource, measure: bool = False) -> Iterato
         if entry.decision.transpose:
             x = x.t()
         scheme, calibration = entry.decision.scheme, entry.decision.calibration
-        measured = None
-        if scheme is None:
+        measured, transcode = None, entry.decision.transcode
+        if transcode is not None:
+            payload = transcoded(entry, x, source)
+        elif scheme is None:
             if entry.decision.cast is not None:
                 x = cast_kept(x, entry.decision.cast, entry.info.name)
             payload = x.contiguous().reshape(-1).view(torch.uint8)
@@ -52,6 +55,13 @@ def run(plan: Plan, source: SafetensorsSource, measure: bool = False) -> Iterato
                 chunks.finish()
         del x
         yield Payload(entry, payload, measured, read_seconds)
+
+
+def transcoded(entry: PlanEntry, codes: torch.Tensor, source: SafetensorsSource) -> torch.Tensor:
+    """A transcoded entry's payload from its code bytes, its scale companion loaded here: both pipelines
+    write it so."""
+    transcode = entry.decision.transcode
+    return to_qfloat(codes, source.load(transcode.scale.name), transcode, entry.info.shape)
 
 
 def cast_kept(x: torch.Tensor, dtype: str, name: str) -> torch.Tensor:

@@ -1,0 +1,107 @@
+"""Already-quantized FP8 tensors into Burn's QFloat layout, their codes unchanged (docs/input-formats.md).
+
+An F8_E4M3 checkpoint tensor with a scale companion decodes as `f32(code) * scale`, which is Burn's E4M3
+decode once the scale is repeated over Burn blocks that each lie inside one of the checkpoint's scale
+blocks: the payload's values are the checkpoint's code bytes, packed as Burn packs E4M3 (four to a
+little-endian u32, each row padded to whole words), and its scales the checkpoint's, in f32. No value is
+rounded, so the `.bpk` decodes to exactly what the checkpoint does. Detection reads headers (and a
+folder's `config.json`) only; `to_qfloat` is the byte work both pipelines call.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
+
+if TYPE_CHECKING:
+    import torch
+
+    from qcli.io.safetensors import TensorInfo
+
+# The scale companions of a weight `W`: `W_scale` (`m.weight_scale`), `W_scale_inv` (DeepSeek: it
+# multiplies the weight despite its name), `W.scale`.
+SCALE_SUFFIXES = ("_scale_inv", "_scale", ".scale")
+SCALE_DTYPES = ("F32", "F16", "BF16")  # each widens to f32 exactly
+DEEPSEEK_BLOCK = (128, 128)  # DeepSeek-V3's weight_block_size, where no config.json says otherwise
+MAX_EXTENT = 255  # Burn's largest block extent (`BlockSize.new`)
+E4M3 = QuantScheme().with_value(QuantValue.E4M3).with_store(PackedU32(0))
+
+
+@dataclass(frozen=True)
+class Transcode:
+    """How one F8 tensor is written as QFloat: its scale companion (consumed), the checkpoint's layout,
+    the Burn scheme, and how many source scales each Burn block's row of scales repeats."""
+
+    scale: TensorInfo
+    layout: str  # "per-tensor", "per-channel", "block [128, 128]"
+    scheme: QuantScheme
+    repeat: int = 1  # per-channel: Burn blocks per row, each repeating the channel's scale
+
+    @property
+    def reason(self) -> str:
+        return f"transcode F8_E4M3 {self.layout} scale -> {self.scheme}, exact"
+
+
+def companion(info: TensorInfo, by_name: dict[str, TensorInfo]) -> TensorInfo | None:
+    """The scale tensor beside an F8 tensor, by the names checkpoints give it, or None."""
+    return next((by_name[info.name + s] for s in SCALE_SUFFIXES if info.name + s in by_name), None)
+
+
+def block_size(files: Sequence[object]) -> tuple[int, int] | None:
+    """`quantization_config.weight_block_size` of the `config.json` beside the checkpoint, or None."""
+    from pathlib import Path
+
+    if not files:
+        return None
+    config = Path(str(files[0])).parent / "config.json"
+    try:
+        size = json.loads(config.read_text()).get("quantization_config", {}).get("weight_block_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(size, list) and len(size) == 2 and all(isinstance(d, int) and d > 0 for d in size):
+        return (size[0], size[1])
+    return None
+
+
+def plan(info: TensorInfo, scale: TensorInfo, block: tuple[int, int] | None) -> Transcode | str:
+    """The transcode of F8 tensor `info` with its `scale`, or why Burn has no exact form for it.
+    `block`: the checkpoint's block size where its config names one."""
+    if info.dtype != "F8_E4M3":
+        return f"{info.dtype} with a scale tensor has no transcode to Burn yet (only F8_E4M3 does)"
+    if scale.dtype not in SCALE_DTYPES:
+        return f"its scale {scale.name} is {scale.dtype}, not one of {', '.join(SCALE_DTYPES)}"
+    shape, scales = tuple(info.shape), tuple(scale.shape)
+    if not shape:
+        return "a 0-D tensor (scalar) has no axis to hold it"
+    if math.prod(scales) == 1 and len(scales) <= 1:
+        return Transcode(scale, "per-tensor", E4M3.per_tensor(ScaleDtype.F32))
+    if len(shape) != 2:
+        return f"scale {list(scales)} for a tensor of rank {len(shape)}: only 2-D weights have channels and blocks"
+    rows, cols = shape
+    if scales in ((rows,), (rows, 1)):
+        extent = max(d for d in range(1, min(cols, MAX_EXTENT) + 1) if cols % d == 0)
+        return Transcode(scale, "per-channel", E4M3.per_block([1, extent], ScaleDtype.F32), cols // extent)
+    size = block or DEEPSEEK_BLOCK
+    if scales == (math.ceil(rows / size[0]), math.ceil(cols / size[1])):
+        if max(size) > MAX_EXTENT:
+            return f"block {list(size)} is over Burn's largest block extent, {MAX_EXTENT}"
+        return Transcode(scale, f"block {list(size)}", E4M3.per_block(list(size), ScaleDtype.F32))
+    return (f"its scale {scale.name} {list(scales)} is neither per tensor, per channel ([{rows}] or [{rows}, 1]) "
+            f"nor blocks {list(size)} of {list(shape)}")
+
+
+def to_qfloat(codes: torch.Tensor, scale: torch.Tensor, transcode: Transcode, shape: Sequence[int]) -> torch.Tensor:
+    """The QFloat payload (1-D uint8) of the F8 tensor whose code bytes are `codes` (any layout of its
+    bytes, row-major) and whose scale companion is `scale`: the codes packed, then the scales in f32."""
+    import torch
+
+    from qcli.codec.pack import pack_fields, pack_scales
+
+    fields = codes.reshape(-1).view(torch.uint8).reshape(tuple(shape))
+    scales = scale.to(torch.float32).reshape(-1, 1).expand(-1, transcode.repeat)
+    return torch.cat([pack_fields(fields, transcode.scheme), pack_scales(scales, ScaleDtype.F32)])
