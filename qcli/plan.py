@@ -166,6 +166,10 @@ class Plan:
             peak_bytes=max((e.peak_bytes for e in self.entries), default=0),
         )
 
+    def consumed(self) -> set[str]:
+        """The source tensors written inside another's payload, not as entries: transcoded tensors' scales."""
+        return {e.decision.transcode.scale.name for e in self.entries if e.decision.transcode is not None}
+
     def errors(self) -> list[Problem]:
         return [p for p in self.problems if p.severity is Severity.error]
 
@@ -289,6 +293,7 @@ class _Planner:
         self.not_2d: dict[int, list[str]] = {}  # id(rule) -> tensors it asks to transpose that are not 2-D
         self.not_float: dict[int, list[str]] = {}  # id(rule) -> tensors it asks to cast that are not floating
         self.unquantized: dict[int, list[str]] = {}  # id(rule) -> its tensors that cannot take its scheme, why
+        self.transcoded: dict[int, list[str]] = {}  # id(rule) -> its F8 tensors, transcoded instead
         self.cast_kept = recipe.cast_kept if recipe is not None else None
 
     def plan(self) -> Plan:
@@ -394,6 +399,7 @@ class _Planner:
         assert rule.scheme is not None
         transcode = self.transcodes.get(info.name)
         if isinstance(transcode, Transcode):  # qcli does not requantize: the codes are written as they are
+            self.transcoded.setdefault(id(rule), []).append(info.name)
             return Decision(transcode.scheme, calibration, False, f"{where}: {transcode.reason}", rule,
                             transcode=transcode)
         shape = info.shape[::-1] if transpose else info.shape
@@ -465,6 +471,17 @@ class _Planner:
                 f"which are not floating ({', '.join(dtypes)}); cast converts F64, F32, F16 and BF16 tensors only",
                 "narrow the match to floating tensors (a keep rule before it can take the others), or drop cast",
                 not_float, rule=rule,
+            )
+        transcoded = self.transcoded.get(id(rule), [])
+        if transcoded:
+            reason = next(e.decision.reason for e in entries if e.info.name == transcoded[0])
+            self.problem(
+                Kind.transcoded, f"rule (match {rule.match!r}) asks for {rule.describe()}, but "
+                f"{count_and_first(transcoded)} are already FP8: they are transcoded instead "
+                f"({reason.removeprefix(f'rule {rule.location}: ')})",
+                "nothing to do: their codes are written as they are, without a second rounding; a keep rule "
+                "before it would refuse them (Burn has no F8 dtype)",
+                transcoded, severity=Severity.warning, rule=rule,
             )
         unquantized = self.unquantized.get(id(rule), [])
         # With on_indivisible = "error" each such tensor is an error already.

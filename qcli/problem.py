@@ -34,6 +34,7 @@ class Kind(StrEnum):
     backend = "backend"
     unmatched_rule = "unmatched-rule"
     unquantized_rule = "unquantized-rule"
+    transcoded = "transcoded"
     nothing_quantized = "nothing-quantized"
     uncovered = "uncovered"
     leftover = "leftover"

@@ -49,9 +49,9 @@ def read_back(
 ) -> Verified:
     """Read the written files back and check them against `plan`; raises `OutputError` naming what is wrong.
 
-    Every name of `inputs` must be there exactly once, with the dtype, shape and length the plan gave
-    it, and its bytes must hash to the digest the writer recorded for them (`digests`, `qcli.io.digest`),
-    read from the file a piece at a time.
+    Every name of `inputs` but those the plan consumed (`Plan.consumed`) must be there exactly once, with
+    the dtype, shape and length the plan gave it, and its bytes must hash to the digest the writer recorded
+    for them (`digests`, `qcli.io.digest`), read from the file a piece at a time.
     `targets` are the names the files will have, used in messages (the files themselves may still be
     temporary ones).
     """
@@ -69,7 +69,7 @@ def read_back(
             if written.name in found:
                 raise _failed(target, f"tensor '{written.name}' is written twice")
             found[written.name] = (reader, written, target)
-    inputs = set(inputs)
+    inputs = set(inputs) - plan.consumed()
     for name in sorted(inputs | {entry.info.name for entry in plan.entries}):
         if name not in found:
             raise _failed(targets[0], f"input tensor '{name}' is missing from the output")

@@ -48,7 +48,7 @@ from qcli.kernels.launch import interpreted
 from qcli.layout import BlockGrid
 from qcli.measure import BYTES_PER_VALUE, SLICE_VALUES, Measurement, whole_range
 from qcli.pipeline import GpuSettings, Payload
-from qcli.pipeline.cpu import cast_kept
+from qcli.pipeline.cpu import cast_kept, transcoded
 from qcli.scheme import Calibration, check_accepted
 from qcli.tensor_range import TensorRange
 
@@ -103,7 +103,7 @@ def run(plan: Plan, source: SafetensorsSource, measure: bool = False, *,
     stage = _Stage(device, max(p.nbytes for p in pieces), max(e.out_nbytes for e in plan.entries))
     reader = _Reader(pieces, stage, settings.read_slice)
     try:
-        yield from _quantize(pieces, reader, stage, measure)
+        yield from _quantize(pieces, reader, stage, measure, source)
     finally:
         reader.stop()
 
@@ -124,7 +124,7 @@ def _pieces(index: int, entry: PlanEntry, settings: GpuSettings, measure: bool) 
     info, decision = entry.info, entry.decision
     rows = info.shape[0] if len(info.shape) >= 2 else 1
     row_bytes = info.nbytes // rows if rows else 0
-    scheme = decision.scheme
+    scheme = decision.scheme if decision.transcode is None else None  # a transcode's bytes stay on the host
     footprint = info.nbytes + entry.out_nbytes  # input and payload on the device at once
     measuring = BYTES_PER_VALUE * min(math.prod(info.shape), SLICE_VALUES) if measure and scheme is not None else 0
     room = settings.budget / 4 - measuring
@@ -140,7 +140,7 @@ def _pieces(index: int, entry: PlanEntry, settings: GpuSettings, measure: bool) 
         search = scheme.block is None and decision.calibration is Calibration.Mse
         passes = (Pass.range, Pass.search, Pass.quantize) if search else (Pass.range, Pass.quantize)
     piece_rows = max(1, settings.piece_bytes // row_bytes) if row_bytes else 1
-    if scheme is None and decision.transpose:  # transposed on the CPU, whole
+    if scheme is None and (decision.transpose or decision.transcode):  # on the CPU, whole
         piece_rows = rows
     for purpose in passes:
         for chunk_start in range(0, max(rows, 1), chunk_rows):
@@ -259,7 +259,8 @@ class _Tensor:
     measure_done = None         # event after the last measuring work
 
 
-def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: bool) -> Iterator[Payload]:
+def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: bool, source: SafetensorsSource
+              ) -> Iterator[Payload]:
     pending: list[_Tensor] = []
     current: _Tensor | None = None
     for _ in pieces:
@@ -270,13 +271,16 @@ def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: boo
         entry = piece.entry
         if current is None or current.piece.index != piece.index:
             out = stage.outputs[piece.index % 2][: entry.out_nbytes]
-            quantized = entry.decision.scheme is not None
+            quantized = entry.decision.scheme is not None and entry.decision.transcode is None
             with _on(stage.compute):  # zeroed on the stream whose kernels raise it (and measure into it)
                 bad = torch.zeros(1, dtype=torch.int32, device=stage.device)
                 measured = Measurement.on(stage.device) if measure and quantized else None
             current = _Tensor(piece, out, bad, measured)
         host = stage.staging[slot][: piece.nbytes]
-        if entry.decision.scheme is None:
+        if entry.decision.transcode is not None:
+            current.out.copy_(transcoded(entry, host, source))
+            reader.release(slot, None)
+        elif entry.decision.scheme is None:
             _keep(current, piece, host)
             reader.release(slot, None)
         else:
