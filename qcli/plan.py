@@ -38,8 +38,7 @@ from qcli.scheme import (
     QuantScheme,
     accept_problems,
 )
-from qcli.transcode import SCALE_SUFFIXES, Transcode, block_size, companion
-from qcli.transcode import plan as transcode_plan
+from qcli.transcode import SCALE_SUFFIXES, Transcode, transcodes
 
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 # Already quantized by another tool: 8-bit integers and the sub-16-bit float formats (F8_E4M3, F8_E5M2,
@@ -103,6 +102,12 @@ class PlanEntry:
         return layout.quantized_data_len(self.decision.scheme, self.out_shape)
 
     @property
+    def in_nbytes(self) -> int:
+        """The source bytes it is written from: a transcoded tensor's scale companion's too."""
+        transcode = self.decision.transcode
+        return self.info.nbytes + (transcode.scale.nbytes if transcode is not None else 0)
+
+    @property
     def numel(self) -> int:
         return math.prod(self.info.shape)
 
@@ -161,7 +166,7 @@ class Plan:
             kept=len(self.entries) - len(quantized),
             transposed=sum(e.decision.transpose for e in self.entries),
             params=sum(e.numel for e in self.entries),
-            bytes_in=sum(e.info.nbytes for e in self.entries),
+            bytes_in=sum(e.in_nbytes for e in self.entries),
             bytes_out=sum(e.out_nbytes for e in self.entries),
             peak_bytes=max((e.peak_bytes for e in self.entries), default=0),
         )
@@ -271,11 +276,7 @@ class _Planner:
     def __init__(self, infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False,
                  backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
                  calibration: Calibration | None = None) -> None:
-        by_name = {i.name: i for i in infos}
-        pairs = [(i, scale) for i in infos if is_quantized(i.dtype) and (scale := companion(i, by_name)) is not None]
-        block = block_size(sorted({str(i.file) for i in infos})) if pairs else None
-        # F8 tensor -> its transcode, or why it has none; the scales transcoded ones consume are no entries
-        self.transcodes = {info.name: transcode_plan(info, scale, block) for info, scale in pairs}
+        self.transcodes = transcodes(infos)  # the scales transcoded tensors consume are no entries
         consumed = {t.scale.name for t in self.transcodes.values() if isinstance(t, Transcode)}
         self.infos = [i for i in infos if i.name not in consumed]
         self.calibration = calibration

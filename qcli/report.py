@@ -68,7 +68,7 @@ class TensorRow:
             scheme=decision.scheme,
             reason=decision.reason,
             transposed=bool(decision.transpose),
-            bytes_in=info.nbytes,
+            bytes_in=entry.in_nbytes,
             bytes_out=entry.out_nbytes,
             bits_per_weight=float(entry.bits_per_weight),
             error=error,

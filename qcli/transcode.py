@@ -14,6 +14,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
@@ -40,6 +41,7 @@ class Transcode:
     scale: TensorInfo
     layout: str  # "per-tensor", "per-channel", "block [128, 128]"
     scheme: QuantScheme
+    covers: tuple[int, ...]  # the extent of the tensor each of the checkpoint's scales covers, per axis
     repeat: int = 1  # per-channel: Burn blocks per row, each repeating the channel's scale
 
     @property
@@ -47,18 +49,23 @@ class Transcode:
         return f"transcode F8_E4M3 {self.layout} scale -> {self.scheme}, exact"
 
 
-def companion(info: TensorInfo, by_name: dict[str, TensorInfo]) -> TensorInfo | None:
-    """The scale tensor beside an F8 tensor, by the names checkpoints give it, or None."""
-    return next((by_name[info.name + s] for s in SCALE_SUFFIXES if info.name + s in by_name), None)
+def transcodes(infos: Sequence[TensorInfo]) -> dict[str, Transcode | str]:
+    """Each F8 tensor with a scale companion beside it (by the names checkpoints give it): its transcode,
+    or why Burn has no exact form for it."""
+    by_name = {i.name: i for i in infos}
+    pairs = []
+    for info in infos:
+        scale = next((by_name[info.name + s] for s in SCALE_SUFFIXES if info.name + s in by_name), None)
+        if info.dtype.startswith("F8_") and scale is not None:
+            pairs.append((info, scale))
+    block = block_size(pairs[0][0].file) if pairs else None
+    return {info.name: plan(info, scale, block) for info, scale in pairs}
 
 
-def block_size(files: Sequence[object]) -> tuple[int, int] | None:
-    """`quantization_config.weight_block_size` of the `config.json` beside the checkpoint, or None."""
-    from pathlib import Path
-
-    if not files:
-        return None
-    config = Path(str(files[0])).parent / "config.json"
+def block_size(file: Path) -> tuple[int, int] | None:
+    """`quantization_config.weight_block_size` of the `config.json` in the folder of checkpoint `file`
+    (Hugging Face's layout), or None."""
+    config = file.parent / "config.json"
     try:
         size = json.loads(config.read_text()).get("quantization_config", {}).get("weight_block_size")
     except (OSError, ValueError, AttributeError):
@@ -79,18 +86,19 @@ def plan(info: TensorInfo, scale: TensorInfo, block: tuple[int, int] | None) -> 
     if not shape:
         return "a 0-D tensor (scalar) has no axis to hold it"
     if math.prod(scales) == 1 and len(scales) <= 1:
-        return Transcode(scale, "per-tensor", E4M3.per_tensor(ScaleDtype.F32))
+        return Transcode(scale, "per-tensor", E4M3.per_tensor(ScaleDtype.F32), shape)
     if len(shape) != 2:
         return f"scale {list(scales)} for a tensor of rank {len(shape)}: only 2-D weights have channels and blocks"
     rows, cols = shape
     if scales in ((rows,), (rows, 1)):
         extent = max(d for d in range(1, min(cols, MAX_EXTENT) + 1) if cols % d == 0)
-        return Transcode(scale, "per-channel", E4M3.per_block([1, extent], ScaleDtype.F32), cols // extent)
+        return Transcode(scale, "per-channel", E4M3.per_block([1, extent], ScaleDtype.F32), (1, cols),
+                         cols // extent)
     size = block or DEEPSEEK_BLOCK
     if scales == (math.ceil(rows / size[0]), math.ceil(cols / size[1])):
         if max(size) > MAX_EXTENT:
             return f"block {list(size)} is over Burn's largest block extent, {MAX_EXTENT}"
-        return Transcode(scale, f"block {list(size)}", E4M3.per_block(list(size), ScaleDtype.F32))
+        return Transcode(scale, f"block {list(size)}", E4M3.per_block(list(size), ScaleDtype.F32), size)
     return (f"its scale {scale.name} {list(scales)} is neither per tensor, per channel ([{rows}] or [{rows}, 1]) "
             f"nor blocks {list(size)} of {list(shape)}")
 
@@ -105,3 +113,17 @@ def to_qfloat(codes: torch.Tensor, scale: torch.Tensor, transcode: Transcode, sh
     fields = codes.reshape(-1).view(torch.uint8).reshape(tuple(shape))
     scales = scale.to(torch.float32).reshape(-1, 1).expand(-1, transcode.repeat)
     return torch.cat([pack_fields(fields, transcode.scheme), pack_scales(scales, ScaleDtype.F32)])
+
+
+def source_values(codes: torch.Tensor, scale: torch.Tensor, transcode: Transcode, shape: Sequence[int]
+                  ) -> torch.Tensor:
+    """What the checkpoint itself dequantizes to, f32: each code times the scale of the block it lies in,
+    for `inspect --compare` to hold the written file to."""
+    import torch
+
+    shape = tuple(shape)
+    grid = [math.ceil(d / c) for d, c in zip(shape, transcode.covers, strict=True)]
+    scales = scale.to(torch.float32).reshape(grid)
+    for axis, extent in enumerate(transcode.covers):
+        scales = scales.repeat_interleave(extent, axis)
+    return codes.reshape(shape).to(torch.float32) * scales[tuple(slice(0, d) for d in shape)]

@@ -165,6 +165,7 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path)
 
     from qcli.codec import error_stats
     from qcli.pipeline.cpu import cast_kept
+    from qcli.transcode import Transcode, source_values, transcodes
 
     try:
         transposed = json.loads(reader.metadata.get("transposed", "[]"))
@@ -178,7 +179,9 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path)
     rows: list[CompareRow] = []
     with SafetensorsSource.open(source_path) as source:
         infos = {i.name: i for i in source.infos()}
-        written = {e.name for e in entries}
+        # an F8 tensor's values are its codes times its scale companion, which its payload holds (consumed)
+        transcoded = {n: t for n, t in transcodes(source.infos()).items() if isinstance(t, Transcode)}
+        written = {e.name for e in entries} | {t.scale.name for t in transcoded.values()}
         for e in entries:
             if e.name not in infos:
                 continue
@@ -207,6 +210,9 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path)
                 error = ErrorStats(0.0, math.inf, 0.0) if exact else None
                 rows.append(CompareRow(e.name, text, flip, exact, error, problem))
                 continue
+            if e.name in transcoded:
+                transcode = transcoded[e.name]
+                x = source_values(x, source.load(transcode.scale.name), transcode, tuple(e.shape))
             x = x.contiguous()
             decoded = _decoded(data, e.dtype, tuple(e.shape))
             error = error_stats(x, decoded)

@@ -115,6 +115,10 @@ def test_the_decoded_bpk_is_torchs_dequantization_bit_for_bit(tmp_path, pipeline
         assert same_bits(got[name], values), name
     names = [e.name for e in BurnpackReader.open(out).entries()]
     assert not [n for n in names if "scale" in n]  # consumed, not written beside
+    compared = cli("inspect", out, "--compare", tmp_path / "ckpt", "--json")
+    assert compared.code == 0, compared.err
+    doc = json.loads(compared.out)["compare"]
+    assert doc["ok"] and all(r["exact"] for r in doc["tensors"]), doc
 
 
 def test_dry_run_json_and_validate_scheme_show_the_transcode(tmp_path):

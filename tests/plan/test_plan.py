@@ -110,24 +110,26 @@ def test_totals() -> None:
     assert totals.peak_bytes == numel * 2 + numel * 17 // 16 + 24 * numel // 32 + CHUNK_WORKING_BYTES
 
 
-def test_already_quantized_tensors_and_their_scale_companions_are_kept() -> None:
+def test_already_quantized_tensors_are_transcoded_or_kept_with_their_scale_companions() -> None:
     plan = make_plan(LLAMA + FP8)
     entries = by_name(plan)
     gate = "model.layers.1.mlp.gate_proj.weight"
     o_proj = "model.layers.1.self_attn.o_proj.weight"
-    assert entries[gate].decision.reason == "default: keep, already quantized (F8_E4M3)"
-    for scale in (f"{gate}_scale", "model.layers.1.mlp.gate_proj.input_scale"):
-        assert (
-            entries[scale].decision.reason == f"default: keep, scale of the already-quantized tensor {gate}"
-        )
+    # E4M3 with 128x128 block scales: transcoded, its weight_scale consumed (tests/io/test_transcode.py)
+    assert entries[gate].decision.reason == (
+        "default: transcode F8_E4M3 block [128, 128] scale -> E4M3 PackedU32(0) block [128, 128] F32, exact")
+    assert f"{gate}_scale" not in entries and plan.consumed() == {f"{gate}_scale"}
+    assert entries["model.layers.1.mlp.gate_proj.input_scale"].decision.reason == (
+        f"default: keep, scale of the already-quantized tensor {gate}")
+    assert entries[o_proj].decision.reason == "default: keep, already quantized (F8_E5M2)"
     # A 2-D F32 scale_inv would take q4s-b32 by shape; it is kept because it belongs to o_proj.
     assert entries[f"{o_proj}_scale_inv"].decision.reason == (
         f"default: keep, scale of the already-quantized tensor {o_proj}"
     )
-    # Burn has no F8 dtype: keeping them is an error, one per tensor, with what to do.
+    # Burn has no F8 dtype: keeping one is an error, one per tensor, with what to do.
     errors = plan.errors()
-    assert [(p.kind, p.tensors) for p in errors] == [("dtype", (gate,)), ("dtype", (o_proj,))]
-    assert "Burn has no F8_E4M3 dtype" in errors[0].message
+    assert [(p.kind, p.tensors) for p in errors] == [("dtype", (o_proj,))]
+    assert "Burn has no F8_E5M2 dtype; nor transcoded: F8_E5M2 with a scale tensor" in errors[0].message
     assert "dequantize" in errors[0].hint
 
 
