@@ -35,8 +35,8 @@ E4M3 = QuantScheme().with_value(QuantValue.E4M3).with_store(PackedU32(0))
 
 @dataclass(frozen=True)
 class Transcode:
-    """How one F8 tensor is written as QFloat: its scale companion (consumed), the checkpoint's layout,
-    the Burn scheme, and how many source scales each Burn block's row of scales repeats."""
+    """How one F8 tensor is written as QFloat: its scale companion (consumed), the checkpoint's layout and
+    the Burn scheme."""
 
     scale: TensorInfo
     layout: str  # "per-tensor", "per-channel", "block [128, 128]"
@@ -83,8 +83,8 @@ def plan(info: TensorInfo, scale: TensorInfo, block: tuple[int, int] | None) -> 
     if scale.dtype not in SCALE_DTYPES:
         return f"its scale {scale.name} is {scale.dtype}, not one of {', '.join(SCALE_DTYPES)}"
     shape, scales = tuple(info.shape), tuple(scale.shape)
-    if not shape:
-        return "a 0-D tensor (scalar) has no axis to hold it"
+    if not shape or 0 in shape:
+        return "a 0-D or empty tensor has no block to hold a scale"
     if math.prod(scales) == 1 and len(scales) <= 1:
         return Transcode(scale, "per-tensor", E4M3.per_tensor(ScaleDtype.F32), shape)
     if len(shape) != 2:

@@ -143,7 +143,8 @@ def test_dry_run_json_and_validate_scheme_show_the_transcode(tmp_path):
 def test_a_block_size_from_config_json_and_formats_without_a_burn_form(tmp_path):
     tensors = {"a.weight": codes((64, 64), 1), "a.weight_scale_inv": scales((2, 2), 2),
                "b.weight": codes((8, 8), 3).view(torch.uint8).view(torch.float8_e5m2), "b.weight_scale": scales((), 4),
-               "c.weight": codes((8, 8), 5), "c.weight_scale": scales((3, 3), 6)}
+               "c.weight": codes((8, 8), 5), "c.weight_scale": scales((3, 3), 6),
+               "d.weight": codes((0, 8), 7), "d.weight_scale": scales((), 8)}
     save_file(tensors, str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"weight_block_size": [32, 32]}}))
     plan = make_plan(SafetensorsSource.open(tmp_path).infos())
@@ -151,7 +152,8 @@ def test_a_block_size_from_config_json_and_formats_without_a_burn_form(tmp_path)
     assert decisions["a.weight"].scheme == E4M3.per_block([32, 32], ScaleDtype.F32)
     assert decisions["b.weight"].scheme is None and decisions["c.weight"].scheme is None
     errors = {p.tensors[0]: p for p in plan.errors()}
-    assert sorted(errors) == ["b.weight", "c.weight"]
+    assert sorted(errors) == ["b.weight", "c.weight", "d.weight"]
+    assert "nor transcoded: a 0-D or empty tensor has no block" in errors["d.weight"].message
     assert "nor transcoded: F8_E5M2 with a scale tensor has no transcode" in errors["b.weight"].message
     assert "[3, 3] is neither per tensor, per channel" in errors["c.weight"].message
     assert "docs/input-formats.md" in errors["c.weight"].hint
