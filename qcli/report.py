@@ -343,6 +343,90 @@ class CompareReport:
         }
 
 
+# A planned tensor's outcome, as the formats' summary words it.
+OUTCOMES = {"transcode": "transcoded exactly", "quantize": "quantized", "keep": "kept",
+            "refused": "refused (quantize stops on it)"}
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """A safetensors tensor in the default plan (what `qcli quantize --dry-run` decides): `decision` is
+    quantize, transcode, keep, or consumed (an FP8 weight's scale, written inside its transcode); `format`
+    is the source's (its dtype; an FP8 weight's and its scale's with the scales' layout); `refused` when an
+    error of the plan names it."""
+
+    format: str
+    decision: str
+    reason: str
+    scheme: QuantScheme | None
+    refused: bool = False
+
+    def to_json(self) -> dict:
+        return {
+            "format": self.format,
+            "decision": self.decision,
+            "reason": self.reason,
+            "scheme": None if self.scheme is None else self.scheme.to_serde(),
+            "scheme_text": None if self.scheme is None else str(self.scheme),
+            "refused": self.refused,
+        }
+
+
+@dataclass(frozen=True)
+class FormatSummary:
+    """The tensors of one source format: how many take each outcome (`OUTCOMES`), and the scales consumed."""
+
+    format: str
+    outcomes: dict[str, int]
+    consumed: int
+
+    @property
+    def tensors(self) -> int:
+        return sum(self.outcomes.values())
+
+    @property
+    def text(self) -> str:
+        """`F8_E4M3 with per-tensor scales: 12 tensors, transcoded exactly; 12 scale tensors consumed`."""
+        n = self.tensors
+        counted = [f"{count} {OUTCOMES[o]}" for o, count in self.outcomes.items()]
+        done = OUTCOMES[next(iter(self.outcomes))] if len(counted) == 1 else ", ".join(counted)
+        consumed = (f"; {self.consumed} scale tensor{'s' if self.consumed != 1 else ''} consumed"
+                    if self.consumed else "")
+        return f"{self.format}: {n} tensor{'s' if n != 1 else ''}{',' if len(counted) == 1 else ':'} {done}{consumed}"
+
+    def to_json(self) -> dict:
+        return {"format": self.format, "tensors": self.tensors,
+                **{o: self.outcomes.get(o, 0) for o in OUTCOMES}, "consumed": self.consumed, "text": self.text}
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    """`inspect` of a safetensors source: each tensor's decision in the default plan (`preset`), and the
+    plan's problems."""
+
+    preset: str
+    tensors: dict[str, PlannedTensor]
+    problems: list[Problem]
+
+    def formats(self) -> list[FormatSummary]:
+        """One summary per source format, in order of first appearance."""
+        outcomes: dict[str, dict[str, int]] = {}
+        consumed: dict[str, int] = {}
+        for t in self.tensors.values():
+            if t.decision == "consumed":
+                consumed[t.format] = consumed.get(t.format, 0) + 1
+                continue
+            counts = outcomes.setdefault(t.format, {})
+            outcome = "refused" if t.refused else t.decision
+            counts[outcome] = counts.get(outcome, 0) + 1
+        return [FormatSummary(f, dict(sorted(c.items(), key=lambda kv: -kv[1])), consumed.get(f, 0))
+                for f, c in outcomes.items()]
+
+    def to_json(self) -> dict:
+        return {"preset": self.preset, "formats": [f.to_json() for f in self.formats()],
+                "problems": [problem_json(p) for p in self.problems]}
+
+
 @dataclass
 class InspectReport:
     """The result of `qcli.commands.inspect.inspect_file`."""
@@ -355,6 +439,7 @@ class InspectReport:
     metadata: dict[str, str] | None = None
     tensor_stats: TensorStats | None = None
     compare: CompareReport | None = None
+    plan: SourcePlan | None = None  # a safetensors source's
 
     @staticmethod
     def bits_per_weight(t: ListedTensor) -> float | None:
@@ -363,6 +448,10 @@ class InspectReport:
             return None
         count = math.prod(t.shape)
         return layout.bits_per_weight(t.nbytes, count) if count else None
+
+    def planned(self, t: ListedTensor) -> dict | None:
+        """A safetensors tensor's decision in the default plan, as JSON; None for a burnpack's."""
+        return None if self.plan is None else self.plan.tensors[t.name].to_json()
 
     def totals(self) -> dict:
         """How many tensors are listed, their bytes and their values; the quantized tensors' bits per weight
@@ -386,8 +475,10 @@ class InspectReport:
             "files": [f.to_json() for f in self.files],
             "version": self.version,
             "metadata": self.metadata,
-            "tensors": [{**t.to_json(), "bits_per_weight": self.bits_per_weight(t)} for t in self.tensors],
+            "tensors": [{**t.to_json(), "bits_per_weight": self.bits_per_weight(t), "plan": self.planned(t)}
+                        for t in self.tensors],
             "totals": self.totals(),
+            "plan": None if self.plan is None else self.plan.to_json(),
             "tensor_stats": None if self.tensor_stats is None else self.tensor_stats.to_json(),
             "compare": None if self.compare is None else self.compare.to_json(),
         }

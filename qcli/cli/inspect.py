@@ -10,10 +10,12 @@ from rich.console import Console
 from rich.table import Table
 
 from qcli.cli import _output
+from qcli.cli.quantize import short_decision
 from qcli.commands import inspect as command
 from qcli.errors import CheckFailed
 from qcli.io.safetensors import printable
-from qcli.report import InspectReport
+from qcli.problem import Severity
+from qcli.report import InspectReport, SourcePlan
 
 
 def inspect(
@@ -42,7 +44,12 @@ def inspect(
         ),
     ] = None,
 ) -> None:
-    """List tensors (name, dtype, shape, bytes) and totals; for a .bpk also its version and metadata."""
+    """List tensors (name, dtype, shape, bytes) and totals; for a .bpk also its version and metadata.
+
+    For a safetensors checkpoint also what quantize does with each tensor and why (the default plan, as
+    --dry-run makes it from the headers: FP8 weights transcoded, their scales consumed), a line per format
+    found, and the plan's problems.
+    """
     report = command.inspect_file(file, tensor=tensor, compare=compare)
     if json_output:
         _output.print_json(report.to_json())
@@ -62,16 +69,28 @@ def render(report: InspectReport) -> None:
         for key, value in report.metadata.items():
             meta.add_row(printable(key), printable(value))
         out.print(meta)
-    table = Table("tensor", "dtype", "shape", "bytes", "bits/weight", title="tensors", title_justify="left")
+    plan = report.plan
+    title = "tensors" if plan is None else f"tensors, and what `qcli quantize` does with them (preset {plan.preset})"
+    table = Table("tensor", "dtype", "shape", "bytes", "bits/weight", title=title, title_justify="left")
+    if plan is not None:
+        table.add_column("decision")
+        table.add_column("reason", overflow="fold")
     for t in report.tensors:
-        table.add_row(printable(t.name), t.dtype, _output.shape_text(t.shape), _output.human_bytes(t.nbytes),
-                      _output.number(report.bits_per_weight(t), ".2f"))
+        cells = [printable(t.name), t.dtype, _output.shape_text(t.shape), _output.human_bytes(t.nbytes),
+                 _output.number(report.bits_per_weight(t), ".2f")]
+        if plan is not None:
+            planned = plan.tensors[t.name]
+            decision = planned.decision if planned.scheme is None else short_decision(str(planned.scheme))
+            cells += [decision, printable(planned.reason)]
+        table.add_row(*cells)
     out.print(table)
     totals = report.totals()
     bits = totals["bits_per_weight"]
     quantized = "" if bits is None else f"; quantized tensors at {bits:.2f} bits/weight"
     out.print(f"{totals['tensors']} tensors, {totals['params']:,} values, {_output.human_bytes(totals['bytes'])}"
               f"{quantized}")
+    if plan is not None:
+        _render_plan(plan, out)
     if report.tensor_stats is not None:
         s = report.tensor_stats
         stats = Table(
@@ -85,6 +104,18 @@ def render(report: InspectReport) -> None:
             out.print(f"global scale: {s.global_scale:.9g}")
     if report.compare is not None:
         _render_compare(report, out)
+
+
+def _render_plan(plan: SourcePlan, out: Console) -> None:
+    """The formats found, and the problems that would stop (or deserve a look before) `qcli quantize`."""
+    for summary in plan.formats():
+        out.print(printable(summary.text), soft_wrap=True)
+    for p in plan.problems:
+        out.print(f"{p.severity}: {printable(str(p))} (hint: {printable(p.hint)})", soft_wrap=True)
+    errors = sum(p.severity is Severity.error for p in plan.problems)
+    if errors:
+        out.print(f"quantize stops on {errors} problem{'s' if errors > 1 else ''} before reading a weight",
+                  soft_wrap=True)
 
 
 def _render_compare(report: InspectReport, out: Console) -> None:

@@ -16,14 +16,17 @@ from qcli.errors import InputError, UsageError
 from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER, TensorEntry
 from qcli.io.burnpack_index import BurnpackSet, standing_index
 from qcli.io.dtypes import TORCH_DTYPE_NAMES, Bool, BoolStore, DType, Plain, QFloat, torch_dtype
-from qcli.io.safetensors import SafetensorsSource
-from qcli.plan import FLOAT_DTYPES
+from qcli.io.safetensors import SafetensorsSource, TensorInfo
+from qcli.plan import FLOAT_DTYPES, PlanEntry, make_plan
 from qcli.report import (
     CompareReport,
     CompareRow,
     InspectReport,
     ListedTensor,
+    PlannedTensor,
     SourceFile,
+    SourcePlan,
+    TensorRow,
     TensorStats,
     ValueStats,
     value_stats,
@@ -119,12 +122,36 @@ def inspect_file(
             format="safetensors",
             files=[SourceFile(f.name, f.stat().st_size) for f in source.files],
             tensors=[ListedTensor(i.name, i.dtype, i.dtype, tuple(i.shape), i.nbytes) for i in infos],
+            plan=_default_plan(infos),
         )
         if tensor is not None:
             if tensor not in {i.name for i in infos}:
                 raise _suggest_tensor(tensor, [i.name for i in infos])
             report.tensor_stats = TensorStats(tensor, value_stats(source.load(tensor)), None, None)
     return report
+
+
+def _default_plan(infos: list[TensorInfo]) -> SourcePlan:
+    """What `qcli quantize --dry-run` decides for each tensor with the default preset (its plan, in name
+    order as quantize makes it), without raising its errors: they are reported, with the tensors they name."""
+    plan = make_plan(sorted(infos, key=lambda i: i.name))
+    refused = {name for p in plan.errors() for name in p.tensors}
+    rows = {e.info.name: TensorRow.of(e) for e in plan.entries}  # quantize's rows: its decision words
+    tensors = {e.info.name: PlannedTensor(_format(e), rows[e.info.name].decision, e.decision.reason,
+                                          e.decision.scheme, e.info.name in refused) for e in plan.entries}
+    for e in plan.entries:
+        transcode = e.decision.transcode
+        if transcode is not None:
+            tensors[transcode.scale.name] = PlannedTensor(
+                _format(e), "consumed", f"scale of {e.info.name}, written inside its transcode", None)
+    assert plan.preset is not None
+    return SourcePlan(plan.preset.name, tensors, plan.problems)
+
+
+def _format(entry: PlanEntry) -> str:
+    """The source's format: its dtype, and an FP8 weight's scales' layout (`F8_E4M3 with per-channel scales`)."""
+    transcode = entry.decision.transcode
+    return entry.info.dtype if transcode is None else f"{entry.info.dtype} with {transcode.layout} scales"
 
 
 def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None) -> InspectReport:

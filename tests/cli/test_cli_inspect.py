@@ -313,3 +313,130 @@ def _scale_times_four(path, out, name):
     (scale,) = struct.unpack_from(kind, data, at)
     struct.pack_into(kind, data, at, scale * 4)
     out.write_bytes(bytes(data))
+
+
+def _dry_run(source, tmp_path) -> dict[str, dict]:
+    result = cli("quantize", source, "--dry-run", "-o", tmp_path / "plan.bpk", "--json")
+    assert result.code == 0, result.err
+    return {t["name"]: t for t in result.json["tensors"]}
+
+
+def _planned(doc) -> dict[str, dict]:
+    return {t["name"]: t["plan"] for t in doc["tensors"]}
+
+
+def test_a_checkpoint_lists_the_default_plan_as_dry_run_makes_it(tmp_path):
+    doc = cli("inspect", SINGLE, "--json").json
+    validate_json(doc)
+    planned, dry_run = _planned(doc), _dry_run(SINGLE, tmp_path)
+    assert planned.keys() == dry_run.keys()
+    for name, row in dry_run.items():
+        assert (planned[name]["decision"], planned[name]["reason"], planned[name]["scheme"]) == (
+            row["decision"], row["reason"], row["scheme"]), name
+        assert planned[name]["format"] == "BF16" and not planned[name]["refused"]
+    assert doc["plan"]["preset"] == "q4s-b32" and doc["plan"]["problems"] == []
+    quantized = sum(row["decision"] == "quantize" for row in dry_run.values())
+    (formats,) = doc["plan"]["formats"]
+    assert formats["format"] == "BF16" and formats["tensors"] == 21
+    assert (formats["quantize"], formats["keep"], formats["transcode"], formats["consumed"]) == (
+        quantized, 21 - quantized, 0, 0)
+    text = cli("inspect", SINGLE).out
+    assert f"BF16: 21 tensors: {quantized} quantized, {21 - quantized} kept" in text
+    assert "default: output head, 8 bits -> q8s-b32" in text and "default: keep, 1-D tensor (norm/bias)" in text
+
+
+def test_a_burnpack_has_no_plan(quantized):
+    doc = cli("inspect", quantized, "--json").json
+    validate_json(doc)
+    assert doc["plan"] is None and all(t["plan"] is None for t in doc["tensors"])
+
+
+def _fp8_checkpoint(directory):
+    """A torch-written FP8 checkpoint (DeepSeek's config.json beside it): two per-tensor weights, one
+    per-channel and one of 128x128 blocks, each with its scale companion, and a BF16 norm."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    def codes(*shape):
+        return torch.randn(shape, generator=torch.Generator().manual_seed(len(shape))).to(torch.float8_e4m3fn)
+
+    directory.mkdir()
+    save_file({
+        "a.weight": codes(4, 8), "a.weight_scale": torch.tensor(0.5),
+        "b.weight": codes(6, 12), "b.weight.scale": torch.tensor([0.25]),
+        "c.weight": codes(5, 24), "c.weight_scale": torch.rand(5, 1),
+        "d.weight": codes(300, 136), "d.weight_scale_inv": torch.rand(3, 2),
+        "norm.weight": torch.ones(8, dtype=torch.bfloat16),
+    }, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(
+        {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}))
+    return directory
+
+
+def test_an_fp8_checkpoint_is_named_by_format_with_its_scales_consumed(tmp_path):
+    source = _fp8_checkpoint(tmp_path / "fp8")
+    doc = cli("inspect", source, "--json").json
+    validate_json(doc)
+    planned, dry_run = _planned(doc), _dry_run(source, tmp_path)
+    consumed = {"a.weight_scale": "a.weight", "b.weight.scale": "b.weight", "c.weight_scale": "c.weight",
+                "d.weight_scale_inv": "d.weight"}
+    assert planned.keys() - dry_run.keys() == consumed.keys()
+    for name, row in dry_run.items():
+        assert (planned[name]["decision"], planned[name]["reason"], planned[name]["scheme_text"]) == (
+            row["decision"], row["reason"], row["scheme_text"]), name
+    formats = {"a.weight": "per-tensor", "b.weight": "per-tensor", "c.weight": "per-channel",
+               "d.weight": "block [128, 128]"}
+    for weight, layout in formats.items():
+        assert planned[weight]["decision"] == "transcode"
+        assert planned[weight]["format"] == f"F8_E4M3 with {layout} scales"
+        assert f"transcode F8_E4M3 {layout} scale -> E4M3" in planned[weight]["reason"]
+    for scale, weight in consumed.items():
+        assert planned[scale] == {"format": planned[weight]["format"], "decision": "consumed", "reason":
+                                  f"scale of {weight}, written inside its transcode", "scheme": None,
+                                  "scheme_text": None, "refused": False}
+    summaries = {f["format"]: f for f in doc["plan"]["formats"]}
+    assert summaries.keys() == {"F8_E4M3 with per-tensor scales", "F8_E4M3 with per-channel scales",
+                                "F8_E4M3 with block [128, 128] scales", "BF16"}
+    per_tensor = summaries["F8_E4M3 with per-tensor scales"]
+    assert (per_tensor["tensors"], per_tensor["transcode"], per_tensor["consumed"]) == (2, 2, 2)
+    assert summaries["BF16"]["keep"] == 1 and summaries["BF16"]["consumed"] == 0
+    text = cli("inspect", source).out
+    for line in ("F8_E4M3 with per-tensor scales: 2 tensors, transcoded exactly; 2 scale tensors consumed",
+                 "F8_E4M3 with per-channel scales: 1 tensor, transcoded exactly; 1 scale tensor consumed",
+                 "F8_E4M3 with block [128, 128] scales: 1 tensor, transcoded exactly; 1 scale tensor consumed",
+                 "BF16: 1 tensor, kept", "scale of d.weight, written inside its transcode"):
+        assert line in text, text
+    assert "quantize stops" not in text
+
+
+def test_an_fp8_source_burn_cannot_hold_is_refused_by_name(tmp_path):
+    """F8_E5M2, and F8_E4M3 without a scale: kept by the plan, which Burn cannot (no F8 dtype), so quantize
+    stops on them; inspect lists them with the plan's errors and still exits 0."""
+    import torch
+    from safetensors.torch import save_file
+
+    source = tmp_path / "f8.safetensors"
+    save_file({"e5m2.weight": torch.zeros(4, 8).to(torch.float8_e5m2),
+               "bare.weight": torch.zeros(4, 8).to(torch.float8_e4m3fn),
+               "w.weight": torch.zeros(4, 32, dtype=torch.bfloat16)}, str(source))
+    result = cli("inspect", source, "--json")
+    assert result.code == 0, result.err
+    doc = result.json
+    validate_json(doc)
+    planned = _planned(doc)
+    for name in ("e5m2.weight", "bare.weight"):
+        assert planned[name]["decision"] == "keep" and planned[name]["refused"]
+    assert planned["w.weight"]["decision"] == "quantize" and not planned["w.weight"]["refused"]
+    errors = [p for p in doc["plan"]["problems"] if p["severity"] == "error"]
+    assert sorted(n for p in errors for n in p["tensors"]) == ["bare.weight", "e5m2.weight"]
+    assert all(p["kind"] == "dtype" for p in errors)
+    summaries = {f["format"]: f for f in doc["plan"]["formats"]}
+    assert summaries["F8_E5M2"]["refused"] == summaries["F8_E4M3"]["refused"] == 1
+    lines = assert_user_error(cli("quantize", source, "--dry-run", "-o", tmp_path / "f8.bpk"), 2)
+    text = cli("inspect", source).out
+    for line in ("F8_E5M2: 1 tensor, refused (quantize stops on it)", "quantize stops on 2 problems",
+                 "error: bare.weight (F8_E4M3) cannot be kept: Burn has no F8_E4M3 dtype"):
+        assert line in text, text
+    assert any("e5m2.weight" in line for line in lines)
