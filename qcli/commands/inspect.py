@@ -1,5 +1,5 @@
-"""`inspect_file`: what a safetensors checkpoint or a burnpack file holds, one tensor's statistics, or a
-burnpack file checked against its source."""
+"""`inspect_file`: what a safetensors checkpoint (and what quantize's default plan does with each of its
+tensors) or a burnpack file holds, one tensor's statistics, or a burnpack file checked against its source."""
 
 from __future__ import annotations
 
@@ -106,8 +106,8 @@ def _is_burnpack(path: Path) -> bool:
 def inspect_file(
     path: str | Path, *, tensor: str | None = None, compare: str | Path | None = None
 ) -> InspectReport:
-    """List a safetensors checkpoint or a burnpack file; optionally one tensor's statistics, or a comparison
-    of a burnpack file against its source."""
+    """List a safetensors checkpoint with its default plan, or a burnpack file; optionally one tensor's
+    statistics, or a comparison of a burnpack file against its source."""
     path = Path(path)
     if _is_burnpack(path):
         return _inspect_burnpack(path, tensor, compare)
