@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from qcli import BURN_VERSION, layout
 from qcli.burn_backends import (
@@ -24,6 +24,7 @@ from qcli.burn_backends import (
     loads_instead,
     qfloat,
 )
+from qcli.codebook import Codebook, codebooks
 from qcli.errors import PlanError
 from qcli.io.burnpack import MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, align
 from qcli.io.dtypes import DType, Plain, burn_dtype
@@ -32,6 +33,7 @@ from qcli.presets import DEFAULT_PRESET, PRESETS, Preset
 from qcli.problem import Kind, Problem, Severity
 from qcli.recipe import OnIndivisible, Recipe, Rule
 from qcli.scheme import (
+    LOOKUP_WHY,
     Calibration,
     PackedNative,
     PackedU32,
@@ -58,6 +60,7 @@ EMBEDDING_MODULES = ("embed_tokens", "wte", "tok_embeddings", "word_embeddings",
 HEAD_MODULES = ("lm_head", "embed_out")
 HEAD_NAMES = ("output.weight",)  # Meta's Llama: a top-level `output` module
 WIDE_PRESET = "q8s-b32"
+REQUANTIZE_PRESET = "q4f-b32"  # the way out offered for a 4-bit codebook: 4 bits over the full grid
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class Decision:
     rule: Rule | None
     cast: str | None = None  # a kept floating tensor written in this dtype (F32, F16, BF16) instead of its own
     transcode: Transcode | None = None  # an F8 tensor written as `scheme` with its codes unchanged
+    requantize: Codebook | None = None  # a codebook tensor, dequantized by its format's decoder, then quantized
 
 
 @dataclass(frozen=True)
@@ -80,9 +84,15 @@ class PlanEntry:
     burn_version: str = BURN_VERSION
 
     @property
+    def shape(self) -> tuple[int, ...]:
+        """The source tensor's shape: a requantized codebook tensor's is its state's, not its codes'."""
+        requantize = self.decision.requantize
+        return requantize.shape if requantize is not None else tuple(self.info.shape)
+
+    @property
     def out_shape(self) -> tuple[int, ...]:
         """The shape written: the source shape, reversed when the tensor is transposed."""
-        shape = tuple(self.info.shape)
+        shape = self.shape
         return shape[::-1] if self.decision.transpose and len(shape) == 2 else shape
 
     @property
@@ -103,13 +113,21 @@ class PlanEntry:
 
     @property
     def in_nbytes(self) -> int:
-        """The source bytes it is written from: a transcoded tensor's scale companion's too."""
-        transcode = self.decision.transcode
-        return self.info.nbytes + (transcode.scale.nbytes if transcode is not None else 0)
+        """The source bytes it is written from: a transcoded tensor's scale companion's, or a requantized
+        one's companions, too."""
+        return self.info.nbytes + sum(c.nbytes for c in self.consumed)
+
+    @property
+    def consumed(self) -> tuple[TensorInfo, ...]:
+        """The source tensors written inside this entry's payload."""
+        transcode, requantize = self.decision.transcode, self.decision.requantize
+        if transcode is not None:
+            return (transcode.scale,)
+        return requantize.companions if requantize is not None else ()
 
     @property
     def numel(self) -> int:
-        return math.prod(self.info.shape)
+        return math.prod(self.shape)
 
     @property
     def bits_per_weight(self) -> float:
@@ -172,8 +190,9 @@ class Plan:
         )
 
     def consumed(self) -> set[str]:
-        """The source tensors written inside another's payload, not as entries: transcoded tensors' scales."""
-        return {e.decision.transcode.scale.name for e in self.entries if e.decision.transcode is not None}
+        """The source tensors written inside another's payload, not as entries: transcoded tensors' scales,
+        requantized codebook tensors' companions."""
+        return {c.name for e in self.entries for c in e.consumed}
 
     def errors(self) -> list[Problem]:
         return [p for p in self.problems if p.severity is Severity.error]
@@ -258,7 +277,8 @@ def smaller_block(scheme: QuantScheme, shape: Sequence[int], calibration: Calibr
 def make_plan(
     infos: Iterable[TensorInfo], recipe: Recipe | None = None, preset: Preset | None = None,
     *, split: bool = False, backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
-    calibration: Calibration | None = None,
+    calibration: Calibration | None = None, requantize: Preset | None = None,
+    books: Mapping[str, Codebook] | None = None,
 ) -> Plan:
     """One decision per tensor and every problem found from the headers (see the module docstring).
 
@@ -266,18 +286,25 @@ def make_plan(
     the split's to keep, not one file's. `backend`: every tensor that Burn backend cannot load is an
     error; without one, what a common backend cannot load is a warning. `burn_version`: the Burn release
     the file is for; a scheme it has no form for is an error. `calibration` (`--calibration`): the
-    calibration of every quantized tensor whose rule names none, in place of its preset's.
+    calibration of every quantized tensor whose rule names none, in place of its preset's. `requantize`
+    (`--requantize`): the preset codebook tensors (bitsandbytes NF4, FP4) are quantized into once
+    dequantized, with `books` their `qcli.codebook.Codebook`s, states read; without it they are refused.
     """
     return _Planner(list(infos), recipe, preset or PRESETS[DEFAULT_PRESET], split, backend, burn_version,
-                    calibration).plan()
+                    calibration, requantize, books).plan()
 
 
 class _Planner:
     def __init__(self, infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False,
                  backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
-                 calibration: Calibration | None = None) -> None:
+                 calibration: Calibration | None = None, requantize: Preset | None = None,
+                 books: Mapping[str, Codebook] | None = None) -> None:
         self.transcodes = transcodes(infos)  # the scales transcoded tensors consume are no entries
+        self.books = books if books is not None else codebooks(infos)  # nor the codebooks' companions
+        self.requantize = requantize
+        self.refused_books: dict[str, list[str]] = {}  # format -> its tensors, refused without --requantize
         consumed = {t.scale.name for t in self.transcodes.values() if isinstance(t, Transcode)}
+        consumed |= {c.name for book in self.books.values() for c in book.companions}
         self.infos = [i for i in infos if i.name not in consumed]
         self.calibration = calibration
         self.refused_calibration: set[int] = set()  # id(rule): rules `calibration` is refused for, reported
@@ -305,11 +332,14 @@ class _Planner:
             rule = next((r for r in rules if r.matches(info.name)), None)
             if rule is not None:
                 covered[id(rule)].append(info.name)
-            decision = self.by_rule(info, rule) if rule else self.by_default(info)
+            book = self.books.get(info.name)
+            decision = (self.by_codebook(info, book) if book is not None else self.by_rule(info, rule) if rule
+                        else self.by_default(info))
             entries.append(PlanEntry(info, decision, self.burn_version))
         for rule in rules:
             self.rule_problems(rule, covered[id(rule)], entries)
         self.default_problems([e.info.name for e in entries if e.decision.rule is None])
+        self.codebook_problems()
         for entry in entries:
             self.output_problems(entry)
         self.version_problems(entries)
@@ -367,6 +397,34 @@ class _Planner:
         if decision is not None:
             return decision
         return keep(f"cannot take {self.preset.name}: {shape_problem(self.preset.scheme, info.shape)}")
+
+    def by_codebook(self, info: TensorInfo, book: Codebook) -> Decision:
+        """A codebook tensor: refused (reported by format in `codebook_problems`) or, with `--requantize`,
+        dequantized and quantized into its preset, as the default policy would a tensor of its shape."""
+        if self.requantize is None:
+            self.refused_books.setdefault(book.format, []).append(info.name)
+            return Decision(None, Calibration.MinMax, False, f"refused: bitsandbytes {book.format} is a codebook",
+                            None)
+        decoded = replace(info, dtype=book.dtype, shape=book.shape)
+        decision = self.default_scheme(decoded, self.requantize, f"requantize {book.format}")
+        if decision is None:
+            why = shape_problem(self.requantize.scheme, book.shape)
+            self.problem(Kind.shape, f"{info.name} {list(book.shape)} ({book.format}) cannot take --requantize "
+                         f"{self.requantize.name}: {why}", "requantize into a preset of a smaller block",
+                         [info.name])
+            return Decision(None, Calibration.MinMax, False, f"requantize {book.format}: {why}", None)
+        return replace(decision, requantize=book)
+
+    def codebook_problems(self) -> None:
+        """One error per codebook format refused: Burn's Lookup refusal, and `--requantize` the way out."""
+        for format, names in self.refused_books.items():
+            are = "is" if len(names) == 1 else "are"
+            self.problem(
+                Kind.lookup, f"{count_and_first(names)} {are} bitsandbytes {format}: 4-bit codes into a 16-entry "
+                f"codebook (quant_map) scaled per block (absmax), which no Burn scheme holds: {LOOKUP_WHY}",
+                f"requantize them into a Burn scheme: --requantize {REQUANTIZE_PRESET} (dequantized as bitsandbytes "
+                "does, then quantized; --stats shows the error added to the dequantized weights)", names,
+            )
 
     def default_scheme(self, info: TensorInfo, preset: Preset, why: str | None = None) -> Decision | None:
         """`preset` for a floating tensor of rank >= 2, with a smaller block (`smaller_block`) when its own does

@@ -62,7 +62,7 @@ class TensorRow:
         info, decision = entry.info, entry.decision
         return TensorRow(
             name=info.name,
-            shape=tuple(info.shape),
+            shape=entry.shape,
             out_shape=tuple(entry.out_shape),
             dtype=info.dtype,
             scheme=decision.scheme,

@@ -65,6 +65,16 @@ def quantize(
             help=f"Preset replacing the default scheme ({DEFAULT_PRESET}): {', '.join(PRESETS)}.",
         ),
     ] = None,
+    requantize: Annotated[
+        str | None,
+        typer.Option(
+            "--requantize",
+            metavar="NAME",
+            help="Preset for codebook tensors Burn cannot hold (bitsandbytes NF4, FP4): dequantized as their"
+            " format does, then quantized into it; --stats reports the error added to the dequantized"
+            " weights (docs/input-formats.md).",
+        ),
+    ] = None,
     recipe: Annotated[
         Path | None, typer.Option("--recipe", metavar="FILE", help="TOML recipe: rules per tensor name.")
     ] = None,
@@ -144,7 +154,7 @@ def quantize(
         if quiet and verbose:
             raise UsageError("--quiet and --verbose cannot be used together", hint="pass one of them")
         report = _run(input, output, scheme, recipe, calibration, device, dry_run, force, verify,
-                      max_shard_size, burn_backend, burn_version, stats)
+                      max_shard_size, burn_backend, burn_version, stats, requantize)
     except QcliError as exc:
         if json_output:
             _output.print_json(error_json(exc))
@@ -168,7 +178,7 @@ def error_json(exc: QcliError) -> dict:
 
 
 def _run(input, output, scheme, recipe, calibration, device, dry_run, force, verify, max_shard_size,
-         burn_backend, burn_version, stats) -> QuantizeReport:
+         burn_backend, burn_version, stats, requantize) -> QuantizeReport:
     target = Path(output) if output is not None else default_output(Path(input))
     with _output.progress_bar(_output.progress_enabled()) as hook:
         report = command.quantize_file(
@@ -186,6 +196,7 @@ def _run(input, output, scheme, recipe, calibration, device, dry_run, force, ver
             max_shard_size=None if max_shard_size is None else parse_size(max_shard_size, "--max-shard-size"),
             burn_backend=None if burn_backend is None else burn_backend.value,
             burn_version=burn_version,
+            requantize=requantize,
         )
     if target.name.lower().endswith(".safetensors"):  # after the plan: refusals come first
         _output.warn(f"{target} ends in .safetensors, but {'this writes' if not dry_run else 'the run would write'}"

@@ -4,12 +4,13 @@ burnpack output."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qcli import BURN_VERSION
 from qcli.burn_backends import BurnBackend, resolve_backend, resolve_version
+from qcli.codebook import Codebook, codebooks, with_state
 from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
 from qcli.io.safetensors import SafetensorsSource, TensorInfo, printable
@@ -33,13 +34,15 @@ ProgressHook = Callable[[str | None, int, int], None]
 
 def make_checked_plan(infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False,
                       backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
-                      calibration: Calibration | None = None) -> Plan:
+                      calibration: Calibration | None = None, requantize: Preset | None = None,
+                      books: Mapping[str, Codebook] | None = None) -> Plan:
     """The plan for `infos` in name order (so shards and one file give the same output); every error is
     raised together as one PlanError. `split`: the output will be cut into several files; `backend` and
     `burn_version`: the Burn backend and release the file must load on; `calibration`: the one for every
-    quantized tensor whose rule names none."""
+    quantized tensor whose rule names none; `requantize` and `books`: the preset codebook tensors are
+    requantized into, and those tensors (`make_plan`)."""
     plan = make_plan(sorted(infos, key=lambda i: i.name), recipe, preset, split=split, backend=backend,
-                     burn_version=burn_version, calibration=calibration)
+                     burn_version=burn_version, calibration=calibration, requantize=requantize, books=books)
     plan.raise_if_errors()
     return plan
 
@@ -60,6 +63,7 @@ def quantize_file(
     max_shard_size: int | None = None,
     burn_backend: str | None = None,
     burn_version: str | None = None,
+    requantize: str | None = None,
 ) -> QuantizeReport:
     """Quantize a safetensors checkpoint into a burnpack file (or, with `dry_run`, only plan it).
 
@@ -75,7 +79,9 @@ def quantize_file(
     every tensor that Burn backend cannot load stops the plan (`qcli.burn_backends`); `burn_version` is
     the Burn release to write for (default: the newest stable one, `qcli.BURN_VERSION`). `calibration`
     (`minmax`, `absmean`, `mse`, any case) replaces the presets' calibration and covers every recipe rule
-    that names none.
+    that names none. `requantize` (a preset name): codebook tensors (bitsandbytes NF4, FP4), which Burn
+    cannot hold, are dequantized as their format does and quantized into it; their `--stats` error is
+    against the dequantized values (`qcli.codebook`).
     """
     input = Path(input)
     preset = resolve_preset(scheme)
@@ -83,6 +89,7 @@ def quantize_file(
     version = resolve_version(burn_version)
     loaded_recipe = load_recipe(recipe) if recipe is not None else None
     chosen = None if calibration is None else resolve_calibration(calibration)
+    requantized = None if requantize is None else resolve_preset(requantize)
     target = Path(output) if output is not None else default_output(input)
     refuse_special_output(target)  # a dry run refuses what the run would (docs/cli.md)
     if target.exists() and not force:
@@ -96,8 +103,11 @@ def quantize_file(
         if recipe is not None:
             inputs.append((Path(recipe), "the recipe"))
         refuse_input_as_output(target, inputs)
+        books = None if requantized is None else {  # their states: a few hundred bytes of JSON, no weight
+            name: with_state(book, source.load) for name, book in codebooks(source.infos()).items()}
         plan = make_checked_plan(source.infos(), loaded_recipe, preset, split=max_shard_size is not None,
-                                 backend=backend, burn_version=version, calibration=chosen)
+                                 backend=backend, burn_version=version, calibration=chosen,
+                                 requantize=requantized, books=books)
         report = QuantizeReport(
             input=str(input),
             output=str(target),
@@ -118,7 +128,8 @@ def quantize_file(
         report.warnings += outputs.prepare(inputs, force=force, remove_leftovers=not dry_run)
         if dry_run:
             return report
-        report.device, run = select_pipeline(device)
+        requantizing = any(e.decision.requantize is not None for e in plan.entries)
+        report.device, run = select_pipeline("cpu" if requantizing and device == "auto" else device)
         runtime = _warm_runtime()
         report.tensors, report.timings = _write(plan, source, run, outputs, stats, progress, verify)
         report.memory = MemoryUse(runtime, peak_resident_bytes())

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from qcli import codec
+from qcli.codebook import dequantize
 from qcli.errors import InputError
 from qcli.io.dtypes import torch_dtype
 from qcli.measure import Measurement
@@ -31,11 +32,12 @@ def run(plan: Plan, source: SafetensorsSource, measure: bool = False) -> Iterato
 
     A kept tensor's payload is its source bytes, unchanged, or its values cast (`cast_kept`) when the
     decision says so; a quantized one is `qcli.codec.encode`'s. Either is transposed first when the
-    decision says so (the plan allows that for 2-D tensors only). A transcoded F8 tensor's is `transcoded`.
+    decision says so (the plan allows that for 2-D tensors only). A transcoded F8 tensor's is `transcoded`;
+    a requantized codebook tensor is quantized from its dequantized values (`source_tensor`).
     """
     for entry in plan.entries:
         started = time.perf_counter()
-        x = source.load(entry.info.name)
+        x = source_tensor(entry, source)
         read_seconds = time.perf_counter() - started
         if entry.decision.transpose:
             x = x.t()
@@ -55,6 +57,13 @@ def run(plan: Plan, source: SafetensorsSource, measure: bool = False) -> Iterato
                 chunks.finish()
         del x
         yield Payload(entry, payload, measured, read_seconds)
+
+
+def source_tensor(entry: PlanEntry, source: SafetensorsSource) -> torch.Tensor:
+    """The tensor an entry is written from: its own, or a requantized codebook tensor's dequantized values
+    (its companions loaded here), which both pipelines quantize."""
+    requantize = entry.decision.requantize
+    return source.load(entry.info.name) if requantize is None else dequantize(requantize, source.load)
 
 
 def transcoded(entry: PlanEntry, codes: torch.Tensor, source: SafetensorsSource) -> torch.Tensor:

@@ -95,6 +95,9 @@ def run(plan: Plan, source: SafetensorsSource, measure: bool = False, *,
     take no time of their own."""
     device = _device()
     for entry in plan.entries:
+        if entry.decision.requantize is not None:  # its source is decoded from several tensors, on the host
+            raise UsageError(f"{entry.info.name} is requantized ({entry.decision.reason}), which the CPU pipeline "
+                             "does", hint="use --device cpu (or auto), without QCLI_KERNELS=triton")
         if entry.decision.scheme is not None:
             check_accepted(entry.decision.scheme, entry.decision.calibration)
     pieces = [piece for i, entry in enumerate(plan.entries) for piece in _pieces(i, entry, settings, measure)]
