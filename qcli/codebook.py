@@ -78,9 +78,11 @@ def with_state(book: Codebook, load: Load) -> Codebook:
     try:
         state = json.loads(bytes(load(name).reshape(-1).tolist()).decode())
         shape, blocksize = [int(d) for d in state["shape"]], int(state["blocksize"])
+        absmax, table, n = book.companion("absmax"), book.companion("quant_map"), math.prod(shape)
         fits = (state["quant_type"].upper() == book.format and state["dtype"] in DTYPES and blocksize > 0
-                and math.prod(shape) <= 2 * book.weight.nbytes and book.companion("absmax") is not None
-                and book.companion("quant_map") is not None
+                and (n + 1) // 2 == book.weight.nbytes and absmax is not None and table is not None
+                and math.prod(absmax.shape) == -(-n // blocksize) and tuple(table.shape) == (16,)
+                and absmax.dtype == ("U8" if nested(state) else "F32")
                 and nested(state) == (book.companion("nested_absmax") is not None)
                 and nested(state) == (book.companion("nested_quant_map") is not None)
                 and (not nested(state) or int(state["nested_blocksize"]) > 0

@@ -16,7 +16,7 @@ from qcli.burn_backends import BurnBackend
 from qcli.codebook import codebooks, dequantize, with_state
 from qcli.codec import decode
 from qcli.codec.blocks import to_blocks
-from qcli.errors import PlanError
+from qcli.errors import InputError, PlanError
 from qcli.io.burnpack import BurnpackReader
 from qcli.io.safetensors import SafetensorsSource
 from qcli.layout import BlockGrid
@@ -134,6 +134,17 @@ def test_validate_scheme_model_reports_the_refusal(checkpoint, tmp_path):
     assert [p["message"].split(":")[0] for p in lookups] == [
         "2 tensors (model.layers.0.attn.weight, model.layers.0.mlp.weight) are bitsandbytes NF4",
         "1 tensor (model.layers.1.mlp.weight) is bitsandbytes FP4"]
+
+
+def test_a_state_that_does_not_describe_its_codes_is_an_input_error(tmp_path):
+    tensors = {"w": torch.zeros(3, dtype=torch.uint8), "w.absmax": torch.ones(1), "w.quant_map": torch.zeros(16),
+               "w.quant_state.bitsandbytes__nf4": torch.tensor(list(json.dumps(
+                   {"quant_type": "nf4", "blocksize": 64, "dtype": "bfloat16", "shape": [4, 4]}).encode()),
+                   dtype=torch.uint8)}
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    lines = assert_user_error(cli("quantize", tmp_path / "m.safetensors", "--requantize", "q4f-b32"),
+                              InputError.exit_code)
+    assert lines[0].startswith("error: tensor 'w.quant_state.bitsandbytes__nf4' does not describe w (3 bytes")
 
 
 def decoded(bpk: Path) -> dict[str, torch.Tensor]:
