@@ -33,6 +33,7 @@ from qcli.presets import DEFAULT_PRESET, PRESETS, Preset
 from qcli.problem import Kind, Problem, Severity
 from qcli.recipe import OnIndivisible, Recipe, Rule
 from qcli.scheme import (
+    LOOKUP_PANICS_AT,
     LOOKUP_WHY,
     Calibration,
     PackedNative,
@@ -421,7 +422,8 @@ class _Planner:
             are = "is" if len(names) == 1 else "are"
             self.problem(
                 Kind.lookup, f"{count_and_first(names)} {are} bitsandbytes {format}: 4-bit codes into a 16-entry "
-                f"codebook (quant_map) scaled per block (absmax), which no Burn scheme holds: {LOOKUP_WHY}",
+                f"codebook (quant_map) scaled per block (absmax), which no Burn scheme holds: {LOOKUP_WHY} "
+                f"({LOOKUP_PANICS_AT})",
                 f"requantize them into a Burn scheme: --requantize {REQUANTIZE_PRESET} (dequantized as bitsandbytes "
                 "does, then quantized; --stats shows the error added to the dequantized weights)", names,
             )

@@ -498,6 +498,7 @@ LOOKUP_WHY = (
     "Burn cannot build a lookup-quantized tensor from data: "
     "lookup quantization does not travel as a QFloat tensor (QuantScheme has no slot for the table)"
 )
+LOOKUP_PANICS_AT = "burn-cubecl 0.22.1 src/ops/qtensor.rs:287"  # where a Lookup tensor given to Burn panics
 
 
 def accept_problems(scheme: QuantScheme, calibration: Calibration = Calibration.MinMax, *,

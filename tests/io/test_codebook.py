@@ -22,7 +22,7 @@ from qcli.io.safetensors import SafetensorsSource
 from qcli.layout import BlockGrid
 from qcli.measure import error_bound
 from qcli.presets import PRESETS
-from qcli.scheme import LOOKUP_WHY
+from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY
 from tests.burn_harness import dequantize as burn_dequantize
 from tests.burn_harness import require, same_bits
 from tests.cli_support import assert_user_error, cli, validate_json
@@ -106,7 +106,7 @@ def test_refused_before_any_weight_is_read(checkpoint, monkeypatch):
     assert nf4.message.startswith("2 tensors (model.layers.0.attn.weight, model.layers.0.mlp.weight) are "
                                   "bitsandbytes NF4: 4-bit codes into a 16-entry codebook")
     assert fp4.message.startswith("1 tensor (model.layers.1.mlp.weight) is bitsandbytes FP4")
-    assert LOOKUP_WHY in nf4.message and "--requantize q4f-b32" in nf4.hint
+    assert f"{LOOKUP_WHY} ({LOOKUP_PANICS_AT})" in nf4.message and "--requantize q4f-b32" in nf4.hint
     assert not path.with_suffix(".bpk").exists()
 
 
