@@ -301,11 +301,12 @@ class _Planner:
                  calibration: Calibration | None = None, requantize: Preset | None = None,
                  books: Mapping[str, Codebook] | None = None) -> None:
         self.transcodes = transcodes(infos)  # the scales transcoded tensors consume are no entries
-        self.books = books if books is not None else codebooks(infos)  # nor the codebooks' companions
+        self.books = books if books is not None else codebooks(infos)  # requantized: their companions neither
         self.requantize = requantize
         self.refused_books: dict[str, list[str]] = {}  # format -> its tensors, refused without --requantize
         consumed = {t.scale.name for t in self.transcodes.values() if isinstance(t, Transcode)}
-        consumed |= {c.name for book in self.books.values() for c in book.companions}
+        if requantize is not None:
+            consumed |= {c.name for book in self.books.values() for c in book.companions}
         self.infos = [i for i in infos if i.name not in consumed]
         self.calibration = calibration
         self.refused_calibration: set[int] = set()  # id(rule): rules `calibration` is refused for, reported

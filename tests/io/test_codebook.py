@@ -136,6 +136,17 @@ def test_validate_scheme_model_reports_the_refusal(checkpoint, tmp_path):
         "1 tensor (model.layers.1.mlp.weight) is bitsandbytes FP4"]
 
 
+def test_inspect_shows_the_refusal(checkpoint):
+    path, _ = checkpoint
+    result = cli("inspect", path, "--json")
+    assert result.code == 0, result.err
+    doc = json.loads(result.out)
+    planned = {t["name"]: t["plan"] for t in doc["tensors"]}
+    assert planned["model.layers.0.mlp.weight"]["refused"]
+    assert planned["model.layers.0.mlp.weight"]["reason"] == "refused: bitsandbytes NF4 is a codebook"
+    assert not planned["model.layers.0.mlp.weight.absmax"]["refused"]
+
+
 def test_a_state_that_does_not_describe_its_codes_is_an_input_error(tmp_path):
     tensors = {"w": torch.zeros(3, dtype=torch.uint8), "w.absmax": torch.ones(1), "w.quant_map": torch.zeros(16),
                "w.quant_state.bitsandbytes__nf4": torch.tensor(list(json.dumps(
