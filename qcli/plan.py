@@ -657,6 +657,9 @@ class _Planner:
             if first.decision.scheme is None:
                 hint = ("load the file on flex (Burn's CPU backend), which builds every dtype, or write them as F32: "
                         "cast = \"F32\" on their keep rule, or cast_kept = \"F32\" in [defaults]")
+            elif first.decision.transcode is not None:  # the checkpoint's own codes: no other scheme holds them
+                hint = ("they are the checkpoint's own codes, written exactly: load the file on a backend that "
+                        "reads them (docs/input-formats.md)")
             else:
                 instead = loads_instead(backend, first.decision.scheme, first.out_shape, version)
                 hint = (f"use {preset_or_scheme(instead)}, which {backend} loads" if instead is not None

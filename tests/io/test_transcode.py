@@ -183,3 +183,12 @@ def test_burn_wgpu_decodes_the_transcoded_file_as_qcli_does(tmp_path):
     for name, values in want.items():
         assert same_bits(mine[name], values), name
         assert same_bits(burn[name], mine[name]), f"{name}: Burn (wgpu) decodes other values than qcli"
+
+
+def test_a_backend_that_cannot_load_a_transcode_is_not_offered_another_scheme(tmp_path):
+    """flex reads no E4M3: the warning says so, and its hint points to a backend that reads the codes
+    rather than to a scheme, which would not be the checkpoint's values."""
+    write(tmp_path)
+    plan = make_plan(SafetensorsSource.open(tmp_path).infos())
+    flex = [p for p in plan.problems if p.kind == "backend" and "flex backend" in p.message]
+    assert flex and all("checkpoint's own codes" in p.hint and "use " not in p.hint for p in flex)
