@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qcli import layout
+from qcli.commands.quantize import plan_by_name
 from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
 from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER, TensorEntry
 from qcli.io.burnpack_index import BurnpackSet, standing_index
 from qcli.io.dtypes import TORCH_DTYPE_NAMES, Bool, BoolStore, DType, Plain, QFloat, torch_dtype
 from qcli.io.safetensors import SafetensorsSource, TensorInfo
-from qcli.plan import FLOAT_DTYPES, PlanEntry, make_plan
+from qcli.plan import FLOAT_DTYPES, PlanEntry
 from qcli.report import (
     CompareReport,
     CompareRow,
@@ -134,7 +135,7 @@ def inspect_file(
 def _default_plan(infos: list[TensorInfo]) -> SourcePlan:
     """What `qcli quantize --dry-run` decides for each tensor with the default preset (its plan, in name
     order as quantize makes it), without raising its errors: they are reported, with the tensors they name."""
-    plan = make_plan(sorted(infos, key=lambda i: i.name))
+    plan = plan_by_name(infos)
     refused = {name for p in plan.errors() for name in p.tensors}
     rows = {e.info.name: TensorRow.of(e) for e in plan.entries}  # quantize's rows: its decision words
     tensors = {e.info.name: PlannedTensor(_format(e), rows[e.info.name].decision, e.decision.reason,

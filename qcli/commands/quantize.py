@@ -41,10 +41,17 @@ def make_checked_plan(infos: list[TensorInfo], recipe: Recipe | None, preset: Pr
     `burn_version`: the Burn backend and release the file must load on; `calibration`: the one for every
     quantized tensor whose rule names none; `requantize` and `books`: the preset codebook tensors are
     requantized into, and those tensors (`make_plan`)."""
-    plan = make_plan(sorted(infos, key=lambda i: i.name), recipe, preset, split=split, backend=backend,
-                     burn_version=burn_version, calibration=calibration, requantize=requantize, books=books)
+    plan = plan_by_name(infos, recipe, preset, split=split, backend=backend, burn_version=burn_version,
+                        calibration=calibration, requantize=requantize, books=books)
     plan.raise_if_errors()
     return plan
+
+
+def plan_by_name(infos: list[TensorInfo], recipe: Recipe | None = None, preset: Preset | None = None,
+                 **options) -> Plan:
+    """`make_plan` over `infos` in name order, the order quantize writes and shards them in, so one file
+    and shards give the same output; its errors are left to the caller."""
+    return make_plan(sorted(infos, key=lambda i: i.name), recipe, preset, **options)
 
 
 def quantize_file(
