@@ -24,8 +24,10 @@ from qcli.burn_backends import (
     loads_instead,
     qfloat,
 )
-from qcli.codebook import Codebook, codebooks
 from qcli.errors import PlanError
+from qcli.formats import consumed, detect
+from qcli.formats.found import Encoded, Found, Transcode
+from qcli.formats.fp8 import SCALE_SUFFIXES
 from qcli.io.burnpack import MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, align
 from qcli.io.dtypes import DType, Plain, burn_dtype
 from qcli.io.safetensors import TensorInfo
@@ -33,15 +35,12 @@ from qcli.presets import DEFAULT_PRESET, PRESETS, Preset
 from qcli.problem import Kind, Problem, Severity
 from qcli.recipe import OnIndivisible, Recipe, Rule
 from qcli.scheme import (
-    LOOKUP_PANICS_AT,
-    LOOKUP_WHY,
     Calibration,
     PackedNative,
     PackedU32,
     QuantScheme,
     accept_problems,
 )
-from qcli.transcode import SCALE_SUFFIXES, Transcode, transcodes
 
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 # Already quantized by another tool: 8-bit integers and the sub-16-bit float formats (F8_E4M3, F8_E5M2,
@@ -61,7 +60,6 @@ EMBEDDING_MODULES = ("embed_tokens", "wte", "tok_embeddings", "word_embeddings",
 HEAD_MODULES = ("lm_head", "embed_out")
 HEAD_NAMES = ("output.weight",)  # Meta's Llama: a top-level `output` module
 WIDE_PRESET = "q8s-b32"
-REQUANTIZE_PRESET = "q4f-b32"  # the way out offered for a 4-bit codebook: 4 bits over the full grid
 
 
 @dataclass(frozen=True)
@@ -74,8 +72,8 @@ class Decision:
     reason: str
     rule: Rule | None
     cast: str | None = None  # a kept floating tensor written in this dtype (F32, F16, BF16) instead of its own
-    transcode: Transcode | None = None  # an F8 tensor written as `scheme` with its codes unchanged
-    requantize: Codebook | None = None  # a codebook tensor, dequantized by its format's decoder, then quantized
+    transcode: Transcode | None = None  # an already-quantized tensor written as `scheme`, its codes unchanged
+    requantize: Encoded | None = None  # one no Burn scheme holds, dequantized by its format's decoder, then quantized
 
 
 @dataclass(frozen=True)
@@ -86,9 +84,9 @@ class PlanEntry:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """The source tensor's shape: a requantized codebook tensor's is its state's, not its codes'."""
-        requantize = self.decision.requantize
-        return requantize.shape if requantize is not None else tuple(self.info.shape)
+        """The source tensor's shape as its format dequantizes it, not its codes' shape."""
+        found = self.decision.transcode or self.decision.requantize
+        return found.shape if found is not None else tuple(self.info.shape)
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -114,17 +112,14 @@ class PlanEntry:
 
     @property
     def in_nbytes(self) -> int:
-        """The source bytes it is written from: a transcoded tensor's scale companion's, or a requantized
-        one's companions, too."""
+        """The source bytes it is written from: a transcoded or requantized tensor's companions', too."""
         return self.info.nbytes + sum(c.nbytes for c in self.consumed)
 
     @property
     def consumed(self) -> tuple[TensorInfo, ...]:
         """The source tensors written inside this entry's payload."""
-        transcode, requantize = self.decision.transcode, self.decision.requantize
-        if transcode is not None:
-            return (transcode.scale,)
-        return requantize.companions if requantize is not None else ()
+        found = self.decision.transcode or self.decision.requantize
+        return found.companions if found is not None else ()
 
     @property
     def numel(self) -> int:
@@ -279,7 +274,7 @@ def make_plan(
     infos: Iterable[TensorInfo], recipe: Recipe | None = None, preset: Preset | None = None,
     *, split: bool = False, backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
     calibration: Calibration | None = None, requantize: Preset | None = None,
-    books: Mapping[str, Codebook] | None = None,
+    found: Mapping[str, Found] | None = None,
 ) -> Plan:
     """One decision per tensor and every problem found from the headers (see the module docstring).
 
@@ -288,26 +283,24 @@ def make_plan(
     error; without one, what a common backend cannot load is a warning. `burn_version`: the Burn release
     the file is for; a scheme it has no form for is an error. `calibration` (`--calibration`): the
     calibration of every quantized tensor whose rule names none, in place of its preset's. `requantize`
-    (`--requantize`): the preset codebook tensors (bitsandbytes NF4, FP4) are quantized into once
-    dequantized, with `books` their `qcli.codebook.Codebook`s, states read; without it they are refused.
+    (`--requantize`): the preset the tensors no Burn scheme holds (`qcli.formats.Encoded`: bitsandbytes NF4,
+    FP4) are quantized into once dequantized; without it they are refused. `found`: the checkpoint's
+    already-quantized weights (`qcli.formats.detect`), the encoded ones' states read for `requantize`.
     """
     return _Planner(list(infos), recipe, preset or PRESETS[DEFAULT_PRESET], split, backend, burn_version,
-                    calibration, requantize, books).plan()
+                    calibration, requantize, found).plan()
 
 
 class _Planner:
     def __init__(self, infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False,
                  backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
                  calibration: Calibration | None = None, requantize: Preset | None = None,
-                 books: Mapping[str, Codebook] | None = None) -> None:
-        self.transcodes = transcodes(infos)  # the scales transcoded tensors consume are no entries
-        self.books = books if books is not None else codebooks(infos)  # requantized: their companions neither
+                 found: Mapping[str, Found] | None = None) -> None:
+        self.found = dict(found) if found is not None else detect(infos)
         self.requantize = requantize
-        self.refused_books: dict[str, list[str]] = {}  # format -> its tensors, refused without --requantize
-        consumed = {t.scale.name for t in self.transcodes.values() if isinstance(t, Transcode)}
-        if requantize is not None:
-            consumed |= {c.name for book in self.books.values() for c in book.companions}
-        self.infos = [i for i in infos if i.name not in consumed]
+        self.refused: dict[str, list[Encoded]] = {}  # format -> its weights, refused without --requantize
+        companions = consumed(self.found, requantize is not None)  # no entries of their own
+        self.infos = [i for i in infos if i.name not in companions]
         self.calibration = calibration
         self.refused_calibration: set[int] = set()  # id(rule): rules `calibration` is refused for, reported
         self.split = split
@@ -334,14 +327,14 @@ class _Planner:
             rule = next((r for r in rules if r.matches(info.name)), None)
             if rule is not None:
                 covered[id(rule)].append(info.name)
-            book = self.books.get(info.name)
-            decision = (self.by_codebook(info, book) if book is not None else self.by_rule(info, rule) if rule
-                        else self.by_default(info))
+            encoded = self.found.get(info.name)
+            decision = (self.by_encoded(info, encoded) if isinstance(encoded, Encoded)
+                        else self.by_rule(info, rule) if rule else self.by_default(info))
             entries.append(PlanEntry(info, decision, self.burn_version))
         for rule in rules:
             self.rule_problems(rule, covered[id(rule)], entries)
         self.default_problems([e.info.name for e in entries if e.decision.rule is None])
-        self.codebook_problems()
+        self.encoded_problems()
         for entry in entries:
             self.output_problems(entry)
         self.version_problems(entries)
@@ -376,11 +369,11 @@ class _Planner:
             return self.kept(info, f"default: keep, {reason}", None)
 
         rank = len(info.shape)
+        transcode = self.found.get(info.name)
+        if isinstance(transcode, Transcode):
+            return Decision(transcode.scheme, Calibration.MinMax, False, f"default: {transcode.reason}", None,
+                            transcode=transcode)
         if is_quantized(info.dtype):
-            transcode = self.transcodes.get(info.name)
-            if isinstance(transcode, Transcode):
-                return Decision(transcode.scheme, Calibration.MinMax, False, f"default: {transcode.reason}", None,
-                                transcode=transcode)
             return keep(f"already quantized ({info.dtype})")
         companion = self.scale_companion_of(info.name)
         if companion is not None:
@@ -400,33 +393,32 @@ class _Planner:
             return decision
         return keep(f"cannot take {self.preset.name}: {shape_problem(self.preset.scheme, info.shape)}")
 
-    def by_codebook(self, info: TensorInfo, book: Codebook) -> Decision:
-        """A codebook tensor: refused (reported by format in `codebook_problems`) or, with `--requantize`,
-        dequantized and quantized into its preset, as the default policy would a tensor of its shape."""
+    def by_encoded(self, info: TensorInfo, encoded: Encoded) -> Decision:
+        """A tensor no Burn scheme holds: refused (reported by format in `encoded_problems`) or, with
+        `--requantize`, dequantized and quantized into its preset, as the default policy would a tensor of
+        its shape."""
         if self.requantize is None:
-            self.refused_books.setdefault(book.format, []).append(info.name)
-            return Decision(None, Calibration.MinMax, False, f"refused: bitsandbytes {book.format} is a codebook",
-                            None)
-        decoded = replace(info, dtype=book.dtype, shape=book.shape)
-        decision = self.default_scheme(decoded, self.requantize, f"requantize {book.format}")
+            self.refused.setdefault(encoded.format, []).append(encoded)
+            return Decision(None, Calibration.MinMax, False, f"refused: {encoded.format} is {encoded.encoding}", None)
+        decoded = replace(info, dtype=encoded.dtype, shape=encoded.shape)
+        decision = self.default_scheme(decoded, self.requantize, f"requantize {encoded.format}")
         if decision is None:
-            why = shape_problem(self.requantize.scheme, book.shape)
-            self.problem(Kind.shape, f"{info.name} {list(book.shape)} ({book.format}) cannot take --requantize "
-                         f"{self.requantize.name}: {why}", "requantize into a preset of a smaller block",
+            why = shape_problem(self.requantize.scheme, encoded.shape)
+            self.problem(Kind.shape, f"{info.name} {list(encoded.shape)} ({encoded.format}) cannot take "
+                         f"--requantize {self.requantize.name}: {why}", "requantize into a preset of a smaller block",
                          [info.name])
-            return Decision(None, Calibration.MinMax, False, f"requantize {book.format}: {why}", None)
-        return replace(decision, requantize=book)
+            return Decision(None, Calibration.MinMax, False, f"requantize {encoded.format}: {why}", None)
+        return replace(decision, requantize=encoded)
 
-    def codebook_problems(self) -> None:
-        """One error per codebook format refused: Burn's Lookup refusal, and `--requantize` the way out."""
-        for format, names in self.refused_books.items():
+    def encoded_problems(self) -> None:
+        """One error per format refused: why no Burn scheme holds it, and `--requantize` the way out."""
+        for format, refused in self.refused.items():
+            names, first = [e.weight.name for e in refused], refused[0]
             are = "is" if len(names) == 1 else "are"
             self.problem(
-                Kind.lookup, f"{count_and_first(names)} {are} bitsandbytes {format}: 4-bit codes into a 16-entry "
-                f"codebook (quant_map) scaled per block (absmax), which no Burn scheme holds: {LOOKUP_WHY} "
-                f"({LOOKUP_PANICS_AT})",
-                f"requantize them into a Burn scheme: --requantize {REQUANTIZE_PRESET} (dequantized as bitsandbytes "
-                "does, then quantized; --stats shows the error added to the dequantized weights)", names,
+                first.kind, f"{count_and_first(names)} {are} {format}: {first.why}",
+                f"requantize them into a Burn scheme: --requantize {first.offered} ({first.decoded_as}; --stats "
+                "shows the error added to the dequantized weights)", names,
             )
 
     def default_scheme(self, info: TensorInfo, preset: Preset, why: str | None = None) -> Decision | None:
@@ -459,7 +451,7 @@ class _Planner:
                 return Decision(None, calibration, transpose, f"{where}: keep", rule)
             return self.kept(info, f"{where}: keep", rule, transpose, calibration, rule.cast)
         assert rule.scheme is not None
-        transcode = self.transcodes.get(info.name)
+        transcode = self.found.get(info.name)
         if isinstance(transcode, Transcode):  # qcli does not requantize: the codes are written as they are
             self.transcoded.setdefault(id(rule), []).append(info.name)
             return Decision(transcode.scheme, calibration, False, f"{where}: {transcode.reason}", rule,
@@ -607,7 +599,7 @@ class _Planner:
         """What Burn cannot load whatever the decision: an unrepresentable kept dtype, an oversized tensor."""
         info = entry.info
         if entry.decision.scheme is None and entry.out_dtype is None:
-            why_not = self.transcodes.get(info.name)
+            why_not = self.found.get(info.name)
             nor = f"; nor transcoded: {why_not}" if isinstance(why_not, str) else ""
             self.problem(
                 Kind.dtype, f"{info.name} ({info.dtype}) cannot be kept: Burn has no {info.dtype} dtype{nor}",

@@ -51,7 +51,7 @@ class TensorRow:
     bytes_out: int
     bits_per_weight: float
     error: ErrorStats | None = None
-    transcoded: bool = False  # an F8 tensor's codes written as they are (`qcli.transcode`)
+    transcoded: bool = False  # an already-quantized tensor's codes written as they are (`qcli.formats`)
 
     @property
     def decision(self) -> str:
@@ -351,8 +351,8 @@ OUTCOMES = {"transcode": "transcoded exactly", "quantize": "quantized", "keep": 
 @dataclass(frozen=True)
 class PlannedTensor:
     """A safetensors tensor in the default plan (what `qcli quantize --dry-run` decides): `decision` is
-    quantize, transcode, keep, or consumed (an FP8 weight's scale, written inside its transcode); `format`
-    is the source's (its dtype; an FP8 weight's and its scale's with the scales' layout); `refused` when an
+    quantize, transcode, keep, or consumed (a transcoded weight's companion, written inside it); `format`
+    is the source's (its dtype, or the already-quantized format of the weight and its companions); `refused` when an
     error of the plan names it."""
 
     format: str
@@ -374,7 +374,7 @@ class PlannedTensor:
 
 @dataclass(frozen=True)
 class FormatSummary:
-    """The tensors of one source format: how many take each outcome (`OUTCOMES`), and the scales consumed."""
+    """The tensors of one source format: how many take each outcome (`OUTCOMES`), and the companions consumed."""
 
     format: str
     outcomes: dict[str, int]
@@ -386,11 +386,11 @@ class FormatSummary:
 
     @property
     def text(self) -> str:
-        """`F8_E4M3 with per-tensor scales: 12 tensors, transcoded exactly; 12 scale tensors consumed`."""
+        """`F8_E4M3 with per-tensor scales: 12 tensors, transcoded exactly; 12 companion tensors consumed`."""
         n = self.tensors
         counted = [f"{count} {OUTCOMES[o]}" for o, count in self.outcomes.items()]
         done = OUTCOMES[next(iter(self.outcomes))] if len(counted) == 1 else ", ".join(counted)
-        consumed = (f"; {self.consumed} scale tensor{'s' if self.consumed != 1 else ''} consumed"
+        consumed = (f"; {self.consumed} companion tensor{'s' if self.consumed != 1 else ''} consumed"
                     if self.consumed else "")
         return f"{self.format}: {n} tensor{'s' if n != 1 else ''}{',' if len(counted) == 1 else ':'} {done}{consumed}"
 

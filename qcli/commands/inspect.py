@@ -14,6 +14,8 @@ from qcli import layout
 from qcli.commands.quantize import plan_by_name
 from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
+from qcli.formats import detect
+from qcli.formats.found import Encoded, Found, Transcode
 from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER, TensorEntry
 from qcli.io.burnpack_index import BurnpackSet, standing_index
 from qcli.io.dtypes import TORCH_DTYPE_NAMES, Bool, BoolStore, DType, Plain, QFloat, torch_dtype
@@ -135,24 +137,26 @@ def inspect_file(
 def _default_plan(infos: list[TensorInfo]) -> SourcePlan:
     """What `qcli quantize --dry-run` decides for each tensor with the default preset (its plan, in name
     order as quantize makes it), without raising its errors: they are reported, with the tensors they name."""
-    plan = plan_by_name(infos)
+    found = detect(infos)
+    plan = plan_by_name(infos, found=found)
     refused = {name for p in plan.errors() for name in p.tensors}
     rows = {e.info.name: TensorRow.of(e) for e in plan.entries}  # quantize's rows: its decision words
-    tensors = {e.info.name: PlannedTensor(_format(e), rows[e.info.name].decision, e.decision.reason,
-                                          e.decision.scheme, e.info.name in refused) for e in plan.entries}
+    tensors = {e.info.name: PlannedTensor(_format(e, found.get(e.info.name)), rows[e.info.name].decision,
+                                          e.decision.reason, e.decision.scheme, e.info.name in refused)
+               for e in plan.entries}
     for e in plan.entries:
         transcode = e.decision.transcode
-        if transcode is not None:
-            tensors[transcode.scale.name] = PlannedTensor(
-                _format(e), "consumed", f"scale of {e.info.name}, written inside its transcode", None)
+        for companion in transcode.companions if transcode is not None else ():
+            tensors[companion.name] = PlannedTensor(
+                transcode.format, "consumed", f"companion of {e.info.name}, written inside its transcode", None)
     assert plan.preset is not None
     return SourcePlan(plan.preset.name, tensors, plan.problems)
 
 
-def _format(entry: PlanEntry) -> str:
-    """The source's format: its dtype, and an FP8 weight's scales' layout (`F8_E4M3 with per-channel scales`)."""
-    transcode = entry.decision.transcode
-    return entry.info.dtype if transcode is None else f"{entry.info.dtype} with {transcode.layout} scales"
+def _format(entry: PlanEntry, found: Found | None) -> str:
+    """The source's format: its dtype, or the already-quantized format the weight is in
+    (`F8_E4M3 with per-channel scales`, `bitsandbytes NF4`)."""
+    return found.format if isinstance(found, Transcode | Encoded) else entry.info.dtype
 
 
 def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None) -> InspectReport:
@@ -193,7 +197,6 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path)
 
     from qcli.codec import error_stats
     from qcli.pipeline.cpu import cast_kept
-    from qcli.transcode import Transcode, source_values, transcodes
 
     try:
         transposed = json.loads(reader.metadata.get("transposed", "[]"))
@@ -207,13 +210,18 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path)
     rows: list[CompareRow] = []
     with SafetensorsSource.open(source_path) as source:
         infos = {i.name: i for i in source.infos()}
-        # an F8 tensor's values are its codes times its scale companion, which its payload holds (consumed)
-        transcoded = {n: t for n, t in transcodes(source.infos()).items() if isinstance(t, Transcode)}
-        written = {e.name for e in entries} | {t.scale.name for t in transcoded.values()}
+        # an already-quantized weight's values are what its format dequantizes it to, from its companions
+        found = {n: f for n, f in detect(source.infos()).items() if isinstance(f, Transcode | Encoded)}
+        written = {e.name for e in entries} | {c.name for f in found.values() for c in f.companions}
         for e in entries:
             if e.name not in infos:
                 continue
             x = source.load(e.name)
+            f = found.get(e.name)
+            if isinstance(f, Transcode):
+                x = f.dequantize(x, source.load)
+            elif isinstance(f, Encoded):
+                x = f.with_state(source.load).dequantize(source.load)
             flip = e.name in transposed
             if flip:
                 x = x.t()
@@ -238,9 +246,6 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path)
                 error = ErrorStats(0.0, math.inf, 0.0) if exact else None
                 rows.append(CompareRow(e.name, text, flip, exact, error, problem))
                 continue
-            if e.name in transcoded:
-                transcode = transcoded[e.name]
-                x = source_values(x, source.load(transcode.scale.name), transcode, tuple(e.shape))
             x = x.contiguous()
             decoded = _decoded(data, e.dtype, tuple(e.shape))
             error = error_stats(x, decoded)

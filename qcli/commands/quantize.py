@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING
 
 from qcli import BURN_VERSION
 from qcli.burn_backends import BurnBackend, resolve_backend, resolve_version
-from qcli.codebook import Codebook, codebooks, with_state
 from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
+from qcli.formats import detect
+from qcli.formats.found import Encoded, Found
 from qcli.io.safetensors import SafetensorsSource, TensorInfo, printable
 from qcli.output import Output, default_output, metadata, refuse_input_as_output, refuse_special_output
 from qcli.pipeline.device import select_pipeline
@@ -35,14 +36,14 @@ ProgressHook = Callable[[str | None, int, int], None]
 def make_checked_plan(infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False,
                       backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
                       calibration: Calibration | None = None, requantize: Preset | None = None,
-                      books: Mapping[str, Codebook] | None = None) -> Plan:
+                      found: Mapping[str, Found] | None = None) -> Plan:
     """The plan for `infos` in name order (so shards and one file give the same output); every error is
     raised together as one PlanError. `split`: the output will be cut into several files; `backend` and
     `burn_version`: the Burn backend and release the file must load on; `calibration`: the one for every
-    quantized tensor whose rule names none; `requantize` and `books`: the preset codebook tensors are
-    requantized into, and those tensors (`make_plan`)."""
+    quantized tensor whose rule names none; `requantize` and `found`: the preset tensors no Burn scheme
+    holds are requantized into, and the checkpoint's already-quantized weights (`make_plan`)."""
     plan = plan_by_name(infos, recipe, preset, split=split, backend=backend, burn_version=burn_version,
-                        calibration=calibration, requantize=requantize, books=books)
+                        calibration=calibration, requantize=requantize, found=found)
     plan.raise_if_errors()
     return plan
 
@@ -86,9 +87,9 @@ def quantize_file(
     every tensor that Burn backend cannot load stops the plan (`qcli.burn_backends`); `burn_version` is
     the Burn release to write for (default: the newest stable one, `qcli.BURN_VERSION`). `calibration`
     (`minmax`, `absmean`, `mse`, any case) replaces the presets' calibration and covers every recipe rule
-    that names none. `requantize` (a preset name): codebook tensors (bitsandbytes NF4, FP4), which Burn
-    cannot hold, are dequantized as their format does and quantized into it; their `--stats` error is
-    against the dequantized values (`qcli.codebook`).
+    that names none. `requantize` (a preset name): tensors no Burn scheme holds (bitsandbytes NF4, FP4:
+    `qcli.formats.Encoded`) are dequantized as their format does and quantized into it; their `--stats`
+    error is against the dequantized values.
     """
     input = Path(input)
     preset = resolve_preset(scheme)
@@ -110,11 +111,12 @@ def quantize_file(
         if recipe is not None:
             inputs.append((Path(recipe), "the recipe"))
         refuse_input_as_output(target, inputs)
-        books = None if requantized is None else {  # their states: a few hundred bytes of JSON, no weight
-            name: with_state(book, source.load) for name, book in codebooks(source.infos()).items()}
+        found = detect(source.infos())
+        if requantized is not None:  # their states: a few hundred bytes of JSON a tensor, no weight
+            found = {n: f.with_state(source.load) if isinstance(f, Encoded) else f for n, f in found.items()}
         plan = make_checked_plan(source.infos(), loaded_recipe, preset, split=max_shard_size is not None,
                                  backend=backend, burn_version=version, calibration=chosen,
-                                 requantize=requantized, books=books)
+                                 requantize=requantized, found=found)
         report = QuantizeReport(
             input=str(input),
             output=str(target),

@@ -14,12 +14,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from qcli import codec
-from qcli.codebook import dequantize
 from qcli.errors import InputError
 from qcli.io.dtypes import torch_dtype
 from qcli.measure import Measurement
 from qcli.pipeline import Payload
-from qcli.transcode import to_qfloat
 
 if TYPE_CHECKING:
     from qcli.io.safetensors import SafetensorsSource
@@ -32,8 +30,8 @@ def run(plan: Plan, source: SafetensorsSource, measure: bool = False) -> Iterato
 
     A kept tensor's payload is its source bytes, unchanged, or its values cast (`cast_kept`) when the
     decision says so; a quantized one is `qcli.codec.encode`'s. Either is transposed first when the
-    decision says so (the plan allows that for 2-D tensors only). A transcoded F8 tensor's is `transcoded`;
-    a requantized codebook tensor is quantized from its dequantized values (`source_tensor`).
+    decision says so (the plan allows that for 2-D tensors only). A transcoded tensor's is `transcoded`;
+    a requantized one is quantized from its dequantized values (`source_tensor`).
     """
     for entry in plan.entries:
         started = time.perf_counter()
@@ -60,17 +58,16 @@ def run(plan: Plan, source: SafetensorsSource, measure: bool = False) -> Iterato
 
 
 def source_tensor(entry: PlanEntry, source: SafetensorsSource) -> torch.Tensor:
-    """The tensor an entry is written from: its own, or a requantized codebook tensor's dequantized values
-    (its companions loaded here), which both pipelines quantize."""
+    """The tensor an entry is written from: its own, or a requantized tensor's dequantized values (its
+    companions loaded here), which both pipelines quantize."""
     requantize = entry.decision.requantize
-    return source.load(entry.info.name) if requantize is None else dequantize(requantize, source.load)
+    return source.load(entry.info.name) if requantize is None else requantize.dequantize(source.load)
 
 
 def transcoded(entry: PlanEntry, codes: torch.Tensor, source: SafetensorsSource) -> torch.Tensor:
-    """A transcoded entry's payload from its code bytes, its scale companion loaded here: both pipelines
+    """A transcoded entry's payload from its codes as stored, its companions loaded here: both pipelines
     write it so."""
-    transcode = entry.decision.transcode
-    return to_qfloat(codes, source.load(transcode.scale.name), transcode, entry.info.shape)
+    return entry.decision.transcode.payload(codes, source.load)
 
 
 def cast_kept(x: torch.Tensor, dtype: str, name: str) -> torch.Tensor:

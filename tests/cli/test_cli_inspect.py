@@ -391,10 +391,10 @@ def test_an_fp8_checkpoint_is_named_by_format_with_its_scales_consumed(tmp_path)
     for weight, layout in formats.items():
         assert planned[weight]["decision"] == "transcode"
         assert planned[weight]["format"] == f"F8_E4M3 with {layout} scales"
-        assert f"transcode F8_E4M3 {layout} scale -> E4M3" in planned[weight]["reason"]
+        assert f"transcode F8_E4M3 with {layout} scales -> E4M3" in planned[weight]["reason"]
     for scale, weight in consumed.items():
         assert planned[scale] == {"format": planned[weight]["format"], "decision": "consumed", "reason":
-                                  f"scale of {weight}, written inside its transcode", "scheme": None,
+                                  f"companion of {weight}, written inside its transcode", "scheme": None,
                                   "scheme_text": None, "refused": False}
     summaries = {f["format"]: f for f in doc["plan"]["formats"]}
     assert summaries.keys() == {"F8_E4M3 with per-tensor scales", "F8_E4M3 with per-channel scales",
@@ -403,10 +403,10 @@ def test_an_fp8_checkpoint_is_named_by_format_with_its_scales_consumed(tmp_path)
     assert (per_tensor["tensors"], per_tensor["transcode"], per_tensor["consumed"]) == (2, 2, 2)
     assert summaries["BF16"]["keep"] == 1 and summaries["BF16"]["consumed"] == 0
     text = cli("inspect", source).out
-    for line in ("F8_E4M3 with per-tensor scales: 2 tensors, transcoded exactly; 2 scale tensors consumed",
-                 "F8_E4M3 with per-channel scales: 1 tensor, transcoded exactly; 1 scale tensor consumed",
-                 "F8_E4M3 with block [128, 128] scales: 1 tensor, transcoded exactly; 1 scale tensor consumed",
-                 "BF16: 1 tensor, kept", "scale of d.weight, written inside its transcode"):
+    for line in ("F8_E4M3 with per-tensor scales: 2 tensors, transcoded exactly; 2 companion tensors consumed",
+                 "F8_E4M3 with per-channel scales: 1 tensor, transcoded exactly; 1 companion tensor consumed",
+                 "F8_E4M3 with block [128, 128] scales: 1 tensor, transcoded exactly; 1 companion tensor consumed",
+                 "BF16: 1 tensor, kept", "companion of d.weight, written inside its transcode"):
         assert line in text, text
     assert "quantize stops" not in text
 

@@ -89,7 +89,7 @@ def test_the_plan_transcodes_each_layout_from_the_headers_and_consumes_the_scale
                                  "tensor.weight", "tensor1.weight"]
     assert decisions["tensor.weight"].scheme == E4M3.per_tensor(ScaleDtype.F32)
     assert decisions["tensor.weight"].reason == (
-        "default: transcode F8_E4M3 per-tensor scale -> E4M3 PackedU32(0) tensor F32, exact")
+        "default: transcode F8_E4M3 with per-tensor scales -> E4M3 PackedU32(0) tensor F32, exact")
     assert decisions["channel.weight"].scheme == E4M3.per_block([1, 131], ScaleDtype.F32)
     assert decisions["channel1.weight"].scheme == E4M3.per_block([1, 24], ScaleDtype.F32)
     assert decisions["blocks.weight"].scheme == E4M3.per_block([128, 128], ScaleDtype.F32)
@@ -129,14 +129,14 @@ def test_dry_run_json_and_validate_scheme_show_the_transcode(tmp_path):
     validate_json(doc)
     row = next(t for t in doc["tensors"] if t["name"] == "blocks.weight")
     assert row["decision"] == "transcode"
-    assert row["reason"].startswith("default: transcode F8_E4M3 block [128, 128] scale -> E4M3")
+    assert row["reason"].startswith("default: transcode F8_E4M3 with block [128, 128] scales -> E4M3")
     recipe = tmp_path / "recipe.toml"
     recipe.write_text('version = 1\n[[rule]]\nmatch = "*.weight"\npreset = "q8s-b32"\n')
     result = cli("validate-scheme", recipe, "--model", tmp_path, "--json")
     assert result.code == 0, result.out + result.err
     [warning] = [p for p in json.loads(result.out)["problems"] if p["kind"] == "transcoded"]
     assert "5 tensors (blocks.weight, channel.weight, channel1.weight, ...) are already FP8" in warning["message"]
-    assert "transcode F8_E4M3 block [128, 128] scale -> E4M3 PackedU32(0) block [128, 128] F32, exact" in (
+    assert "transcode F8_E4M3 with block [128, 128] scales -> E4M3 PackedU32(0) block [128, 128] F32, exact" in (
         warning["message"])
 
 

@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import save_file
 
 from qcli.burn_backends import BurnBackend
-from qcli.codebook import codebooks, dequantize, with_state
 from qcli.codec import decode
 from qcli.codec.blocks import to_blocks
 from qcli.errors import InputError, PlanError
+from qcli.formats import bitsandbytes
 from qcli.io.burnpack import BurnpackReader
 from qcli.io.safetensors import SafetensorsSource
 from qcli.layout import BlockGrid
@@ -60,11 +60,11 @@ def checkpoint(tmp_path) -> tuple[Path, dict[str, torch.Tensor]]:
 def test_the_decoder_is_bitsandbytes_dequantize_4bit(checkpoint):
     path, want = checkpoint
     with SafetensorsSource.open(path) as source:
-        books = codebooks(source.infos())
+        books = bitsandbytes.detect(source.infos(), {})
         assert sorted(books) == sorted(LAYOUTS)
         assert len(books["model.layers.0.mlp.weight"].companions) == 5  # absmax, maps, nested, the state
         for name, book in books.items():
-            got = dequantize(with_state(book, source.load), source.load)
+            got = book.with_state(source.load).dequantize(source.load)
             assert got.dtype == want[name].dtype and got.shape == want[name].shape
             assert torch.equal(got, want[name]), name  # FP4's code 8: bitsandbytes' C kernel gives -0.0
 
@@ -83,8 +83,8 @@ def test_the_decoder_by_hand(tmp_path):
                "w.quant_state.bitsandbytes__nf4": torch.tensor(list(json.dumps(state).encode()), dtype=torch.uint8)}
     save_file(tensors, str(tmp_path / "m.safetensors"))
     with SafetensorsSource.open(tmp_path / "m.safetensors") as source:
-        [book] = codebooks(source.infos()).values()
-        got = dequantize(with_state(book, source.load), source.load)
+        [book] = bitsandbytes.detect(source.infos(), {}).values()
+        got = book.with_state(source.load).dequantize(source.load)
     absmax = [0.25 * 2 + 0.5, 1.0 * 2 + 0.5]  # 1.0 for the first block, 2.5 for the second
     codes = [1, 15, 2, 0, 7, 8]
     values = [(-1 + 2 * k / 15) * absmax[i // 4] for i, k in enumerate(codes)]
@@ -173,8 +173,8 @@ def test_requantize_decodes_within_the_bound_of_the_dequantized_source(checkpoin
     validate_json(doc)
     rows = {t["name"]: t for t in doc["tensors"]}
     assert sorted(rows) == sorted([*LAYOUTS, "model.norm.weight"])  # the companions are consumed
-    assert rows["model.layers.0.mlp.weight"]["reason"] == "requantize NF4 -> q4f-b32"
-    assert rows["model.layers.1.mlp.weight"]["reason"].startswith("requantize FP4 -> q4f-b32 → block [8]")
+    assert rows["model.layers.0.mlp.weight"]["reason"] == "requantize bitsandbytes NF4 -> q4f-b32"
+    assert rows["model.layers.1.mlp.weight"]["reason"].startswith("requantize bitsandbytes FP4 -> q4f-b32 → block [8]")
     assert rows["model.layers.0.mlp.weight"]["shape"] == [64, 96]
     assert all(rows[n]["sqnr_db"] is not None for n in LAYOUTS)
     assert sorted(e.name for e in BurnpackReader.open(out).entries()) == sorted(rows)

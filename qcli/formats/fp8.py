@@ -1,22 +1,21 @@
-"""Already-quantized FP8 tensors into Burn's QFloat layout, their codes unchanged (docs/input-formats.md).
+"""FP8 checkpoints into Burn's QFloat layout, their codes unchanged (docs/input-formats.md).
 
 An F8_E4M3 checkpoint tensor with a scale companion decodes as `f32(code) * scale`, which is Burn's E4M3
 decode once the scale is repeated over Burn blocks that each lie inside one of the checkpoint's scale
 blocks: the payload's values are the checkpoint's code bytes, packed as Burn packs E4M3 (four to a
 little-endian u32, each row padded to whole words), and its scales the checkpoint's, in f32. No value is
 rounded, so the `.bpk` decodes to exactly what the checkpoint does. Detection reads headers (and a
-folder's `config.json`) only; `to_qfloat` is the byte work both pipelines call.
+folder's `config.json`) only.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qcli.formats.found import Found, Load, Transcode
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 
 if TYPE_CHECKING:
@@ -34,48 +33,59 @@ E4M3 = QuantScheme().with_value(QuantValue.E4M3).with_store(PackedU32(0))
 
 
 @dataclass(frozen=True)
-class Transcode:
-    """How one F8 tensor is written as QFloat: its scale companion (consumed), the checkpoint's layout and
-    the Burn scheme."""
+class Fp8(Transcode):
+    """An F8_E4M3 weight and its scale companion (`companions[0]`): the checkpoint's layout, how much of
+    the tensor each of its scales covers, and how many Burn blocks of a row repeat a channel's scale."""
 
-    scale: TensorInfo
     layout: str  # "per-tensor", "per-channel", "block [128, 128]"
-    scheme: QuantScheme
     covers: tuple[int, ...]  # the extent of the tensor each of the checkpoint's scales covers, per axis
     repeat: int = 1  # per-channel: Burn blocks per row, each repeating the channel's scale
 
-    @property
-    def reason(self) -> str:
-        return f"transcode F8_E4M3 {self.layout} scale -> {self.scheme}, exact"
+    def payload(self, codes: torch.Tensor, load: Load) -> torch.Tensor:
+        """The codes packed as Burn packs E4M3, then the scales in f32."""
+        import torch
+
+        from qcli.codec.pack import pack_fields, pack_scales
+
+        fields = codes.reshape(-1).view(torch.uint8).reshape(self.shape)
+        scales = load(self.companions[0].name).to(torch.float32).reshape(-1, 1).expand(-1, self.repeat)
+        return torch.cat([pack_fields(fields, self.scheme), pack_scales(scales, ScaleDtype.F32)])
+
+    def dequantize(self, codes: torch.Tensor, load: Load) -> torch.Tensor:
+        """Each code times the scale of the block it lies in, in f32, as torch computes
+        `w.to(torch.float32) * scale`."""
+        import torch
+
+        shape = self.shape
+        grid = [math.ceil(d / c) for d, c in zip(shape, self.covers, strict=True)]
+        scales = load(self.companions[0].name).to(torch.float32).reshape(grid)
+        for axis, extent in enumerate(self.covers):
+            scales = scales.repeat_interleave(extent, axis)
+        return codes.reshape(shape).to(torch.float32) * scales[tuple(slice(0, d) for d in shape)]
 
 
-def transcodes(infos: Sequence[TensorInfo]) -> dict[str, Transcode | str]:
+def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:
     """Each F8 tensor with a scale companion beside it (by the names checkpoints give it): its transcode,
     or why Burn has no exact form for it."""
     by_name = {i.name: i for i in infos}
-    pairs = []
+    block = block_size(config)
+    found: dict[str, Found] = {}
     for info in infos:
         scale = next((by_name[info.name + s] for s in SCALE_SUFFIXES if info.name + s in by_name), None)
         if info.dtype.startswith("F8_") and scale is not None:
-            pairs.append((info, scale))
-    block = block_size(pairs[0][0].file) if pairs else None
-    return {info.name: plan(info, scale, block) for info, scale in pairs}
+            found[info.name] = plan(info, scale, block)
+    return found
 
 
-def block_size(file: Path) -> tuple[int, int] | None:
-    """`quantization_config.weight_block_size` of the `config.json` in the folder of checkpoint `file`
-    (Hugging Face's layout), or None."""
-    config = file.parent / "config.json"
-    try:
-        size = json.loads(config.read_text()).get("quantization_config", {}).get("weight_block_size")
-    except (OSError, ValueError, AttributeError):
-        return None
+def block_size(config: dict) -> tuple[int, int] | None:
+    """The `weight_block_size` of a checkpoint's `quantization_config`, or None."""
+    size = config.get("weight_block_size")
     if isinstance(size, list) and len(size) == 2 and all(isinstance(d, int) and d > 0 for d in size):
         return (size[0], size[1])
     return None
 
 
-def plan(info: TensorInfo, scale: TensorInfo, block: tuple[int, int] | None) -> Transcode | str:
+def plan(info: TensorInfo, scale: TensorInfo, block: tuple[int, int] | None) -> Found:
     """The transcode of F8 tensor `info` with its `scale`, or why Burn has no exact form for it.
     `block`: the checkpoint's block size where its config names one."""
     if info.dtype != "F8_E4M3":
@@ -85,45 +95,22 @@ def plan(info: TensorInfo, scale: TensorInfo, block: tuple[int, int] | None) -> 
     shape, scales = tuple(info.shape), tuple(scale.shape)
     if not shape or 0 in shape:
         return "a 0-D or empty tensor has no block to hold a scale"
+
+    def fp8(layout: str, scheme: QuantScheme, covers: tuple[int, ...], repeat: int = 1) -> Fp8:
+        return Fp8(info, f"F8_E4M3 with {layout} scales", scheme, (scale,), layout, covers, repeat)
+
     if math.prod(scales) == 1 and len(scales) <= 1:
-        return Transcode(scale, "per-tensor", E4M3.per_tensor(ScaleDtype.F32), shape)
+        return fp8("per-tensor", E4M3.per_tensor(ScaleDtype.F32), shape)
     if len(shape) != 2:
         return f"scale {list(scales)} for a tensor of rank {len(shape)}: only 2-D weights have channels and blocks"
     rows, cols = shape
     if scales in ((rows,), (rows, 1)):
         extent = max(d for d in range(1, min(cols, MAX_EXTENT) + 1) if cols % d == 0)
-        return Transcode(scale, "per-channel", E4M3.per_block([1, extent], ScaleDtype.F32), (1, cols),
-                         cols // extent)
+        return fp8("per-channel", E4M3.per_block([1, extent], ScaleDtype.F32), (1, cols), cols // extent)
     size = block or DEEPSEEK_BLOCK
     if scales == (math.ceil(rows / size[0]), math.ceil(cols / size[1])):
         if max(size) > MAX_EXTENT:
             return f"block {list(size)} is over Burn's largest block extent, {MAX_EXTENT}"
-        return Transcode(scale, f"block {list(size)}", E4M3.per_block(list(size), ScaleDtype.F32), size)
+        return fp8(f"block {list(size)}", E4M3.per_block(list(size), ScaleDtype.F32), size)
     return (f"its scale {scale.name} {list(scales)} is neither per tensor, per channel ([{rows}] or [{rows}, 1]) "
             f"nor blocks {list(size)} of {list(shape)}")
-
-
-def to_qfloat(codes: torch.Tensor, scale: torch.Tensor, transcode: Transcode, shape: Sequence[int]) -> torch.Tensor:
-    """The QFloat payload (1-D uint8) of the F8 tensor whose code bytes are `codes` (any layout of its
-    bytes, row-major) and whose scale companion is `scale`: the codes packed, then the scales in f32."""
-    import torch
-
-    from qcli.codec.pack import pack_fields, pack_scales
-
-    fields = codes.reshape(-1).view(torch.uint8).reshape(tuple(shape))
-    scales = scale.to(torch.float32).reshape(-1, 1).expand(-1, transcode.repeat)
-    return torch.cat([pack_fields(fields, transcode.scheme), pack_scales(scales, ScaleDtype.F32)])
-
-
-def source_values(codes: torch.Tensor, scale: torch.Tensor, transcode: Transcode, shape: Sequence[int]
-                  ) -> torch.Tensor:
-    """What the checkpoint itself dequantizes to, f32: each code times the scale of the block it lies in,
-    for `inspect --compare` to hold the written file to."""
-    import torch
-
-    shape = tuple(shape)
-    grid = [math.ceil(d / c) for d, c in zip(shape, transcode.covers, strict=True)]
-    scales = scale.to(torch.float32).reshape(grid)
-    for axis, extent in enumerate(transcode.covers):
-        scales = scales.repeat_interleave(extent, axis)
-    return codes.reshape(shape).to(torch.float32) * scales[tuple(slice(0, d) for d in shape)]

@@ -1,0 +1,53 @@
+"""Checkpoints another tool already quantized: what each format's weights become (docs/input-formats.md).
+
+Each module here owns one format. From the headers alone (names, dtypes, shapes, a folder's
+`config.json`) it finds the format's weights and says of each one of three things:
+- a `Transcode`: Burn's QFloat layout holds the format exactly, so the weight's codes are written as they
+  are beside its scales (`payload`), decoding to exactly what the format's own dequantization gives
+  (`dequantize`);
+- an `Encoded` weight that no Burn scheme holds (a codebook, a zero point): refused, saying `why`, or
+  with `--requantize` dequantized as the format's reference decoder does and quantized into a preset;
+- a string: why a weight that looks quantized has no transcode.
+A weight's companions (its scales, tables, states) are consumed: written inside its payload, or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from qcli.formats import bitsandbytes, fp8
+from qcli.formats.found import Encoded, Found, Transcode
+
+if TYPE_CHECKING:
+    from qcli.io.safetensors import TensorInfo
+
+FORMATS = (fp8, bitsandbytes)  # each module's `detect(infos, quantization_config)`
+
+
+def detect(infos: Sequence[TensorInfo]) -> dict[str, Found]:
+    """Every already-quantized weight of a checkpoint by name, from its headers (and `config.json`)."""
+    config = quantization_config(infos[0].file) if infos else {}
+    found: dict[str, Found] = {}
+    for format in FORMATS:
+        found.update(format.detect(infos, config))
+    return found
+
+
+def quantization_config(file: Path) -> dict:
+    """`quantization_config` of the `config.json` in the folder of checkpoint `file` (Hugging Face's
+    layout), or {} where there is none or it is not a JSON object."""
+    try:
+        config = json.loads((file.parent / "config.json").read_text()).get("quantization_config", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def consumed(found: dict[str, Found], requantized: bool) -> set[str]:
+    """The companions written inside their weights' payloads (and, when `requantized`, the encoded
+    weights' companions, which are not written at all): no plan entry of their own."""
+    return {c.name for f in found.values()
+            if isinstance(f, Transcode) or requantized and isinstance(f, Encoded) for c in f.companions}

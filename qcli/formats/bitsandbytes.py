@@ -1,0 +1,137 @@
+"""bitsandbytes' NF4 and FP4 checkpoints, codebooks Burn cannot hold (docs/input-formats.md).
+
+bitsandbytes serializes a 4-bit weight `W` as `W` (U8, two 4-bit codes a byte, the first in the high
+nibble), `W.absmax` (one scale per block of `blocksize` values), `W.quant_map` (the 16-entry codebook),
+with compressed statistics `W.nested_absmax` and `W.nested_quant_map` (`W.absmax` then holds 8-bit codes
+of the scales, in blocks of `nested_blocksize`, plus `nested_offset`), and `W.quant_state.bitsandbytes__nf4`
+(or `__fp4`): a U8 tensor holding JSON with `quant_type`, `blocksize`, `dtype`, `shape` and the nested
+fields (`QuantState.as_dict(packed=True)`). A value decodes as `quant_map[code] * absmax[block]`: a table
+lookup, which is Burn's `QuantMode::Lookup`, and no QFloat tensor carries the table. Detection reads the
+headers only; `--requantize` reads the JSON (`with_state`) and decodes with `dequantize`, which computes
+what bitsandbytes' `dequantize_4bit` does, in the same f32 operations.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from qcli.errors import InputError
+from qcli.formats.found import Encoded, Load
+from qcli.io.safetensors import printable
+from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY
+
+if TYPE_CHECKING:
+    import torch
+
+    from qcli.io.safetensors import TensorInfo
+
+STATE_INFIX = ".quant_state.bitsandbytes__"
+FORMATS = {"nf4": "NF4", "fp4": "FP4"}  # the JSON tensor's suffix -> the format's name
+COMPANIONS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
+DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}  # the JSON's dtype -> safetensors'
+STATE_HINT = "re-save the checkpoint with bitsandbytes (QuantState.as_dict(packed=True))"
+
+
+@dataclass(frozen=True)
+class Codebook(Encoded):
+    """One bitsandbytes 4-bit weight: its companions (the state last) and, once its JSON is read, what
+    it dequantizes to."""
+
+    state: dict | None = None  # the quant_state JSON, read by `with_state`
+
+    decoded_as = "dequantized as bitsandbytes does, then quantized"
+
+    @property
+    def why(self) -> str:
+        return (f"4-bit codes into a 16-entry codebook (quant_map) scaled per block (absmax), which no Burn "
+                f"scheme holds: {LOOKUP_WHY} ({LOOKUP_PANICS_AT})")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        assert self.state is not None, "the state is read before the shape is asked"
+        return tuple(self.state["shape"])
+
+    @property
+    def dtype(self) -> str:
+        assert self.state is not None, "the state is read before the dtype is asked"
+        return DTYPES[self.state["dtype"]]
+
+    def companion(self, field: str) -> TensorInfo | None:
+        return next((c for c in self.companions if c.name == f"{self.weight.name}.{field}"), None)
+
+    def with_state(self, load: Load) -> Codebook:
+        """This weight with its quant_state JSON read (a few hundred bytes, no weight); `InputError` naming
+        the tensor when it is not what bitsandbytes writes."""
+        name = self.companions[-1].name
+        try:
+            state = json.loads(bytes(load(name).reshape(-1).tolist()).decode())
+            shape, blocksize = [int(d) for d in state["shape"]], int(state["blocksize"])
+            absmax, table, n = self.companion("absmax"), self.companion("quant_map"), math.prod(shape)
+            fits = (state["quant_type"].upper() == self.quant_type and state["dtype"] in DTYPES and blocksize > 0
+                    and (n + 1) // 2 == self.weight.nbytes and absmax is not None and table is not None
+                    and math.prod(absmax.shape) == -(-n // blocksize) and tuple(table.shape) == (16,)
+                    and absmax.dtype == ("U8" if nested(state) else "F32")
+                    and nested(state) == (self.companion("nested_absmax") is not None)
+                    and nested(state) == (self.companion("nested_quant_map") is not None)
+                    and (not nested(state) or int(state["nested_blocksize"]) > 0
+                         and math.isfinite(float(state["nested_offset"]))))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise InputError(printable(f"tensor '{name}' is not bitsandbytes' quant_state JSON: {exc}"),
+                             hint=STATE_HINT) from None
+        if not fits:
+            raise InputError(printable(f"tensor '{name}' does not describe {self.weight.name} "
+                                       f"({self.weight.nbytes} bytes of codes): {json.dumps(state)}"), hint=STATE_HINT)
+        return replace(self, state={**state, "shape": shape, "blocksize": blocksize})
+
+    @property
+    def quant_type(self) -> str:
+        """The state's `quant_type`, upper case: NF4 or FP4."""
+        return self.format.rpartition(" ")[2]
+
+    def dequantize(self, load: Load) -> torch.Tensor:
+        """What bitsandbytes' `dequantize_4bit` gives (in the state's dtype): each code's codebook entry
+        times its block's absmax, in f32, then rounded to the dtype once."""
+        import torch
+
+        state = self.state
+        assert state is not None, "the state is read before the weight is dequantized"
+        n = math.prod(self.shape)
+        absmax = load(self.companion("absmax").name).reshape(-1)
+        if nested(state):  # the scales are 8-bit codes themselves, with an f32 offset added
+            scales = _blockwise(load(self.companion("nested_quant_map").name).to(torch.float32), absmax,
+                                load(self.companion("nested_absmax").name), int(state["nested_blocksize"]))
+            absmax = scales + torch.tensor(float(state["nested_offset"]), dtype=torch.float32)
+        codes = load(self.weight.name).reshape(-1)
+        nibbles = torch.stack([codes >> 4, codes & 0xF], dim=1).reshape(-1)[:n]
+        table = load(self.companion("quant_map").name).to(torch.float32)
+        values = _blockwise(table, nibbles, absmax.to(torch.float32), state["blocksize"])
+        return values.reshape(self.shape).to(getattr(torch, state["dtype"]))
+
+
+def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Codebook]:
+    """Each bitsandbytes 4-bit weight, by its name, from the names and dtypes alone."""
+    by_name = {i.name: i for i in infos}
+    found = {}
+    for info in infos:
+        base, infix, suffix = info.name.rpartition(STATE_INFIX)
+        if infix and suffix in FORMATS and base in by_name and by_name[base].dtype == "U8":
+            companions = tuple(by_name[f"{base}.{c}"] for c in COMPANIONS if f"{base}.{c}" in by_name)
+            found[base] = Codebook(by_name[base], f"bitsandbytes {FORMATS[suffix]}", (*companions, info))
+    return found
+
+
+def nested(state: dict) -> bool:
+    """Whether the state's absmax are 8-bit codes themselves (bitsandbytes' compressed statistics)."""
+    return "nested_offset" in state
+
+
+def _blockwise(table: torch.Tensor, codes: torch.Tensor, absmax: torch.Tensor, blocksize: int) -> torch.Tensor:
+    """`table[code]` times the absmax of its block of `blocksize` (the last block may be partial), in f32."""
+    import torch
+
+    scales = absmax.reshape(-1).to(torch.float32).repeat_interleave(blocksize)[: codes.numel()]
+    return table[codes.to(torch.int64)] * scales

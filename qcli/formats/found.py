@@ -1,0 +1,86 @@
+"""What a format module says of one already-quantized weight (`qcli.formats`): a `Transcode`, an
+`Encoded` weight, or why it has no transcode."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from qcli.problem import Kind
+from qcli.scheme import QuantScheme
+
+if TYPE_CHECKING:
+    import torch
+
+    from qcli.io.safetensors import TensorInfo
+
+Load = Callable[[str], "torch.Tensor"]  # a source tensor by name, as the checkpoint stores it
+
+
+@dataclass(frozen=True)
+class Transcode(ABC):
+    """One weight written as `scheme` with its codes unchanged: its companions are consumed."""
+
+    weight: TensorInfo
+    format: str  # the source's format, as inspect names it: "F8_E4M3 with per-channel scales"
+    scheme: QuantScheme
+    companions: tuple[TensorInfo, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The weight's shape, as the format dequantizes it."""
+        return tuple(self.weight.shape)
+
+    @property
+    def reason(self) -> str:
+        return f"transcode {self.format} -> {self.scheme}, exact"
+
+    @abstractmethod
+    def payload(self, codes: torch.Tensor, load: Load) -> torch.Tensor:
+        """The QFloat payload (1-D uint8) from the weight as stored (`codes`), its companions `load`ed."""
+
+    @abstractmethod
+    def dequantize(self, codes: torch.Tensor, load: Load) -> torch.Tensor:
+        """What the format's own dequantization gives, f32, of `shape`: what the payload decodes to."""
+
+
+@dataclass(frozen=True)
+class Encoded(ABC):
+    """One weight no Burn scheme holds: refused (`kind`, `why`), or requantized from `dequantize`."""
+
+    weight: TensorInfo
+    format: str  # "bitsandbytes NF4"
+    companions: tuple[TensorInfo, ...]
+
+    kind: ClassVar[Kind] = Kind.lookup  # the problem its refusal is
+    encoding: ClassVar[str] = "a codebook"  # what it is, for its refused decision's reason
+    decoded_as: ClassVar[str]  # how `--requantize` decodes it, for the refusal's hint
+    offered: ClassVar[str] = "q4f-b32"  # the preset the refusal offers: its bits, over the full grid
+
+    @property
+    @abstractmethod
+    def why(self) -> str:
+        """How the format encodes values, and why no Burn scheme holds them."""
+
+    @property
+    @abstractmethod
+    def shape(self) -> tuple[int, ...]:
+        """The shape it dequantizes to."""
+
+    @property
+    @abstractmethod
+    def dtype(self) -> str:
+        """The safetensors dtype it dequantizes to."""
+
+    def with_state(self, load: Load) -> Encoded:
+        """This weight with whatever small state its shape and dtype are read from (no weight)."""
+        return self
+
+    @abstractmethod
+    def dequantize(self, load: Load) -> torch.Tensor:
+        """The values the format's reference decoder gives, in `dtype`, of `shape`."""
+
+
+Found = Transcode | Encoded | str  # a string: why a quantized-looking weight has no transcode
