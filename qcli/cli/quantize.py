@@ -13,6 +13,7 @@ from rich.table import Table
 
 from qcli.cli import _output
 from qcli.cli._burn import BurnBackendOption, BurnVersionOption
+from qcli.cli._formats import RequantizeOption
 from qcli.commands import quantize as command
 from qcli.errors import QcliError, UsageError
 from qcli.io.safetensors import printable
@@ -65,16 +66,7 @@ def quantize(
             help=f"Preset replacing the default scheme ({DEFAULT_PRESET}): {', '.join(PRESETS)}.",
         ),
     ] = None,
-    requantize: Annotated[
-        str | None,
-        typer.Option(
-            "--requantize",
-            metavar="NAME",
-            help="Preset for codebook tensors Burn cannot hold (bitsandbytes NF4, FP4): dequantized as their"
-            " format does, then quantized into it; --stats reports the error added to the dequantized"
-            " weights (docs/input-formats.md).",
-        ),
-    ] = None,
+    requantize: RequantizeOption = None,
     recipe: Annotated[
         Path | None, typer.Option("--recipe", metavar="FILE", help="TOML recipe: rules per tensor name.")
     ] = None,

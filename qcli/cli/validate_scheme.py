@@ -10,6 +10,7 @@ import typer
 
 from qcli.cli import _output
 from qcli.cli._burn import BurnBackendOption, BurnVersionOption
+from qcli.cli._formats import RequantizeOption
 from qcli.commands import validate_scheme as command
 from qcli.errors import CheckFailed
 from qcli.problem import Problem
@@ -41,6 +42,7 @@ def validate_scheme(
             "--scheme", metavar="NAME", help="With --model: the preset for tensors no rule covers, as in quantize."
         ),
     ] = None,
+    requantize: RequantizeOption = None,
     burn_backend: BurnBackendOption = None,
     burn_version: BurnVersionOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
@@ -55,13 +57,14 @@ def validate_scheme(
 ) -> None:
     """Check recipes against Burn's acceptance rules; exit 1 when any error is found.
 
-    With --model: every tensor that cannot take its scheme, every rule that matches nothing, and every
-    tensor no rule covers. Without --model neither torch nor triton is imported.
+    With --model: every tensor that cannot take its scheme, every rule that matches nothing, every
+    tensor no rule covers, and every already-quantized weight Burn cannot hold (unless --requantize).
+    Without --model neither torch nor triton is imported.
     """
     if json_output and format not in (None, Format.json):
         raise typer.BadParameter("--json conflicts with --format " + format.value, param_hint="--json")
     chosen = Format.json if json_output else format or Format.text
-    report = command.validate_scheme(recipes, model=model, scheme=scheme,
+    report = command.validate_scheme(recipes, model=model, scheme=scheme, requantize=requantize,
                                      burn_backend=None if burn_backend is None else burn_backend.value,
                                      burn_version=burn_version)
     {Format.text: _text, Format.json: _json, Format.github: _github}[chosen](report)

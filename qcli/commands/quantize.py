@@ -13,7 +13,7 @@ from qcli.burn_backends import BurnBackend, resolve_backend, resolve_version
 from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect
-from qcli.formats.found import Encoded, Found
+from qcli.formats.found import Found
 from qcli.io.safetensors import SafetensorsSource, TensorInfo, printable
 from qcli.output import Output, default_output, metadata, refuse_input_as_output, refuse_special_output
 from qcli.pipeline.device import select_pipeline
@@ -111,9 +111,7 @@ def quantize_file(
         if recipe is not None:
             inputs.append((Path(recipe), "the recipe"))
         refuse_input_as_output(target, inputs)
-        found = detect(source.infos())
-        if requantized is not None:  # their states: a few hundred bytes of JSON a tensor, no weight
-            found = {n: f.with_state(source.load) if isinstance(f, Encoded) else f for n, f in found.items()}
+        found = detect(source.infos(), None if requantized is None else source.load)
         plan = make_checked_plan(source.infos(), loaded_recipe, preset, split=max_shard_size is not None,
                                  backend=backend, burn_version=version, calibration=chosen,
                                  requantize=requantized, found=found)

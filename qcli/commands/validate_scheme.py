@@ -5,18 +5,21 @@ Lookup or zero-point requests all come back together as `Problem`s, each with it
 can annotate the recipe. With the model's `TensorInfo`s the plan is resolved from the headers too:
 tensors that cannot take their scheme, rules that decide nothing (matching no tensor, shadowed by
 earlier rules, or quantizing none of the tensors they match: errors here, warnings in `make_plan`),
-tensors no rule covers and a plan that quantizes nothing (warnings).
+tensors no rule covers and a plan that quantizes nothing (warnings), and already-quantized weights no
+Burn scheme holds (errors, unless `requantize` names the preset they are requantized into).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from qcli import BURN_VERSION
 from qcli.burn_backends import BurnBackend, load_problem, loads_instead, resolve_backend, resolve_version
 from qcli.errors import UsageError
+from qcli.formats import detect
+from qcli.formats.found import Found
 from qcli.io.safetensors import NOT_REGULAR_HINT, SafetensorsSource, TensorInfo, not_regular_problem, printable
 from qcli.plan import count_and_first, make_plan, preset_or_scheme, rule_refusal
 from qcli.presets import Preset, resolve_preset
@@ -30,11 +33,12 @@ RULE_KINDS = (Kind.unmatched_rule, Kind.unquantized_rule)
 
 def validate_scheme(
     recipes: str | Path | Sequence[str | Path], *, model: str | Path | None = None, scheme: str | None = None,
-    burn_backend: str | None = None,
+    requantize: str | None = None, burn_backend: str | None = None,
     burn_version: str | None = None,
 ) -> ValidateReport:
-    """Every problem in each recipe, and with `model` every problem of the plan each makes from headers;
-    with `burn_backend`, every scheme that Burn backend cannot load."""
+    """Every problem in each recipe, and with `model` every problem of the plan each makes from headers
+    (with `requantize`, the preset its weights no Burn scheme holds are requantized into, as quantize
+    does); with `burn_backend`, every scheme that Burn backend cannot load."""
     paths = [Path(recipes)] if isinstance(recipes, (str, Path)) else [Path(r) for r in recipes]
     for path in paths:
         kind = not_regular_problem(path)
@@ -48,23 +52,28 @@ def validate_scheme(
                 printable(f"cannot read recipe {path}: no such file"),
                 hint="pass the path of a TOML recipe (docs/recipes.md)",
             )
-    infos = None
+    requantized = None if requantize is None else resolve_preset(requantize)
+    infos, found = None, None
     if model is not None:
         with SafetensorsSource.open(Path(model)) as source:
             infos = source.infos()
+            found = detect(infos, None if requantized is None else source.load)
     preset = resolve_preset(scheme)
     backend = resolve_backend(burn_backend)
     version = resolve_version(burn_version)
-    problems = [p for path in paths for p in recipe_problems(path, infos, preset, backend, version)]
+    problems = [p for path in paths
+                for p in recipe_problems(path, infos, preset, backend, version, requantized, found)]
     return ValidateReport([str(p) for p in paths], None if model is None else str(model), problems)
 
 
 def recipe_problems(
     recipe_path: str | Path, infos: Iterable[TensorInfo] | None = None, preset: Preset | None = None,
-    backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
+    backend: BurnBackend | None = None, burn_version: str = BURN_VERSION, requantize: Preset | None = None,
+    found: Mapping[str, Found] | None = None,
 ) -> list[Problem]:
-    """Every problem of the recipe at `recipe_path`, and of its plan for `infos` when given; with
-    `backend`, every scheme that Burn backend cannot load (checked per tensor when `infos` is given).
+    """Every problem of the recipe at `recipe_path`, and of its plan for `infos` when given (`requantize`
+    and `found` as `qcli.plan.make_plan` takes them); with `backend`, every scheme that Burn backend
+    cannot load (checked per tensor when `infos` is given).
 
     An unreadable recipe file raises `RecipeError`; everything wrong inside it is returned.
     """
@@ -72,7 +81,8 @@ def recipe_problems(
     if infos is None:
         problems += [p for rule in recipe.rules if (p := rule_refusal(rule)) is not None]
         return problems + ([] if backend is None else _backend_refusals(recipe.rules, backend, burn_version))
-    plan = make_plan(infos, recipe, preset, backend=backend, burn_version=burn_version)
+    plan = make_plan(infos, recipe, preset, backend=backend, burn_version=burn_version, requantize=requantize,
+                     found=found)
     for problem in plan.problems:
         problems.append(replace(problem, severity=Severity.error) if problem.kind in RULE_KINDS else problem)
     uncovered = [e.info.name for e in plan.entries if e.decision.rule is None]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qcli.formats import bitsandbytes, fp8
-from qcli.formats.found import Encoded, Found, Transcode
+from qcli.formats.found import Encoded, Found, Load, Transcode
 
 if TYPE_CHECKING:
     from qcli.io.safetensors import TensorInfo
@@ -27,12 +27,15 @@ if TYPE_CHECKING:
 FORMATS = (fp8, bitsandbytes)  # each module's `detect(infos, quantization_config)`
 
 
-def detect(infos: Sequence[TensorInfo]) -> dict[str, Found]:
-    """Every already-quantized weight of a checkpoint by name, from its headers (and `config.json`)."""
+def detect(infos: Sequence[TensorInfo], load: Load | None = None) -> dict[str, Found]:
+    """Every already-quantized weight of a checkpoint by name, from its headers (and `config.json`);
+    with `load`, each `Encoded` weight's small state read too, as `--requantize` needs (no weight)."""
     config = quantization_config(infos[0].file) if infos else {}
     found: dict[str, Found] = {}
     for format in FORMATS:
         found.update(format.detect(infos, config))
+    if load is not None:
+        found = {n: f.with_state(load) if isinstance(f, Encoded) else f for n, f in found.items()}
     return found
 
 

@@ -134,6 +134,10 @@ def test_validate_scheme_model_reports_the_refusal(checkpoint, tmp_path):
     assert [p["message"].split(":")[0] for p in lookups] == [
         "2 tensors (model.layers.0.attn.weight, model.layers.0.mlp.weight) are bitsandbytes NF4",
         "1 tensor (model.layers.1.mlp.weight) is bitsandbytes FP4"]
+    # the way out the refusal offers, checked as quantize would take it: the states read, no weight
+    result = cli("validate-scheme", recipe, "--model", path, "--requantize", "q4f-b32", "--json")
+    assert result.code == 0, result.out + result.err
+    assert [p["kind"] for p in json.loads(result.out)["problems"]] == ["uncovered"]
 
 
 def test_inspect_shows_the_refusal(checkpoint):
