@@ -531,10 +531,10 @@ class _Planner:
             reason = next(e.decision.reason for e in entries if e.info.name == transcoded[0])
             self.problem(
                 Kind.transcoded, f"rule (match {rule.match!r}) asks for {rule.describe()}, but "
-                f"{count_and_first(transcoded)} are already FP8: they are transcoded instead "
+                f"{count_and_first(transcoded)} are already quantized: they are transcoded instead "
                 f"({reason.removeprefix(f'rule {rule.location}: ')})",
                 "nothing to do: their codes are written as they are, without a second rounding; a keep rule "
-                "before it would refuse them (Burn has no F8 dtype)",
+                "before it would refuse them (Burn has no dtype for their codes)",
                 transcoded, severity=Severity.warning, rule=rule,
             )
         unquantized = self.unquantized.get(id(rule), [])
@@ -604,7 +604,7 @@ class _Planner:
             self.problem(
                 Kind.dtype, f"{info.name} ({info.dtype}) cannot be kept: Burn has no {info.dtype} dtype{nor}",
                 "dequantize the checkpoint to BF16 or F32 (with its scale tensors) first, then run qcli "
-                "(qcli transcodes F8_E4M3 with per-tensor, per-channel or block scales: docs/input-formats.md)",
+                "(the formats qcli transcodes are in docs/input-formats.md)",
                 [info.name], rule=entry.decision.rule,
             )
         if entry.decision.scheme is None and info.nbytes > MAX_TENSOR_SIZE:

@@ -1,11 +1,11 @@
 """FP8 checkpoints into Burn's QFloat layout, their codes unchanged (docs/input-formats.md).
 
-An F8_E4M3 checkpoint tensor with a scale companion decodes as `f32(code) * scale`, which is Burn's E4M3
-decode once the scale is repeated over Burn blocks that each lie inside one of the checkpoint's scale
-blocks: the payload's values are the checkpoint's code bytes, packed as Burn packs E4M3 (four to a
-little-endian u32, each row padded to whole words), and its scales the checkpoint's, in f32. No value is
-rounded, so the `.bpk` decodes to exactly what the checkpoint does. Detection reads headers (and a
-folder's `config.json`) only.
+An F8_E4M3 or F8_E5M2 checkpoint tensor with a scale companion decodes as `f32(code) * scale`, which is
+Burn's E4M3 or E5M2 decode once the scale is repeated over Burn blocks that each lie inside one of the
+checkpoint's scale blocks: the payload's values are the checkpoint's code bytes, packed as Burn packs
+minifloats (four to a little-endian u32, each row padded to whole words), and its scales the
+checkpoint's, in f32. No value is rounded, so the `.bpk` decodes to exactly what the checkpoint does.
+Detection reads headers (and a folder's `config.json`) only.
 """
 
 from __future__ import annotations
@@ -29,20 +29,21 @@ SCALE_SUFFIXES = ("_scale_inv", "_scale", ".scale")
 SCALE_DTYPES = ("F32", "F16", "BF16")  # each widens to f32 exactly
 DEEPSEEK_BLOCK = (128, 128)  # DeepSeek-V3's weight_block_size, where no config.json says otherwise
 MAX_EXTENT = 255  # Burn's largest block extent (`BlockSize.new`)
-E4M3 = QuantScheme().with_value(QuantValue.E4M3).with_store(PackedU32(0))
+# safetensors' FP8 dtypes -> Burn's value of the same bits, packed four to a u32 as Burn packs minifloats
+VALUES = {"F8_E4M3": QuantValue.E4M3, "F8_E5M2": QuantValue.E5M2}
 
 
 @dataclass(frozen=True)
 class Fp8(Transcode):
-    """An F8_E4M3 weight and its scale companion (`companions[0]`): the checkpoint's layout, how much of
-    the tensor each of its scales covers, and how many Burn blocks of a row repeat a channel's scale."""
+    """An F8_E4M3 or F8_E5M2 weight and its scale companion (`companions[0]`): the checkpoint's layout, how
+    much of the tensor each of its scales covers, and how many Burn blocks of a row repeat a channel's scale."""
 
     layout: str  # "per-tensor", "per-channel", "block [128, 128]"
     covers: tuple[int, ...]  # the extent of the tensor each of the checkpoint's scales covers, per axis
     repeat: int = 1  # per-channel: Burn blocks per row, each repeating the channel's scale
 
     def payload(self, codes: torch.Tensor, load: Load) -> torch.Tensor:
-        """The codes packed as Burn packs E4M3, then the scales in f32."""
+        """The codes packed as Burn packs minifloats, then the scales in f32."""
         import torch
 
         from qcli.codec.pack import pack_fields, pack_scales
@@ -88,29 +89,31 @@ def block_size(config: dict) -> tuple[int, int] | None:
 def plan(info: TensorInfo, scale: TensorInfo, block: tuple[int, int] | None) -> Found:
     """The transcode of F8 tensor `info` with its `scale`, or why Burn has no exact form for it.
     `block`: the checkpoint's block size where its config names one."""
-    if info.dtype != "F8_E4M3":
-        return f"{info.dtype} with a scale tensor has no transcode to Burn yet (only F8_E4M3 does)"
+    if info.dtype not in VALUES:
+        return f"{info.dtype} with a scale tensor has no transcode: Burn has no value type of its bits"
     if scale.dtype not in SCALE_DTYPES:
         return f"its scale {scale.name} is {scale.dtype}, not one of {', '.join(SCALE_DTYPES)}"
     shape, scales = tuple(info.shape), tuple(scale.shape)
     if not shape or 0 in shape:
         return "a 0-D or empty tensor has no block to hold a scale"
 
+    values = QuantScheme().with_value(VALUES[info.dtype]).with_store(PackedU32(0))
+
     def fp8(layout: str, scheme: QuantScheme, covers: tuple[int, ...], repeat: int = 1) -> Fp8:
-        return Fp8(info, f"F8_E4M3 with {layout} scales", scheme, (scale,), layout, covers, repeat)
+        return Fp8(info, f"{info.dtype} with {layout} scales", scheme, (scale,), layout, covers, repeat)
 
     if math.prod(scales) == 1 and len(scales) <= 1:
-        return fp8("per-tensor", E4M3.per_tensor(ScaleDtype.F32), shape)
+        return fp8("per-tensor", values.per_tensor(ScaleDtype.F32), shape)
     if len(shape) != 2:
         return f"scale {list(scales)} for a tensor of rank {len(shape)}: only 2-D weights have channels and blocks"
     rows, cols = shape
     if scales in ((rows,), (rows, 1)):
         extent = max(d for d in range(1, min(cols, MAX_EXTENT) + 1) if cols % d == 0)
-        return fp8("per-channel", E4M3.per_block([1, extent], ScaleDtype.F32), (1, cols), cols // extent)
+        return fp8("per-channel", values.per_block([1, extent], ScaleDtype.F32), (1, cols), cols // extent)
     size = block or DEEPSEEK_BLOCK
     if scales == (math.ceil(rows / size[0]), math.ceil(cols / size[1])):
         if max(size) > MAX_EXTENT:
             return f"block {list(size)} is over Burn's largest block extent, {MAX_EXTENT}"
-        return fp8(f"block {list(size)}", E4M3.per_block(list(size), ScaleDtype.F32), size)
+        return fp8(f"block {list(size)}", values.per_block(list(size), ScaleDtype.F32), size)
     return (f"its scale {scale.name} {list(scales)} is neither per tensor, per channel ([{rows}] or [{rows}, 1]) "
             f"nor blocks {list(size)} of {list(shape)}")

@@ -1,5 +1,6 @@
-"""FP8 checkpoints written by torch, transcoded into E4M3 QFloat: qcli's decode of the `.bpk` is torch's own
-dequantization bit for bit, on either pipeline, and Burn's wgpu decodes the file to the same values."""
+"""FP8 checkpoints written by torch, transcoded into E4M3 and E5M2 QFloat: qcli's decode of the `.bpk` is
+torch's own dequantization bit for bit, on either pipeline, and Burn's wgpu decodes the file to the same
+values."""
 
 from __future__ import annotations
 
@@ -25,11 +26,13 @@ from tests.cli_support import cli, validate_json
 E4M3 = QuantScheme().with_value(QuantValue.E4M3).with_store(PackedU32(0))
 
 
-def codes(shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    """torch's float8_e4m3fn of wide normal values: codes over the whole grid, subnormals and 448 included."""
+def codes(shape: tuple[int, ...], seed: int, dtype: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
+    """torch's float8_e4m3fn (or float8_e5m2) of wide normal values: codes over the whole grid, subnormals
+    and the largest finite value included."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=g) * torch.logspace(-8, 8, shape[-1], base=2.0)
-    return x.clamp(-448, 448).to(torch.float8_e4m3fn)
+    top, binades = (448, 8) if dtype == torch.float8_e4m3fn else (57344, 15)
+    x = torch.randn(shape, generator=g) * torch.logspace(-binades, binades, shape[-1], base=2.0)
+    return x.clamp(-top, top).to(dtype)
 
 
 def scales(shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -48,6 +51,7 @@ def layouts(words: bool) -> dict[str, tuple[torch.Tensor, str, torch.Tensor]]:
         "channel.weight": (codes((5, cols), 5), "_scale", scales((5, 1), 6)),
         "channel1.weight": (codes((7, 24), 7), "_scale", scales((7,), 8)),
         "blocks.weight": (codes((300, 136 if words else 140), 9), "_scale_inv", scales((3, 2), 10)),
+        "e5m2.weight": (codes((3, cols), 11, torch.float8_e5m2), "_scale", scales((3,), 12)),
     }
 
 
@@ -85,8 +89,8 @@ def test_the_plan_transcodes_each_layout_from_the_headers_and_consumes_the_scale
     write(tmp_path)
     plan = make_plan(SafetensorsSource.open(tmp_path).infos())
     decisions = {e.info.name: e.decision for e in plan.entries}
-    assert sorted(decisions) == ["blocks.weight", "channel.weight", "channel1.weight", "norm.weight",
-                                 "tensor.weight", "tensor1.weight"]
+    assert sorted(decisions) == ["blocks.weight", "channel.weight", "channel1.weight", "e5m2.weight",
+                                 "norm.weight", "tensor.weight", "tensor1.weight"]
     assert decisions["tensor.weight"].scheme == E4M3.per_tensor(ScaleDtype.F32)
     assert decisions["tensor.weight"].reason == (
         "default: transcode F8_E4M3 with per-tensor scales -> E4M3 PackedU32(0) tensor F32, exact")
@@ -94,6 +98,8 @@ def test_the_plan_transcodes_each_layout_from_the_headers_and_consumes_the_scale
     assert decisions["channel1.weight"].scheme == E4M3.per_block([1, 24], ScaleDtype.F32)
     assert decisions["blocks.weight"].scheme == E4M3.per_block([128, 128], ScaleDtype.F32)
     assert "block [128, 128] scale" in decisions["blocks.weight"].reason
+    e5m2 = QuantScheme().with_value(QuantValue.E5M2).with_store(PackedU32(0))
+    assert decisions["e5m2.weight"].scheme == e5m2.per_block([1, 131], ScaleDtype.F32)
     assert not plan.errors()
     # the bytes: the codes padded to whole words per row, then one f32 scale per Burn block
     entry = next(e for e in plan.entries if e.info.name == "channel.weight")
@@ -135,14 +141,14 @@ def test_dry_run_json_and_validate_scheme_show_the_transcode(tmp_path):
     result = cli("validate-scheme", recipe, "--model", tmp_path, "--json")
     assert result.code == 0, result.out + result.err
     [warning] = [p for p in json.loads(result.out)["problems"] if p["kind"] == "transcoded"]
-    assert "5 tensors (blocks.weight, channel.weight, channel1.weight, ...) are already FP8" in warning["message"]
+    assert "6 tensors (blocks.weight, channel.weight, channel1.weight, ...) are already quantized" in warning["message"]
     assert "transcode F8_E4M3 with block [128, 128] scales -> E4M3 PackedU32(0) block [128, 128] F32, exact" in (
         warning["message"])
 
 
 def test_a_block_size_from_config_json_and_formats_without_a_burn_form(tmp_path):
     tensors = {"a.weight": codes((64, 64), 1), "a.weight_scale_inv": scales((2, 2), 2),
-               "b.weight": codes((8, 8), 3).view(torch.uint8).view(torch.float8_e5m2), "b.weight_scale": scales((), 4),
+               "b.weight": torch.ones(8, 8).to(torch.float8_e8m0fnu), "b.weight_scale": scales((), 4),
                "c.weight": codes((8, 8), 5), "c.weight_scale": scales((3, 3), 6),
                "d.weight": codes((0, 8), 7), "d.weight_scale": scales((), 8)}
     save_file(tensors, str(tmp_path / "model.safetensors"))
@@ -154,7 +160,7 @@ def test_a_block_size_from_config_json_and_formats_without_a_burn_form(tmp_path)
     errors = {p.tensors[0]: p for p in plan.errors()}
     assert sorted(errors) == ["b.weight", "c.weight", "d.weight"]
     assert "nor transcoded: a 0-D or empty tensor has no block" in errors["d.weight"].message
-    assert "nor transcoded: F8_E5M2 with a scale tensor has no transcode" in errors["b.weight"].message
+    assert "nor transcoded: F8_E8M0 with a scale tensor has no transcode" in errors["b.weight"].message
     assert "[3, 3] is neither per tensor, per channel" in errors["c.weight"].message
     assert "docs/input-formats.md" in errors["c.weight"].hint
     assert "c.weight_scale" in decisions  # what is not transcoded keeps its scale beside it

@@ -39,7 +39,7 @@ FP8 = [
     info("model.layers.1.mlp.gate_proj.weight_scale", "F32", [86, 32]),
     info("model.layers.1.mlp.gate_proj.input_scale", "F32", []),
     info("model.layers.1.self_attn.o_proj.weight", "F8_E5M2", [4096, 4096]),
-    info("model.layers.1.self_attn.o_proj.weight_scale_inv", "F32", [32, 32]),
+    info("model.layers.1.self_attn.o_proj.weight_scale_inv", "F32", [32, 64]),  # not 128x128 blocks
 ]
 Q4S_B32 = {
     "value": "Q4S",
@@ -129,7 +129,8 @@ def test_already_quantized_tensors_are_transcoded_or_kept_with_their_scale_compa
     # Burn has no F8 dtype: keeping one is an error, one per tensor, with what to do.
     errors = plan.errors()
     assert [(p.kind, p.tensors) for p in errors] == [("dtype", (o_proj,))]
-    assert "Burn has no F8_E5M2 dtype; nor transcoded: F8_E5M2 with a scale tensor" in errors[0].message
+    assert ("Burn has no F8_E5M2 dtype; nor transcoded: its scale model.layers.1.self_attn.o_proj.weight_scale_inv "
+            "[32, 64] is neither per tensor") in errors[0].message
     assert "dequantize" in errors[0].hint
 
 
