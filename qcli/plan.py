@@ -597,15 +597,20 @@ class _Planner:
 
     def output_problems(self, entry: PlanEntry) -> None:
         """What Burn cannot load whatever the decision: an unrepresentable kept dtype, an oversized tensor."""
-        info = entry.info
-        if entry.decision.scheme is None and entry.out_dtype is None:
-            why_not = self.found.get(info.name)
+        info, decision = entry.info, entry.decision
+        why_not = self.found.get(info.name)
+        hint = ("dequantize the checkpoint to BF16 or F32 (with its scale tensors) first, then run qcli "
+                "(the formats qcli transcodes are in docs/input-formats.md)")
+        if decision.scheme is None and entry.out_dtype is None:
             nor = f"; nor transcoded: {why_not}" if isinstance(why_not, str) else ""
             self.problem(
                 Kind.dtype, f"{info.name} ({info.dtype}) cannot be kept: Burn has no {info.dtype} dtype{nor}",
-                "dequantize the checkpoint to BF16 or F32 (with its scale tensors) first, then run qcli "
-                "(the formats qcli transcodes are in docs/input-formats.md)",
-                [info.name], rule=entry.decision.rule,
+                hint, [info.name], rule=decision.rule,
+            )
+        elif decision.scheme is None and isinstance(why_not, str) and not (decision.rule and decision.rule.keep):
+            self.problem(  # Burn holds the dtype, but not the values the codes stand for
+                Kind.dtype, f"{info.name} ({info.dtype}) holds another tool's quantized codes, which kept as they are "
+                f"would not decode in Burn, and is not transcoded: {why_not}", hint, [info.name], rule=decision.rule,
             )
         if entry.decision.scheme is None and info.nbytes > MAX_TENSOR_SIZE:
             self.problem(

@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qcli.formats import bitsandbytes, fp8
+from qcli.formats import bitsandbytes, fp8, nvfp4
 from qcli.formats.found import Encoded, Found, Load, Transcode
 
 if TYPE_CHECKING:
     from qcli.io.safetensors import TensorInfo
 
-FORMATS = (fp8, bitsandbytes)  # each module's `detect(infos, quantization_config)`
+FORMATS = (fp8, nvfp4, bitsandbytes)  # each module's `detect(infos, quantization_config)`
 
 
 def detect(infos: Sequence[TensorInfo], load: Load | None = None) -> dict[str, Found]:
