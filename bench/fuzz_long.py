@@ -18,6 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = {
     "safetensors": "test_fuzz_safetensors_header",
+    "gguf": "test_fuzz_gguf_header",
     "burnpack": "test_fuzz_burnpack_mutated",
     "recipe": "test_fuzz_recipe",
     "safetensors-hostile": "test_fuzz_safetensors_hostile_structures",

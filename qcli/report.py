@@ -432,7 +432,7 @@ class InspectReport:
     """The result of `qcli.commands.inspect.inspect_file`."""
 
     path: str
-    format: str  # "safetensors" | "burnpack"
+    format: str  # "safetensors" | "gguf" | "burnpack"
     files: list[SourceFile]
     tensors: list[ListedTensor]
     version: int | None = None

@@ -1,4 +1,4 @@
-"""`inspect_file`: what a safetensors checkpoint (and what quantize's default plan does with each of its
+"""`inspect_file`: what a checkpoint, safetensors or GGUF (and what quantize's default plan does with each of its
 tensors) or a burnpack file holds, one tensor's statistics, or a burnpack file checked against its source."""
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from qcli.formats.found import Encoded, Found, Transcode
 from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER, TensorEntry
 from qcli.io.burnpack_index import BurnpackSet, standing_index
 from qcli.io.dtypes import TORCH_DTYPE_NAMES, Bool, BoolStore, DType, Plain, QFloat, torch_dtype
-from qcli.io.safetensors import SafetensorsSource, TensorInfo
+from qcli.io.gguf import GgufSource
+from qcli.io.safetensors import TensorInfo
+from qcli.io.source import open_source
 from qcli.plan import FLOAT_DTYPES, PlanEntry
 from qcli.report import (
     CompareReport,
@@ -109,7 +111,7 @@ def _is_burnpack(path: Path) -> bool:
 def inspect_file(
     path: str | Path, *, tensor: str | None = None, compare: str | Path | None = None
 ) -> InspectReport:
-    """List a safetensors checkpoint with its default plan, or a burnpack file; optionally one tensor's
+    """List a checkpoint (safetensors or GGUF) with its default plan, or a burnpack file; optionally one tensor's
     statistics, or a comparison of a burnpack file against its source."""
     path = Path(path)
     if _is_burnpack(path):
@@ -118,11 +120,11 @@ def inspect_file(
         raise UsageError(
             "--compare checks a .bpk against its source", hint="run `qcli inspect OUTPUT.bpk --compare INPUT`"
         )
-    with SafetensorsSource.open(path) as source:
+    with open_source(path) as source:
         infos = source.infos()
         report = InspectReport(
             path=str(path),
-            format="safetensors",
+            format="gguf" if isinstance(source, GgufSource) else "safetensors",
             files=[SourceFile(f.name, f.stat().st_size) for f in source.files],
             tensors=[ListedTensor(i.name, i.dtype, i.dtype, tuple(i.shape), i.nbytes) for i in infos],
             plan=_default_plan(infos),
@@ -208,7 +210,7 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path)
             hint="the file was not written by qcli, or was edited; write it again from its source",
         )
     rows: list[CompareRow] = []
-    with SafetensorsSource.open(source_path) as source:
+    with open_source(source_path) as source:
         infos = {i.name: i for i in source.infos()}
         # an already-quantized weight's values are what its format dequantizes it to, from its companions
         found = {n: f for n, f in detect(source.infos()).items() if isinstance(f, Transcode | Encoded)}

@@ -1,4 +1,4 @@
-"""`quantize_file`: plan a safetensors checkpoint from its headers, then stream it through a pipeline into
+"""`quantize_file`: plan a checkpoint (safetensors or GGUF) from its headers, then stream it through a pipeline into
 burnpack output."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect
 from qcli.formats.found import Found
-from qcli.io.safetensors import SafetensorsSource, TensorInfo, printable
+from qcli.io.safetensors import TensorInfo, printable
+from qcli.io.source import Source, open_source
 from qcli.output import Output, default_output, metadata, refuse_input_as_output, refuse_special_output
 from qcli.pipeline.device import select_pipeline
 from qcli.plan import Plan, PlanEntry, make_plan
@@ -73,7 +74,7 @@ def quantize_file(
     burn_version: str | None = None,
     requantize: str | None = None,
 ) -> QuantizeReport:
-    """Quantize a safetensors checkpoint into a burnpack file (or, with `dry_run`, only plan it).
+    """Quantize a safetensors checkpoint or a GGUF file into a burnpack file (or, with `dry_run`, only plan it).
 
     The plan is made from the headers and checked in full before any weight is read. Tensors are then
     streamed one at a time through the pipeline into the container, which is renamed onto `output` only
@@ -104,7 +105,7 @@ def quantize_file(
         raise UsageError(
             printable(f"{target} already exists"), hint="pass --force to replace it, or -o to write somewhere else"
         )
-    with SafetensorsSource.open(input) as source:
+    with open_source(input) as source:
         inputs = [(input, "the input"), *((f, "the input") for f in source.files)]
         if source.index is not None:
             inputs.append((source.index, "the input's index"))
@@ -154,7 +155,7 @@ def _warm_runtime() -> int:
 
 def _write(
     plan: Plan,
-    source: SafetensorsSource,
+    source: Source,
     run: Pipeline,
     outputs: Output,
     stats: bool,

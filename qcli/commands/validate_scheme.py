@@ -20,7 +20,8 @@ from qcli.burn_backends import BurnBackend, load_problem, loads_instead, resolve
 from qcli.errors import UsageError
 from qcli.formats import detect
 from qcli.formats.found import Found
-from qcli.io.safetensors import NOT_REGULAR_HINT, SafetensorsSource, TensorInfo, not_regular_problem, printable
+from qcli.io.safetensors import NOT_REGULAR_HINT, TensorInfo, not_regular_problem, printable
+from qcli.io.source import open_source
 from qcli.plan import count_and_first, make_plan, preset_or_scheme, rule_refusal
 from qcli.presets import Preset, resolve_preset
 from qcli.problem import Kind, Problem, Severity
@@ -55,7 +56,7 @@ def validate_scheme(
     requantized = None if requantize is None else resolve_preset(requantize)
     infos, found = None, None
     if model is not None:
-        with SafetensorsSource.open(Path(model)) as source:
+        with open_source(Path(model)) as source:
             infos = source.infos()
             found = detect(infos, None if requantized is None else source.load)
     preset = resolve_preset(scheme)

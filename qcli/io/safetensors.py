@@ -143,6 +143,9 @@ class TensorInfo:
     nbytes: int
     file: Path
     offset: int = 0  # where its bytes start in `file`
+    # The stored row (slice along the first axis) each row of the tensor is read from, where the source
+    # reorders them (a GGUF file's Q and K rows under `--names hf`); None: rows as stored.
+    rows: tuple[int, ...] | None = None
 
 
 class SafetensorsSource:
@@ -201,15 +204,15 @@ class SafetensorsSource:
 
         info = self._by_name[name]
         if info.dtype not in SAFETENSORS_TORCH_NAMES:
-            raise InputError(printable(f"{info.file}: cannot load tensor {_name(name)} ({info.dtype} "
+            raise InputError(printable(f"{info.file}: cannot load tensor {quoted(name)} ({info.dtype} "
                                        f"{list(info.shape)}): torch has no type for {info.dtype}"),
                              hint="keep the tensor out of the recipe or export it in another dtype")
         data = torch.empty(info.nbytes, dtype=torch.uint8)
         try:
-            _read_into(self._fd(info.file), memoryview(data.numpy()), info.offset)
+            read_into(self._fd(info.file), memoryview(data.numpy()), info.offset)
         except OSError as exc:
             raise InputError(
-                printable(f"{info.file}: cannot load tensor {_name(name)} ({info.dtype} {list(info.shape)}): {exc}"),
+                printable(f"{info.file}: cannot load tensor {quoted(name)} ({info.dtype} {list(info.shape)}): {exc}"),
                 hint="the file changed since it was opened; run again on the complete file",
             ) from exc
         return data.view(torch_dtype(info.dtype)).reshape(info.shape)
@@ -221,7 +224,7 @@ class SafetensorsSource:
         return self._fds[path]
 
 
-def _read_into(fd: int, into: memoryview, offset: int) -> None:
+def read_into(fd: int, into: memoryview, offset: int) -> None:
     """Fill `into` from `fd` at `offset`; OSError when the file ends first."""
     done = 0
     while done < into.nbytes:
@@ -249,7 +252,7 @@ def _unreadable(path: Path, exc: OSError) -> InputError:
 MAX_NAME_SHOWN = 200  # characters of a tensor name a message shows
 
 
-def _name(name: str) -> str:
+def quoted(name: str) -> str:
     """A tensor name for a message, quoted; a very long one is cut in the middle."""
     if len(name) > MAX_NAME_SHOWN:
         name = f"{name[:MAX_NAME_SHOWN // 2]}...({len(name)} characters)...{name[-MAX_NAME_SHOWN // 4:]}"
@@ -263,7 +266,7 @@ def _unique_keys(path: Path) -> Callable[[list[tuple[str, object]]], dict[str, o
         result: dict[str, object] = {}
         for key, value in pairs:
             if key in result:
-                raise _fail(path, f"{_name(key)} appears twice in the JSON")
+                raise _fail(path, f"{quoted(key)} appears twice in the JSON")
             result[key] = value
         return result
 
@@ -316,7 +319,7 @@ def read_header(path: Path) -> list[TensorInfo]:
     for name, descriptor in header.items():
         info, (begin, end) = _tensor_info(path, name, descriptor, 8 + header_size)
         if end > data_size:
-            raise _fail(path, f"truncated: tensor {_name(name)} ends at byte {8 + header_size + end} but the file "
+            raise _fail(path, f"truncated: tensor {quoted(name)} ends at byte {8 + header_size + end} but the file "
                         f"has {size} bytes", hint="the file is cut short; download or export it again")
         placed.append((begin, end, info))
     placed.sort(key=lambda item: (item[0], item[1]))
@@ -325,7 +328,7 @@ def read_header(path: Path) -> list[TensorInfo]:
         if begin != expected:
             gap = begin - expected
             what = "overlaps the tensor before it" if gap < 0 else f"follows a gap of {gap} bytes"
-            raise _fail(path, f"tensor {_name(info.name)} at data bytes {begin}..{end} {what}")
+            raise _fail(path, f"tensor {quoted(info.name)} at data bytes {begin}..{end} {what}")
         expected = end
     if expected != data_size:
         raise _fail(path, f"{data_size - expected} bytes follow the last tensor")
@@ -340,20 +343,20 @@ def _tensor_info(path: Path, name: str, descriptor: object, data_start: int) -> 
     except UnicodeEncodeError:
         raise _fail(path, f"tensor name {shown(name)} is not valid UTF-8") from None
     if not isinstance(descriptor, dict) or not {"dtype", "shape", "data_offsets"} <= descriptor.keys():
-        raise _fail(path, f"tensor {_name(name)} lacks dtype, shape or data_offsets")
+        raise _fail(path, f"tensor {quoted(name)} lacks dtype, shape or data_offsets")
     dtype, shape, offsets = descriptor["dtype"], descriptor["shape"], descriptor["data_offsets"]
     if not isinstance(dtype, str) or dtype not in SAFETENSORS_BITS:
-        raise _fail(path, f"tensor {_name(name)} has the unknown dtype {shown(dtype)}",
+        raise _fail(path, f"tensor {quoted(name)} has the unknown dtype {shown(dtype)}",
                     hint=f"safetensors dtypes are {', '.join(SAFETENSORS_BITS)}")
     if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
-        raise _fail(path, f"tensor {_name(name)}: shape {shown(shape)} is not a list of sizes")
+        raise _fail(path, f"tensor {quoted(name)}: shape {shown(shape)} is not a list of sizes")
     pair = isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
     if not pair or offsets[1] < offsets[0]:
-        raise _fail(path, f"tensor {_name(name)}: data_offsets {shown(offsets)} is not [begin, end] with "
+        raise _fail(path, f"tensor {quoted(name)}: data_offsets {shown(offsets)} is not [begin, end] with "
                     "begin <= end")
     bits = math.prod(shape) * SAFETENSORS_BITS[dtype]
     if bits % 8 or offsets[1] - offsets[0] != bits // 8:
-        raise _fail(path, f"tensor {_name(name)} spans {shown(offsets[1] - offsets[0])} bytes but its shape "
+        raise _fail(path, f"tensor {quoted(name)} spans {shown(offsets[1] - offsets[0])} bytes but its shape "
                     f"{shown(shape)} and dtype {dtype} need {_byte_count(bits)}")
     info = TensorInfo(name, dtype, tuple(shape), bits // 8, path, data_start + offsets[0])
     return info, (offsets[0], offsets[1])
@@ -391,12 +394,12 @@ def read_weight_map(index: Path, format: str) -> dict[str, Path]:
                     hint=f"a sharded checkpoint's index maps each tensor name to its .{format} shard")
     for shard in sorted(set(weight_map.values())):
         if Path(shard).name != shard or shard in ("", ".", ".."):
-            raise _fail(index, f"shard {_name(shard)} is not a file name beside the index", _INDEX_HINT)
+            raise _fail(index, f"shard {quoted(shard)} is not a file name beside the index", _INDEX_HINT)
         kind = not_regular_problem(index.parent / shard)
         if kind is not None:
-            raise _fail(index, f"shard {_name(shard)} is not a regular file ({kind})", NOT_REGULAR_HINT)
+            raise _fail(index, f"shard {quoted(shard)} is not a regular file ({kind})", NOT_REGULAR_HINT)
         if not (index.parent / shard).is_file():
-            raise _fail(index, f"shard {_name(shard)} is missing", hint="download every shard the index lists")
+            raise _fail(index, f"shard {quoted(shard)} is missing", hint="download every shard the index lists")
     return {name: index.parent / shard for name, shard in weight_map.items()}
 
 
@@ -405,12 +408,12 @@ def check_weight_map(index: Path, weight_map: dict[str, Path], held: list[tuple[
     where: dict[str, Path] = {}
     for name, file in held:
         if name in where:
-            raise _fail(index, f"tensor {_name(name)} is in both {where[name].name} and {file.name}", _INDEX_HINT)
+            raise _fail(index, f"tensor {quoted(name)} is in both {where[name].name} and {file.name}", _INDEX_HINT)
         where[name] = file
     for name, shard in weight_map.items():
         if where.get(name) != shard:
-            raise _fail(index, f"tensor {_name(name)} is listed in {shard.name} but that file does not hold it",
+            raise _fail(index, f"tensor {quoted(name)} is listed in {shard.name} but that file does not hold it",
                         _INDEX_HINT)
     for name, file in where.items():
         if name not in weight_map:
-            raise _fail(index, f"tensor {_name(name)} in {file.name} is not listed in the index", _INDEX_HINT)
+            raise _fail(index, f"tensor {quoted(name)} in {file.name} is not listed in the index", _INDEX_HINT)

@@ -17,7 +17,7 @@ from qcli.sizes import parse_size
 if TYPE_CHECKING:
     import torch
 
-    from qcli.io.safetensors import SafetensorsSource
+    from qcli.io.source import Source
     from qcli.measure import Measurement
     from qcli.plan import Plan, PlanEntry
 
@@ -32,7 +32,7 @@ class Payload(NamedTuple):
 
 
 class Pipeline(Protocol):
-    def __call__(self, plan: Plan, source: SafetensorsSource, measure: bool = False) -> Iterator[Payload]:
+    def __call__(self, plan: Plan, source: Source, measure: bool = False) -> Iterator[Payload]:
         """Every plan entry once, in order; a payload is valid until the generator is resumed twice more."""
         ...
 

@@ -20,11 +20,11 @@ from qcli.measure import Measurement
 from qcli.pipeline import Payload
 
 if TYPE_CHECKING:
-    from qcli.io.safetensors import SafetensorsSource
+    from qcli.io.source import Source
     from qcli.plan import Plan, PlanEntry
 
 
-def run(plan: Plan, source: SafetensorsSource, measure: bool = False) -> Iterator[Payload]:
+def run(plan: Plan, source: Source, measure: bool = False) -> Iterator[Payload]:
     """Every plan entry once, in order, as a `Payload` (`qcli.pipeline`); its measurement is None for a
     kept tensor.
 
@@ -57,14 +57,14 @@ def run(plan: Plan, source: SafetensorsSource, measure: bool = False) -> Iterato
         yield Payload(entry, payload, measured, read_seconds)
 
 
-def source_tensor(entry: PlanEntry, source: SafetensorsSource) -> torch.Tensor:
+def source_tensor(entry: PlanEntry, source: Source) -> torch.Tensor:
     """The tensor an entry is written from: its own, or a requantized tensor's dequantized values (its
     companions loaded here), which both pipelines quantize."""
     requantize = entry.decision.requantize
     return source.load(entry.info.name) if requantize is None else requantize.dequantize(source.load)
 
 
-def transcoded(entry: PlanEntry, codes: torch.Tensor, source: SafetensorsSource) -> torch.Tensor:
+def transcoded(entry: PlanEntry, codes: torch.Tensor, source: Source) -> torch.Tensor:
     """A transcoded entry's payload from its codes as stored, its companions loaded here: both pipelines
     write it so."""
     return entry.decision.transcode.payload(codes, source.load)

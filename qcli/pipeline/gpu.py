@@ -43,6 +43,7 @@ from qcli.codec.scales import Scales
 from qcli.codec.search import Search
 from qcli.errors import InputError, NonFiniteTensor, NotKernelFloat, UsageError
 from qcli.io.dtypes import torch_dtype
+from qcli.io.gguf import in_row_order
 from qcli.kernels import enqueue, tensor_range
 from qcli.kernels.launch import interpreted
 from qcli.layout import BlockGrid
@@ -53,7 +54,7 @@ from qcli.scheme import Calibration, check_accepted
 from qcli.tensor_range import TensorRange
 
 if TYPE_CHECKING:
-    from qcli.io.safetensors import SafetensorsSource
+    from qcli.io.source import Source
     from qcli.plan import Plan, PlanEntry
 
 _SLOTS = 2  # staging buffers: pieces read ahead of the device
@@ -87,7 +88,7 @@ class _Piece:
     last: bool            # the entry's last piece
 
 
-def run(plan: Plan, source: SafetensorsSource, measure: bool = False, *,
+def run(plan: Plan, source: Source, measure: bool = False, *,
         settings: GpuSettings) -> Iterator[Payload]:
     """Every plan entry once, in order, as a `Payload` (`qcli.pipeline`): the same bytes and measures as
     the CPU pipeline. A payload is pinned host memory, valid until the generator is resumed twice more; a
@@ -131,7 +132,8 @@ def _pieces(index: int, entry: PlanEntry, settings: GpuSettings, measure: bool) 
     footprint = info.nbytes + entry.out_nbytes  # input and payload on the device at once
     measuring = BYTES_PER_VALUE * min(math.prod(info.shape), SLICE_VALUES) if measure and scheme is not None else 0
     room = settings.budget / 4 - measuring
-    if scheme is None or decision.transpose or rows <= 1 or footprint <= room:
+    reordered = info.rows is not None  # read whole, its rows put in order on the host
+    if scheme is None or decision.transpose or reordered or rows <= 1 or footprint <= room:
         chunk_rows = max(rows, 1)
     else:
         step = scheme.block.size.to_dim_vec(len(info.shape))[0] if scheme.block else 1
@@ -143,7 +145,7 @@ def _pieces(index: int, entry: PlanEntry, settings: GpuSettings, measure: bool) 
         search = scheme.block is None and decision.calibration is Calibration.Mse
         passes = (Pass.range, Pass.search, Pass.quantize) if search else (Pass.range, Pass.quantize)
     piece_rows = max(1, settings.piece_bytes // row_bytes) if row_bytes else 1
-    if scheme is None and (decision.transpose or decision.transcode):  # on the CPU, whole
+    if scheme is None and (decision.transpose or decision.transcode) or reordered:  # on the CPU, whole
         piece_rows = rows
     for purpose in passes:
         for chunk_start in range(0, max(rows, 1), chunk_rows):
@@ -262,7 +264,7 @@ class _Tensor:
     measure_done = None         # event after the last measuring work
 
 
-def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: bool, source: SafetensorsSource
+def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: bool, source: Source
               ) -> Iterator[Payload]:
     pending: list[_Tensor] = []
     current: _Tensor | None = None
@@ -279,7 +281,7 @@ def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: boo
                 bad = torch.zeros(1, dtype=torch.int32, device=stage.device)
                 measured = Measurement.on(stage.device) if measure and quantized else None
             current = _Tensor(piece, out, bad, measured)
-        host = stage.staging[slot][: piece.nbytes]
+        host = in_row_order(stage.staging[slot][: piece.nbytes], entry.info)
         if entry.decision.transcode is not None:
             current.out.copy_(transcoded(entry, host, source))
             reader.release(slot, None)

@@ -27,6 +27,7 @@ from safetensors.torch import save_file
 
 from qcli.io.burnpack import data_section_start
 from tests.cli_support import SAMPLES, SINGLE, Result, assert_user_error, cli, cli_subprocess
+from tests.gguf_support import gstr, header, tensor
 
 
 @dataclass(frozen=True)
@@ -239,6 +240,32 @@ def descriptor(start: int, end: int, shape: list[int], dtype: object = "F32") ->
     return {"dtype": dtype, "shape": shape, "data_offsets": [start, end]}
 
 
+def gguf_file(content: bytes) -> Callable[[Path], list[str | Path]]:
+    def make(folder: Path) -> list[str | Path]:
+        (folder / "in.gguf").write_bytes(content)
+        return quantize(folder / "in.gguf")
+
+    return make
+
+
+GGUF = [
+    Case("gguf-empty-file", gguf_file(b""), 3, ("in.gguf", "truncated: the magic at byte 0 needs 4 bytes")),
+    Case("gguf-bad-magic", gguf_file(b"GGML" + bytes(20)), 3, ("in.gguf", "not a GGUF file: it starts with b'GGML'")),
+    Case("gguf-version-1", gguf_file(b"GGUF" + struct.pack("<I", 1) + bytes(16)), 3, ("in.gguf", "GGUF version 1")),
+    Case("gguf-big-endian", gguf_file(b"GGUF" + struct.pack(">I", 3) + bytes(16)), 3, ("in.gguf", "big-endian")),
+    Case("gguf-truncated-metadata", gguf_file(header(kv_count=1, kv=gstr("general.name") + struct.pack("<IQ", 8, 40))),
+         3, ("in.gguf", "truncated: the value of 'general.name'")),
+    Case("gguf-unknown-type", gguf_file(header(tensor_count=1, tensors=tensor("w", (4,), 99))), 3,
+         ("in.gguf", "tensor 'w' has the unknown ggml type 99")),
+    Case("gguf-partial-block", gguf_file(header(tensor_count=1, tensors=tensor("w", (48, 2), 8))), 3,
+         ("in.gguf", "tensor 'w' (Q8_0) has rows of 48 values")),
+    Case("gguf-tensor-past-the-end", gguf_file(header(tensor_count=1, tensors=tensor("w", (4,)), data=bytes(8))), 3,
+         ("in.gguf", "truncated: tensor 'w' ends at byte 80 but the file has 72 bytes")),
+    Case("gguf-split", gguf_file(header(kv_count=1, kv=gstr("split.count") + struct.pack("<IH", 2, 3))), 3,
+         ("in.gguf", "one of 3 split GGUF files")),
+]
+
+
 Q4S_B4 = {
     "QFloat": {
         "value": "Q4S",
@@ -403,7 +430,7 @@ RECIPES = [
 ]
 
 
-@pytest.mark.parametrize("case", SAFETENSORS + BURNPACK + RECIPES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", SAFETENSORS + GGUF + BURNPACK + RECIPES, ids=lambda c: c.id)
 def test_catalogue(case: Case, tmp_path: Path) -> None:
     args = case.make(tmp_path)
     before = {p.name for p in tmp_path.iterdir()}

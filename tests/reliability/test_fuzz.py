@@ -1,14 +1,17 @@
-"""Fuzz targets: hostile bytes into the safetensors header parser, the burnpack reader, the recipe parser.
+"""Fuzz targets: hostile bytes into the safetensors and GGUF header parsers, the burnpack reader, the recipe
+parser.
 
 Each target states a property that must hold for every input: the reader either accepts the file or
 raises its own error (`InputError`, or a recipe fault with a line); nothing else may escape. Where it
-accepts, its view must agree with an independent reader (the `safetensors` library) or with what was
+accepts, its view must agree with an independent reader (the `safetensors` library, the `gguf` package's
+GGUFReader) or with what was
 written. CI runs a bounded number of
 examples (QCLI_FUZZ_EXAMPLES, default 200); `bench/fuzz_long.py` runs the same targets for 100,000+.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -27,6 +30,7 @@ from safetensors import safe_open
 from qcli.errors import InputError, RecipeError
 from qcli.io.burnpack import BurnpackReader, BurnpackWriter, TensorEntry
 from qcli.io.dtypes import SAFETENSORS_BITS, Plain
+from qcli.io.gguf import GgufSource
 from qcli.io.safetensors import SafetensorsSource
 from qcli.recipe import RULE_KEYS, TOP_KEYS, load_recipe, parse_recipe
 
@@ -118,6 +122,71 @@ def test_fuzz_safetensors_header(content: bytes) -> None:
 @given(st.binary(max_size=96))
 def test_fuzz_safetensors_random_bytes(content: bytes) -> None:
     check_safetensors(content)
+
+
+# -- GGUF -------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def gguf_base() -> bytes:
+    """A small file the gguf package wrote: metadata of every kind, plain and quantized tensors."""
+    import numpy as np
+
+    from tests.gguf_support import T, write_gguf
+
+    path = _SCRATCH / "base.gguf"
+    values = np.linspace(-1, 1, 64, dtype=np.float32)
+    write_gguf(path, {"a": (values.reshape(2, 32), T.Q8_0), "b": (values[:6].reshape(2, 3), T.F32),
+                      "c": (values.reshape(1, 64), T.Q4_0)},
+               metadata={"llama.block_count": 1, "general.name": "m", "tokens": ["x", "yz"], "ids": [1, 2, 3]})
+    return path.read_bytes()
+
+
+@st.composite
+def gguf_files(draw: st.DrawFn) -> bytes:
+    """The base file, then (usually) one mutation of its header: a byte, a u64, or where the file ends."""
+    content = bytearray(gguf_base())
+    header_end = len(content) - 256  # the data is the last 256 bytes or less; mutate before it
+    mutation = draw(st.sampled_from(["none", "byte", "u64", "cut"]))
+    where = draw(st.integers(0, header_end))
+    if mutation == "byte":
+        content[where] = draw(st.integers(0, 255))
+    elif mutation == "u64":
+        content[where : where + 8] = struct.pack("<Q", draw(st.one_of(st.integers(0, 300), st.integers(0, 2**64 - 1))))
+    elif mutation == "cut":
+        del content[draw(st.integers(0, len(content))) :]
+    return bytes(content)
+
+
+def check_gguf(content: bytes) -> None:
+    CALLS["gguf"] += 1
+    path = scratch("x.gguf", content)
+    try:
+        infos = GgufSource.open(path).infos()
+    except InputError as error:
+        assert error.hint and str(path) in error.message and "\n" not in error.message
+        return
+    # Accepted: the gguf package's reader must see the same tensors where it sees them.
+    from gguf import GGUFReader
+
+    theirs = {t.name: t for t in GGUFReader(str(path)).tensors}
+    assert sorted(theirs) == sorted(i.name for i in infos)
+    for info in infos:
+        t = theirs[info.name]
+        assert (t.tensor_type.name, tuple(int(d) for d in t.shape[::-1]), t.data_offset, t.n_bytes) == (
+            info.dtype, info.shape, info.offset, info.nbytes)
+
+
+@FUZZ
+@given(gguf_files())
+def test_fuzz_gguf_header(content: bytes) -> None:
+    timed(check_gguf, content)
+
+
+@FUZZ
+@given(st.binary(max_size=96).map(lambda tail: b"GGUF" + tail))
+def test_fuzz_gguf_random_bytes(content: bytes) -> None:
+    timed(check_gguf, content)
 
 
 # -- burnpack -----------------------------------------------------------------------------------------
