@@ -5,10 +5,9 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import gguf
 import numpy as np
-import pytest
 
-gguf = pytest.importorskip("gguf")
 T = gguf.GGMLQuantizationType
 
 
