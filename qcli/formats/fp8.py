@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from qcli.formats.found import Found, Load, Transcode
+from qcli.formats.grid import ScaleGrid
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 
 if TYPE_CHECKING:
@@ -28,28 +29,26 @@ if TYPE_CHECKING:
 SCALE_SUFFIXES = ("_scale_inv", "_scale", ".scale")
 SCALE_DTYPES = ("F32", "F16", "BF16")  # each widens to f32 exactly
 DEEPSEEK_BLOCK = (128, 128)  # DeepSeek-V3's weight_block_size, where no config.json says otherwise
-MAX_EXTENT = 255  # Burn's largest block extent (`BlockSize.new`)
 # safetensors' FP8 dtypes -> Burn's value of the same bits, packed four to a u32 as Burn packs minifloats
 VALUES = {"F8_E4M3": QuantValue.E4M3, "F8_E5M2": QuantValue.E5M2}
 
 
 @dataclass(frozen=True)
 class Fp8(Transcode):
-    """An F8_E4M3 or F8_E5M2 weight and its scale companion (`companions[0]`): the checkpoint's layout, how
-    much of the tensor each of its scales covers, and how many Burn blocks of a row repeat a channel's scale."""
+    """An F8_E4M3 or F8_E5M2 weight and its scale companion (`companions[0]`): the checkpoint's layout and
+    how its scales cover the tensor."""
 
     layout: str  # "per-tensor", "per-channel", "block [128, 128]"
-    covers: tuple[int, ...]  # the extent of the tensor each of the checkpoint's scales covers, per axis
-    repeat: int = 1  # per-channel: Burn blocks per row, each repeating the channel's scale
+    grid: ScaleGrid
 
     def payload(self, codes: torch.Tensor, load: Load) -> torch.Tensor:
-        """The codes packed as Burn packs minifloats, then the scales in f32."""
+        """The codes packed as Burn packs minifloats, then the scales in f32, one per Burn block."""
         import torch
 
         from qcli.codec.pack import pack_fields, pack_scales
 
         fields = codes.reshape(-1).view(torch.uint8).reshape(self.shape)
-        scales = load(self.companions[0].name).to(torch.float32).reshape(-1, 1).expand(-1, self.repeat)
+        scales = self.grid.burn_scales(load(self.companions[0].name))
         return torch.cat([pack_fields(fields, self.scheme), pack_scales(scales, ScaleDtype.F32)])
 
     def dequantize(self, codes: torch.Tensor, load: Load) -> torch.Tensor:
@@ -57,12 +56,8 @@ class Fp8(Transcode):
         `w.to(torch.float32) * scale`."""
         import torch
 
-        shape = self.shape
-        grid = [math.ceil(d / c) for d, c in zip(shape, self.covers, strict=True)]
-        scales = load(self.companions[0].name).to(torch.float32).reshape(grid)
-        for axis, extent in enumerate(self.covers):
-            scales = scales.repeat_interleave(extent, axis)
-        return codes.reshape(shape).to(torch.float32) * scales[tuple(slice(0, d) for d in shape)]
+        scales = self.grid.per_value(load(self.companions[0].name))
+        return codes.reshape(self.shape).to(torch.float32) * scales.to(torch.float32)
 
 
 def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:
@@ -97,23 +92,25 @@ def plan(info: TensorInfo, scale: TensorInfo, block: tuple[int, int] | None) -> 
     if not shape or 0 in shape:
         return "a 0-D or empty tensor has no block to hold a scale"
 
-    values = QuantScheme().with_value(VALUES[info.dtype]).with_store(PackedU32(0))
-
-    def fp8(layout: str, scheme: QuantScheme, covers: tuple[int, ...], repeat: int = 1) -> Fp8:
-        return Fp8(info, f"{info.dtype} with {layout} scales", scheme, (scale,), layout, covers, repeat)
-
     if math.prod(scales) == 1 and len(scales) <= 1:
-        return fp8("per-tensor", values.per_tensor(ScaleDtype.F32), shape)
+        return transcode(info, scale, "per-tensor", shape)
     if len(shape) != 2:
         return f"scale {list(scales)} for a tensor of rank {len(shape)}: only 2-D weights have channels and blocks"
     rows, cols = shape
     if scales in ((rows,), (rows, 1)):
-        extent = max(d for d in range(1, min(cols, MAX_EXTENT) + 1) if cols % d == 0)
-        return fp8("per-channel", values.per_block([1, extent], ScaleDtype.F32), (1, cols), cols // extent)
+        return transcode(info, scale, "per-channel", (1, cols))
     size = block or DEEPSEEK_BLOCK
     if scales == (math.ceil(rows / size[0]), math.ceil(cols / size[1])):
-        if max(size) > MAX_EXTENT:
-            return f"block {list(size)} is over Burn's largest block extent, {MAX_EXTENT}"
-        return fp8(f"block {list(size)}", values.per_block(list(size), ScaleDtype.F32), size)
+        return transcode(info, scale, f"block {list(size)}", size)
     return (f"its scale {scale.name} {list(scales)} is neither per tensor, per channel ([{rows}] or [{rows}, 1]) "
             f"nor blocks {list(size)} of {list(shape)}")
+
+
+def transcode(info: TensorInfo, scale: TensorInfo, layout: str, covers: tuple[int, ...],
+              format: str | None = None) -> Fp8:
+    """FP8 tensor `info` (F8_E4M3 or F8_E5M2) whose `scale`s each cover a box of `covers`, as Burn's
+    minifloat of its bits with f32 scales: per tensor where one scale covers it all. `format`: how inspect
+    names it, by default its dtype and layout."""
+    grid = ScaleGrid(tuple(info.shape), covers)
+    values = QuantScheme().with_value(VALUES[info.dtype]).with_store(PackedU32(0))
+    return Fp8(info, format or f"{info.dtype} with {layout} scales", grid.scheme(values), (scale,), layout, grid)
