@@ -399,8 +399,8 @@ def test_a_config_that_does_not_describe_the_tensors_stops_the_plan(checkpoint, 
     assert errors["int2.weight_packed"] == errors["catchall.weight_packed"].replace("catchall", "int2")
     assert errors["int2.weight_packed"] == (
         "int2.weight_packed (I32) holds another tool's quantized codes, which kept as they are would not decode in "
-        f"Burn, and is not transcoded: config groups {named['re:catch']}, other target module types with other weights, and the checkpoint's "
-        "headers do not say which module is of which type")
+        f"Burn, and is not transcoded: config groups {named['re:catch']}, other target module types with other "
+        "weights, and the checkpoint's headers do not say which module is of which type")
     del groups["other"], groups[named["re:catch"]]
     (directory / "config.json").write_text(json.dumps(config))
     errors = {p.tensors[0]: p.message for p in make_plan(SafetensorsSource.open(directory).infos()).errors()}
@@ -438,4 +438,5 @@ def test_mx_formats_stop_the_plan_naming_them(tmp_path):
     assert {i.name: i.dtype for i in infos}["mxfp4.weight_packed"] == "U8"
     [error] = make_plan(infos).errors()
     assert error.message == ("mxfp4.weight_packed (U8) holds another tool's quantized codes, which kept as they are "
-                             "would not decode in Burn, and is not transcoded: mxfp4-pack-quantized has no transcode yet")
+                             "would not decode in Burn, and is not transcoded: mxfp4-pack-quantized has no transcode "
+                             "yet")
