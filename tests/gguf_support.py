@@ -15,7 +15,8 @@ def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, object]], *, arc
                metadata: dict[str, object] | None = None, alignment: int | None = None,
                endianess: object = None) -> dict[str, np.ndarray]:
     """A GGUF file holding each `name: (values, ggml type)`, the values quantized by `gguf.quants.quantize`
-    (F32, F16 and BF16 stored by the package as it stores them); returns the bytes or elements written."""
+    (F32, F16 and BF16 stored by the package as it stores them), or, given as uint8 for a quantized type, the
+    blocks' bytes themselves (shaped as gguf stores them); returns the bytes or elements written."""
     writer = gguf.GGUFWriter(str(path), arch, endianess=endianess or gguf.GGUFEndian.LITTLE)
     if alignment is not None:
         writer.add_custom_alignment(alignment)
@@ -32,7 +33,8 @@ def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, object]], *, arc
             writer.add_array(key, value)
     stored = {}
     for name, (values, qtype) in tensors.items():
-        data = gguf.quants.quantize(values, qtype)
+        raw = values.dtype == np.uint8 and qtype not in (T.F32, T.F16)
+        data = values if raw else gguf.quants.quantize(values, qtype)
         stored[name] = data
         writer.add_tensor(name, data, raw_dtype=qtype if qtype not in (T.F32, T.F16) else None)
     writer.write_header_to_file()

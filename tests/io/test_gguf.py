@@ -1,0 +1,297 @@
+"""GGUF files the `gguf` package wrote (its GGUFWriter, its quantizer, or blocks' bytes set by hand): Q8_0,
+Q4_0 and MXFP4 transcode so that the `.bpk` decodes to `gguf.quants.dequantize` bit for bit, on either
+pipeline and in Burn; the other quantized types are refused from the header, with `--requantize` the way
+out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from qcli.burn_backends import BurnBackend
+from qcli.codec import decode
+from qcli.codec.blocks import to_blocks
+from qcli.commands.quantize import quantize_file
+from qcli.errors import InputError, PlanError
+from qcli.io.burnpack import BurnpackReader
+from qcli.io.dtypes import QFloat
+from qcli.io.gguf import GgufSource
+from qcli.layout import BlockGrid
+from qcli.measure import error_bound
+from qcli.pipeline import GpuSettings
+from qcli.plan import make_plan
+from qcli.presets import PRESETS
+from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY
+from tests.burn_harness import dequantize as burn_dequantize
+from tests.burn_harness import probe, same_bits
+from tests.cli_support import assert_user_error, cli, validate_json
+from tests.gguf_support import T, dequantized, gguf, write_gguf
+
+RNG = np.random.default_rng(7)
+
+
+def every_q8_code() -> np.ndarray:
+    """Q8_0 blocks holding each int8 code -128..127 once, under positive, negative and subnormal f16 scales."""
+    scales = np.array([0.0123, -0.5, 6e-8, 1.0, -3.0e-5, 2.0, 65504.0, -0.0], dtype=np.float16)
+    codes = np.arange(-128, 128, dtype=np.int8).reshape(8, 32)
+    blocks = np.concatenate([scales.view(np.uint8).reshape(8, 2), codes.view(np.uint8)], axis=1)
+    return blocks.reshape(2, 4 * 34)
+
+
+def mxfp4_edges() -> np.ndarray:
+    """MXFP4 blocks with the smallest and largest exponents ggml's scale reaches, every code 0..15 (8, E2M1's
+    -0, among them) in each."""
+    exponents = np.array([0, 1, 126, 127, 128, 200, 249, 250], dtype=np.uint8)  # 2^122 * 12: finite
+    nibbles = np.tile(np.arange(16, dtype=np.uint8), (8, 2))  # values 0..15 then 16..31, each code twice
+    packed = nibbles[:, :16] | nibbles[:, 16:] << 4
+    return np.concatenate([exponents.reshape(8, 1), packed], axis=1).reshape(2, 4 * 17)
+
+
+TRANSCODED = {  # name -> (values or raw bytes, type); rows of several blocks, ranks 1 to 3
+    "token_embd.weight": (RNG.standard_normal((16, 96), dtype=np.float32), T.Q8_0),
+    "blk.0.attn_k.weight": (every_q8_code(), T.Q8_0),
+    "blk.0.attn_q.weight": (RNG.standard_normal((2, 8, 64), dtype=np.float32), T.Q4_0),
+    "blk.0.attn_q.bias": (RNG.standard_normal(64, dtype=np.float32), T.Q4_0),
+    "blk.0.ffn_up.weight": (RNG.standard_normal((6, 64), dtype=np.float32) * np.logspace(-30, 30, 64,
+                                                                                         dtype=np.float32), T.MXFP4),
+    "blk.0.ffn_gate.weight": (mxfp4_edges(), T.MXFP4),
+}
+PLAIN = {
+    "blk.0.ffn_down.weight": (RNG.standard_normal((64, 32), dtype=np.float32), T.F16),
+    "blk.0.attn_norm.weight": (RNG.standard_normal(64, dtype=np.float32), T.F32),
+}
+
+
+@pytest.fixture
+def model(tmp_path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The file and the gguf package's dequantization of each transcoded tensor."""
+    path = tmp_path / "model.gguf"
+    stored = write_gguf(path, {**TRANSCODED, **PLAIN})
+    want = {n: torch.from_numpy(dequantized(stored[n], t)) for n, (_, t) in TRANSCODED.items()}
+    return path, want
+
+
+def decoded(bpk: Path, names) -> dict[str, torch.Tensor]:
+    reader = BurnpackReader.open(bpk)
+    return {e.name: decode(bytes(reader.read(e.name)), e.dtype.scheme, e.shape) for e in reader.entries()
+            if e.name in names and isinstance(e.dtype, QFloat)}
+
+
+def test_the_test_files_hold_negative_scales_and_every_code(model):
+    path, _ = model
+    with GgufSource.open(path) as source:
+        q4 = source.load("blk.0.attn_q.weight").reshape(-1, 18)[:, :2].contiguous().view(torch.float16)
+        assert bool((q4 < 0).any()) and bool((q4 > 0).any())  # ggml's Q4_0 divides the signed peak by -8
+        q8 = source.load("blk.0.attn_k.weight").reshape(-1, 34)[:, 2:].contiguous().view(torch.int8)
+        assert sorted(q8.reshape(-1).tolist()) == list(range(-128, 128))
+
+
+@pytest.mark.parametrize("pipeline", ["cpu", pytest.param("triton", marks=pytest.mark.interpreter)])
+def test_the_decoded_bpk_is_ggufs_dequantization_bit_for_bit(model, tmp_path, pipeline, monkeypatch):
+    if pipeline == "triton":
+        monkeypatch.setenv("QCLI_KERNELS", "triton")  # the GPU pipeline (under TRITON_INTERPRET on the CPU)
+    path, want = model
+    out = tmp_path / "model.bpk"
+    result = cli("quantize", path, "-o", out, "--json", *(["--device", "cpu"] if pipeline == "cpu" else []))
+    assert result.code == 0, result.err
+    rows = {t["name"]: t for t in json.loads(result.out)["tensors"]}
+    assert rows["blk.0.ffn_down.weight"]["decision"] == "quantize"  # F16: quantized as any float
+    assert rows["blk.0.attn_norm.weight"]["decision"] == "keep"
+    for name, values in decoded(out, want).items():
+        assert rows[name]["decision"] == "transcode", name
+        assert same_bits(values, want[name]), name
+    compared = cli("inspect", out, "--compare", path, "--json")
+    assert compared.code == 0, compared.err
+    doc = json.loads(compared.out)["compare"]
+    assert doc["ok"] and all(r["exact"] for r in doc["tensors"] if r["name"] in want), doc
+
+
+def test_the_schemes_written(model, tmp_path):
+    path, _ = model
+    out = tmp_path / "model.bpk"
+    assert cli("quantize", path, "-o", out, "--device", "cpu").code == 0
+    schemes = {e.name: str(e.dtype.scheme) for e in BurnpackReader.open(out).entries() if e.name in TRANSCODED}
+    assert schemes["token_embd.weight"] == schemes["blk.0.attn_k.weight"] == "Q8F PackedU32(0) block [32] F16"
+    assert schemes["blk.0.attn_q.weight"] == "Q4F PackedU32(0) block [32] F16"
+    assert schemes["blk.0.ffn_up.weight"] == "E2M1 PackedU32(0) block [32] F32"
+
+
+@pytest.mark.interpreter
+def test_the_gpu_pipeline_yields_the_cpu_pipelines_bytes(model):
+    from qcli.pipeline import cpu, gpu
+
+    path, _ = model
+    with GgufSource.open(path) as source:
+        plan = make_plan(source.infos())
+        want = [bytes(p.data.numpy()) for p in cpu.run(plan, source)]
+        got = [bytes(p.data.numpy()) for p in gpu.run(plan, source, settings=GpuSettings(piece_bytes=1000))]
+    assert got == want
+
+
+def test_burn_decodes_the_transcoded_file_as_gguf_does(model, tmp_path):
+    """wgpu loads all three; flex the integer ones (Q8F, Q4F), and no minifloat."""
+    path, want = model
+    out = tmp_path / "model.bpk"
+    assert cli("quantize", path, "-o", out, "--device", "cpu").code == 0
+    wgpu = burn_dequantize(BurnBackend.wgpu, out, tmp_path / "wgpu.safetensors")
+    flex = probe(BurnBackend.flex, out, tmp_path / "flex.safetensors")
+    for name, values in want.items():
+        assert same_bits(wgpu[name], values), f"{name}: Burn (wgpu) decodes other values than gguf"
+        if TRANSCODED[name][1] is not T.MXFP4:
+            assert same_bits(flex[name], values), f"{name}: Burn (flex) decodes other values than gguf"
+
+
+def test_blocks_by_hand(tmp_path):
+    """One block of each, worked out from the layout: Q8_0 d = -0.5, codes -128..-97 -> -0.5 * q; Q4_0
+    d = 0.25, byte k = (k << 4) | k, so values 0..15 and 16..31 are both nibbles 0..15 -> (k - 8) * 0.25;
+    MXFP4 e = 125 (scale 2^-2), the same bytes -> e2m1(k) / 4, code 8 (-0) decoding to +0.0."""
+    q8 = np.concatenate([np.array([-0.5], np.float16).view(np.uint8),
+                         np.arange(-128, -96, dtype=np.int8).view(np.uint8)])
+    nibbles = np.array([k << 4 | k for k in range(16)], dtype=np.uint8)
+    q4 = np.concatenate([np.array([0.25], np.float16).view(np.uint8), nibbles])
+    mx = np.concatenate([np.array([125], np.uint8), nibbles])
+    path = tmp_path / "m.gguf"
+    write_gguf(path, {"q8": (q8.reshape(1, 34), T.Q8_0), "q4": (q4.reshape(1, 18), T.Q4_0),
+                      "mx": (mx.reshape(1, 17), T.MXFP4)})
+    out = tmp_path / "m.bpk"
+    assert cli("quantize", path, "-o", out, "--device", "cpu").code == 0
+    got = decoded(out, ("q8", "q4", "mx"))
+    e2m1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+    assert same_bits(got["q8"], torch.tensor([[-0.5 * q for q in range(-128, -96)]]))
+    assert same_bits(got["q4"], torch.tensor([[(k - 8) * 0.25 for k in [*range(16), *range(16)]]]))
+    assert same_bits(got["mx"], torch.tensor([[v / 4 for v in e2m1 * 2]]))
+
+
+def test_an_mxfp4_nan_exponent_is_an_input_error(tmp_path):
+    blocks = mxfp4_edges().reshape(8, 17)
+    blocks[5, 0] = 0xFF
+    path = tmp_path / "m.gguf"
+    write_gguf(path, {"w": (blocks.reshape(2, 68), T.MXFP4)})
+    lines = assert_user_error(cli("quantize", path, "--device", "cpu"), InputError.exit_code)
+    assert "tensor 'w' (MXFP4) has the scale exponent 255 (E8M0's NaN) in block 5" in lines[0]
+
+
+def test_inspect_dry_run_and_validate_scheme_report_the_decisions(model, tmp_path):
+    path, _ = model
+    result = cli("inspect", path, "--json")
+    assert result.code == 0, result.err
+    doc = json.loads(result.out)
+    validate_json(doc)
+    assert doc["format"] == "gguf"
+    planned = {t["name"]: t["plan"] for t in doc["tensors"]}
+    assert planned["token_embd.weight"]["format"] == "GGUF Q8_0"
+    assert planned["token_embd.weight"]["decision"] == "transcode"
+    assert planned["blk.0.ffn_up.weight"]["reason"] == ("default: transcode GGUF MXFP4 -> E2M1 PackedU32(0) block "
+                                                        "[32] F32, exact")
+    assert planned["blk.0.ffn_down.weight"]["format"] == "F16"
+    text = cli("inspect", path)
+    assert text.code == 0 and "GGUF Q4_0" in text.out
+    dry = cli("quantize", path, "--dry-run", "--json")
+    assert dry.code == 0, dry.err
+    rows = {t["name"]: t for t in json.loads(dry.out)["tensors"]}
+    assert rows["blk.0.attn_q.weight"]["reason"] == ("default: transcode GGUF Q4_0 -> Q4F PackedU32(0) block [32] "
+                                                     "F16, exact")
+    assert rows["blk.0.attn_q.weight"]["shape"] == [2, 8, 64]
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text('version = 1\n[[rule]]\nmatch = "*.weight"\npreset = "q8s-b32"\n')
+    result = cli("validate-scheme", recipe, "--model", path, "--json")
+    assert result.code == 0, result.out + result.err
+    [warning] = [p for p in json.loads(result.out)["problems"] if p["kind"] == "transcoded"]
+    assert "5 tensors (token_embd.weight, blk.0.attn_k.weight, blk.0.attn_q.weight, ...) are already " \
+           "quantized: they are transcoded instead" in warning["message"]
+
+
+# -- types no Burn scheme holds -----------------------------------------------------------------------
+
+
+def raw_blocks(qtype, rows: int, blocks_per_row: int) -> np.ndarray:
+    """Blocks of `qtype` whose bytes are arbitrary (the plan reads none of them)."""
+    size = gguf.GGML_QUANT_SIZES[qtype][1]
+    return RNG.integers(0, 256, (rows, blocks_per_row * size), dtype=np.uint8)
+
+
+REFUSED = {
+    "blk.0.ffn_up.weight": (RNG.standard_normal((8, 64), dtype=np.float32), T.Q4_1),
+    "blk.0.ffn_down.weight": (RNG.standard_normal((8, 64), dtype=np.float32), T.Q4_1),
+    "blk.0.ffn_gate.weight": (RNG.standard_normal((8, 96), dtype=np.float32), T.Q5_0),
+    "blk.0.attn_v.weight": (raw_blocks(T.Q6_K, 2, 1), T.Q6_K),
+    "blk.0.attn_k.weight": (raw_blocks(T.IQ4_NL, 2, 2), T.IQ4_NL),
+    "blk.0.attn_q.weight": (raw_blocks(T.IQ2_XXS, 2, 1), T.IQ2_XXS),
+    "blk.0.attn_norm.weight": (RNG.standard_normal(64, dtype=np.float32), T.F32),
+}
+
+
+@pytest.fixture
+def refused(tmp_path) -> Path:
+    path = tmp_path / "refused.gguf"
+    write_gguf(path, REFUSED)
+    return path
+
+
+def test_refused_from_the_header_with_the_way_out(refused, monkeypatch):
+    def no_read(self, name):
+        raise AssertionError(f"read {name}")
+
+    monkeypatch.setattr(GgufSource, "load", no_read)
+    with pytest.raises(PlanError) as raised:
+        quantize_file(refused, refused.with_suffix(".bpk"))
+    problems = {p.message.split(":")[0]: p for p in raised.value.problems}
+    q4_1 = problems["2 tensors (blk.0.ffn_down.weight, blk.0.ffn_up.weight) are GGUF Q4_1"]
+    assert "an f16 minimum per 32 values (d * q + m): Burn has no zero point" in q4_1.message
+    assert q4_1.hint.startswith("requantize them into a Burn scheme: --requantize q4f-b32 (dequantized by the gguf "
+                                "package (gguf.quants.dequantize), then quantized")
+    assert "5-bit codes" in problems["1 tensor (blk.0.ffn_gate.weight) is GGUF Q5_0"].message
+    assert "--requantize q8s-b32" in problems["1 tensor (blk.0.attn_v.weight) is GGUF Q6_K"].hint
+    for codebook in ("1 tensor (blk.0.attn_k.weight) is GGUF IQ4_NL", "1 tensor (blk.0.attn_q.weight) is GGUF IQ2_XXS"):
+        assert problems[codebook].kind == "lookup"
+        assert f"{LOOKUP_WHY} ({LOOKUP_PANICS_AT})" in problems[codebook].message
+    assert not refused.with_suffix(".bpk").exists()
+
+
+def test_inspect_and_the_cli_show_the_refusal(refused):
+    lines = assert_user_error(cli("quantize", refused, "--dry-run"), PlanError.exit_code)
+    assert "no weight was read" in lines[0]
+    result = cli("inspect", refused, "--json")
+    assert result.code == 0, result.err
+    planned = {t["name"]: t["plan"] for t in json.loads(result.out)["tensors"]}
+    assert planned["blk.0.ffn_up.weight"]["reason"] == "refused: GGUF Q4_1 is a format with a minimum per block"
+    assert planned["blk.0.attn_k.weight"]["reason"] == "refused: GGUF IQ4_NL is a codebook"
+    assert planned["blk.0.ffn_up.weight"]["refused"] and planned["blk.0.ffn_up.weight"]["format"] == "GGUF Q4_1"
+
+
+def test_a_type_gguf_cannot_decode_is_an_error_without_a_way_out(tmp_path):
+    path = tmp_path / "m.gguf"
+    write_gguf(path, {"w": (raw_blocks(T.Q8_1, 2, 1), T.Q8_1)})
+    lines = assert_user_error(cli("quantize", path, "--dry-run", "--requantize", "q4f-b32"), PlanError.exit_code)
+    assert lines[1] == ("  w (Q8_1) cannot be kept: Burn has no Q8_1 dtype; nor transcoded: llama.cpp's in-memory type "
+                        "for dot products, which its converter and quantizer never write; the gguf package has no "
+                        "decoder for Q8_1")
+
+
+def test_requantize_quantizes_ggufs_dequantization(tmp_path):
+    path = tmp_path / "m.gguf"
+    tensors = {n: REFUSED[n] for n in ("blk.0.ffn_up.weight", "blk.0.ffn_gate.weight", "blk.0.attn_norm.weight")}
+    stored = write_gguf(path, tensors)
+    out = tmp_path / "m.bpk"
+    result = cli("quantize", path, "-o", out, "--requantize", "q4f-b32", "--json")
+    assert result.code == 0, result.err
+    rows = {t["name"]: t for t in json.loads(result.out)["tensors"]}
+    assert rows["blk.0.ffn_up.weight"]["reason"] == "requantize GGUF Q4_1 -> q4f-b32"
+    scheme = PRESETS["q4f-b32"]
+    for name in ("blk.0.ffn_up.weight", "blk.0.ffn_gate.weight"):
+        want = torch.from_numpy(dequantized(stored[name], tensors[name][1]))
+        got = decoded(out, (name,))[name]
+        grid = BlockGrid.of(scheme.scheme, want.shape)
+        worst = to_blocks((got - want).abs().to(torch.float64), grid).amax(dim=grid.block_axes)
+        assert bool((worst <= error_bound(want, scheme.scheme, scheme.calibration)).all()), name
+        err = (got - want).to(torch.float64)
+        sqnr = 10 * np.log10(float((want.to(torch.float64) ** 2).sum() / (err ** 2).sum()))
+        assert rows[name]["sqnr_db"] == pytest.approx(sqnr, abs=0.05), name  # --stats: against gguf's values
+    flex = burn_dequantize(BurnBackend.flex, out, tmp_path / "flex.safetensors")
+    assert sorted(flex) == sorted(tensors)
+    for name, values in decoded(out, tensors).items():
+        assert same_bits(flex[name], values), name
