@@ -196,7 +196,7 @@ def _shards(plan: Plan, target: Path, max_shard_size: int | None, metadata: Mapp
 
     The plan refuses data over the limit (a lower bound on the file); this bounds the whole file, header
     and metadata included, so that no file Burn's reader refuses is written."""
-    entries = [TensorEntry(e.info.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in plan.entries]
+    entries = [TensorEntry(e.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in plan.entries]
     limit = f"Burn's reader refuses files over {MAX_FILE_SIZE} bytes (100 GiB)"
     if max_shard_size is None:
         size = size_bound(entries, metadata)

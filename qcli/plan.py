@@ -83,6 +83,13 @@ class PlanEntry:
     burn_version: str = BURN_VERSION
 
     @property
+    def name(self) -> str:
+        """The name it is written under: the source tensor's, or the one its format gives the weight its
+        codes stand for (GPTQ's `m.qweight` is written as `m.weight`)."""
+        found = self.decision.transcode or self.decision.requantize
+        return found.name if found is not None else self.info.name
+
+    @property
     def shape(self) -> tuple[int, ...]:
         """The source tensor's shape as its format dequantizes it, not its codes' shape."""
         found = self.decision.transcode or self.decision.requantize

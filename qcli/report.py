@@ -61,7 +61,7 @@ class TensorRow:
     def of(entry: PlanEntry, error: ErrorStats | None = None) -> TensorRow:
         info, decision = entry.info, entry.decision
         return TensorRow(
-            name=info.name,
+            name=entry.name,
             shape=entry.shape,
             out_shape=tuple(entry.out_shape),
             dtype=info.dtype,

@@ -69,15 +69,16 @@ def read_back(
             if written.name in found:
                 raise _failed(target, f"tensor '{written.name}' is written twice")
             found[written.name] = (reader, written, target)
-    inputs = set(inputs) - plan.consumed()
-    for name in sorted(inputs | {entry.info.name for entry in plan.entries}):
+    written = {entry.info.name: entry.name for entry in plan.entries}  # source name -> name written
+    inputs = {written.get(name, name) for name in set(inputs) - plan.consumed()}
+    for name in sorted(inputs | set(written.values())):
         if name not in found:
             raise _failed(targets[0], f"input tensor '{name}' is missing from the output")
     for name in sorted(set(found) - inputs):
         raise _failed(found[name][2], f"tensor '{name}' is not in the input")
     read = 0
     for entry in plan.entries:
-        name = entry.info.name
+        name = entry.name
         reader, written, target = found[name]
         expected = (entry.out_dtype, tuple(entry.out_shape), entry.out_nbytes)
         if (written.dtype, written.shape, written.nbytes) != expected:

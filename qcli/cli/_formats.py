@@ -11,8 +11,9 @@ RequantizeOption = Annotated[
     typer.Option(
         "--requantize",
         metavar="NAME",
-        help="Preset for already-quantized weights no Burn scheme holds (bitsandbytes NF4 and FP4, compressed-tensors"
-        " zero points and widths Burn lacks): dequantized as their format does, then quantized into it; --stats"
-        " reports the error added to the dequantized weights (docs/input-formats.md).",
+        help="Preset for already-quantized weights no Burn scheme holds (bitsandbytes NF4 and FP4; compressed-tensors"
+        " and GPTQ zero points and widths Burn lacks; GPTQ's activation order): dequantized as their format does,"
+        " then quantized into it; --stats reports the error added to the dequantized weights"
+        " (docs/input-formats.md).",
     ),
 ]

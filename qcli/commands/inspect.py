@@ -214,12 +214,15 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path)
         infos = {i.name: i for i in source.infos()}
         # an already-quantized weight's values are what its format dequantizes it to, from its companions
         found = {n: f for n, f in detect(source.infos()).items() if isinstance(f, Transcode | Encoded)}
-        written = {e.name for e in entries} | {c.name for f in found.values() for c in f.companions}
+        sources = {f.name: n for n, f in found.items()}  # a weight's name as written -> its source's (GPTQ's qweight)
+        written = ({sources.get(e.name, e.name) for e in entries}
+                   | {c.name for f in found.values() for c in f.companions})
         for e in entries:
-            if e.name not in infos:
+            name = sources.get(e.name, e.name)
+            if name not in infos:
                 continue
-            x = source.load(e.name)
-            f = found.get(e.name)
+            x = source.load(name)
+            f = found.get(name)
             if isinstance(f, Transcode):
                 x = f.dequantize(x, source.load)
             elif isinstance(f, Encoded):
@@ -235,7 +238,7 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path)
                 continue
             data = reader.read(e.name)
             if not isinstance(e.dtype, QFloat):
-                written_as, source_dtype = _dtype_key(e.dtype), infos[e.name].dtype
+                written_as, source_dtype = _dtype_key(e.dtype), infos[name].dtype
                 cast = written_as != source_dtype and {written_as, source_dtype} <= set(FLOAT_DTYPES)
                 if cast:
                     try:

@@ -88,9 +88,9 @@ def quantize_file(
     every tensor that Burn backend cannot load stops the plan (`qcli.burn_backends`); `burn_version` is
     the Burn release to write for (default: the newest stable one, `qcli.BURN_VERSION`). `calibration`
     (`minmax`, `absmean`, `mse`, any case) replaces the presets' calibration and covers every recipe rule
-    that names none. `requantize` (a preset name): tensors no Burn scheme holds (bitsandbytes NF4, FP4:
-    `qcli.formats.Encoded`) are dequantized as their format does and quantized into it; their `--stats`
-    error is against the dequantized values.
+    that names none. `requantize` (a preset name): tensors no Burn scheme holds (`qcli.formats.Encoded`:
+    bitsandbytes NF4, FP4; GPTQ with zero points, activation order or 3 bits) are dequantized as their
+    format does and quantized into it; their `--stats` error is against the dequantized values.
     """
     input = Path(input)
     preset = resolve_preset(scheme)
@@ -172,7 +172,7 @@ def _write(
     timings, rows, done = Timings(verify=Phase() if verify else None), [], 0
     started = time.perf_counter()
     if progress:
-        progress(plan.entries[0].info.name if plan.entries else None, 0, total)
+        progress(plan.entries[0].name if plan.entries else None, 0, total)
     with outputs.open(digests=verify) as out:
         tick = time.perf_counter()
         payloads = run(plan, source, measure=stats or verify)
@@ -184,7 +184,7 @@ def _write(
             timings.quantize.bytes += entry.info.nbytes
 
             tick = time.perf_counter()
-            target = out.write(entry.info.name, payload)
+            target = out.write(entry.name, payload)
             timings.write.seconds += time.perf_counter() - tick
             timings.write.bytes += entry.out_nbytes
 
@@ -194,7 +194,7 @@ def _write(
 
             done += entry.info.nbytes
             if progress:
-                following = plan.entries[i + 1].info.name if i + 1 < len(plan.entries) else None
+                following = plan.entries[i + 1].name if i + 1 < len(plan.entries) else None
                 progress(following, done, total)
             tick = time.perf_counter()
         tick = time.perf_counter()
@@ -243,5 +243,5 @@ def _reported(entry: PlanEntry, measured: Measurement, target: Path, stats: bool
         failure = measured.failure()
         timings.verify.seconds += time.perf_counter() - tick
         if failure is not None:
-            raise out_of_bound(failure, entry.decision.scheme, entry.info.name, target)
+            raise out_of_bound(failure, entry.decision.scheme, entry.name, target)
     return error

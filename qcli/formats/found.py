@@ -29,13 +29,20 @@ class Transcode(ABC):
     companions: tuple[TensorInfo, ...]
 
     @property
+    def name(self) -> str:
+        """The name the weight is written under: its own, unless the format stores its codes under another
+        (GPTQ's `m.qweight` is written as `m.weight`)."""
+        return self.weight.name
+
+    @property
     def shape(self) -> tuple[int, ...]:
         """The weight's shape, as the format dequantizes it."""
         return tuple(self.weight.shape)
 
     @property
     def reason(self) -> str:
-        return f"transcode {self.format} -> {self.scheme}, exact"
+        written = f" as {self.name}" if self.name != self.weight.name else ""
+        return f"transcode {self.format} -> {self.scheme}{written}, exact"
 
     @abstractmethod
     def payload(self, codes: torch.Tensor, load: Load) -> torch.Tensor:
@@ -58,6 +65,12 @@ class Encoded(ABC):
     encoding: ClassVar[str] = "a codebook"  # what it is, for its refused decision's reason
     decoded_as: ClassVar[str]  # how `--requantize` decodes it, for the refusal's hint
     offered: ClassVar[str] = "q4f-b32"  # the preset the refusal offers: its bits, over the full grid
+
+    @property
+    def name(self) -> str:
+        """The name the weight is written under once requantized: its own, unless the format stores its
+        codes under another."""
+        return self.weight.name
 
     @property
     @abstractmethod

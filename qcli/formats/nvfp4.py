@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from qcli.formats.found import Found, Load, Transcode
+from qcli.formats.grid import MAX_EXTENT
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 
 if TYPE_CHECKING:
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 
 SCALE, GLOBAL = "_scale", "_scale_2"  # `m.weight_scale`, `m.weight_scale_2`
 PRE_QUANT_SCALE = "pre_quant_scale"  # AWQ's (NVFP4_AWQ, NVFP4_SVD): the input is scaled first
-MAX_EXTENT = 255  # Burn's largest block extent (`BlockSize.new`)
 # modelopt's E2M1 table (`e2m1_values`), by code: sign bit 3, then two exponent bits and one mantissa bit;
 # code 8, the negative zero, is +0.0 there.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
