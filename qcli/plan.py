@@ -54,9 +54,9 @@ FIRST_NAMES = 3
 GRID_BYTES_PER_BLOCK = 24
 CHUNK_WORKING_BYTES = 24 * (1 << 18) * (os.cpu_count() or 1)
 # The token embedding and the output head, by the module names common checkpoints give them (Llama and
-# most Hugging Face models, GPT-2, Meta's Llama, BERT, GPT-NeoX): quantized at `WIDE_PRESET` by default
-# when the preset is narrower than 8 bits.
-EMBEDDING_MODULES = ("embed_tokens", "wte", "tok_embeddings", "word_embeddings", "embed_in")
+# most Hugging Face models, GPT-2, Meta's Llama, BERT, GPT-NeoX, llama.cpp's GGUF files): quantized at
+# `WIDE_PRESET` by default when the preset is narrower than 8 bits.
+EMBEDDING_MODULES = ("embed_tokens", "wte", "tok_embeddings", "word_embeddings", "embed_in", "token_embd")
 HEAD_MODULES = ("lm_head", "embed_out")
 HEAD_NAMES = ("output.weight",)  # Meta's Llama: a top-level `output` module
 WIDE_PRESET = "q8s-b32"
@@ -608,7 +608,7 @@ class _Planner:
         why_not = self.found.get(info.name)
         hint = ("dequantize the checkpoint to BF16 or F32 (with its scale tensors) first, then run qcli "
                 "(the formats qcli transcodes are in docs/input-formats.md)")
-        if decision.scheme is None and entry.out_dtype is None:
+        if decision.scheme is None and entry.out_dtype is None and not isinstance(why_not, Encoded):  # refused once
             nor = f"; nor transcoded: {why_not}" if isinstance(why_not, str) else ""
             self.problem(
                 Kind.dtype, f"{info.name} ({info.dtype}) cannot be kept: Burn has no {info.dtype} dtype{nor}",

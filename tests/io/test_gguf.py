@@ -240,6 +240,7 @@ def test_refused_from_the_header_with_the_way_out(refused, monkeypatch):
     with pytest.raises(PlanError) as raised:
         quantize_file(refused, refused.with_suffix(".bpk"))
     problems = {p.message.split(":")[0]: p for p in raised.value.problems}
+    assert len(problems) == len(raised.value.problems) == 5  # one per type, none for keeping its codes
     q4_1 = problems["2 tensors (blk.0.ffn_down.weight, blk.0.ffn_up.weight) are GGUF Q4_1"]
     assert "an f16 minimum per 32 values (d * q + m): Burn has no zero point" in q4_1.message
     assert q4_1.hint.startswith("requantize them into a Burn scheme: --requantize q4f-b32 (dequantized by the gguf "
