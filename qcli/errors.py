@@ -81,7 +81,7 @@ class InputError(QcliError):
     """An input file that cannot be read, or whose contents are corrupt or unsupported."""
 
     exit_code = 3
-    meaning = "unreadable or corrupt input (safetensors or burnpack), or NaN or Inf in a tensor to quantize"
+    meaning = "unreadable or corrupt input (safetensors, GGUF or burnpack), or NaN or Inf in a tensor to quantize"
 
 
 class NonFiniteTensor(InputError):

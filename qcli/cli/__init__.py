@@ -24,7 +24,7 @@ EXIT_CODES = "Exit codes: " + "; ".join(f"{code} {meaning}" for code, meaning in
 
 app = typer.Typer(
     name="qcli",
-    help="Quantize safetensors checkpoints into Burn's burnpack (.bpk) QFloat layout.",
+    help="Quantize safetensors checkpoints and GGUF files into Burn's burnpack (.bpk) QFloat layout.",
     epilog=EXIT_CODES,
     no_args_is_help=True,
     add_completion=False,
@@ -46,7 +46,7 @@ def _root(
         False, "--version", callback=_version, is_eager=True, help="Print the version."
     ),
 ) -> None:
-    """Quantize safetensors checkpoints into Burn's burnpack (.bpk) QFloat layout."""
+    """Quantize safetensors checkpoints and GGUF files into Burn's burnpack (.bpk) QFloat layout."""
 
 
 SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")

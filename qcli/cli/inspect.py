@@ -1,4 +1,4 @@
-"""`qcli inspect`: what a safetensors checkpoint or a burnpack file holds."""
+"""`qcli inspect`: what a checkpoint (safetensors or GGUF) or a burnpack file holds."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from rich.console import Console
 from rich.table import Table
 
 from qcli.cli import _output
+from qcli.cli._formats import NamesOption
 from qcli.cli.quantize import short_decision
 from qcli.commands import inspect as command
 from qcli.errors import CheckFailed
 from qcli.io.safetensors import printable
+from qcli.io.source import Names
 from qcli.problem import Severity
 from qcli.report import InspectReport, SourcePlan
 
@@ -22,7 +24,7 @@ def inspect(
     file: Annotated[
         Path,
         typer.Argument(
-            help="A .bpk, or a .safetensors file, directory or index.", metavar="FILE", show_default=False
+            help="A .bpk, a .safetensors file, directory or index, or a .gguf file.", metavar="FILE", show_default=False
         ),
     ],
     json_output: Annotated[
@@ -39,18 +41,19 @@ def inspect(
         typer.Option(
             "--compare",
             metavar="SOURCE",
-            help="Check a .bpk against its safetensors source: kept tensors byte for byte, quantized ones "
-            "block by block against their scheme's error bound; exit 1 on any mismatch.",
+            help="Check a .bpk against its source (safetensors or GGUF): kept tensors byte for byte, quantized "
+            "ones block by block against their scheme's error bound; exit 1 on any mismatch.",
         ),
     ] = None,
+    names: NamesOption = Names.file,
 ) -> None:
     """List tensors (name, dtype, shape, bytes) and totals; for a .bpk also its version and metadata.
 
-    For a safetensors checkpoint also what quantize does with each tensor and why (the default plan, as
+    For a checkpoint (safetensors or GGUF) also what quantize does with each tensor and why (the default plan, as
     --dry-run makes it from the headers: FP8 weights transcoded, their scales consumed), a line per format
     found, and the plan's problems.
     """
-    report = command.inspect_file(file, tensor=tensor, compare=compare)
+    report = command.inspect_file(file, tensor=tensor, compare=compare, names=names)
     if json_output:
         _output.print_json(report.to_json())
     else:

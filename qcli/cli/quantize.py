@@ -13,10 +13,11 @@ from rich.table import Table
 
 from qcli.cli import _output
 from qcli.cli._burn import BurnBackendOption, BurnVersionOption
-from qcli.cli._formats import RequantizeOption
+from qcli.cli._formats import NamesOption, RequantizeOption
 from qcli.commands import quantize as command
 from qcli.errors import QcliError, UsageError
 from qcli.io.safetensors import printable
+from qcli.io.source import Names
 from qcli.output import default_output
 from qcli.presets import DEFAULT_PRESET, PRESETS
 from qcli.report import JSON_SCHEMA_VERSION, QuantizeReport
@@ -44,7 +45,8 @@ def quantize(
     input: Annotated[
         Path,
         typer.Argument(
-            help="A .safetensors file, a directory (model.safetensors or an index with shards), or an index.",
+            help="A .safetensors file, a directory (model.safetensors or an index with shards), an index, or a"
+            " .gguf file.",
             metavar="INPUT",
             show_default=False,
         ),
@@ -67,6 +69,7 @@ def quantize(
         ),
     ] = None,
     requantize: RequantizeOption = None,
+    names: NamesOption = Names.file,
     recipe: Annotated[
         Path | None, typer.Option("--recipe", metavar="FILE", help="TOML recipe: rules per tensor name.")
     ] = None,
@@ -136,7 +139,7 @@ def quantize(
         ),
     ] = False,
 ) -> None:
-    """Quantize a safetensors checkpoint into a Burn burnpack (.bpk) file.
+    """Quantize a safetensors checkpoint or a GGUF file into a Burn burnpack (.bpk) file.
 
     Every tensor gets one decision, a QFloat scheme or keep, from the recipe's rules or the default policy:
     floating tensors of rank >= 2 whose shape takes the scheme are quantized; everything else is kept
@@ -146,7 +149,7 @@ def quantize(
         if quiet and verbose:
             raise UsageError("--quiet and --verbose cannot be used together", hint="pass one of them")
         report = _run(input, output, scheme, recipe, calibration, device, dry_run, force, verify,
-                      max_shard_size, burn_backend, burn_version, stats, requantize)
+                      max_shard_size, burn_backend, burn_version, stats, requantize, names)
     except QcliError as exc:
         if json_output:
             _output.print_json(error_json(exc))
@@ -170,7 +173,7 @@ def error_json(exc: QcliError) -> dict:
 
 
 def _run(input, output, scheme, recipe, calibration, device, dry_run, force, verify, max_shard_size,
-         burn_backend, burn_version, stats, requantize) -> QuantizeReport:
+         burn_backend, burn_version, stats, requantize, names) -> QuantizeReport:
     target = Path(output) if output is not None else default_output(Path(input))
     with _output.progress_bar(_output.progress_enabled()) as hook:
         report = command.quantize_file(
@@ -189,6 +192,7 @@ def _run(input, output, scheme, recipe, calibration, device, dry_run, force, ver
             burn_backend=None if burn_backend is None else burn_backend.value,
             burn_version=burn_version,
             requantize=requantize,
+            names=names,
         )
     if target.name.lower().endswith(".safetensors"):  # after the plan: refusals come first
         _output.warn(f"{target} ends in .safetensors, but {'this writes' if not dry_run else 'the run would write'}"

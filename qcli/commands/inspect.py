@@ -21,7 +21,7 @@ from qcli.io.burnpack_index import BurnpackSet, standing_index
 from qcli.io.dtypes import TORCH_DTYPE_NAMES, Bool, BoolStore, DType, Plain, QFloat, torch_dtype
 from qcli.io.gguf import GgufSource
 from qcli.io.safetensors import TensorInfo
-from qcli.io.source import open_source
+from qcli.io.source import Source, open_source
 from qcli.plan import FLOAT_DTYPES, PlanEntry
 from qcli.report import (
     CompareReport,
@@ -109,18 +109,19 @@ def _is_burnpack(path: Path) -> bool:
 
 
 def inspect_file(
-    path: str | Path, *, tensor: str | None = None, compare: str | Path | None = None
+    path: str | Path, *, tensor: str | None = None, compare: str | Path | None = None, names: str = "file"
 ) -> InspectReport:
     """List a checkpoint (safetensors or GGUF) with its default plan, or a burnpack file; optionally one tensor's
-    statistics, or a comparison of a burnpack file against its source."""
+    statistics, or a comparison of a burnpack file against its source. `names`: a GGUF source's tensor names
+    as in the file, or `hf`, Hugging Face's (`qcli.io.source.Names`)."""
     path = Path(path)
     if _is_burnpack(path):
-        return _inspect_burnpack(path, tensor, compare)
+        return _inspect_burnpack(path, tensor, compare, names)
     if compare is not None:
         raise UsageError(
             "--compare checks a .bpk against its source", hint="run `qcli inspect OUTPUT.bpk --compare INPUT`"
         )
-    with open_source(path) as source:
+    with open_source(path, names) as source:
         infos = source.infos()
         report = InspectReport(
             path=str(path),
@@ -132,7 +133,8 @@ def inspect_file(
         if tensor is not None:
             if tensor not in {i.name for i in infos}:
                 raise _suggest_tensor(tensor, [i.name for i in infos])
-            report.tensor_stats = TensorStats(tensor, value_stats(source.load(tensor)), None, None)
+            found = detect(infos).get(tensor)
+            report.tensor_stats = TensorStats(tensor, value_stats(_values(source, tensor, found)), None, None)
     return report
 
 
@@ -161,7 +163,17 @@ def _format(entry: PlanEntry, found: Found | None) -> str:
     return found.format if isinstance(found, Transcode | Encoded) else entry.info.dtype
 
 
-def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None) -> InspectReport:
+def _values(source: Source, name: str, found: Found | None) -> torch.Tensor:
+    """A source tensor's values: its own, or what its already-quantized format dequantizes it to."""
+    x = source.load(name)
+    if isinstance(found, Transcode):
+        return found.dequantize(x, source.load)
+    if isinstance(found, Encoded):
+        return found.with_state(source.load).dequantize(source.load)
+    return x
+
+
+def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None, names: str) -> InspectReport:
     """One burnpack file, or through its index (`qcli.io.burnpack_index`) every shard of sharded output."""
     reader = BurnpackSet.open(path)
     entries = reader.entries()
@@ -187,11 +199,11 @@ def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None
                                 if isinstance(entry.dtype, QFloat) else (None, None))
         report.tensor_stats = TensorStats(tensor, values, scales, global_scale)
     if compare is not None:
-        report.compare = _compare(reader, entries, Path(compare))
+        report.compare = _compare(reader, entries, Path(compare), names)
     return report
 
 
-def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path) -> CompareReport:
+def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path, names: str) -> CompareReport:
     """Each written tensor against its source: kept ones must be byte-identical (to the source cast to the
     written dtype, for a kept tensor a recipe's cast wrote in another floating dtype), quantized ones
     measured."""
@@ -210,7 +222,7 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path)
             hint="the file was not written by qcli, or was edited; write it again from its source",
         )
     rows: list[CompareRow] = []
-    with open_source(source_path) as source:
+    with open_source(source_path, names) as source:
         infos = {i.name: i for i in source.infos()}
         # an already-quantized weight's values are what its format dequantizes it to, from its companions
         found = {n: f for n, f in detect(source.infos()).items() if isinstance(f, Transcode | Encoded)}
@@ -221,12 +233,7 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path)
             name = sources.get(e.name, e.name)
             if name not in infos:
                 continue
-            x = source.load(name)
-            f = found.get(name)
-            if isinstance(f, Transcode):
-                x = f.dequantize(x, source.load)
-            elif isinstance(f, Encoded):
-                x = f.with_state(source.load).dequantize(source.load)
+            x = _values(source, name, found.get(name))
             flip = e.name in transposed
             if flip:
                 x = x.t()

@@ -73,6 +73,7 @@ def quantize_file(
     burn_backend: str | None = None,
     burn_version: str | None = None,
     requantize: str | None = None,
+    names: str = "file",
 ) -> QuantizeReport:
     """Quantize a safetensors checkpoint or a GGUF file into a burnpack file (or, with `dry_run`, only plan it).
 
@@ -90,7 +91,8 @@ def quantize_file(
     (`minmax`, `absmean`, `mse`, any case) replaces the presets' calibration and covers every recipe rule
     that names none. `requantize` (a preset name): tensors no Burn scheme holds (`qcli.formats.Encoded`:
     bitsandbytes NF4, FP4; GPTQ with zero points, activation order or 3 bits) are dequantized as their
-    format does and quantized into it; their `--stats` error is against the dequantized values.
+    format does and quantized into it; their `--stats` error is against the dequantized values. `names`
+    (`qcli.io.source.Names`): a GGUF file's tensor names as in the file, or `hf`, Hugging Face's.
     """
     input = Path(input)
     preset = resolve_preset(scheme)
@@ -105,7 +107,7 @@ def quantize_file(
         raise UsageError(
             printable(f"{target} already exists"), hint="pass --force to replace it, or -o to write somewhere else"
         )
-    with open_source(input) as source:
+    with open_source(input, names) as source:
         inputs = [(input, "the input"), *((f, "the input") for f in source.files)]
         if source.index is not None:
             inputs.append((source.index, "the input's index"))
