@@ -18,7 +18,16 @@ Parts (each appends to OUT/end_to_end.json):
   `--no-verify`; a scheme `PRESET:mse` adds `--calibration mse`. Cold and cached.
 - `naive`: load_file(shard, device="cuda"), a torch.compile'd quantize per tensor (the codec's own torch
   arithmetic), .cpu(), written and fsynced; compiled for every shape first (not timed). Cold and cached.
-Each run is a child process reporting its wall time, peak RSS and peak GPU memory.
+Each of these runs is a child process reporting its wall time (from after its `import torch` and CUDA
+set-up), peak RSS and peak GPU memory.
+- `process`: the whole `qcli quantize --device cuda --json` command (the console script beside this
+  Python), timed from exec to exit, cold and cached, with a warm Triton cache (filled by one run first, not
+  counted) and with a fresh one (a new empty TRITON_CACHE_DIR, as on a fresh machine); with defaults and
+  with `--no-stats --no-verify` (`--flags`). The headline figure, against the floor of the same record.
+- `startup`: what a process pays before its first tensor, each a child timed from exec to exit (median
+  of 3): `python -c pass`, `import torch`, CUDA's context, `import triton`, the GPU pipeline's imports,
+  `qcli --version`; and `trace`, one `process` run (warm cache, cached input) with the command's debug
+  log on, whose timestamps say when torch, CUDA and the kernels were ready against the main thread.
 """
 
 from __future__ import annotations
@@ -26,14 +35,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-SCHEMES = ("q4s-b32", "nvfp4")
+SCHEMES = ("q4s-b32", "fp4-b32")
 SLICE = 16 << 20
 
 
@@ -271,6 +282,112 @@ def _naive(directory: Path, scheme: str, target: Path) -> dict:
             "output_bytes": target.stat().st_size}
 
 
+# ------------------------------------------------------------------------------- the whole process
+
+
+def qcli_command() -> list[str]:
+    """The console script installed beside this Python (what a user runs), else `python -m qcli`."""
+    script = Path(sys.executable).with_name("qcli")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "qcli"]
+
+
+def _prepare_regime(directory: Path, regime: str) -> None:
+    paths = shards(directory)
+    if regime == "cold":
+        drop_cache(paths)
+    else:
+        read_all(paths, 16)
+
+
+def process_run(directory: Path, scheme: str, regime: str, cache: str, flags: list[str], timeout: float,
+                device: str = "cuda", command: list[str] | None = None) -> dict:
+    """One whole `qcli quantize` process, exec to exit. `cache` is `warm` (the shared TRITON_CACHE_DIR
+    beside the checkpoint) or `fresh` (a new empty one)."""
+    _prepare_regime(directory, regime)
+    target = directory.parent / f"out-process-{scheme}.bpk"
+    warm_dir = directory.parent / "triton-cache-warm"
+    cache_dir = warm_dir if cache == "warm" else Path(tempfile.mkdtemp(prefix="triton-fresh-", dir=directory.parent))
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache_dir)}
+    cmd = command or [*qcli_command(), "quantize", str(directory), "-o", str(target), "--scheme", scheme,
+                      "--device", device, "--force", "--json", *flags]
+    row = {"mode": "process", "scheme": scheme, "regime": regime, "triton_cache": cache, "flags": flags}
+    row["exec_at"] = time.time()
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {**row, "timed_out_after_s": timeout}
+    finally:
+        wall = time.perf_counter() - started
+        target.unlink(missing_ok=True)
+        if cache == "fresh":
+            shutil.rmtree(cache_dir, ignore_errors=True)
+    row["process_s"] = wall
+    if done.returncode:
+        return {**row, "error": done.stderr[-2000:]}
+    if command is not None:  # a trace: its log is on stderr
+        return {**row, "stderr": done.stderr[-20000:]}
+    report = json.loads(done.stdout)
+    t = report["timings"]
+    return {**row, "command_total_s": t["total_seconds"], "outside_write_loop_s": wall - t["total_seconds"],
+            "phases_s": {k: t[k]["seconds"] for k in ("read", "quantize", "stats", "write", "verify")
+                         if t[k] is not None},
+            "peak_rss_bytes": report["memory"]["peak_bytes"]}
+
+
+_TRACE = """
+import logging, sys, time
+logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(created).4f %(threadName)s %(message)s")
+logging.getLogger().debug("interpreter up")
+from qcli.cli import main
+sys.argv = {argv!r}
+try:
+    main()
+finally:
+    logging.getLogger().debug("command returned")
+"""
+
+
+def trace(directory: Path, scheme: str, timeout: float, device: str = "cuda") -> dict:
+    """A `process` run with the command's debug log on: when each start-up step finished, as seconds
+    after exec (log lines stamped with the wall clock, against the parent's clock at exec)."""
+    target = directory.parent / f"out-process-{scheme}.bpk"
+    argv = ["qcli", "quantize", str(directory), "-o", str(target), "--scheme", scheme, "--device", device,
+            "--force", "--json"]
+    row = process_run(directory, scheme, "cached", "warm", [], timeout, device,
+                      command=[sys.executable, "-c", _TRACE.format(argv=argv)])
+    events = []
+    for line in row.pop("stderr", "").splitlines():
+        stamp, _, what = line.partition(" ")
+        try:
+            events.append([round(float(stamp) - row["exec_at"], 3), what])
+        except ValueError:
+            continue
+    return {**row, "mode": "trace", "events_s_after_exec": events}
+
+
+def startup(runs: int = 3) -> dict:
+    """Median seconds, exec to exit, of what a process pays before its first tensor."""
+    probes = {
+        "python -c pass": [sys.executable, "-c", "pass"],
+        "import torch": [sys.executable, "-c", "import torch"],
+        "import torch + CUDA context": [sys.executable, "-c", "import torch; torch.zeros(1, device='cuda')"],
+        "import triton": [sys.executable, "-c", "import triton"],
+        "GPU pipeline imports + CUDA": [sys.executable, "-c",
+                                        "import torch; torch.zeros(1, device='cuda'); import qcli.pipeline.gpu"],
+        "qcli --version": [*qcli_command(), "--version"],
+    }
+    result = {}
+    for name, cmd in probes.items():
+        times = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            subprocess.run(cmd, capture_output=True, check=True)
+            times.append(time.perf_counter() - started)
+        result[name] = sorted(times)[len(times) // 2]
+    return result
+
+
 def run_child(mode: str, directory: Path, scheme: str, regime: str, timeout: float) -> dict:
     paths = shards(directory)
     if regime == "cold":
@@ -304,6 +421,10 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=240)
     parser.add_argument("--schemes", default=",".join(SCHEMES))
     parser.add_argument("--regimes", default="cold,cached")
+    parser.add_argument("--device", default="cuda", help="`process` and `trace`: qcli's --device")
+    parser.add_argument("--caches", default="warm,fresh", help="Triton caches for `process`")
+    parser.add_argument("--flags", default="defaults,--no-stats --no-verify",
+                        help="comma-separated flag sets for `process` (`defaults`: none)")
     parser.add_argument("--child")
     parser.add_argument("--scheme")
     parser.add_argument("--target", type=Path)
@@ -318,6 +439,25 @@ def main() -> None:
             record["generate"] = generate(args.dir, args.layers, SMOKE if args.small else LLAMA_3_8B)
         elif part == "floor":
             record["floor"] = floor(args.dir)
+        elif part == "startup":
+            record["startup"] = startup()
+            print(json.dumps(record["startup"]), flush=True)
+        elif part == "trace":
+            for scheme in args.schemes.split(","):
+                run = trace(args.dir, scheme, args.timeout, args.device)
+                record["runs"].append(run)
+                print(json.dumps(run), flush=True)
+        elif part == "process":
+            flag_sets = [[] if f == "defaults" else f.split() for f in args.flags.split(",")]
+            for scheme in args.schemes.split(","):
+                for flags in flag_sets:
+                    process_run(args.dir, scheme, "cached", "warm", flags, args.timeout, args.device)  # fills it
+                    for regime in args.regimes.split(","):
+                        for cache in args.caches.split(","):
+                            run = process_run(args.dir, scheme, regime, cache, flags, args.timeout, args.device)
+                            record["runs"].append(run)
+                            shown = {k: v for k, v in run.items() if k != "error"}
+                            print(json.dumps(shown), run.get("error", "")[-600:], flush=True)
         else:
             for scheme in args.schemes.split(","):
                 for regime in args.regimes.split(","):

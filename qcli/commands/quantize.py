@@ -17,7 +17,7 @@ from qcli.formats.found import Found
 from qcli.io.safetensors import TensorInfo, printable
 from qcli.io.source import Source, open_source
 from qcli.output import Output, default_output, metadata, refuse_input_as_output, refuse_special_output
-from qcli.pipeline.device import select_pipeline
+from qcli.pipeline.device import Runtime
 from qcli.plan import Plan, PlanEntry, make_plan
 from qcli.presets import Preset, resolve_preset
 from qcli.recipe import Recipe, load_recipe
@@ -107,6 +107,7 @@ def quantize_file(
         raise UsageError(
             printable(f"{target} already exists"), hint="pass --force to replace it, or -o to write somewhere else"
         )
+    runtime = None if dry_run else Runtime(device)  # torch and CUDA load while the headers are read
     with open_source(input, names) as source:
         inputs = [(input, "the input"), *((f, "the input") for f in source.files)]
         if source.index is not None:
@@ -133,16 +134,18 @@ def quantize_file(
             totals=plan.totals(),
             warnings=plan.warnings(),
         )
+        if runtime is not None:
+            runtime.warm(plan, measure=stats or verify)
         outputs = Output(plan, target, max_shard_size, metadata(report))
         report.outputs = [str(path) for path in outputs.paths]
         report.warnings += outputs.prepare(inputs, force=force, remove_leftovers=not dry_run)
         if dry_run:
             return report
         requantizing = any(e.decision.requantize is not None for e in plan.entries)
-        report.device, run = select_pipeline("cpu" if requantizing and device == "auto" else device)
-        runtime = _warm_runtime()
+        report.device, run = runtime.select("cpu" if requantizing and device == "auto" else device)
+        resident = _warm_runtime()
         report.tensors, report.timings = _write(plan, source, run, outputs, stats, progress, verify)
-        report.memory = MemoryUse(runtime, peak_resident_bytes())
+        report.memory = MemoryUse(resident, peak_resident_bytes())
     return report
 
 

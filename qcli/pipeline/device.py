@@ -1,15 +1,25 @@
-"""Which pipeline a run takes, from `--device` and the environment, read here once for the run."""
+"""Which pipeline a run takes, from `--device` and the environment, read here once for the run; and the
+run's runtime, loaded while the main thread reads the headers and plans (`Runtime`)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
+import time
 from collections.abc import Mapping
 from functools import partial
+from typing import TYPE_CHECKING
 
 from qcli.errors import UsageError
 from qcli.pipeline import GpuSettings, Pipeline
 
+if TYPE_CHECKING:
+    from qcli.plan import Plan
+
 DEVICES = ("auto", "cpu", "cuda")
+
+log = logging.getLogger(__name__)
 
 
 def select_pipeline(device: str, environ: Mapping[str, str] = os.environ) -> tuple[str, Pipeline]:
@@ -40,3 +50,75 @@ def select_pipeline(device: str, environ: Mapping[str, str] = os.environ) -> tup
             f"the GPU pipeline is unavailable: {exc}", hint="use --device cpu, or install qcli with triton"
         ) from None
     return device, partial(gpu.run, settings=GpuSettings.from_env(environ))
+
+
+class Runtime:
+    """A run's runtime, loaded on a thread of its own from the command's start, so that importing torch
+    and creating the CUDA context overlap reading the headers, planning and opening the output; then, once
+    the plan is known (`warm`), the kernels it launches are compiled on another (`gpu.compile_ahead`)
+    while the pipeline's first reads go on. `select` is `select_pipeline` once the loading is done.
+
+    Nothing here decides anything: a failure on these threads is left for `select_pipeline` to meet
+    again, on the main thread, where it becomes the run's error."""
+
+    def __init__(self, device: str, environ: Mapping[str, str] = os.environ) -> None:
+        self._started = time.perf_counter()
+        self._environ = environ
+        self._gpu = device != "cpu"
+        self._loaded = threading.Event()
+        self._compiled = threading.Event()
+        self._warming = False
+        threading.Thread(target=self._load, name="qcli-runtime", daemon=True).start()
+
+    def _load(self) -> None:
+        try:
+            import torch
+
+            self._log("torch imported")
+            if self._gpu and (torch.cuda.is_available() or self._environ.get("QCLI_KERNELS") == "triton"):
+                from qcli.pipeline import gpu
+
+                gpu.prepare()
+                self._log("CUDA context, Triton and the GPU pipeline loaded")
+            else:
+                from qcli.pipeline import cpu  # noqa: F401  (its imports: the codec)
+
+                self._log("CPU pipeline loaded")
+        except Exception as exc:  # noqa: BLE001 - select_pipeline meets it again on the main thread
+            log.debug("loading the runtime failed: %s", exc)
+        finally:
+            self._loaded.set()
+
+    def warm(self, plan: Plan, measure: bool) -> None:
+        """Compile, on a thread of its own once the runtime is loaded, the kernels that `plan` launches
+        on the GPU pipeline (`select` hands the pipeline the event it waits for before its first launch)."""
+        self._warming = True
+        threading.Thread(target=self._compile, args=(plan, measure), name="qcli-compile", daemon=True).start()
+
+    def _compile(self, plan: Plan, measure: bool) -> None:
+        try:
+            self._loaded.wait()
+            import sys
+
+            gpu = sys.modules.get("qcli.pipeline.gpu")  # loaded only where the GPU pipeline can run
+            if gpu is not None:
+                launches = gpu.compile_ahead(plan, measure, GpuSettings.from_env(self._environ))
+                self._log(f"kernels of {launches} launches compiled ahead")
+        except Exception as exc:  # noqa: BLE001 - the pipeline's own launch meets it again
+            log.debug("compiling ahead failed: %s", exc)
+        finally:
+            self._compiled.set()
+
+    def select(self, device: str) -> tuple[str, Pipeline]:
+        """`select_pipeline(device)`, after the loading thread is done; the GPU pipeline waits for the
+        kernels compiled ahead (when `warm` was called) before its first launch."""
+        tick = time.perf_counter()
+        self._loaded.wait()
+        self._log(f"runtime ready; the main thread waited {time.perf_counter() - tick:.3f} s for it")
+        chosen, run = select_pipeline(device, self._environ)
+        if chosen != "cpu" and self._warming:
+            run = partial(run, ahead=self._compiled)
+        return chosen, run
+
+    def _log(self, what: str) -> None:
+        log.debug("%.3f s after the command started: %s", time.perf_counter() - self._started, what)

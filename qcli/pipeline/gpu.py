@@ -20,6 +20,14 @@ to the host; the first pass then also takes what the bound of a per-tensor or tw
 (`qcli.measure.whole_range`). Measuring works a slice of at most `SLICE_VALUES` values at a time, whose
 temporaries (`BYTES_PER_VALUE` each) are reserved out of the quarter of the budget a chunk may take.
 
+A per-tensor or two-level MinMax scheme takes its range (the largest |x|) piece by piece as each piece
+lands on the device, on the compute stream while the next piece is copied, so its quantize launch is one
+pass over the tensor (`_streams_range`); a max is the same in any order, so the bytes are too.
+
+A fresh process's first launches would compile the kernels: `compile_ahead` runs what a plan launches on
+uninitialised tensors of each distinct shape, on a thread of its own while the first pieces are read
+(`qcli.pipeline.device.Runtime`), and `run` waits for it (`ahead`) before its first launch.
+
 `QCLI_KERNELS=triton` with `TRITON_INTERPRET=1` runs the same pipeline on CPU tensors, without a GPU.
 """
 
@@ -37,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+import triton
 
 from qcli import layout
 from qcli.codec.scales import Scales
@@ -89,11 +98,12 @@ class _Piece:
 
 
 def run(plan: Plan, source: Source, measure: bool = False, *,
-        settings: GpuSettings) -> Iterator[Payload]:
+        settings: GpuSettings, ahead: threading.Event | None = None) -> Iterator[Payload]:
     """Every plan entry once, in order, as a `Payload` (`qcli.pipeline`): the same bytes and measures as
     the CPU pipeline. A payload is pinned host memory, valid until the generator is resumed twice more; a
     measurement is on the device. Its `read_seconds` is 0: the reads here overlap the kernels, so they
-    take no time of their own."""
+    take no time of their own. `ahead`, when given, is set once `compile_ahead` is done: the first launch
+    waits for it, the reads do not."""
     device = _device()
     for entry in plan.entries:
         if entry.decision.requantize is not None:  # its source is decoded from several tensors, on the host
@@ -107,9 +117,57 @@ def run(plan: Plan, source: Source, measure: bool = False, *,
     stage = _Stage(device, max(p.nbytes for p in pieces), max(e.out_nbytes for e in plan.entries))
     reader = _Reader(pieces, stage, settings.read_slice)
     try:
-        yield from _quantize(pieces, reader, stage, measure, source)
+        yield from _quantize(pieces, reader, stage, measure, source, ahead)
     finally:
         reader.stop()
+
+
+def prepare() -> None:
+    """Create the CUDA context and load Triton's driver (which builds its launcher helpers into Triton's
+    cache on a fresh machine), so that neither waits for the first tensor."""
+    if torch.cuda.is_available():
+        torch.zeros(1, device="cuda")
+        triton.runtime.driver.active.get_current_target()
+
+
+def compile_ahead(plan: Plan, measure: bool, settings: GpuSettings) -> int:
+    """Make, once per distinct shape, dtype and decision of the plan's quantized tensors, the launches the
+    pipeline makes for it (`_upload`'s range, `_process`), on uninitialised device tensors and a stream of
+    their own, so that Triton compiles the kernels (or loads them from its cache) and torch loads its own
+    before the first tensor arrives; return how many tensors' launches were made. Searched scales (Mse)
+    are torch code, left to their first tensor; the interpreter compiles nothing."""
+    device = _device()
+    if interpreted():
+        return 0
+    bare = _Stage(device, 0, 0, streams=False)
+    made = set()
+    stream = torch.cuda.Stream() if device.type == "cuda" else None
+    with _on(stream):
+        for i, entry in enumerate(plan.entries):
+            decision = entry.decision
+            key = (tuple(entry.info.shape), entry.info.dtype, decision.scheme, decision.calibration,
+                   decision.transpose)
+            if (decision.scheme is None or decision.transcode is not None or decision.requantize is not None
+                    or decision.calibration is Calibration.Mse or entry.info.dtype not in _KERNEL_DTYPES
+                    or key in made):
+                continue
+            made.add(key)
+            check_accepted(decision.scheme, decision.calibration)
+            out = torch.empty(entry.out_nbytes, dtype=torch.uint8, device=device)
+            tensor = None
+            for piece in _pieces(i, entry, settings, measure):
+                if tensor is None:
+                    bad = torch.zeros(1, dtype=torch.int32, device=device)
+                    tensor = _Tensor(piece, out, bad, Measurement.on(device) if measure else None)
+                if piece.start == piece.chunk_start:
+                    tensor.chunk = torch.empty(_chunk_shape(piece, piece.chunk_start, piece.chunk_stop),
+                                               dtype=torch_dtype(entry.info.dtype), device=device)
+                _stream_range(tensor, piece, bare)
+                if piece.stop == piece.chunk_stop:
+                    _process(tensor, piece, bare)
+    if stream is not None:
+        stream.synchronize()
+    return len(made)
 
 
 def _device() -> torch.device:
@@ -161,9 +219,9 @@ class _Stage:
     """Staging buffers for reads and two output buffers for payloads, pinned when on a GPU, and the
     streams that move data between them and the device."""
 
-    def __init__(self, device: torch.device, piece_bytes: int, out_bytes: int) -> None:
+    def __init__(self, device: torch.device, piece_bytes: int, out_bytes: int, streams: bool = True) -> None:
         self.device = device
-        cuda = device.type == "cuda"
+        cuda = device.type == "cuda" and streams
         self.staging = [torch.empty(piece_bytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(_SLOTS)]
         self.outputs = [torch.empty(out_bytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(2)]
         self.h2d = torch.cuda.Stream() if cuda else None
@@ -264,8 +322,8 @@ class _Tensor:
     measure_done = None         # event after the last measuring work
 
 
-def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: bool, source: Source
-              ) -> Iterator[Payload]:
+def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: bool, source: Source,
+              ahead: threading.Event | None) -> Iterator[Payload]:
     pending: list[_Tensor] = []
     current: _Tensor | None = None
     for _ in pieces:
@@ -273,6 +331,9 @@ def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: boo
         if isinstance(piece, BaseException):
             raise piece
         reader.wait(piece, reads)
+        if ahead is not None:  # the first launch: after the kernels compiled ahead, while the reads go on
+            ahead.wait()
+            ahead = None
         entry = piece.entry
         if current is None or current.piece.index != piece.index:
             out = stage.outputs[piece.index % 2][: entry.out_nbytes]
@@ -291,6 +352,7 @@ def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: boo
         else:
             _upload(current, piece, host, stage)
             reader.release(slot, stage.event(stage.h2d))
+            _stream_range(current, piece, stage)
             if piece.stop == piece.chunk_stop:
                 _process(current, piece, stage)
         if piece.last:
@@ -345,6 +407,33 @@ def _upload(tensor: _Tensor, piece: _Piece, host: torch.Tensor, stage: _Stage) -
         rows = tensor.chunk.reshape(max(piece.chunk_stop - piece.chunk_start, 1), -1)
         rows = rows[piece.start - piece.chunk_start : piece.stop - piece.chunk_start]
         rows.view(torch.uint8).reshape(-1).copy_(host, non_blocking=True)
+
+
+def _streams_range(piece: _Piece) -> bool:
+    """Whether the range of this piece's tensor is taken piece by piece as it lands: a per-tensor or
+    two-level MinMax scheme (its range is the largest |x|, the same in any order of pieces) on a tensor
+    held whole on the device (a chunked one takes a pass of its own, `Pass.range`)."""
+    decision = piece.entry.decision
+    scheme = decision.scheme
+    rows = piece.entry.info.shape[0] if len(piece.entry.info.shape) >= 2 else 1
+    return (scheme is not None and decision.transcode is None and decision.calibration is Calibration.MinMax
+            and (scheme.block is None or scheme.is_two_level()) and piece.chunk_start == 0
+            and piece.chunk_stop == max(rows, 1))
+
+
+def _stream_range(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
+    """The range of the piece just copied to the device, on the compute stream once the copy is done,
+    added into the tensor's (`_streams_range`)."""
+    if not _streams_range(piece):
+        return
+    if stage.compute is not None:
+        stage.compute.wait_stream(stage.h2d)
+    rows = tensor.chunk.reshape(max(piece.chunk_stop - piece.chunk_start, 1), -1)
+    part = rows[piece.start - piece.chunk_start : piece.stop - piece.chunk_start]
+    with _on(stage.compute):
+        got = tensor_range(part.reshape(_chunk_shape(piece, piece.start, piece.stop)), piece.entry.decision.scheme,
+                           Calibration.MinMax, tensor.bad)
+        tensor.whole = got if tensor.whole is None else tensor.whole.add(got)
 
 
 def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:

@@ -417,9 +417,10 @@ def test_large_random_data_matches_codec_on_gpu(payload, case):
 @pytest.mark.interpreter
 @pytest.mark.parametrize("settings", [
     GpuSettings(read_slice=1000),
+    GpuSettings(piece_bytes=1000, read_slice=1000),
     GpuSettings(budget=6 << 10, piece_bytes=1000, read_slice=1000),
     GpuSettings(budget=30000, piece_bytes=7 << 10, read_slice=1000),
-], ids=["whole", "chunked", "chunked-pieces"])
+], ids=["whole", "whole-pieces", "chunked", "chunked-pieces"])
 @pytest.mark.parametrize("searched", [False, True], ids=["as-decided", "mse"])
 def test_pipeline_yields_the_cpu_pipelines_bytes(tmp_path, settings, searched):
     # Small budgets split tensors into row chunks of whole blocks (and per-tensor/two-level schemes into
