@@ -7,6 +7,12 @@ own torch arithmetic run eagerly on the GPU, and the same function through torch
 bytes in (the bf16 tensor) plus bytes out (the payload) over the median time, and checks the Triton
 payload, written into a poisoned buffer, against the eager one byte for byte. Writes kernels.json and
 prints a table.
+
+For per-tensor and two-level schemes it also times the quantize launch given the tensor's range
+(`enqueue(..., whole=...)`), which is what the GPU pipeline launches once it has taken the range piece
+by piece as the tensor landed (`qcli.pipeline.gpu`); and, once per such scheme at the largest size, the
+upload of the tensor from pinned memory in four pieces alone and with each piece's range taken on a
+second stream as it lands (`streamed`): what that range costs the pipeline.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from qcli.codec import encode as codec_encode
 from qcli.codec.blocks import counts
 from qcli.codec.scales import block_alpha, block_reduce, scales_from_alpha
 from qcli.codec.values import to_fields
-from qcli.kernels import enqueue
+from qcli.kernels import enqueue, tensor_range
 from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue, ScaleDtype
 
 MinMax, AbsMean = Calibration.MinMax, Calibration.AbsMean
@@ -82,15 +88,50 @@ def copy_bandwidth(nbytes: int) -> float:
     return 2 * nbytes / (median_ms(lambda: dst.copy_(src)) * 1e-3)
 
 
+def two_pass(scheme: QuantScheme) -> bool:
+    """Whether the scheme's scales depend on the whole tensor (per-tensor or two-level)."""
+    return scheme.block is None or scheme.is_two_level()
+
+
+def streamed(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, pieces: int = 4) -> dict:
+    """Median seconds to upload `x` from pinned memory in `pieces` row pieces on a copy stream, alone and
+    with each piece's range taken on a compute stream once it lands, as the pipeline does."""
+    host = x.cpu().pin_memory()
+    dev = torch.empty_like(x)
+    bad = torch.zeros(1, dtype=torch.int32, device="cuda")
+    copy, compute = torch.cuda.Stream(), torch.cuda.Stream()
+    rows = x.shape[0] // pieces
+
+    def upload(with_range: bool) -> None:
+        for k in range(pieces):
+            with torch.cuda.stream(copy):
+                dev[k * rows : (k + 1) * rows].copy_(host[k * rows : (k + 1) * rows], non_blocking=True)
+            if with_range:
+                compute.wait_stream(copy)
+                with torch.cuda.stream(compute):
+                    tensor_range(dev[k * rows : (k + 1) * rows], scheme, calibration, bad)
+        torch.cuda.synchronize()
+
+    result = {}
+    for name, with_range in (("upload_s", False), ("upload_with_range_s", True)):
+        times = []
+        for _ in range(7):
+            started = time.perf_counter()
+            upload(with_range)
+            times.append(time.perf_counter() - started)
+        result[name] = sorted(times)[len(times) // 2]
+    return result
+
+
 def bench(shape: tuple[int, int], label: str, scheme: QuantScheme, calibration: Calibration, compiled: bool,
-          copy_bps: float) -> dict:
+          copy_bps: float, eager: bool = True) -> dict:
     x = (torch.randn(shape, device="cuda") * torch.exp(torch.randn(shape, device="cuda"))).to(torch.bfloat16)
     x = torch.where(x == 0, torch.ones_like(x), x)
     n = layout.quantized_data_len(scheme, shape)
     out = torch.full((n,), 0xA5, dtype=torch.uint8, device="cuda")
     bad = torch.zeros(1, dtype=torch.int32, device="cuda")
     enqueue(x, scheme, calibration, out, bad)
-    eager = codec_on_device(x, scheme, calibration)
+    eager_out = codec_on_device(x, scheme, calibration) if eager else None
     torch.cuda.synchronize()
     # the CPU codec on the first rows: the reference the tests use
     rows = max(1, (1 << 21) // shape[1])
@@ -98,24 +139,36 @@ def bench(shape: tuple[int, int], label: str, scheme: QuantScheme, calibration: 
     cpu = codec_encode(part.cpu(), scheme, calibration)
     part_out = torch.empty(cpu.numel(), dtype=torch.uint8, device="cuda")
     enqueue(part, scheme, calibration, part_out, bad)
-    eager_part = codec_on_device(part, scheme, calibration).cpu()
     row = {"label": label, "scheme": str(scheme), "calibration": calibration.value, "shape": list(shape),
            "bytes_in": x.nbytes, "bytes_out": n, "bad_flag": int(bad.item()),
-           "identical_to_eager_codec": bool(torch.equal(out, eager)),
            "rows_checked_on_cpu": rows,
-           "triton_identical_to_cpu_codec": bool(torch.equal(part_out.cpu(), cpu)),
-           "eager_gpu_differing_bytes_vs_cpu_codec": int((eager_part != cpu).sum()),
-           "differing_bytes_vs_eager": int((out != eager).sum())}
+           "triton_identical_to_cpu_codec": bool(torch.equal(part_out.cpu(), cpu))}
+    if eager:
+        eager_part = codec_on_device(part, scheme, calibration).cpu()
+        row.update(identical_to_eager_codec=bool(torch.equal(out, eager_out)),
+                   eager_gpu_differing_bytes_vs_cpu_codec=int((eager_part != cpu).sum()),
+                   differing_bytes_vs_eager=int((out != eager_out).sum()))
     moved = x.nbytes + n
     triton_ms = median_ms(lambda: enqueue(x, scheme, calibration, out, bad))
     # replayed from a CUDA graph: the device's time alone, without Python's launch cost
     graph_ms = triton.testing.do_bench_cudagraph(lambda: enqueue(x, scheme, calibration, out, bad), rep=100,
                                                  return_mode="median")
-    eager_ms = median_ms(lambda: codec_on_device(x, scheme, calibration), rep=50)
     row.update(triton_ms=triton_ms, triton_gbps=moved / triton_ms / 1e6,
                copy_fraction=moved / (triton_ms * 1e-3) / copy_bps, graph_ms=graph_ms,
-               graph_copy_fraction=moved / (graph_ms * 1e-3) / copy_bps, eager_ms=eager_ms,
-               eager_gbps=moved / eager_ms / 1e6)
+               graph_copy_fraction=moved / (graph_ms * 1e-3) / copy_bps, launched_of_graph=graph_ms / triton_ms)
+    if two_pass(scheme) and calibration is MinMax:
+        whole = tensor_range(x, scheme, calibration, bad)
+        given = torch.full((n,), 0xA5, dtype=torch.uint8, device="cuda")
+        enqueue(x, scheme, calibration, given, bad, whole=whole)
+        given_ms = median_ms(lambda: enqueue(x, scheme, calibration, given, bad, whole=whole))
+        given_graph_ms = triton.testing.do_bench_cudagraph(
+            lambda: enqueue(x, scheme, calibration, given, bad, whole=whole), rep=100, return_mode="median")
+        row.update(given_range_identical=bool(torch.equal(given, out)), given_range_ms=given_ms,
+                   given_range_copy_fraction=moved / (given_ms * 1e-3) / copy_bps,
+                   given_range_graph_copy_fraction=moved / (given_graph_ms * 1e-3) / copy_bps)
+    if eager:
+        eager_ms = median_ms(lambda: codec_on_device(x, scheme, calibration), rep=50)
+        row.update(eager_ms=eager_ms, eager_gbps=moved / eager_ms / 1e6)
     if compiled:
         torch._dynamo.reset()  # a fresh graph per scheme: its constants stay constants
         fn = torch.compile(codec_on_device, dynamic=False)
@@ -127,7 +180,7 @@ def bench(shape: tuple[int, int], label: str, scheme: QuantScheme, calibration: 
             return row
         torch.cuda.synchronize()
         row["compile_seconds"] = time.perf_counter() - started
-        row["compiled_differing_bytes_vs_eager"] = int((got != eager).sum())
+        row["compiled_differing_bytes_vs_eager"] = int((got != eager_out).sum()) if eager else None
         compiled_ms = median_ms(lambda: fn(x, scheme, calibration), rep=100)
         row.update(compiled_ms=compiled_ms, compiled_gbps=moved / compiled_ms / 1e6,
                    speedup_vs_compiled=compiled_ms / triton_ms)
@@ -137,8 +190,10 @@ def bench(shape: tuple[int, int], label: str, scheme: QuantScheme, calibration: 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--sizes", default="8192x8192,16384x16384")
+    parser.add_argument("--sizes", default="4096x4096,8192x8192,16384x16384")
     parser.add_argument("--compile-size", default="16384x16384", help="the size torch.compile is timed at")
+    parser.add_argument("--no-eager", action="store_true", help="skip the eager torch baseline")
+    parser.add_argument("--schemes", help="comma-separated labels (default: all)")
     args = parser.parse_args()
     torch.manual_seed(0)
     copy_bps = copy_bandwidth(1 << 30)
@@ -147,10 +202,17 @@ def main() -> None:
               "copy_bytes_per_s": copy_bps, "rows": []}
     print(f"{result['device']} torch {torch.__version__} triton {triton.__version__}: "
           f"copy {copy_bps / 1e12:.2f} TB/s (read + write)", flush=True)
-    for size in args.sizes.split(","):
+    chosen = [s for s in SCHEMES if args.schemes is None or s[0] in args.schemes.split(",")]
+    sizes = args.sizes.split(",")
+    for size in sizes:
         shape = tuple(int(d) for d in size.split("x"))
-        for label, scheme, calibration, compiled in SCHEMES:
-            row = bench(shape, label, scheme, calibration, compiled and size == args.compile_size, copy_bps)
+        for label, scheme, calibration, compiled in chosen:
+            row = bench(shape, label, scheme, calibration, compiled and size == args.compile_size, copy_bps,
+                        eager=not args.no_eager)
+            if size == sizes[-1] and two_pass(scheme) and calibration is MinMax:
+                x = torch.randn(shape, device="cuda").to(torch.bfloat16)
+                row["streamed"] = streamed(x, scheme, calibration)
+                del x
             torch.cuda.empty_cache()
             result["rows"].append(row)
             (args.out / "kernels.json").write_text(json.dumps(result, indent=1))
@@ -158,10 +220,15 @@ def main() -> None:
             if "compiled_ms" in row:
                 extra = (f" compiled {row['compiled_gbps']:7.1f} GB/s ({row['speedup_vs_compiled']:.1f}x)"
                          f" compiled-diff {row['compiled_differing_bytes_vs_eager']}")
+            if "given_range_ms" in row:
+                extra += (f" given range {100 * row['given_range_copy_fraction']:5.1f}%"
+                          f" (graph {100 * row['given_range_graph_copy_fraction']:5.1f}%)"
+                          f" ={row['given_range_identical']}")
+            if "streamed" in row:
+                extra += " upload {upload_s:.4f} s, with range {upload_with_range_s:.4f} s".format(**row["streamed"])
             print(f"{size:>11} {label:30s} {row['triton_gbps']:7.1f} GB/s {100 * row['copy_fraction']:5.1f}% "
-                  f"of copy (graph {100 * row['graph_copy_fraction']:5.1f}%)  eager {row['eager_gbps']:6.1f} GB/s"
-                  f"  =cpu {row['triton_identical_to_cpu_codec']}"
-                  f" =eager {row['identical_to_eager_codec']}"
+                  f"of copy (graph {100 * row['graph_copy_fraction']:5.1f}%, launched/graph "
+                  f"{row['launched_of_graph']:.2f})  =cpu {row['triton_identical_to_cpu_codec']}"
                   f"{extra}", flush=True)
 
 

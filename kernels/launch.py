@@ -9,13 +9,21 @@ each chunk with it.
 
 The kernels take a scheme's facts as constexprs, from its value type's and scale dtype's rows in
 `qcli.scheme` (`_value_constants`, `_scale_constants`), and their tile shapes from `launch_config`.
+
+Every launch of a shape and scheme is the same but for its pointers, so its arguments are worked out once
+(`_Launch`, memoized per scheme, shape and dtype): the first launch goes through Triton's JIT, which
+compiles the kernel and checks its arguments; later ones go straight to the compiled kernel with raw
+device addresses, skipping the JIT's per-launch binding and specialization, several microseconds each,
+which at 4096² is most of the device's time.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import triton
@@ -59,6 +67,53 @@ class LaunchConfig:
     def even(self, cols: int, group_values: int) -> bool:
         """Whether every program's tile lies wholly inside its row of `cols` values, so nothing is masked."""
         return cols % (self.groups * group_values) == 0
+
+
+class _View(NamedTuple):
+    """`length` bytes of the uint8 tensor `base` from byte `offset`, as `dtype`: a pointer argument that
+    is a torch view only for the launch that compiles."""
+
+    base: torch.Tensor
+    offset: int
+    length: int
+    dtype: torch.dtype = torch.uint8
+
+    def tensor(self) -> torch.Tensor:
+        part = self.base[self.offset : self.offset + self.length]
+        return part if self.dtype is torch.uint8 else part.view(self.dtype)
+
+    def data_ptr(self) -> int:
+        return self.base.data_ptr() + self.offset
+
+
+@dataclass
+class _Launch:
+    """One kernel's launch for one shape and scheme: its grid, its integer arguments and its constexprs
+    (with the launch options), all fixed; the pointers (tensors, `_View`s or None, first in every
+    kernel's signature) vary. Triton specializes a kernel on whether each pointer is 16-byte aligned, so
+    the compiled kernel is kept per alignment."""
+
+    kernel: object
+    grid: int
+    ints: tuple
+    constexprs: dict
+    _compiled: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # the parameters in order: pointers, ints, then the constexprs, which launch by position too
+        self._constexpr_values = tuple(self.constexprs[n] for n in self.kernel.arg_names if n in self.constexprs)
+
+    def __call__(self, *pointers) -> None:
+        addresses = tuple(None if p is None else p.data_ptr() for p in pointers)
+        aligned = tuple(a is not None and a % 16 == 0 for a in addresses)
+        compiled = self._compiled.get(aligned)
+        if compiled is None:
+            args = [p.tensor() if isinstance(p, _View) else p for p in pointers]
+            compiled = self.kernel[(self.grid,)](*args, *self.ints, **self.constexprs)
+            if compiled is not None and not interpreted():  # the interpreter compiles nothing
+                self._compiled[aligned] = compiled
+            return
+        compiled[(self.grid,)](*addresses, *self.ints, *self._constexpr_values)
 
 
 def launch_config(group_values: int, groups_per_row: int, wide: bool = False) -> LaunchConfig:
@@ -165,46 +220,77 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
     `Calibration.Mse`, a per-tensor scheme's scale searched over every chunk (`qcli.codec.search.Search`).
     """
     shape = tuple(x.shape)
+    if calibration is not Calibration.Mse:
+        fused = _fused_launch(scheme, shape, x.dtype, calibration)
+        if fused is not None:
+            launch, value_bytes, scale_bytes = fused
+            values = _View(out, 0, value_bytes, torch.int32 if scheme.size_bits_stored() == 32 else torch.uint8)
+            scales = _View(out, value_bytes, scale_bytes)
+            if scheme.is_two_level():
+                peak = (whole or tensor_range(x, scheme, calibration, bad)).peak
+                launch(x, values, scales, _View(out, value_bytes + scale_bytes, 4), peak, bad)
+            else:
+                launch(x, values, scales, None, None, bad)
+            return
     grid = layout.BlockGrid.of(scheme, shape)
-    per_unit = scheme.num_quants()
     value_bytes = layout.value_bytes(scheme, shape)
     values = out[:value_bytes]
     values = values.view(torch.int32) if scheme.size_bits_stored() == 32 else values
     scales = out[value_bytes:]
-    fields = dict(N=per_unit, SAFE=_safe_scales(scheme), **_value_constants(scheme.value), **_OPTIONS)
-    if calibration is not Calibration.Mse and _fused(scheme, grid):
-        width = grid.block[-1]
-        two_level = scheme.is_two_level()
-        rows, cols, units_per_row = _flat(grid, width, per_unit)
-        blocks_per_row = math.ceil(cols / width)
-        config = launch_config(width, blocks_per_row, wide=calibration is Calibration.AbsMean)
-        K._quantize_fused_kernel[(rows * config.chunks,)](
-            x, values, scales, scales[layout.scale_bytes(scheme, shape) :] if two_level else None,
-            (whole or tensor_range(x, scheme, calibration, bad)).peak if two_level else None, bad, cols,
-            units_per_row, config.chunks, blocks_per_row, BC=width, G=config.groups, U=width // per_unit,
-            CAL=_cal(calibration), TWO_LEVEL=two_level, HALF_RANGE=scheme.value.half_range(),
-            EVEN=config.even(cols, width), num_warps=config.num_warps,
-            **_scale_constants(scheme.scale_dtype()), **fields)
-        return
     if calibration is Calibration.Mse:
         s_eff, r_eff = _searched(x, scheme, grid, scales, bad, whole, searched)
     else:
         s_eff, r_eff = _scales(x, scheme, calibration, grid, scales, bad, whole)
+    if scheme.block is None:
+        _gathered_launch(scheme, shape)(x, values, s_eff, r_eff)
+    else:
+        _gathered_launch(scheme, shape)(x, values, s_eff, r_eff, _row_base(grid, x.device))
+
+
+@functools.lru_cache(maxsize=4096)
+def _gathered_launch(scheme: QuantScheme, shape: tuple[int, ...]) -> _Launch:
+    """The launch of the kernel that quantizes under scales computed beforehand: `_quantize_tensor_kernel`
+    (pointers: x, values, s_eff, r_eff) or `_quantize_blocks_kernel` (and each row's first scale)."""
+    grid = layout.BlockGrid.of(scheme, shape)
+    per_unit = scheme.num_quants()
     u = max(1, _GATHER_UNITS // per_unit)
+    fields = dict(N=per_unit, SAFE=_safe_scales(scheme), **_value_constants(scheme.value), **_OPTIONS)
     if scheme.block is None:
         rows, cols, units_per_row = _flat(grid, 1, per_unit)
         config = launch_config(u * per_unit, math.ceil(units_per_row / u))
-        K._quantize_tensor_kernel[(rows * config.chunks,)](
-            x, values, s_eff, r_eff, cols, units_per_row, config.chunks, G=config.groups, U=u,
-            EVEN=config.even(cols, u * per_unit), num_warps=config.num_warps, **fields)
-    else:
-        rows, cols = _rows(grid)
-        units_per_row = math.ceil(cols / per_unit)
-        config = launch_config(u * per_unit, math.ceil(units_per_row / u), wide=True)
-        K._quantize_blocks_kernel[(rows * config.chunks,)](
-            x, values, s_eff, r_eff, _row_base(grid, x.device), cols, units_per_row, config.chunks,
-            BC=grid.block[-1], G=config.groups, U=u, EVEN=config.even(cols, u * per_unit),
-            num_warps=config.num_warps, **fields)
+        return _Launch(K._quantize_tensor_kernel, rows * config.chunks, (cols, units_per_row, config.chunks),
+                       dict(G=config.groups, U=u, EVEN=config.even(cols, u * per_unit),
+                            num_warps=config.num_warps, **fields))
+    rows, cols = _rows(grid)
+    units_per_row = math.ceil(cols / per_unit)
+    config = launch_config(u * per_unit, math.ceil(units_per_row / u), wide=True)
+    return _Launch(K._quantize_blocks_kernel, rows * config.chunks, (cols, units_per_row, config.chunks),
+                   dict(BC=grid.block[-1], G=config.groups, U=u, EVEN=config.even(cols, u * per_unit),
+                        num_warps=config.num_warps, **fields))
+
+
+@functools.lru_cache(maxsize=4096)
+def _fused_launch(scheme: QuantScheme, shape: tuple[int, ...], dtype: torch.dtype, calibration: Calibration
+                  ) -> tuple[_Launch, int, int] | None:
+    """The fused kernel's launch for `shape` (with the value and scale bytes of its payload), or None
+    where the scheme's blocks are not its kind (`_fused`). Its pointers: x, values, scales, the global
+    (two levels), the largest block range (two levels), the flag."""
+    grid = layout.BlockGrid.of(scheme, shape)
+    if not _fused(scheme, grid):
+        return None
+    per_unit = scheme.num_quants()
+    width = grid.block[-1]
+    rows, cols, units_per_row = _flat(grid, width, per_unit)
+    blocks_per_row = math.ceil(cols / width)
+    config = launch_config(width, blocks_per_row, wide=calibration is Calibration.AbsMean)
+    constexprs = dict(BC=width, G=config.groups, U=width // per_unit, CAL=_cal(calibration),
+                      TWO_LEVEL=scheme.is_two_level(), HALF_RANGE=scheme.value.half_range(),
+                      EVEN=config.even(cols, width), num_warps=config.num_warps, N=per_unit,
+                      SAFE=_safe_scales(scheme), **_scale_constants(scheme.scale_dtype()),
+                      **_value_constants(scheme.value), **_OPTIONS)
+    launch = _Launch(K._quantize_fused_kernel, rows * config.chunks,
+                     (cols, units_per_row, config.chunks, blocks_per_row), constexprs)
+    return launch, layout.value_bytes(scheme, shape), layout.scale_bytes(scheme, shape)
 
 
 def _scales(x, scheme: QuantScheme, calibration: Calibration, grid: layout.BlockGrid, scales, bad,
@@ -221,13 +307,19 @@ def _scales(x, scheme: QuantScheme, calibration: Calibration, grid: layout.Block
     n = alpha.numel()
     s_eff = torch.empty(n, dtype=torch.float32, device=x.device)
     r_eff = torch.empty_like(s_eff)
-    shape = tuple(x.shape)
-    K._scales_kernel[(triton.cdiv(n, _SCALES_BLOCK),)](
-        alpha, whole.peak if two_level else None, scales,
-        scales[layout.scale_bytes(scheme, shape) :] if two_level else None, s_eff, r_eff, n,
-        BLOCK=_SCALES_BLOCK, TWO_LEVEL=two_level, HALF_RANGE=scheme.value.half_range(),
-        **_scale_constants(scheme.scale_dtype()), **_OPTIONS)
+    scale_bytes = layout.scale_bytes(scheme, tuple(x.shape))
+    _scales_launch(scheme, n)(alpha, whole.peak if two_level else None, scales,
+                              scales[scale_bytes:] if two_level else None, s_eff, r_eff)
     return s_eff, r_eff
+
+
+@functools.lru_cache(maxsize=4096)
+def _scales_launch(scheme: QuantScheme, n: int) -> _Launch:
+    """`_scales_kernel`'s launch for `n` block ranges (pointers: the ranges, the largest (two levels), the
+    stored scales, the global (two levels), s_eff, r_eff)."""
+    return _Launch(K._scales_kernel, triton.cdiv(n, _SCALES_BLOCK), (n,),
+                   dict(BLOCK=_SCALES_BLOCK, TWO_LEVEL=scheme.is_two_level(), HALF_RANGE=scheme.value.half_range(),
+                        **_scale_constants(scheme.scale_dtype()), **_OPTIONS))
 
 
 def _searched(x, scheme: QuantScheme, grid: layout.BlockGrid, scales, bad, whole: TensorRange | None,
@@ -260,19 +352,25 @@ def _row_alpha(x, rows: int, cols: int, width: int, calibration: Calibration, ba
                ) -> torch.Tensor:
     """Per row and block of `width` values along it: max |x| (f32) or the f64 sum of |x|; with
     per_program, the largest f32 block range (mean for AbsMean) of each program's blocks."""
+    launch, size = _alpha_launch(rows, cols, width, calibration, per_program)
+    dtype = torch.float64 if calibration is Calibration.AbsMean and not per_program else torch.float32
+    out = torch.empty(size, dtype=dtype, device=x.device)
+    launch(x, out, bad)
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _alpha_launch(rows: int, cols: int, width: int, calibration: Calibration, per_program: bool
+                  ) -> tuple[_Launch, int]:
+    """`_alpha_kernel`'s launch for `_row_alpha` (pointers: x, out, the flag), and the values it writes."""
     blocks_per_row = math.ceil(cols / width)
     bp = triton.next_power_of_2(width)
     config = launch_config(bp, blocks_per_row)
-    if per_program:
-        out = torch.empty(rows * config.chunks, dtype=torch.float32, device=x.device)
-    else:
-        dtype = torch.float64 if calibration is Calibration.AbsMean else torch.float32
-        out = torch.empty(rows * blocks_per_row, dtype=dtype, device=x.device)
     # Triton's default warps, as before: the order of its float64 sums may depend on them
-    K._alpha_kernel[(rows * config.chunks,)](
-        x, out, bad, cols, blocks_per_row, config.chunks, BC=width, G=config.groups, BP=bp,
-        CAL=_cal(calibration), PER_PROGRAM=per_program, **_OPTIONS)
-    return out
+    launch = _Launch(K._alpha_kernel, rows * config.chunks, (cols, blocks_per_row, config.chunks),
+                     dict(BC=width, G=config.groups, BP=bp, CAL=_cal(calibration), PER_PROGRAM=per_program,
+                          **_OPTIONS))
+    return launch, rows * (config.chunks if per_program else blocks_per_row)
 
 
 def _block_alpha(x, grid: layout.BlockGrid, calibration: Calibration, bad) -> torch.Tensor:
@@ -296,12 +394,17 @@ def _block_alpha(x, grid: layout.BlockGrid, calibration: Calibration, bad) -> to
     return alpha.contiguous()
 
 
+@functools.lru_cache(maxsize=256)
 def _row_base(grid: layout.BlockGrid, device) -> torch.Tensor:
-    """For each row of the last axis, the index of its first block's scale in the row-major grid."""
+    """For each row of the last axis, the index of its first block's scale in the row-major grid (made
+    once per grid and device: it is only read)."""
     base = torch.zeros(1, dtype=torch.int64, device=device)
     for d, b, g in zip(grid.shape[:-1], grid.block[:-1], grid.grid[:-1], strict=True):
         base = (base[:, None] * g + torch.arange(d, device=device) // b).reshape(-1)
-    return base * grid.grid[-1]
+    base = base * grid.grid[-1]
+    if base.is_cuda:  # complete before any stream reads it
+        torch.cuda.current_stream().synchronize()
+    return base
 
 
 def encode(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration = Calibration.MinMax,

@@ -33,10 +33,12 @@ uninitialised tensors of each distinct shape, on a thread of its own while the f
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -66,6 +68,7 @@ if TYPE_CHECKING:
     from qcli.io.source import Source
     from qcli.plan import Plan, PlanEntry
 
+log = logging.getLogger(__name__)
 _SLOTS = 2  # staging buffers: pieces read ahead of the device
 _KERNEL_DTYPES = ("F32", "F16", "BF16")  # the source dtypes the kernels quantize
 
@@ -332,7 +335,9 @@ def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: boo
             raise piece
         reader.wait(piece, reads)
         if ahead is not None:  # the first launch: after the kernels compiled ahead, while the reads go on
+            tick = time.perf_counter()
             ahead.wait()
+            log.debug("first piece read; waited %.3f s for the kernels compiled ahead", time.perf_counter() - tick)
             ahead = None
         entry = piece.entry
         if current is None or current.piece.index != piece.index:

@@ -411,6 +411,24 @@ def test_large_random_data_matches_codec_on_gpu(payload, case):
         assert_same(payload(x, scheme, calibration), expected(x, scheme, calibration))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_repeated_launches_match_codec_on_gpu(kernels, case):
+    # A shape's second launch goes straight to its compiled kernel with raw addresses
+    # (qcli.kernels.launch._Launch); a payload one byte off 16-byte alignment is compiled for apart.
+    scheme, calibration, shape = case
+    x = wide(shape, 300)
+    want = expected(x, scheme, calibration)
+    n = len(want)
+    for offset in (0, 0, 1, 1, 0):
+        out = torch.full((n + 1,), POISON, dtype=torch.uint8, device="cuda")
+        bad = torch.zeros(1, dtype=torch.int32, device="cuda")
+        kernels.enqueue(x.cuda(), scheme, calibration, out[offset : offset + n], bad)
+        assert int(bad.item()) == 0
+        assert_same(out[offset : offset + n].cpu().numpy().tobytes(), want)
+        assert int(out[n if offset == 0 else 0]) == POISON  # nothing written outside the payload
+
+
 # ---- the streaming pipeline ---------------------------------------------------------------------
 
 
@@ -439,6 +457,38 @@ def test_pipeline_yields_the_cpu_pipelines_bytes(tmp_path, settings, searched):
     assert [n for n, _ in got] == [n for n, _ in want]
     for (name, g), (_, w) in zip(got, want, strict=True):
         assert g == w, name
+
+
+@pytest.mark.interpreter
+def test_the_runtime_compiles_ahead_and_its_pipeline_yields_the_cpu_pipelines_bytes(tmp_path, device):
+    # Runtime: torch, CUDA and Triton loaded on a thread, the plan's kernels compiled ahead on another (on
+    # a GPU; the interpreter compiles nothing), and the pipeline's first launch waiting for them.
+    from qcli.pipeline import cpu
+    from qcli.pipeline.device import Runtime
+
+    path, decisions = checkpoint(tmp_path)
+    plan, source = fixed_plan(path, decisions)
+    environ = {} if device == "cuda" else {"QCLI_KERNELS": "triton"}
+    runtime = Runtime(device, environ)
+    runtime.warm(plan, measure=True)
+    chosen, run = runtime.select(device)
+    assert chosen == ("cuda" if device == "cuda" else "triton") and run.keywords["ahead"] is not None
+    with source:
+        want = [(p.entry.info.name, bytes(p.data.numpy())) for p in cpu.run(plan, source)]
+        got = [(p.entry.info.name, bytes(p.data.numpy())) for p in run(plan, source, measure=True)]
+    assert got == want
+
+
+@pytest.mark.gpu
+def test_compile_ahead_makes_each_distinct_tensors_launches_once(tmp_path):
+    from qcli.pipeline import gpu
+
+    path, decisions = checkpoint(tmp_path)
+    plan, source = fixed_plan(path, decisions)
+    source.close()
+    quantized = {(tuple(e.info.shape), e.info.dtype, e.decision.scheme, e.decision.calibration,
+                  e.decision.transpose) for e in plan.entries if e.decision.scheme is not None}
+    assert gpu.compile_ahead(plan, True, GpuSettings()) == len(quantized) == 5
 
 
 @pytest.mark.interpreter
