@@ -113,7 +113,7 @@ class _Launch:
             if compiled is not None and not interpreted():  # the interpreter compiles nothing
                 self._compiled[aligned] = compiled
             return
-        compiled[(self.grid,)](*addresses, *self.ints, *self._constexpr_values)
+        compiled[(self.grid, 1, 1)](*addresses, *self.ints, *self._constexpr_values)
 
 
 def launch_config(group_values: int, groups_per_row: int, wide: bool = False) -> LaunchConfig:

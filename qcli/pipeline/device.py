@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from qcli.errors import UsageError
 from qcli.pipeline import GpuSettings, Pipeline
+from qcli.pipeline.prefetch import Prefetch
 
 if TYPE_CHECKING:
     from qcli.plan import Plan
@@ -56,7 +57,8 @@ class Runtime:
     """A run's runtime, loaded on a thread of its own from the command's start, so that importing torch
     and creating the CUDA context overlap reading the headers, planning and opening the output; then, once
     the plan is known (`warm`), the kernels it launches are compiled on another (`gpu.compile_ahead`)
-    while the pipeline's first reads go on. `select` is `select_pipeline` once the loading is done.
+    while the pipeline's first reads go on, and the input is read into the page cache until the pipeline
+    starts (`qcli.pipeline.prefetch`). `select` is `select_pipeline` once the loading is done.
 
     Nothing here decides anything: a failure on these threads is left for `select_pipeline` to meet
     again, on the main thread, where it becomes the run's error."""
@@ -68,6 +70,7 @@ class Runtime:
         self._loaded = threading.Event()
         self._compiled = threading.Event()
         self._warming = False
+        self._prefetch: Prefetch | None = None
         threading.Thread(target=self._load, name="qcli-runtime", daemon=True).start()
 
     def _load(self) -> None:
@@ -93,6 +96,7 @@ class Runtime:
         """Compile, on a thread of its own once the runtime is loaded, the kernels that `plan` launches
         on the GPU pipeline (`select` hands the pipeline the event it waits for before its first launch)."""
         self._warming = True
+        self._prefetch = Prefetch(plan, _available_memory() // 4)
         threading.Thread(target=self._compile, args=(plan, measure), name="qcli-compile", daemon=True).start()
 
     def _compile(self, plan: Plan, measure: bool) -> None:
@@ -115,6 +119,8 @@ class Runtime:
         tick = time.perf_counter()
         self._loaded.wait()
         self._log(f"runtime ready; the main thread waited {time.perf_counter() - tick:.3f} s for it")
+        if self._prefetch is not None:
+            self._log(f"{self._prefetch.stop() / 1e9:.2f} GB of the input read into the page cache meanwhile")
         chosen, run = select_pipeline(device, self._environ)
         if chosen != "cpu" and self._warming:
             run = partial(run, ahead=self._compiled)
@@ -122,3 +128,12 @@ class Runtime:
 
     def _log(self, what: str) -> None:
         log.debug("%.3f s after the command started: %s", time.perf_counter() - self._started, what)
+
+
+def _available_memory() -> int:
+    """Linux's estimate of the memory available without swapping (MemAvailable), or 0 where unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return 0
