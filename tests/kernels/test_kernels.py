@@ -415,13 +415,13 @@ def test_large_random_data_matches_codec_on_gpu(payload, case):
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_repeated_launches_match_codec_on_gpu(kernels, case):
     # A shape's second launch goes straight to its compiled kernel with raw addresses
-    # (qcli.kernels.launch._Launch); a payload one byte off 16-byte alignment is compiled for apart.
+    # (qcli.kernels.launch._Launch); a payload 4 bytes off 16-byte alignment is compiled for apart.
     scheme, calibration, shape = case
     x = wide(shape, 300)
     want = expected(x, scheme, calibration)
     n = len(want)
-    for offset in (0, 0, 1, 1, 0):
-        out = torch.full((n + 1,), POISON, dtype=torch.uint8, device="cuda")
+    for offset in (0, 0, 4, 4, 0):
+        out = torch.full((n + 4,), POISON, dtype=torch.uint8, device="cuda")
         bad = torch.zeros(1, dtype=torch.int32, device="cuda")
         kernels.enqueue(x.cuda(), scheme, calibration, out[offset : offset + n], bad)
         assert int(bad.item()) == 0
