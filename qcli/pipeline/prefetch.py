@@ -66,7 +66,7 @@ class Prefetch:
         try:
             with ThreadPoolExecutor(THREADS) as pool:
                 list(pool.map(read, jobs))
-        except OSError:  # the pipeline's own reads meet it again and report it
+        except Exception:  # noqa: BLE001 - the pipeline's own reads meet it again and report it
             pass
         finally:
             for fd in fds.values():
