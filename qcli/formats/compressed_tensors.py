@@ -82,17 +82,16 @@ class Weights:
         if not isinstance(obj, dict):
             return f"its weights are {type(obj).__name__}, not an object"
         size, block = obj.get("group_size"), obj.get("block_structure")
+        sizes = tuple(block) if isinstance(block, list) and len(block) == 2 and all(map(_positive, block)) else None
         weights = Weights(obj.get("num_bits"), obj.get("type"), obj.get("symmetric", True), obj.get("strategy"),
-                          size, tuple(block) if isinstance(block, list) else block)
+                          size if _positive(size) else None, sizes)
         if (not _positive(weights.num_bits) or weights.type not in ("int", "float")
                 or not isinstance(weights.symmetric, bool)
                 or weights.strategy not in ("tensor", "channel", "group", "tensor_group", "block")):
             return f"its weights {printable(str(obj))} are not compressed-tensors' weights"
-        if weights.strategy in ("group", "tensor_group") and not _positive(size):
+        if weights.strategy in ("group", "tensor_group") and weights.group_size is None:
             return f"strategy {weights.strategy} with group_size {printable(str(size))}"
-        if weights.strategy == "block" and not (isinstance(weights.block_structure, tuple)
-                                                and len(weights.block_structure) == 2
-                                                and all(_positive(d) for d in weights.block_structure)):
+        if weights.strategy == "block" and weights.block_structure is None:
             return f"strategy block with block_structure {printable(str(block))}"
         return weights
 
@@ -187,8 +186,8 @@ class Integers(Transcode):
         return torch.cat([pack_fields(fields, self.scheme), pack_scales(scales, ScaleDtype.F32)])
 
     def dequantize(self, codes: torch.Tensor, load: Load) -> torch.Tensor:
-        """`q * scale` in f32: exact, so compressed-tensors' decompression in the scale's dtype is this
-        rounded once to that dtype."""
+        """`q * scale` in f32: compressed-tensors' arithmetic in f32, which it rounds once to the scale's
+        dtype (the f32 product of a code and a BF16 or F16 scale is exact)."""
         import torch
 
         fields = stored_codes(self.weight, codes, self.companions, self.weights.num_bits, self.shape, load)
@@ -249,6 +248,10 @@ class Coded(Encoded):
     def dtype(self) -> str:
         return self.companions[0].dtype
 
+    @property
+    def offered(self) -> str:  # a preset at least as wide as the codes
+        return "q4f-b32" if self.weights.num_bits <= 4 else "q8s-b32"
+
     def companion(self, param: str) -> TensorInfo | None:
         return next((c for c in self.companions if c.name.endswith(f".{param}")), None)
 
@@ -295,10 +298,6 @@ class Width(Coded):
     @property
     def why(self) -> str:
         return f"{self.weights.num_bits}-bit integer codes, which no Burn value holds (it has 2, 4 and 8 bits)"
-
-    @property
-    def offered(self) -> str:  # the preset of the next width up
-        return "q4f-b32" if self.weights.num_bits < 4 else "q8s-b32"
 
 
 def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:
