@@ -172,6 +172,10 @@ class Integers(Transcode):
     grid: ScaleGrid
 
     @property
+    def name(self) -> str:
+        return weight_name(self.weight)
+
+    @property
     def shape(self) -> tuple[int, ...]:
         return self.grid.shape
 
@@ -200,6 +204,10 @@ class Nvfp4(Transcode):
     scale per 16 values: `scale / global_scale`, as compressed-tensors forms it."""
 
     grid: ScaleGrid
+
+    @property
+    def name(self) -> str:
+        return weight_name(self.weight)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -239,6 +247,10 @@ class Coded(Encoded):
     dims: tuple[int, int]  # the dequantized shape: from the headers, then from weight_shape (`with_state`)
 
     decoded_as: ClassVar[str] = DECODED_AS
+
+    @property
+    def name(self) -> str:
+        return weight_name(self.weight)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -424,6 +436,12 @@ def unpack(words: torch.Tensor, bits: int, shape: tuple[int, int]) -> torch.Tens
         pair = wide[:, start // 32] | (wide[:, start // 32 + 1] << 32)
         fields = (pair >> (start % 32)) & ((1 << bits) - 1)
     return (fields - (1 << (bits - 1))).to(torch.int8)
+
+
+def weight_name(codes: TensorInfo) -> str:
+    """The name a module's weight is written under: `M.weight`, as the model names it, for codes that
+    pack-quantized and nvfp4-pack-quantized store as `M.weight_packed`."""
+    return codes.name.removesuffix("_packed")
 
 
 def _squeezed(shape: Sequence[int]) -> tuple[int, ...]:

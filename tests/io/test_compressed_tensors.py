@@ -93,6 +93,7 @@ SCHEMES = {  # what each transcodes to
     "nvfp4.weight_packed": E2M1.per_block([1, 16], ScaleDtype.F32),
     "catchall.weight_packed": Q4F.per_block([1, 128], ScaleDtype.F32),
 }
+WRITTEN = sorted(n.removesuffix("_packed") for n in SCHEMES)  # the model's names: M.weight
 
 
 def weight_qparams(w: torch.Tensor, args: QuantizationArgs, module: torch.nn.Module, global_scale=None):
@@ -193,8 +194,8 @@ def test_the_plan_transcodes_each_scheme_from_the_headers_and_consumes_the_compa
     assert {n: d.scheme for n, d in decisions.items() if n in SCHEMES} == SCHEMES
     assert sorted(set(decisions) - set(SCHEMES)) == ["fp8.input_scale", "norm.bias", "norm.weight"]
     assert decisions["int4.weight_packed"].reason == (
-        "default: transcode compressed-tensors pack-quantized int4 group 128 -> Q4F PackedU32(0) block [128] F32, "
-        "exact")
+        "default: transcode compressed-tensors pack-quantized int4 group 128 -> Q4F PackedU32(0) block [128] F32 "
+        "as int4.weight, exact")
     assert decisions["nvfp4.weight_packed"].reason.startswith(
         "default: transcode compressed-tensors nvfp4-pack-quantized fp4 group 16 -> E2M1")
     assert decisions["fp8_block.weight"].reason.startswith(
@@ -218,11 +219,11 @@ def test_the_decoded_bpk_is_compressed_tensors_decompression_bit_for_bit(checkpo
     assert result.code == 0, result.err
     assert json.loads(result.out)["device"] == pipeline
     got, exact, rounded = decoded(out), in_f32(checkpoint), decompressed(checkpoint)
-    assert sorted(got) == sorted(SCHEMES)
+    assert sorted(got) == WRITTEN
     for name, values in got.items():
         module = name.rpartition(".")[0]
         assert same_bits(values, exact[module]), name  # compressed-tensors' arithmetic in f32
-        want = rounded[f"{module}.weight"]
+        want = rounded[name]
         assert want.dtype == torch.bfloat16, name  # what it returns: its arithmetic in bf16, or rounded to it
         assert torch.equal(values.to(torch.bfloat16).view(torch.int16), want.view(torch.int16)), name
     names = [e.name for e in BurnpackReader.open(out).entries()]
@@ -240,7 +241,7 @@ def test_f32_checkpoints_decode_to_compressed_tensors_output_itself(tmp_path):
     assert cli("quantize", directory, "-o", out).code == 0
     want = decompressed(directory)
     for name, values in decoded(out).items():
-        reference = want[name.rpartition(".")[0] + ".weight"]
+        reference = want[name]
         if name.startswith("nvfp4"):  # its decompressor returns bf16 whatever the checkpoint's dtype
             assert torch.equal(values.to(torch.bfloat16).view(torch.int16), reference.view(torch.int16)), name
         else:
@@ -258,9 +259,9 @@ def test_a_group_that_targets_a_module_type_quantizes_every_module_it_names(tmp_
     assert cli("quantize", directory, "-o", out).code == 0
     want = decompressed(directory)
     got = decoded(out)
-    assert sorted(got) == ["k_proj.weight_packed", "q_proj.weight_packed"]
+    assert sorted(got) == ["k_proj.weight", "q_proj.weight"]
     for name, values in got.items():
-        reference = want[name.replace("weight_packed", "weight")]
+        reference = want[name]
         assert torch.equal(values.to(torch.bfloat16).view(torch.int16), reference.view(torch.int16)), name
 
 
@@ -281,7 +282,7 @@ def test_burn_wgpu_decodes_the_transcoded_file_as_qcli_does(checkpoint, tmp_path
     assert result.code == 0, result.err
     burn, mine, exact = burn_dequantize(BurnBackend.wgpu, out, tmp_path / "burn.safetensors"), decoded(out), in_f32(
         checkpoint)
-    assert sorted(mine) == sorted(SCHEMES)
+    assert sorted(mine) == WRITTEN
     for name, values in mine.items():
         assert same_bits(burn[name], values), f"{name}: Burn (wgpu) decodes other values than qcli"
         assert same_bits(burn[name], exact[name.rpartition(".")[0]]), name
@@ -304,10 +305,10 @@ def test_inspect_and_dry_run_name_the_format_and_the_decisions(checkpoint):
     assert result.code == 0, result.err
     doc = json.loads(result.out)
     validate_json(doc)
-    row = next(t for t in doc["tensors"] if t["name"] == "int2.weight_packed")
+    row = next(t for t in doc["tensors"] if t["name"] == "int2.weight")
     assert row["decision"] == "transcode" and row["shape"] == [4, 64]
     assert row["reason"] == ("default: transcode compressed-tensors pack-quantized int2 group 32 -> Q2F PackedU32(0) "
-                             "block [32] F32, exact")
+                             "block [32] F32 as int2.weight, exact")
 
 
 def test_zero_points_and_other_widths_are_refused_before_any_weight_is_read(refused, monkeypatch):
@@ -353,15 +354,15 @@ def test_requantize_quantizes_compressed_tensors_decompression(refused, tmp_path
     doc = json.loads(result.out)
     validate_json(doc)
     rows = {t["name"]: t for t in doc["tensors"]}
-    assert sorted(rows) == sorted([f"{n}.weight_packed" for n in [*REFUSED, "int4"]] + ["norm.bias", "norm.weight"])
-    assert rows["asym.weight_packed"]["reason"] == (
+    assert sorted(rows) == sorted([f"{n}.weight" for n in [*REFUSED, "int4"]] + ["norm.bias", "norm.weight"])
+    assert rows["asym.weight"]["reason"] == (
         "requantize compressed-tensors pack-quantized int4 group 128 asymmetric -> q4f-b32")
-    assert rows["asym.weight_packed"]["shape"] == [24, 256] and rows["asym.weight_packed"]["sqnr_db"] is not None
-    assert rows["int4.weight_packed"]["decision"] == "transcode"
+    assert rows["asym.weight"]["shape"] == [24, 256] and rows["asym.weight"]["sqnr_db"] is not None
+    assert rows["int4.weight"]["decision"] == "transcode"
     for name, values in decoded(out).items():
-        if name == "int4.weight_packed":
+        if name == "int4.weight":
             continue
-        x = want[name.replace("weight_packed", "weight")].to(torch.float32)
+        x = want[name].to(torch.float32)
         scheme = PRESETS["q4f-b32"].scheme
         grid = BlockGrid.of(scheme, x.shape)
         worst = to_blocks((values - x).abs().to(torch.float64), grid).amax(dim=grid.block_axes)
