@@ -108,8 +108,8 @@ class Layout:
         return self.weight.name.removesuffix(CODES) + "weight"
 
     def parts(self, load: Load, codes: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        """codes [in, out], zero points and scales [groups, out], each input's group [in]: int64 but the
-        scales (as stored). `codes`: the qweight as stored, where the caller has it."""
+        """codes [in, out], zero points and scales [groups, out] (integers, and the scales as stored), each
+        input's group [in] (int64). `codes`: the qweight as stored, where the caller has it."""
         import torch
 
         out, count = self.shape
@@ -120,12 +120,12 @@ class Layout:
         return (unpack(as_words, self.config.bits, count), zeros + int(self.config.v1), scales,
                 order.reshape(-1).to(torch.int64))
 
-    def reference(self, load: Load, codes: torch.Tensor | None = None) -> torch.Tensor:
+    def reference(self, load: Load) -> torch.Tensor:
         """GPTQ's reference dequantization, `scales[g_idx] * (codes - zeros[g_idx])`, in the scales' dtype
         (f16), transposed to [out, in]."""
         import torch
 
-        values, zeros, scales, order = self.parts(load, codes)
+        values, zeros, scales, order = self.parts(load)
         return (scales[order] * (values - zeros[order]).to(torch.int16)).t().contiguous()
 
 
@@ -224,14 +224,19 @@ class Unheld(Encoded):
 
 def unpack(words: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     """The first `count` codes of each column of int32 `words` [n, m], a little-endian bit stream of `bits` a
-    code down each column (a code may straddle two words where `bits` does not divide 32): int64 [count, m]."""
+    code down each column: [count, m], int32 where `bits` divides 32, else int64 (a code may straddle two
+    words)."""
     import torch
 
+    mask = (1 << bits) - 1
+    if 32 % bits == 0:  # whole codes a word: each word's fields in turn
+        shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+        return ((words.unsqueeze(1) >> shifts[None, :, None]) & mask).reshape(-1, words.shape[1])[:count]
     stream = words.to(torch.int64) & 0xFFFFFFFF
     start = torch.arange(count) * bits
     low, shift = start // 32, (start % 32)[:, None]
     high = torch.clamp(low + 1, max=stream.shape[0] - 1)
-    return ((stream[low] | stream[high] << 32) >> shift) & ((1 << bits) - 1)
+    return ((stream[low] | stream[high] << 32) >> shift) & mask
 
 
 def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:
