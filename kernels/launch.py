@@ -90,8 +90,9 @@ class _View(NamedTuple):
 class _Launch:
     """One kernel's launch for one shape and scheme: its grid, its integer arguments and its constexprs
     (with the launch options), all fixed; the pointers (tensors, `_View`s or None, first in every
-    kernel's signature) vary. Triton specializes a kernel on whether each pointer is 16-byte aligned, so
-    the compiled kernel is kept per alignment."""
+    kernel's signature) vary. Triton specializes a kernel on each pointer's element type and on whether it
+    is 16-byte aligned, so the compiled kernel is kept per both: an input of another dtype (bf16 after f32)
+    must not run the kernel compiled for the first."""
 
     kernel: object
     grid: int
@@ -105,13 +106,13 @@ class _Launch:
 
     def __call__(self, *pointers) -> None:
         addresses = tuple(None if p is None else p.data_ptr() for p in pointers)
-        aligned = tuple(a is not None and a % 16 == 0 for a in addresses)
-        compiled = self._compiled.get(aligned)
+        key = tuple(None if p is None else (p.dtype, a % 16 == 0) for p, a in zip(pointers, addresses, strict=True))
+        compiled = self._compiled.get(key)
         if compiled is None:
             args = [p.tensor() if isinstance(p, _View) else p for p in pointers]
             compiled = self.kernel[(self.grid,)](*args, *self.ints, **self.constexprs)
             if compiled is not None and not interpreted():  # the interpreter compiles nothing
-                self._compiled[aligned] = compiled
+                self._compiled[key] = compiled
             return
         compiled[(self.grid, 1, 1)](*addresses, *self.ints, *self._constexpr_values)
 

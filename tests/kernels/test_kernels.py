@@ -415,18 +415,52 @@ def test_large_random_data_matches_codec_on_gpu(payload, case):
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_repeated_launches_match_codec_on_gpu(kernels, case):
     # A shape's second launch goes straight to its compiled kernel with raw addresses
-    # (qcli.kernels.launch._Launch); a payload 4 bytes off 16-byte alignment is compiled for apart.
+    # (qcli.kernels.launch._Launch); a payload 4 bytes off 16-byte alignment, and an input of another
+    # dtype, are compiled for apart.
     scheme, calibration, shape = case
-    x = wide(shape, 300)
-    want = expected(x, scheme, calibration)
-    n = len(want)
-    for offset in (0, 0, 4, 4, 0):
+    for offset, dtype in ((0, torch.float32), (0, torch.float32), (4, torch.bfloat16), (4, torch.float32),
+                          (0, torch.float16), (0, torch.bfloat16)):
+        x = wide(shape, 300).to(dtype)
+        want = expected(x, scheme, calibration)
+        n = len(want)
         out = torch.full((n + 4,), POISON, dtype=torch.uint8, device="cuda")
         bad = torch.zeros(1, dtype=torch.int32, device="cuda")
         kernels.enqueue(x.cuda(), scheme, calibration, out[offset : offset + n], bad)
         assert int(bad.item()) == 0
         assert_same(out[offset : offset + n].cpu().numpy().tobytes(), want)
         assert int(out[n if offset == 0 else 0]) == POISON  # nothing written outside the payload
+
+
+def test_a_compiled_launch_is_reused_only_for_pointers_of_its_dtypes_and_alignment(monkeypatch):
+    """The memoized launch goes through the JIT (which compiles) for every new combination of pointer
+    dtypes and 16-byte alignments, and straight to the compiled kernel only for one seen before."""
+    from qcli.kernels import launch
+
+    jit, direct = [], []
+
+    class Compiled:
+        def __getitem__(self, grid):
+            return lambda *args: direct.append(args)
+
+    class Kernel:
+        arg_names = ("x", "out", "n", "K")
+
+        def __getitem__(self, grid):
+            def run(*args, **constexprs):
+                jit.append(tuple(a.dtype for a in args[:2]))
+                return Compiled()
+            return run
+
+    monkeypatch.setattr(launch, "interpreted", lambda: False)
+    call = launch._Launch(Kernel(), 4, (7,), {"K": 1})
+    out = torch.zeros(64, dtype=torch.uint8)
+    f32, bf16 = torch.zeros(8), torch.zeros(8, dtype=torch.bfloat16)
+    for x in (f32, f32, bf16, bf16, f32):
+        call(x, out)
+    assert jit == [(torch.float32, torch.uint8), (torch.bfloat16, torch.uint8)]
+    assert len(direct) == 3 and direct[0] == (f32.data_ptr(), out.data_ptr(), 7, 1)
+    call(f32, out[4:])  # 4 bytes off alignment: compiled apart
+    assert len(jit) == 3
 
 
 # ---- the streaming pipeline ---------------------------------------------------------------------
