@@ -15,7 +15,7 @@ import torch
 
 from qcli import layout
 from qcli.codec.pack import pack_fields, pack_global, pack_scales
-from qcli.codec.scales import REDUCE_DTYPE, Scales, block_alpha, block_reduce, scales_from_alpha
+from qcli.codec.scales import REDUCE_DTYPE, Scales, block_alpha, block_reduce, scales_in_pieces
 from qcli.codec.search import search_scales
 from qcli.codec.values import to_fields
 from qcli.errors import NonFiniteTensor, NotFloatTensor
@@ -49,8 +49,8 @@ def quantize_parts(
     name: str = "tensor",
 ) -> QuantizedParts:
     """Fields and scales of `x` under `scheme`; refuses schemes Burn refuses and non-finite data."""
-    work, chunks, scales, _ = _prepare(x, scheme, calibration, name)
-    pieces = [f.to(torch.int32) for _, f in _chunk_fields(work, chunks, scales, scheme)]
+    work, chunks, scales, _, workspace = _prepare(x, scheme, calibration, name)
+    pieces = [f.to(torch.int32) for _, f in _chunk_fields(work, chunks, scales, scheme, workspace)]
     fields = torch.cat(pieces).reshape(x.shape)
     return QuantizedParts(fields, scales.stored.reshape(layout.params_shape(scheme, x.shape)), scales.global_scale)
 
@@ -81,7 +81,7 @@ def encode(
     are written first, then the values a chunk at a time; an `observer` sees each chunk's bytes as soon
     as they are packed, while the chunk is in cache.
     """
-    work, chunks, scales, reduced = _prepare(x, scheme, calibration, name)
+    work, chunks, scales, reduced, workspace = _prepare(x, scheme, calibration, name)
     out = torch.empty(layout.quantized_data_len(scheme, x.shape), dtype=torch.uint8)
     offset = layout.value_bytes(scheme, x.shape)
     for region in _scale_regions(scales.stored, scales.global_scale, scheme):
@@ -92,9 +92,14 @@ def encode(
         observer.begin(reduced, out)
     offset = 0
     blocks_per_row = math.prod(layout.BlockGrid.of(scheme, x.shape).grid[1:])
-    for (_, grid_rows), (piece, fields) in zip(chunks, _chunk_fields(work, chunks, scales, scheme), strict=True):
+    # Fields one byte each, in order and unpadded, are the value region itself: written there directly.
+    direct = scheme.value.size_bits() == 8 and layout.value_bytes(scheme, x.shape) == x.numel()
+    for (_, grid_rows), (piece, fields) in zip(
+        chunks, _chunk_fields(work, chunks, scales, scheme, workspace, out if direct else None), strict=True
+    ):
         values = out[offset : offset + layout.value_bytes(scheme, fields.shape)]
-        pack_fields(fields, scheme, values)
+        if not direct:
+            pack_fields(fields, scheme, values)
         offset += values.numel()
         if observer is not None:
             observer.chunk(piece, values, grid_rows.start * blocks_per_row)
@@ -116,24 +121,49 @@ def _scale_regions(stored: torch.Tensor, global_scale: float | None, scheme: Qua
     return regions
 
 
+@dataclass(frozen=True)
+class _Workspace:
+    """Flat buffers for the largest chunk of a tensor, reused by every chunk: a fresh chunk-sized tensor
+    per step costs its page faults, measured at about the time of the pass that fills it.
+
+    `rows`: f32 for rows widened or gathered (None when the tensor is already contiguous f32). `scratch`:
+    f32 for |x| and the quotients. `fields`: one byte per field.
+    """
+
+    rows: torch.Tensor | None
+    scratch: torch.Tensor
+    fields: torch.Tensor
+
+    @staticmethod
+    def of(work: torch.Tensor, chunks: list[tuple[slice, slice]], scheme: QuantScheme) -> _Workspace:
+        shapes = [(rows.stop - rows.start, *work.shape[1:]) for rows, _ in chunks]
+        elements = max(math.prod(shape) for shape in shapes)
+        padded = max(math.prod(layout.BlockGrid.of(scheme, shape).padded) for shape in shapes)
+        widened = work.dtype != torch.float32 or not work.is_contiguous()
+        return _Workspace(torch.empty(elements) if widened else None, torch.empty(padded),
+                          torch.empty(padded, dtype=torch.int8))
+
+
 def _prepare(
     x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, name: str
-) -> tuple[torch.Tensor, list[tuple[slice, slice]], Scales, torch.Tensor]:
-    """The work tensor, its chunks, its scales, and the block ranges they were taken from."""
+) -> tuple[torch.Tensor, list[tuple[slice, slice]], Scales, torch.Tensor, _Workspace]:
+    """The work tensor, its chunks, its scales, the block ranges they were taken from, and the chunks'
+    workspace."""
     check_accepted(scheme, calibration)
     if not x.dtype.is_floating_point:
         raise NotFloatTensor(name, x.dtype)
     grid = layout.BlockGrid.of(scheme, x.shape)
     work = x.detach().to(device="cpu").reshape(grid.shape)
     chunks = _row_chunks(grid, scheme)
+    workspace = _Workspace.of(work, chunks, scheme)
     # Reductions go straight into one grid (a row per chunk for a per-tensor scale): small results kept
     # between the chunks' temporaries would fragment the heap, about a chunk lost per chunk.
     per_tensor = scheme.block is None
     reduced = torch.empty((len(chunks), *grid.grid) if per_tensor else grid.grid, dtype=REDUCE_DTYPE[calibration])
     for i, (rows, grid_rows) in enumerate(chunks):
-        piece = _f32_rows(work, rows)
+        piece = _f32_rows(work, rows, workspace.rows)
         into = reduced[i] if per_tensor else reduced[grid_rows]
-        block_reduce(piece, layout.BlockGrid.of(scheme, piece.shape), calibration, into)
+        block_reduce(piece, layout.BlockGrid.of(scheme, piece.shape), calibration, into, workspace.scratch)
     if per_tensor:  # one block over every chunk
         reduced = reduced.sum(0) if calibration is Calibration.AbsMean else reduced.amax(0)
     alpha = block_alpha(reduced, grid, calibration)
@@ -141,8 +171,8 @@ def _prepare(
         raise NonFiniteTensor(name, x.dtype == torch.float64 and bool(torch.isfinite(x).all()))
     if calibration is Calibration.Mse:
         pieces = ((_f32_rows(work, rows), grid_rows) for rows, grid_rows in chunks)
-        return work, chunks, search_scales(pieces, alpha, scheme, grid.shape), reduced
-    return work, chunks, scales_from_alpha(alpha, scheme), reduced
+        return work, chunks, search_scales(pieces, alpha, scheme, grid.shape), reduced, workspace
+    return work, chunks, scales_in_pieces(alpha, scheme), reduced, workspace
 
 
 def _row_chunks(grid: layout.BlockGrid, scheme: QuantScheme) -> list[tuple[slice, slice]]:
@@ -167,17 +197,30 @@ def _row_chunks(grid: layout.BlockGrid, scheme: QuantScheme) -> list[tuple[slice
     return chunks
 
 
-def _f32_rows(work: torch.Tensor, rows: slice) -> torch.Tensor:
-    """Rows of `work` as contiguous f32: a view when they already are, else a chunk-sized copy, so a bf16
-    or transposed tensor is widened or gathered a chunk at a time, never as a whole."""
-    return work[rows].to(torch.float32, memory_format=torch.contiguous_format)
+def _f32_rows(work: torch.Tensor, rows: slice, into: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows of `work` as contiguous f32: a view when they already are, else a chunk-sized copy (into the
+    start of the flat f32 `into` when given), so a bf16 or transposed tensor is widened or gathered a
+    chunk at a time, never as a whole."""
+    part = work[rows]
+    if into is None or (part.dtype == torch.float32 and part.is_contiguous()):
+        return part.to(torch.float32, memory_format=torch.contiguous_format)
+    return into[: part.numel()].view(part.shape).copy_(part)
 
 
 def _chunk_fields(
-    work: torch.Tensor, chunks: list[tuple[slice, slice]], scales: Scales, scheme: QuantScheme
+    work: torch.Tensor,
+    chunks: list[tuple[slice, slice]],
+    scales: Scales,
+    scheme: QuantScheme,
+    workspace: _Workspace,
+    out: torch.Tensor | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Each chunk's rows in f32 and their fields."""
+    """Each chunk's rows in f32 and their fields: in the workspace, valid until the next chunk, or with
+    `out` (the payload, when its value region is the fields themselves) written into its place there."""
+    offset = 0
     for rows, grid_rows in chunks:
-        piece = _f32_rows(work, rows)
+        piece = _f32_rows(work, rows, workspace.rows)
         grid = layout.BlockGrid.of(scheme, piece.shape)
-        yield piece, to_fields(piece, scales.effective[grid_rows], grid, scheme.value)
+        target = workspace.fields if out is None else out[offset : offset + piece.numel()]
+        offset += piece.numel()
+        yield piece, to_fields(piece, scales.effective[grid_rows], grid, scheme.value, workspace.scratch, target)

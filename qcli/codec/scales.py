@@ -75,10 +75,14 @@ def nearest(s: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
 
 
 def block_reduce(
-    x: torch.Tensor, grid: BlockGrid, calibration: Calibration, out: torch.Tensor | None = None
+    x: torch.Tensor,
+    grid: BlockGrid,
+    calibration: Calibration,
+    out: torch.Tensor | None = None,
+    scratch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Grid-shaped partial range of each block: f32 max|x| (MinMax) or f64 sum|x| (AbsMean), written into
-    `out` when given.
+    `out` when given; `scratch` (flat f32, at least as long as the blocks) holds |x| when given.
 
     Both reductions propagate NaN and inf, and combine across pieces of a block by max or sum.
     """
@@ -86,7 +90,9 @@ def block_reduce(
         out = torch.empty(grid.grid, dtype=REDUCE_DTYPE[calibration], device=x.device)
     if x.numel() == 0:
         return out.zero_()
-    magnitudes = to_blocks(x, grid).abs()  # one read of the chunk, then reductions over cached data
+    blocks = to_blocks(x, grid)
+    into = None if scratch is None else scratch[: blocks.numel()].view(blocks.shape)
+    magnitudes = torch.abs(blocks, out=into)  # one read of the chunk, then reductions over cached data
     if calibration is not Calibration.AbsMean:
         return torch.amax(magnitudes, dim=grid.block_axes, out=out)
     return torch.sum(magnitudes, dim=grid.block_axes, dtype=torch.float64, out=out)
@@ -128,6 +134,32 @@ def scales_from_alpha(alpha: torch.Tensor, scheme: QuantScheme, peak: torch.Tens
     global_scale = torch.clamp_min(ratio, F32_MIN_POSITIVE)
     stored = round_up(_positive(raw / global_scale), dtype)
     return Scales(stored, global_scale * stored, float(global_scale))
+
+
+# Blocks per piece of `scales_in_pieces`: 256 KiB of f32 ranges, so a piece's temporaries stay in a core's
+# L2 while the dozen passes of the scale arithmetic run over it, few enough calls that torch's per-op cost
+# stays small.
+SCALE_PIECE = 1 << 16
+
+
+def scales_in_pieces(alpha: torch.Tensor, scheme: QuantScheme) -> Scales:
+    """`scales_from_alpha` over the whole grid `alpha`, computed `SCALE_PIECE` blocks at a time: every step
+    is element-wise given the peak, so the pieces give the same scales."""
+    if alpha.numel() <= SCALE_PIECE:
+        return scales_from_alpha(alpha, scheme)
+    peak = alpha.amax() if scheme.is_two_level() else None
+    flat = alpha.reshape(-1)
+    stored = torch.empty_like(flat)
+    effective = torch.empty_like(flat) if scheme.is_two_level() else stored
+    global_scale = None
+    for start in range(0, flat.numel(), SCALE_PIECE):
+        part = slice(start, start + SCALE_PIECE)
+        scales = scales_from_alpha(flat[part], scheme, peak)
+        stored[part] = scales.stored
+        if scheme.is_two_level():
+            effective[part] = scales.effective
+        global_scale = scales.global_scale
+    return Scales(stored.view(alpha.shape), effective.view(alpha.shape), global_scale)
 
 
 def divided(x: torch.Tensor, divisor: float) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from qcli.codec import minifloat
@@ -10,13 +12,22 @@ from qcli.layout import BlockGrid
 from qcli.scheme import QuantValue
 
 
-def to_fields(x: torch.Tensor, effective: torch.Tensor, grid: BlockGrid, value: QuantValue) -> torch.Tensor:
+def to_fields(
+    x: torch.Tensor,
+    effective: torch.Tensor,
+    grid: BlockGrid,
+    value: QuantValue,
+    scratch: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Fields shaped like `grid.shape`: the integer q as int8, or the minifloat code as uint8.
 
-    `x` is f32; `effective` holds one scale per block, grid-shaped.
+    `x` is f32; `effective` holds one scale per block, grid-shaped. `scratch` (flat f32) holds the quotients
+    and `out` (flat, one byte per element) the fields when given, each at least as long as the blocks:
+    buffers reused chunk after chunk, where a fresh tensor each time costs its page faults.
     """
     blocks = to_blocks(x, grid)
-    v = blocks / per_block(effective, grid)  # IEEE division, as the GPU's div_rn
+    v = torch.div(blocks, per_block(effective, grid), out=_part(scratch, blocks.shape))  # IEEE, as div_rn
     # An exact zero stays zero. x / s already gives x for x == ±0 unless s underflowed to 0 (0/0), so the
     # where runs only when some scale is zero (all() is one pass, `== 0` then any() two); under
     # torch.compile it always runs.
@@ -25,8 +36,17 @@ def to_fields(x: torch.Tensor, effective: torch.Tensor, grid: BlockGrid, value: 
     a, b = value.range()
     v = from_blocks(v, grid).clamp_(a, b)
     if value.is_minifloat():
-        return minifloat.encode(v.contiguous(), minifloat.FORMATS[value]).to(torch.uint8)
-    return v.round_().to(torch.int8)  # round half to even; clamping first is the same, a and b are integers
+        codes = minifloat.encode(v.contiguous(), minifloat.FORMATS[value])
+        target = _part(None if out is None else out.view(torch.uint8), grid.shape)
+        return codes.to(torch.uint8) if target is None else target.copy_(codes)  # codes fit a byte
+    v.round_()  # half to even; clamping first is the same, a and b are integers
+    target = _part(None if out is None else out.view(torch.int8), grid.shape)
+    return v.to(torch.int8) if target is None else target.copy_(v)
+
+
+def _part(buffer: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """The start of a flat buffer viewed as `shape`, or None without one."""
+    return None if buffer is None else buffer[: math.prod(shape)].view(shape)
 
 
 def from_fields(fields: torch.Tensor, value: QuantValue) -> torch.Tensor:
