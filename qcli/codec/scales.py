@@ -26,26 +26,40 @@ def round_up(s: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
     step = 1 << traits.step_bits
     bits = s.view(torch.int32)
     rounded = torch.bitwise_and(bits + (step - 1), ~(step - 1))
-    if traits.floor is not None:
+    # Each fix-up below is for scales rare in weights (at the floor, below the format's normals, at the
+    # maximum, NaN) and costs a compare and a select, slow passes on the CPU; the least and the largest
+    # scale, two fast reductions, say whether it has anything to fix.
+    least, largest = _least(s), _largest(s)
+    if traits.floor is not None and not least > traits.floor:
         # cubecl `round_up_to_power_of_two`: nothing below the floor (subnormal in f32), compared on the bits
         # (a non-negative f32 orders like its bit pattern, so no subnormal constant is needed)
         floor_bits = f32_bits(traits.floor)
         rounded = torch.where(bits <= floor_bits, floor_bits, rounded)
     rounded = rounded.view(torch.float32)
     fmt = traits.minifloat
-    if fmt is not None:
+    if fmt is not None and not least >= 2.0 ** (1 - fmt.bias):
         # below the format's smallest normal, up onto its subnormal spacing
-        small = s < 2.0 ** (1 - fmt.bias)
-        # rare in weights: skip the passes when no scale is that small (a data-dependent branch, which
-        # torch.compile cannot trace, so it takes them)
-        if torch.compiler.is_compiling() or bool(small.any()):
-            inverse_spacing = 1.0 / fmt.subnormal_spacing
-            subnormal = torch.ceil(s * inverse_spacing) * (1.0 / inverse_spacing)
-            rounded = torch.where(small, subnormal, rounded)
+        inverse_spacing = 1.0 / fmt.subnormal_spacing
+        subnormal = torch.ceil(s * inverse_spacing) * (1.0 / inverse_spacing)
+        rounded = torch.where(s < 2.0 ** (1 - fmt.bias), subnormal, rounded)
     # Saturate, comparing s: a step as wide as the mantissa carries the largest values past the maximum
     # (into infinity or the sign bit), and any s below the maximum rounds up to at most the maximum.
-    rounded = torch.where(s >= traits.max, traits.max, rounded)
-    return torch.where(torch.isnan(s), s, rounded)
+    if not largest < traits.max:
+        rounded = torch.where(s >= traits.max, traits.max, rounded)
+    if largest != largest:  # NaN somewhere (amax propagates it)
+        rounded = torch.where(torch.isnan(s), s, rounded)
+    return rounded
+
+
+def _least(s: torch.Tensor) -> float:
+    """The least element of `s`; NaN when it holds a NaN, is empty, or is being traced by torch.compile
+    (which cannot branch on data), so that every comparison with it is false and every fix-up runs."""
+    return float("nan") if torch.compiler.is_compiling() or not s.numel() else float(s.amin())
+
+
+def _largest(s: torch.Tensor) -> float:
+    """The largest element of `s`, NaN as `_least`'s."""
+    return float("nan") if torch.compiler.is_compiling() or not s.numel() else float(s.amax())
 
 
 def nearest(s: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
@@ -170,4 +184,6 @@ def divided(x: torch.Tensor, divisor: float) -> torch.Tensor:
 
 def _positive(s: torch.Tensor) -> torch.Tensor:
     """An all-zero block (or an underflowed scale) gets f32::MIN_POSITIVE, so every decoder yields zeros."""
+    if _least(s) > 0:  # none to replace: skip the compare and select
+        return s
     return torch.where(s > 0, s, torch.tensor(F32_MIN_POSITIVE, dtype=torch.float32))
