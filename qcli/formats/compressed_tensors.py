@@ -164,11 +164,9 @@ def group_of(module: str, found: Sequence[Group]) -> Group | str:
 
 
 @dataclass(frozen=True)
-class Integers(Transcode):
-    """Symmetric 2-, 4- or 8-bit integer codes (I32 words of pack-quantized, or I8) and their scales
-    (`companions[0]`; pack-quantized's weight_shape, `companions[1]`, checked as the codes are read)."""
+class Gridded(Transcode):
+    """A compressed-tensors weight written under its module's `weight` name, its scales over `grid`."""
 
-    weights: Weights
     grid: ScaleGrid
 
     @property
@@ -178,6 +176,14 @@ class Integers(Transcode):
     @property
     def shape(self) -> tuple[int, ...]:
         return self.grid.shape
+
+
+@dataclass(frozen=True)
+class Integers(Gridded):
+    """Symmetric 2-, 4- or 8-bit integer codes (I32 words of pack-quantized, or I8) and their scales
+    (`companions[0]`; pack-quantized's weight_shape, `companions[1]`, checked as the codes are read)."""
+
+    weights: Weights
 
     def payload(self, codes: torch.Tensor, load: Load) -> torch.Tensor:
         """The codes packed as Burn packs integers, then the scales in f32, one per Burn block."""
@@ -199,19 +205,9 @@ class Integers(Transcode):
 
 
 @dataclass(frozen=True)
-class Nvfp4(Transcode):
+class Nvfp4(Gridded):
     """NVFP4 codes and their scales (`companions`: weight_scale, weight_global_scale), as E2M1 with one f32
     scale per 16 values: `scale / global_scale`, as compressed-tensors forms it."""
-
-    grid: ScaleGrid
-
-    @property
-    def name(self) -> str:
-        return weight_name(self.weight)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.grid.shape
 
     def scales(self, load: Load) -> torch.Tensor:
         """Each group's f32 scale: its F8_E4M3 scale divided by the global one, rounded once."""
@@ -373,7 +369,7 @@ def plan(info: TensorInfo, layout: tuple[str, tuple[str, ...]], companions: dict
     if weights.num_bits not in INTEGERS:
         return Width(info, format, kept, weights, shape)
     values = QuantScheme().with_value(INTEGERS[weights.num_bits]).with_store(PackedU32(0))
-    return Integers(info, format, grid.scheme(values), kept, weights, grid)
+    return Integers(info, format, grid.scheme(values), kept, grid, weights)
 
 
 def nvfp4(info: TensorInfo, format: str, weights: Weights, companions: dict[str, TensorInfo]) -> Found:

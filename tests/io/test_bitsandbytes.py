@@ -13,7 +13,6 @@ import torch
 from safetensors.torch import save_file
 
 from qcli.burn_backends import BurnBackend
-from qcli.codec import decode
 from qcli.codec.blocks import to_blocks
 from qcli.errors import InputError, PlanError
 from qcli.formats import bitsandbytes
@@ -26,6 +25,7 @@ from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY
 from tests.burn_harness import dequantize as burn_dequantize
 from tests.burn_harness import require, same_bits
 from tests.cli_support import assert_user_error, cli, validate_json
+from tests.format_support import decoded
 
 # name -> (shape, quant_type, compressed statistics, blocksize): a partial last block, nested absmax, FP4
 LAYOUTS = {
@@ -162,10 +162,6 @@ def test_a_state_that_does_not_describe_its_codes_is_an_input_error(tmp_path):
     assert lines[0].startswith("error: tensor 'w.quant_state.bitsandbytes__nf4' does not describe w (3 bytes")
 
 
-def decoded(bpk: Path) -> dict[str, torch.Tensor]:
-    reader = BurnpackReader.open(bpk)
-    return {e.name: decode(bytes(reader.read(e.name)), e.dtype.scheme, e.shape)
-            for e in reader.entries() if e.name in LAYOUTS}
 
 
 def test_requantize_decodes_within_the_bound_of_the_dequantized_source(checkpoint, tmp_path):
@@ -183,7 +179,7 @@ def test_requantize_decodes_within_the_bound_of_the_dequantized_source(checkpoin
     assert all(rows[n]["sqnr_db"] is not None for n in LAYOUTS)
     assert sorted(e.name for e in BurnpackReader.open(out).entries()) == sorted(rows)
     schemes = {e.name: e.dtype.scheme for e in BurnpackReader.open(out).entries() if e.name in LAYOUTS}
-    for name, values in decoded(out).items():
+    for name, values in decoded(out, LAYOUTS).items():
         x, scheme = want[name].to(torch.float32), schemes[name]
         assert scheme.value is PRESETS["q4f-b32"].scheme.value
         grid = BlockGrid.of(scheme, x.shape)
@@ -196,7 +192,7 @@ def test_the_requantized_file_loads_in_burn(checkpoint, tmp_path):
     path, _ = checkpoint
     out = tmp_path / "model.bpk"
     assert cli("quantize", path, "-o", out, "--requantize", "q4f-b32").code == 0
-    burn, mine = burn_dequantize(BurnBackend.flex, out, tmp_path / "burn.safetensors"), decoded(out)
+    burn, mine = burn_dequantize(BurnBackend.flex, out, tmp_path / "burn.safetensors"), decoded(out, LAYOUTS)
     assert sorted(burn) == sorted([*LAYOUTS, "model.norm.weight"])
     for name, values in mine.items():
         assert same_bits(burn[name], values), name

@@ -35,21 +35,19 @@ from compressed_tensors.quantization.utils.helpers import (
 from safetensors.torch import load_file, save_file
 
 from qcli.burn_backends import BurnBackend
-from qcli.codec import decode
 from qcli.codec.blocks import to_blocks
 from qcli.errors import InputError, PlanError
 from qcli.io.burnpack import BurnpackReader
-from qcli.io.dtypes import QFloat
 from qcli.io.safetensors import SafetensorsSource
 from qcli.layout import BlockGrid
 from qcli.measure import error_bound
-from qcli.pipeline import GpuSettings
 from qcli.plan import make_plan
 from qcli.presets import PRESETS, ZERO_POINT_WHY
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 from tests.burn_harness import dequantize as burn_dequantize
 from tests.burn_harness import same_bits
 from tests.cli_support import assert_user_error, cli, validate_json
+from tests.format_support import decoded, pipeline_payloads
 
 
 def ints(bits: int, strategy: str, group_size: int | None = None, symmetric: bool = True) -> dict:
@@ -170,10 +168,6 @@ def in_f32(directory: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def decoded(bpk: Path) -> dict[str, torch.Tensor]:
-    reader = BurnpackReader.open(bpk)
-    return {e.name: decode(bytes(reader.read(e.name)), e.dtype.scheme, e.shape)
-            for e in reader.entries() if isinstance(e.dtype, QFloat)}
 
 
 @pytest.fixture(scope="module")
@@ -267,12 +261,7 @@ def test_a_group_that_targets_a_module_type_quantizes_every_module_it_names(tmp_
 
 @pytest.mark.interpreter
 def test_the_gpu_pipeline_yields_the_cpu_pipelines_bytes(checkpoint):
-    from qcli.pipeline import cpu, gpu
-
-    with SafetensorsSource.open(checkpoint) as source:
-        plan = make_plan(source.infos())
-        want = [bytes(p.data.numpy()) for p in cpu.run(plan, source)]
-        got = [bytes(p.data.numpy()) for p in gpu.run(plan, source, settings=GpuSettings(piece_bytes=1000))]
+    _, want, got = pipeline_payloads(checkpoint)
     assert got == want
 
 

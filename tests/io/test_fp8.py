@@ -13,15 +13,13 @@ import torch
 from safetensors.torch import save_file
 
 from qcli.burn_backends import BurnBackend
-from qcli.codec import decode
 from qcli.io.burnpack import BurnpackReader
-from qcli.io.dtypes import QFloat
 from qcli.io.safetensors import SafetensorsSource
-from qcli.pipeline import GpuSettings
 from qcli.plan import make_plan
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 from tests.burn_harness import dequantize, same_bits
 from tests.cli_support import cli, validate_json
+from tests.format_support import decoded, pipeline_payloads
 
 E4M3 = QuantScheme().with_value(QuantValue.E4M3).with_store(PackedU32(0))
 
@@ -79,10 +77,6 @@ def write(directory: Path, words: bool = False, config: bool = True) -> dict[str
     return want
 
 
-def decoded(bpk: Path) -> dict[str, torch.Tensor]:
-    reader = BurnpackReader.open(bpk)
-    return {e.name: decode(bytes(reader.read(e.name)), e.dtype.scheme, e.shape)
-            for e in reader.entries() if isinstance(e.dtype, QFloat)}
 
 
 def test_the_plan_transcodes_each_layout_from_the_headers_and_consumes_the_scales(tmp_path):
@@ -168,13 +162,8 @@ def test_a_block_size_from_config_json_and_formats_without_a_burn_form(tmp_path)
 
 @pytest.mark.interpreter
 def test_the_gpu_pipeline_yields_the_cpu_pipelines_bytes(tmp_path):
-    from qcli.pipeline import cpu, gpu
-
     write(tmp_path)
-    with SafetensorsSource.open(tmp_path) as source:
-        plan = make_plan(source.infos())
-        want = [bytes(p.data.numpy()) for p in cpu.run(plan, source)]
-        got = [bytes(p.data.numpy()) for p in gpu.run(plan, source, settings=GpuSettings(piece_bytes=1000))]
+    plan, want, got = pipeline_payloads(tmp_path)
     assert got == want
     # a tensor larger than a piece comes whole
     assert max(math.prod(e.info.shape) for e in plan.entries if e.decision.transcode) > 1000

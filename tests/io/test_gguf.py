@@ -13,22 +13,19 @@ import pytest
 import torch
 
 from qcli.burn_backends import BurnBackend
-from qcli.codec import decode
 from qcli.codec.blocks import to_blocks
 from qcli.commands.quantize import quantize_file
 from qcli.errors import InputError, PlanError
 from qcli.io.burnpack import BurnpackReader
-from qcli.io.dtypes import QFloat
 from qcli.io.gguf import GgufSource
 from qcli.layout import BlockGrid
 from qcli.measure import error_bound
-from qcli.pipeline import GpuSettings
-from qcli.plan import make_plan
 from qcli.presets import PRESETS
 from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY
 from tests.burn_harness import dequantize as burn_dequantize
 from tests.burn_harness import probe, same_bits
 from tests.cli_support import assert_user_error, cli, validate_json
+from tests.format_support import decoded, pipeline_payloads
 from tests.gguf_support import T, dequantized, gguf, write_gguf
 
 RNG = np.random.default_rng(7)
@@ -75,10 +72,6 @@ def model(tmp_path) -> tuple[Path, dict[str, torch.Tensor]]:
     return path, want
 
 
-def decoded(bpk: Path, names) -> dict[str, torch.Tensor]:
-    reader = BurnpackReader.open(bpk)
-    return {e.name: decode(bytes(reader.read(e.name)), e.dtype.scheme, e.shape) for e in reader.entries()
-            if e.name in names and isinstance(e.dtype, QFloat)}
 
 
 def test_the_test_files_hold_negative_scales_and_every_code(model):
@@ -122,13 +115,8 @@ def test_the_schemes_written(model, tmp_path):
 
 @pytest.mark.interpreter
 def test_the_gpu_pipeline_yields_the_cpu_pipelines_bytes(model):
-    from qcli.pipeline import cpu, gpu
-
     path, _ = model
-    with GgufSource.open(path) as source:
-        plan = make_plan(source.infos())
-        want = [bytes(p.data.numpy()) for p in cpu.run(plan, source)]
-        got = [bytes(p.data.numpy()) for p in gpu.run(plan, source, settings=GpuSettings(piece_bytes=1000))]
+    _, want, got = pipeline_payloads(path)
     assert got == want
 
 

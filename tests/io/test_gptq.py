@@ -22,21 +22,19 @@ import torch
 from safetensors.torch import save_file
 
 from qcli.burn_backends import BurnBackend
-from qcli.codec import decode
 from qcli.codec.blocks import to_blocks
 from qcli.errors import InputError, PlanError
 from qcli.io.burnpack import BurnpackReader
-from qcli.io.dtypes import QFloat
 from qcli.io.safetensors import SafetensorsSource
 from qcli.layout import BlockGrid
 from qcli.measure import error_bound
-from qcli.pipeline import GpuSettings
 from qcli.plan import make_plan
 from qcli.presets import PRESETS
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 from tests.burn_harness import dequantize as burn_dequantize
 from tests.burn_harness import same_bits
 from tests.cli_support import assert_user_error, cli, validate_json
+from tests.format_support import decoded, pipeline_payloads
 
 Q4F = QuantScheme().with_value(QuantValue.Q4F).with_store(PackedU32(0))
 
@@ -111,10 +109,6 @@ def checkpoint(request, tmp_path_factory) -> tuple[Path, str, dict[str, tuple[to
     return folder, request.param, write(folder, bits, group, v1=v1, in_config_json=in_config_json)
 
 
-def decoded(bpk: Path) -> dict[str, torch.Tensor]:
-    reader = BurnpackReader.open(bpk)
-    return {e.name: decode(bytes(reader.read(e.name)), e.dtype.scheme, e.shape)
-            for e in reader.entries() if isinstance(e.dtype, QFloat)}
 
 
 def test_the_packing_by_hand():
@@ -171,13 +165,8 @@ def test_the_decoded_bpk_is_gptqs_dequantization(checkpoint, tmp_path, pipeline,
 
 @pytest.mark.interpreter
 def test_the_gpu_pipeline_yields_the_cpu_pipelines_bytes(checkpoint):
-    from qcli.pipeline import cpu, gpu
-
     folder, _, _ = checkpoint
-    with SafetensorsSource.open(folder) as source:
-        plan = make_plan(source.infos())
-        want = [bytes(p.data.numpy()) for p in cpu.run(plan, source)]
-        got = [bytes(p.data.numpy()) for p in gpu.run(plan, source, settings=GpuSettings(piece_bytes=1000))]
+    _, want, got = pipeline_payloads(folder)
     assert got == want
 
 

@@ -14,17 +14,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from qcli.burn_backends import BurnBackend
-from qcli.codec import decode
 from qcli.errors import PlanError
 from qcli.formats import nvfp4
 from qcli.io.burnpack import BurnpackReader
-from qcli.io.dtypes import QFloat
 from qcli.io.safetensors import SafetensorsSource
-from qcli.pipeline import GpuSettings
 from qcli.plan import make_plan
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 from tests.burn_harness import dequantize, same_bits
 from tests.cli_support import cli, validate_json
+from tests.format_support import decoded, pipeline_payloads
 
 SCHEME = (QuantScheme().with_value(QuantValue.E2M1).with_store(PackedU32(0))
           .per_block([16], ScaleDtype.F16).per_tensor(ScaleDtype.F32))
@@ -60,10 +58,6 @@ def checkpoint(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor]]:
     return folder, want
 
 
-def decoded(bpk: Path) -> dict[str, torch.Tensor]:
-    reader = BurnpackReader.open(bpk)
-    return {e.name: decode(bytes(reader.read(e.name)), e.dtype.scheme, e.shape)
-            for e in reader.entries() if isinstance(e.dtype, QFloat)}
 
 
 def test_modelopt_writes_what_the_format_module_reads(checkpoint):
@@ -125,13 +119,8 @@ def test_the_decoded_bpk_is_modelopts_dequantization_bit_for_bit(checkpoint, tmp
 
 @pytest.mark.interpreter
 def test_the_gpu_pipeline_yields_the_cpu_pipelines_bytes(checkpoint):
-    from qcli.pipeline import cpu, gpu
-
     folder, _ = checkpoint
-    with SafetensorsSource.open(folder) as source:
-        plan = make_plan(source.infos())
-        want = [bytes(p.data.numpy()) for p in cpu.run(plan, source)]
-        got = [bytes(p.data.numpy()) for p in gpu.run(plan, source, settings=GpuSettings(piece_bytes=1000))]
+    _, want, got = pipeline_payloads(folder)
     assert got == want
 
 

@@ -1,0 +1,35 @@
+"""What the tests of already-quantized formats share: qcli's decode of a written file, and both pipelines'
+payloads for one checkpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+
+import torch
+
+from qcli.codec import decode
+from qcli.io.burnpack import BurnpackReader
+from qcli.io.dtypes import QFloat
+from qcli.io.source import open_source
+from qcli.pipeline import GpuSettings
+from qcli.plan import Plan, make_plan
+
+
+def decoded(bpk: Path, names: Collection[str] | None = None) -> dict[str, torch.Tensor]:
+    """qcli's decode (`qcli.codec.decode`) of every quantized tensor of `bpk`, or of those in `names`."""
+    reader = BurnpackReader.open(bpk)
+    return {e.name: decode(bytes(reader.read(e.name)), e.dtype.scheme, e.shape) for e in reader.entries()
+            if isinstance(e.dtype, QFloat) and (names is None or e.name in names)}
+
+
+def pipeline_payloads(path: Path) -> tuple[Plan, list[bytes], list[bytes]]:
+    """The default plan of the checkpoint at `path`, and the CPU and GPU pipelines' payloads for it in plan
+    order (the GPU one under TRITON_INTERPRET on the CPU, read in pieces of 1000 bytes)."""
+    from qcli.pipeline import cpu, gpu
+
+    with open_source(path) as source:
+        plan = make_plan(source.infos())
+        want = [bytes(p.data.numpy()) for p in cpu.run(plan, source)]
+        got = [bytes(p.data.numpy()) for p in gpu.run(plan, source, settings=GpuSettings(piece_bytes=1000))]
+    return plan, want, got
