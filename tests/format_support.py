@@ -1,5 +1,5 @@
-"""What the tests of already-quantized formats share: qcli's decode of a written file, and both pipelines'
-payloads for one checkpoint."""
+"""What the tests of already-quantized formats share: qcli's decode of a written file held to the format's
+own dequantization and to Burn's, and both pipelines' payloads for one checkpoint."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ from pathlib import Path
 
 import torch
 
+from qcli.burn_backends import BurnBackend
 from qcli.codec import decode
 from qcli.io.burnpack import BurnpackReader
 from qcli.io.dtypes import QFloat
 from qcli.io.source import open_source
 from qcli.pipeline import GpuSettings
 from qcli.plan import Plan, make_plan
+from tests.burn_harness import dequantize, same_bits
 
 
 def decoded(bpk: Path, names: Collection[str] | None = None) -> dict[str, torch.Tensor]:
@@ -33,3 +35,12 @@ def pipeline_payloads(path: Path) -> tuple[Plan, list[bytes], list[bytes]]:
         want = [bytes(p.data.numpy()) for p in cpu.run(plan, source)]
         got = [bytes(p.data.numpy()) for p in gpu.run(plan, source, settings=GpuSettings(piece_bytes=1000))]
     return plan, want, got
+
+
+def assert_burn_decodes_as_qcli(bpk: Path, want: dict[str, torch.Tensor], backend: BurnBackend, scratch: Path) -> None:
+    """qcli's decode of `bpk` is `want` (the format's own dequantization) bit for bit, and Burn's `backend`
+    decodes the file to the same bits (`scratch`: a folder for the harness's output)."""
+    burn, mine = dequantize(backend, bpk, scratch / "burn.safetensors"), decoded(bpk)
+    for name, values in want.items():
+        assert same_bits(mine[name], values), name
+        assert same_bits(burn[name], mine[name]), f"{name}: Burn ({backend}) decodes other values than qcli"

@@ -17,9 +17,9 @@ from qcli.io.burnpack import BurnpackReader
 from qcli.io.safetensors import SafetensorsSource
 from qcli.plan import make_plan
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
-from tests.burn_harness import dequantize, same_bits
+from tests.burn_harness import same_bits
 from tests.cli_support import cli, validate_json
-from tests.format_support import decoded, pipeline_payloads
+from tests.format_support import assert_burn_decodes_as_qcli, decoded, pipeline_payloads
 
 E4M3 = QuantScheme().with_value(QuantValue.E4M3).with_store(PackedU32(0))
 
@@ -174,10 +174,7 @@ def test_burn_wgpu_decodes_the_transcoded_file_as_qcli_does(tmp_path):
     out = tmp_path / "model.bpk"
     result = cli("quantize", tmp_path / "ckpt", "-o", out, "--device", "cpu", "--burn-backend", "wgpu")
     assert result.code == 0, result.err
-    burn, mine = dequantize(BurnBackend.wgpu, out, tmp_path / "burn.safetensors"), decoded(out)
-    for name, values in want.items():
-        assert same_bits(mine[name], values), name
-        assert same_bits(burn[name], mine[name]), f"{name}: Burn (wgpu) decodes other values than qcli"
+    assert_burn_decodes_as_qcli(out, want, BurnBackend.wgpu, tmp_path)
 
 
 def test_a_backend_that_cannot_load_a_transcode_is_not_offered_another_scheme(tmp_path):

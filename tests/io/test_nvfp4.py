@@ -20,9 +20,9 @@ from qcli.io.burnpack import BurnpackReader
 from qcli.io.safetensors import SafetensorsSource
 from qcli.plan import make_plan
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
-from tests.burn_harness import dequantize, same_bits
+from tests.burn_harness import same_bits
 from tests.cli_support import cli, validate_json
-from tests.format_support import decoded, pipeline_payloads
+from tests.format_support import assert_burn_decodes_as_qcli, decoded, pipeline_payloads
 
 SCHEME = (QuantScheme().with_value(QuantValue.E2M1).with_store(PackedU32(0))
           .per_block([16], ScaleDtype.F16).per_tensor(ScaleDtype.F32))
@@ -129,10 +129,7 @@ def test_burn_wgpu_decodes_the_transcoded_file_as_qcli_does(checkpoint, tmp_path
     out = tmp_path / "model.bpk"
     result = cli("quantize", folder, "-o", out, "--device", "cpu", "--burn-backend", "wgpu")
     assert result.code == 0, result.err
-    burn, mine = dequantize(BurnBackend.wgpu, out, tmp_path / "burn.safetensors"), decoded(out)
-    for name, values in want.items():
-        assert same_bits(mine[name], values), name
-        assert same_bits(burn[name], mine[name]), f"{name}: Burn (wgpu) decodes other values than qcli"
+    assert_burn_decodes_as_qcli(out, want, BurnBackend.wgpu, tmp_path)
 
 
 def test_a_block_by_hand(tmp_path):
