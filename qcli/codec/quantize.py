@@ -218,9 +218,11 @@ def _chunk_fields(
     """Each chunk's rows in f32 and their fields: in the workspace, valid until the next chunk, or with
     `out` (the payload, when its value region is the fields themselves) written into its place there."""
     offset = 0
+    zero_scale = torch.compiler.is_compiling() or not bool(scales.effective.all())  # once, not per chunk
     for rows, grid_rows in chunks:
         piece = _f32_rows(work, rows, workspace.rows)
         grid = layout.BlockGrid.of(scheme, piece.shape)
         target = workspace.fields if out is None else out[offset : offset + piece.numel()]
         offset += piece.numel()
-        yield piece, to_fields(piece, scales.effective[grid_rows], grid, scheme.value, workspace.scratch, target)
+        yield piece, to_fields(piece, scales.effective[grid_rows], grid, scheme.value, workspace.scratch, target,
+                               zero_scale)

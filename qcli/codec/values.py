@@ -19,19 +19,23 @@ def to_fields(
     value: QuantValue,
     scratch: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    zero_scale: bool | None = None,
 ) -> torch.Tensor:
     """Fields shaped like `grid.shape`: the integer q as int8, or the minifloat code as uint8.
 
     `x` is f32; `effective` holds one scale per block, grid-shaped. `scratch` (flat f32) holds the quotients
     and `out` (flat, one byte per element) the fields when given, each at least as long as the blocks:
-    buffers reused chunk after chunk, where a fresh tensor each time costs its page faults.
+    buffers reused chunk after chunk, where a fresh tensor each time costs its page faults. `zero_scale`
+    says whether any of `effective` is zero, when the caller knows (for every chunk of a tensor at once).
     """
     blocks = to_blocks(x, grid)
     v = torch.div(blocks, per_block(effective, grid), out=_part(scratch, blocks.shape))  # IEEE, as div_rn
     # An exact zero stays zero. x / s already gives x for x == ±0 unless s underflowed to 0 (0/0), so the
     # where runs only when some scale is zero (all() is one pass, `== 0` then any() two); under
     # torch.compile it always runs.
-    if torch.compiler.is_compiling() or not bool(effective.all()):
+    if zero_scale is None:
+        zero_scale = torch.compiler.is_compiling() or not bool(effective.all())
+    if zero_scale:
         v = torch.where(blocks == 0, blocks, v)
     a, b = value.range()
     v = from_blocks(v, grid).clamp_(a, b)
