@@ -2,19 +2,27 @@
 the Hugging Face `weight`; zero points, activation order and 3-bit codes refused before any weight is read,
 with `--requantize` the way out.
 
-GPTQModel needs torch >= 2.14 and its CUDA stack and AutoGPTQ builds CUDA extensions, so neither installs on
-this CPU-only machine: the checkpoints here are written with GPTQ's documented layout (AutoGPTQ, GPTQModel
-and optimum save the same tensors), the packing worked by hand with Python integers (each column's codes one
+Two sets of checkpoints. The first is written with GPTQ's documented layout (AutoGPTQ, GPTQModel and
+optimum save the same tensors), the packing worked by hand with Python integers (each column's codes one
 little-endian bit stream, `bits` a code, cut into int32 words; v1 stores each zero point less one), and the
 values are held to GPTQ's reference dequantization as GPTQModel's `dequantize_weight` computes it,
-`scales[g_idx] * (codes - zeros[g_idx])` with f16 scales and integer codes, written out below. That
-reference is f16; Burn decodes in f32, where `(code - zero) * scale` is exact (an 11-bit significand times
-an integer of at most 8 bits), so Burn's f32 is the exact product, and rounded to f16 it is the reference's
-f16 output bit for bit (both are the exact product rounded once)."""
+`scales[g_idx] * (codes - zeros[g_idx])` with f16 scales and integer codes, written out below: it pins the
+layout independently of any GPTQ library. The second is packed by AutoGPTQ 0.7.1's own `QuantLinear.pack`
+(GPTQModel needs torch >= 2.14 and its CUDA stack; AutoGPTQ's QuantLinear runs on the CPU in pure torch) and
+held to AutoGPTQ's own dequantization, its forward of the identity. Either reference is f16; Burn decodes in
+f32, where `(code - zero) * scale` is exact (an 11-bit significand times an integer of at most 8 bits), so
+Burn's f32 is the exact product, and rounded to f16 it is the reference's f16 output bit for bit (both are
+the exact product rounded once)."""
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
+import importlib.util
 import json
+import os
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -211,6 +219,14 @@ def test_refused_before_any_weight_is_read_then_requantized(case, tmp_path, monk
     options, why, format = REFUSED[case]
     options = dict(options)
     parts = write(tmp_path / "ckpt", options.pop("bits"), options.pop("group"), **options)
+    assert_refused_from_the_headers(tmp_path / "ckpt", format, why, monkeypatch)
+    assert_requantized_within_bound(tmp_path / "ckpt", tmp_path / "model.bpk", format,
+                                    {name: reference(*p) for name, p in parts.items()})
+
+
+def assert_refused_from_the_headers(folder: Path, format: str, why: str, monkeypatch) -> None:
+    """The checkpoint at `folder` (the two linears of `write`) is refused as `format` for reason `why`, with
+    `--requantize` offered, before any weight is read; `--dry-run` says why."""
     from qcli.commands.quantize import quantize_file
 
     def no_read(self, name):
@@ -219,18 +235,21 @@ def test_refused_before_any_weight_is_read_then_requantized(case, tmp_path, monk
     with monkeypatch.context() as patched:
         patched.setattr(SafetensorsSource, "load", no_read)
         with pytest.raises(PlanError) as raised:
-            quantize_file(tmp_path / "ckpt", tmp_path / "refused.bpk")
+            quantize_file(folder, folder.parent / "refused.bpk")
     [problem] = raised.value.problems
     assert problem.kind == "scheme"
     assert problem.message.startswith(f"2 tensors (model.layers.0.mlp.down_proj.qweight, "
                                       f"model.layers.0.self_attn.q_proj.qweight) are {format}: ")
     assert why in problem.message
     assert "--requantize q4f-b32 (dequantized as GPTQ does, in f16" in problem.hint
-    lines = assert_user_error(cli("quantize", tmp_path / "ckpt", "--dry-run"), PlanError.exit_code)
+    lines = assert_user_error(cli("quantize", folder, "--dry-run"), PlanError.exit_code)
     assert any(why in line for line in lines)
 
-    out = tmp_path / "model.bpk"
-    result = cli("quantize", tmp_path / "ckpt", "-o", out, "--requantize", "q4f-b32", "--json")
+
+def assert_requantized_within_bound(folder: Path, out: Path, format: str, references: dict[str, torch.Tensor]) -> None:
+    """`--requantize q4f-b32` writes `out`, each weight within the preset's bound of its GPTQ dequantization
+    in `references` (f16 [out, in], by the weight's written name)."""
+    result = cli("quantize", folder, "-o", out, "--requantize", "q4f-b32", "--json")
     assert result.code == 0, result.err
     doc = json.loads(result.out)
     validate_json(doc)
@@ -238,8 +257,10 @@ def test_refused_before_any_weight_is_read_then_requantized(case, tmp_path, monk
     assert rows["model.layers.0.self_attn.q_proj.weight"]["reason"] == f"requantize {format} -> q4f-b32"
     assert sorted(e.name for e in BurnpackReader.open(out).entries()) == sorted(rows)
     preset = PRESETS["q4f-b32"]
-    for name, values in decoded(out).items():
-        x = reference(*parts[name]).to(torch.float32)
+    got = decoded(out)
+    assert sorted(got) == sorted(references)
+    for name, values in got.items():
+        x = references[name].to(torch.float32)
         grid = BlockGrid.of(preset.scheme, x.shape)
         worst = to_blocks((values - x).abs().to(torch.float64), grid).amax(dim=grid.block_axes)
         assert bool((worst <= error_bound(x, preset.scheme, preset.calibration)).all()), name
@@ -283,3 +304,180 @@ def test_without_a_config_the_codes_are_not_kept_as_integers(tmp_path):
     assert "model.layers.0.self_attn.q_proj.qweight" in errors
     assert "no quantize_config.json or config.json quantization_config says its bits" in (
         errors["model.layers.0.self_attn.q_proj.qweight"])
+
+
+# Checkpoints AutoGPTQ itself packs, held to its own dequantization.
+AUTOGPTQ, AUTOGPTQ_VERSION = "auto-gptq", "0.7.1"
+AUTOGPTQ_INSTALL = f"pip install --no-deps {AUTOGPTQ}=={AUTOGPTQ_VERSION}"
+LINEARS = {"model.layers.0.self_attn.q_proj": (64, 256), "model.layers.0.mlp.down_proj": (96, 384)}  # [out, in]
+
+
+def autogptq_quant_linear(desc_act: bool) -> type:
+    """AutoGPTQ's QuantLinear as its `pack_model` picks it where no CUDA kernel is built: `qlinear_cuda_old`
+    for groups in input order, `qlinear_cuda` for an activation order (both fall back to pure torch on the
+    CPU)."""
+    autogptq_packages()
+    kind = "qlinear_cuda" if desc_act else "qlinear_cuda_old"
+    return importlib.import_module(f"auto_gptq.nn_modules.qlinear.{kind}").QuantLinear
+
+
+@functools.cache
+def autogptq_packages() -> None:
+    """Empty packages in place of `auto_gptq` and its `nn_modules` folders, so that a QuantLinear module can be
+    imported alone: the package's `__init__` imports its model classes, which need a transformers older than
+    ours (its declared dependencies conflict with ours too: it is installed with --no-deps). Where it is not
+    installed the tests skip, or under CI fail, as .ci/run installs it."""
+    try:
+        installed = importlib.metadata.version(AUTOGPTQ)
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    if installed != AUTOGPTQ_VERSION:
+        message = (f"{AUTOGPTQ} {AUTOGPTQ_VERSION} is not installed ({installed or 'none'} is), and its packer and "
+                   f"dequantization write and judge these checkpoints: {AUTOGPTQ_INSTALL}")
+        if os.environ.get("CI") == "true":
+            pytest.fail(message + " (.ci/run installs it)")
+        pytest.skip(message)
+    folder = Path(importlib.util.find_spec("auto_gptq").submodule_search_locations[0])
+    for name, under in (("auto_gptq", folder), ("auto_gptq.nn_modules", folder / "nn_modules"),
+                        ("auto_gptq.nn_modules.qlinear", folder / "nn_modules" / "qlinear")):
+        package = types.ModuleType(name)
+        package.__path__ = [str(under)]
+        sys.modules[name] = package
+
+
+def autogptq_dequantized(layer: torch.nn.Module) -> torch.Tensor:
+    """AutoGPTQ's dequantization of a QuantLinear, [out, in] f16: its forward of the identity, bias aside. On
+    the CPU the forward unpacks the codes and zero points (v1: each stored one plus one), forms
+    `scales[g] * (codes - zeros[g])` in f16 (f16 scales times integers) and multiplies the input by it in
+    f16: the identity's rows pick its rows out unchanged (every other term an exact zero)."""
+    bias, layer.bias = layer.bias, None
+    try:
+        return layer(torch.eye(layer.infeatures, dtype=torch.float16)).t().contiguous()
+    finally:
+        layer.bias = bias
+
+
+def write_autogptq(folder: Path, bits: int, group: int, *, sym: bool = True, desc_act: bool = False,
+                   seed: int = 0) -> dict[str, tuple[torch.nn.Module, torch.Tensor]]:
+    """A checkpoint as AutoGPTQ saves one: each of LINEARS packed by its QuantLinear from an f16 linear holding
+    GPTQ's quantized weight (`scale * (code - zero)` rounded to f16, what GPTQ leaves in the layer; the f32
+    scales and float zero points as GPTQ's quantizer hands them to `pack`), its state dict under the module's
+    name, a norm beside them, with the metadata `save_quantized` gives the file, and `quantize_config.json` as
+    `BaseQuantizeConfig.to_dict` writes it (no checkpoint format: v1). Each QuantLinear and its exact
+    dequantization in float64 (the codes drawn times the scales AutoGPTQ stored), by the written weight's name."""
+    quant_linear = autogptq_quant_linear(desc_act)
+    folder.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {"model.norm.weight": torch.ones(64, dtype=torch.float16)}
+    layers = {}
+    for module, (out, count) in LINEARS.items():
+        size = count if group == -1 else group
+        codes = torch.randint(0, 1 << bits, (out, count), generator=g)
+        zeros = (torch.full((out, count // size), float(1 << (bits - 1))) if sym
+                 else torch.randint(1, 1 << bits, (out, count // size), generator=g).to(torch.float32))
+        scales = torch.rand(out, count // size, generator=g) * 0.02 + 1e-3
+        g_idx = (torch.arange(count) // size).to(torch.int32)
+        if desc_act:
+            g_idx = g_idx[torch.randperm(count, generator=g)]
+        linear = torch.nn.Linear(count, out, dtype=torch.float16)
+        linear.weight.data = ((codes - zeros[:, g_idx]) * scales[:, g_idx]).to(torch.float16)
+        layer = quant_linear(bits, group, count, out, True)
+        layer.pack(linear, scales, zeros.clone(), g_idx)  # its `zeros -= 1` reaches a one-group caller
+        tensors |= {f"{module}.{k}": v for k, v in layer.state_dict().items()}
+        stored = layer.scales.to(torch.float64).t()
+        layers[f"{module}.weight"] = (layer, (codes - zeros[:, g_idx]).to(torch.float64) * stored[:, g_idx])
+    config = {"bits": bits, "group_size": group, "damp_percent": 0.01, "desc_act": desc_act, "static_groups": False,
+              "sym": sym, "true_sequential": True, "model_name_or_path": None, "model_file_base_name": "model",
+              "is_marlin_format": False, "quant_method": "gptq"}
+    metadata = {"format": "pt", "auto_gptq_version": AUTOGPTQ_VERSION, "gptq_bits": str(bits),
+                "gptq_group_size": str(group), "gptq_desc_act": str(desc_act), "gptq_damp_percent": "0.01",
+                "gptq_is_marlin_format": "False"}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"), metadata)
+    (folder / "quantize_config.json").write_text(json.dumps(config, indent=2))
+    return layers
+
+
+AUTOGPTQ_TRANSCODED = {"q2-g128": (2, 128), "q4-g128": (4, 128), "q8-g128": (8, 128), "q4-row": (4, -1)}
+
+
+@pytest.fixture(scope="module", params=sorted(AUTOGPTQ_TRANSCODED))
+def autogptq_checkpoint(request, tmp_path_factory) -> tuple[Path, dict[str, tuple[torch.nn.Module, torch.Tensor]]]:
+    folder = tmp_path_factory.mktemp(f"autogptq-{request.param}")
+    return folder, write_autogptq(folder, *AUTOGPTQ_TRANSCODED[request.param])
+
+
+def assert_autogptqs_dequantization(got: dict[str, torch.Tensor], layers: dict, who: str = "qcli") -> None:
+    """Each decoded weight in `got` (f32) is the exact product, and rounded to f16 AutoGPTQ's dequantization."""
+    assert sorted(got) == sorted(layers), who
+    for name, (layer, exact_values) in layers.items():
+        assert same_bits(got[name], exact_values.to(torch.float32)), f"{name}: {who} is not the exact product"
+        want = autogptq_dequantized(layer)
+        assert torch.equal(got[name].to(torch.float16).view(torch.int16), want.view(torch.int16)), (
+            f"{name}: {who} rounded to f16 is not AutoGPTQ's dequantization")
+
+
+def test_autogptqs_dequantization_is_its_exact_product_rounded_once(autogptq_checkpoint):
+    """What the comparisons below rest on: AutoGPTQ packed the codes drawn, and its f16 dequantization is their
+    exact product with its stored scales, rounded once."""
+    _, layers = autogptq_checkpoint
+    for name, (layer, exact_values) in layers.items():
+        want = autogptq_dequantized(layer)
+        assert torch.equal(want.view(torch.int16), exact_values.to(torch.float16).view(torch.int16)), name
+
+
+@pytest.mark.parametrize("pipeline", ["cpu", pytest.param("triton", marks=pytest.mark.interpreter)])
+def test_an_autogptq_checkpoint_decodes_to_autogptqs_dequantization(autogptq_checkpoint, tmp_path, pipeline,
+                                                                      monkeypatch):
+    if pipeline == "triton":
+        monkeypatch.setenv("QCLI_KERNELS", "triton")
+    folder, layers = autogptq_checkpoint
+    out = tmp_path / "model.bpk"
+    result = cli("quantize", folder, "-o", out, "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["device"] == pipeline
+    assert_autogptqs_dequantization(decoded(out), layers)
+    reader = BurnpackReader.open(out)
+    for name, (layer, _) in layers.items():  # the biases as AutoGPTQ stored them
+        assert bytes(reader.read(name.removesuffix("weight") + "bias")) == layer.bias.detach().numpy().tobytes()
+    compared = cli("inspect", out, "--compare", folder, "--json")
+    assert compared.code == 0, compared.err
+    doc = json.loads(compared.out)["compare"]
+    assert doc["ok"] and all(r["exact"] for r in doc["tensors"]), doc
+
+
+@pytest.mark.interpreter
+def test_the_gpu_pipeline_yields_the_cpu_pipelines_bytes_for_autogptq(autogptq_checkpoint):
+    _, want, got = pipeline_payloads(autogptq_checkpoint[0])
+    assert got == want
+
+
+@pytest.mark.parametrize("backend", [BurnBackend.flex, BurnBackend.wgpu], ids=str)
+def test_burn_decodes_an_autogptq_checkpoint_to_autogptqs_dequantization(autogptq_checkpoint, tmp_path, backend):
+    folder, layers = autogptq_checkpoint
+    out = tmp_path / "model.bpk"
+    result = cli("quantize", folder, "-o", out, "--device", "cpu", "--burn-backend", str(backend))
+    assert result.code == 0, result.err
+    burn = burn_dequantize(backend, out, tmp_path / "burn.safetensors")
+    assert_autogptqs_dequantization({name: burn[name] for name in layers}, layers, f"Burn ({backend})")
+
+
+AUTOGPTQ_REFUSED = {  # name -> (write_autogptq's options, the refusal's words)
+    "asymmetric": ({"sym": False}, "offset by a zero point of their own (sym: false)"),
+    "act-order": ({"desc_act": True}, "each input's group is given by g_idx (desc_act: true)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AUTOGPTQ_REFUSED))
+def test_an_autogptq_checkpoint_burn_cannot_hold_is_refused_then_requantized(case, tmp_path, monkeypatch):
+    options, why = AUTOGPTQ_REFUSED[case]
+    folder = tmp_path / "ckpt"
+    layers = write_autogptq(folder, 4, 128, **options)
+    assert_refused_from_the_headers(folder, "GPTQ 4-bit group 128", why, monkeypatch)
+    references = {name: autogptq_dequantized(layer) for name, (layer, _) in layers.items()}
+    plan = make_plan(SafetensorsSource.open(folder).infos(), requantize=PRESETS["q4f-b32"])
+    with SafetensorsSource.open(folder) as source:  # qcli dequantizes as AutoGPTQ does, bit for bit
+        for entry in plan.entries:
+            if entry.decision.requantize is not None:
+                got = entry.decision.requantize.dequantize(source.load)
+                assert torch.equal(got.view(torch.int16), references[entry.name].view(torch.int16)), entry.name
+    assert_requantized_within_bound(folder, tmp_path / "model.bpk", "GPTQ 4-bit group 128", references)
