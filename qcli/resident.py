@@ -14,10 +14,12 @@ def resident_bytes() -> int:
 
 
 def peak_resident_bytes() -> int:
-    """The most bytes this process has had in memory at once (VmHWM, or getrusage where there is no /proc)."""
+    """The most bytes this process has had in memory at once (VmHWM, or getrusage where there is no /proc).
+    Linux folds each thread's page counts into VmHWM only now and then, so VmHWM can trail VmRSS by a few
+    pages: the peak is never less than what is resident now."""
     peak = _status("VmHWM")
     if peak:
-        return peak
+        return max(peak, _status("VmRSS"))
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return maxrss if sys.platform == "darwin" else maxrss * 1024  # macOS counts bytes, Linux KiB
 
