@@ -1,4 +1,5 @@
-"""The docs hold together: every relative link leads to a file of the repository."""
+"""The docs hold together: every relative link leads to a file of the repository, and the README's test
+command is the one CI runs."""
 
 from __future__ import annotations
 
@@ -16,3 +17,12 @@ def test_relative_links_resolve(doc):
     path = ROOT / doc
     for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
         assert (path.parent / target).exists(), f"{doc} links to missing {target}"
+
+
+def test_ci_runs_the_readmes_test_command():
+    """`.ci/run` ends with the README's second set-up command (the tests), its line breaks joined."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"## Set up and run.*?```bash\n(.*?)```", readme, re.DOTALL).group(1)
+    command = block.strip().splitlines()[1]
+    ci = re.sub(r"\s*\\\n\s*", " ", (ROOT / ".ci/run").read_text())
+    assert ci.rstrip().endswith(command), command
