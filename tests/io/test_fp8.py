@@ -17,7 +17,7 @@ from qcli.io.burnpack import BurnpackReader
 from qcli.io.safetensors import SafetensorsSource
 from qcli.plan import make_plan
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
-from tests.burn_harness import same_bits
+from tests.burn_harness import dequantize, same_bits
 from tests.cli_support import cli, validate_json
 from tests.format_support import assert_burn_decodes_as_qcli, decoded, pipeline_payloads
 
@@ -184,3 +184,25 @@ def test_a_backend_that_cannot_load_a_transcode_is_not_offered_another_scheme(tm
     plan = make_plan(SafetensorsSource.open(tmp_path).infos())
     flex = [p for p in plan.problems if p.kind == "backend" and "flex backend" in p.message]
     assert flex and all("checkpoint's own codes" in p.hint and "use " not in p.hint for p in flex)
+
+
+def test_e5m2_infinities_and_nans_transcode_and_compare_exactly(tmp_path):
+    """E5M2 has codes for ±inf and NaN (E4M3 only NaN): a transcode writes them as they are, so the file
+    decodes to torch's own values bit for bit, in qcli and in Burn's wgpu, and `inspect --compare` finds
+    it exact rather than measuring inf - inf."""
+    codes = torch.arange(256, dtype=torch.uint8).reshape(8, 32).view(torch.float8_e5m2)
+    assert codes.to(torch.float32).isinf().sum() == 2 and codes.to(torch.float32).isnan().sum() == 6
+    (tmp_path / "ckpt").mkdir()
+    save_file({"w.weight": codes, "w.weight_scale": torch.tensor(0.5)}, str(tmp_path / "ckpt" / "model.safetensors"))
+    out = tmp_path / "model.bpk"
+    result = cli("quantize", tmp_path / "ckpt", "-o", out, "--device", "cpu", "--burn-backend", "wgpu")
+    assert result.code == 0, result.err
+    want = codes.to(torch.float32) * 0.5
+    burn, mine = dequantize(BurnBackend.wgpu, out, tmp_path / "burn.safetensors")["w.weight"], decoded(out)["w.weight"]
+    for got in (mine, burn):  # bit for bit, NaN for NaN (torch keeps a NaN code's mantissa, Burn and qcli do not)
+        nan = want.isnan()
+        assert torch.equal(got.isnan(), nan) and same_bits(got[~nan], want[~nan])
+    compared = cli("inspect", out, "--compare", tmp_path / "ckpt", "--json")
+    assert compared.code == 0, compared.err
+    doc = json.loads(compared.out)["compare"]
+    assert doc["ok"] and [r["exact"] for r in doc["tensors"]] == [True], doc
