@@ -280,6 +280,7 @@ def resolve_calibration(name: str) -> Calibration:
 
 
 MAX_BLOCK_DIMS = 5
+MAX_BLOCK_EXTENT = 255  # Burn stores each block extent as a u8 of at least 1 (`BlockSize`)
 
 
 @dataclass(frozen=True)
@@ -304,9 +305,9 @@ class BlockSize:
                 hint="Burn's BlockSize stores 5 extents; use a block over the trailing axes, e.g. [32] or [4, 32]",
             )
         for d in dims:
-            if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 255:
+            if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= MAX_BLOCK_EXTENT:
                 raise SchemeError(
-                    f"block extent {d!r} in {dims} is not between 1 and 255",
+                    f"block extent {d!r} in {dims} is not between 1 and {MAX_BLOCK_EXTENT}",
                     hint="Burn stores each block extent as a u8 of at least 1; use e.g. [32] or [16]",
                 )
         while dims and dims[0] == 1:
@@ -479,7 +480,7 @@ def _scheme_from_serde(obj: object) -> QuantScheme:
         if (
             not isinstance(storage, list)
             or len(storage) != MAX_BLOCK_DIMS
-            or not all(isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= 255 for s in storage)
+            or not all(isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= MAX_BLOCK_EXTENT for s in storage)
             or not isinstance(length, int)
             or not 0 <= length <= MAX_BLOCK_DIMS
         ):

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 from qcli.errors import InputError
 from qcli.formats import fp8
+from qcli.formats.e2m1 import e2m1_codes
 from qcli.formats.found import Encoded, Found, Load, Transcode
 from qcli.formats.grid import ScaleGrid
-from qcli.formats.nvfp4 import e2m1_codes
 from qcli.io.safetensors import printable
 from qcli.presets import ZERO_POINT_WHY
 from qcli.problem import Kind

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from qcli.errors import InputError
+from qcli.formats.e2m1 import positive_zero
 from qcli.formats.found import Encoded, Found, Load, Transcode
 from qcli.io.gguf import BY_NAME
 from qcli.io.safetensors import printable
 from qcli.presets import ZERO_POINT_WHY
 from qcli.problem import Kind
-from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY, PackedU32, QuantScheme, QuantValue, ScaleDtype
+from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY, MAX_BLOCK_EXTENT, PackedU32, QuantScheme, QuantValue, ScaleDtype
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from qcli.io.safetensors import TensorInfo
 
 BLOCK = 32  # values per Q8_0, Q4_0 and MXFP4 block
-NEGATIVE_ZERO = 8  # E2M1's code for -0, which ggml's MXFP4 table decodes to +0.0
 E8M0_NAN = 0xFF  # no f32 power of two is 2^128
 DECODED_AS = "dequantized by the gguf package (gguf.quants.dequantize), then quantized"
 
@@ -114,7 +114,7 @@ class Mxfp4(GgufBlocks):
         # 2^(e-127) as f32 bits: the exponent field itself, and 2^-127 (e = 0) the subnormal 0x00400000
         scales = torch.where(exponents == 0, 1 << 22, exponents << 23)
         codes = _nibbles(blocks[:, 1:])
-        return torch.where(codes == NEGATIVE_ZERO, 0, codes), scales.view(torch.uint8).reshape(-1)
+        return positive_zero(codes), scales.view(torch.uint8).reshape(-1)
 
 
 TRANSCODES = {
@@ -160,8 +160,8 @@ REFUSALS = {
     "Q6_K": _width("6-bit codes with an 8-bit scale per 16 values under an f16 super-block scale"),
     "TQ1_0": _width("ternary values packed five to a byte in base 3 with an f16 scale per 256", "q2s-b32"),
     "TQ2_0": Refusal(Kind.scheme, "a format qcli does not transcode", "2-bit codes of q - 1 (-1 to 2) with an f16 "
-                     "scale per 256 values, wider than Burn's largest block extent of 255; qcli has no transcode for "
-                     "it", "q2s-b32"),
+                     f"scale per 256 values, wider than Burn's largest block extent of {MAX_BLOCK_EXTENT}; qcli has "
+                     "no transcode for it", "q2s-b32"),
     "NVFP4": Refusal(Kind.scheme, "a format qcli does not transcode", "E2M1 codes with a UE4M3 scale per 16 values "
                      "and no global scale, as ggml lays them out; qcli has no transcode for it", "fp4-b32"),
     "IQ4_NL": _codebook("4-bit indices into a 16-entry non-linear codebook (kvalues_iq4nl) with an f16 scale per 32"),

@@ -14,12 +14,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from qcli.scheme import QuantScheme, ScaleDtype
+from qcli.scheme import MAX_BLOCK_EXTENT, QuantScheme, ScaleDtype
 
 if TYPE_CHECKING:
     import torch
-
-MAX_EXTENT = 255  # Burn's largest block extent (`BlockSize.new`)
 
 
 @dataclass(frozen=True)
@@ -38,7 +36,7 @@ class ScaleGrid:
     def block(self) -> tuple[int, ...]:
         """Burn's block: per axis the largest divisor of the box's extent (the axis where one box spans it)
         up to 255."""
-        return tuple(max(e for e in range(1, min(c, MAX_EXTENT) + 1) if c % e == 0)
+        return tuple(max(e for e in range(1, min(c, MAX_BLOCK_EXTENT) + 1) if c % e == 0)
                      for c in (min(c, d) for d, c in zip(self.shape, self.covers, strict=True)))
 
     @property

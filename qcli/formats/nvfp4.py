@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from qcli.formats.e2m1 import e2m1_codes, positive_zero
 from qcli.formats.found import Found, Load, Transcode
-from qcli.formats.grid import MAX_EXTENT
-from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
+from qcli.scheme import MAX_BLOCK_EXTENT, PackedU32, QuantScheme, QuantValue, ScaleDtype
 
 if TYPE_CHECKING:
     import torch
@@ -31,7 +31,6 @@ PRE_QUANT_SCALE = "pre_quant_scale"  # AWQ's (NVFP4_AWQ, NVFP4_SVD): the input i
 # modelopt's E2M1 table (`e2m1_values`), by code: sign bit 3, then two exponent bits and one mantissa bit;
 # code 8, the negative zero, is +0.0 there.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-NEGATIVE_ZERO = 8
 
 
 def two_level_e2m1(group: int) -> QuantScheme:
@@ -39,14 +38,6 @@ def two_level_e2m1(group: int) -> QuantScheme:
     Burn 0.22.1's wgpu loads it (Burn's own `QuantScheme::nvfp4()`, UE4M3 in PackedNative, loads nowhere)."""
     return (QuantScheme().with_value(QuantValue.E2M1).with_store(PackedU32(0))
             .per_block([group], ScaleDtype.F16).per_tensor(ScaleDtype.F32))
-
-
-def e2m1_codes(packed: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    """The uint8 E2M1 codes of `shape` in bytes that hold two each along the row, the first in the low nibble."""
-    import torch
-
-    packed = packed.reshape(-1).view(torch.uint8)
-    return torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(tuple(shape))
 
 
 @dataclass(frozen=True)
@@ -67,8 +58,7 @@ class Nvfp4(Transcode):
 
         from qcli.codec.pack import pack_fields, pack_global, pack_scales
 
-        fields = e2m1_codes(codes, self.shape)
-        fields = torch.where(fields == NEGATIVE_ZERO, 0, fields)
+        fields = positive_zero(e2m1_codes(codes, self.shape))
         scales, global_scale = self.scales(load)
         return torch.cat([pack_fields(fields, self.scheme), pack_scales(scales, ScaleDtype.F16),
                           pack_global(float(global_scale))])
@@ -119,8 +109,8 @@ def plan(info: TensorInfo, scale: TensorInfo, global_scale: TensorInfo, pre_quan
     if len(blocks) != 2 or blocks[0] != rows or not blocks[1] or cols % blocks[1]:
         return f"its scale {scale.name} {list(blocks)} is not one per block of a row of [{rows}, {cols}]"
     group = cols // blocks[1]
-    if group > MAX_EXTENT or group % 8:
+    if group > MAX_BLOCK_EXTENT or group % 8:
         return (f"blocks of {group} values: a PackedU32 block holds whole u32 words of 8 E2M1 values, up to "
-                f"{MAX_EXTENT}")
+                f"{MAX_BLOCK_EXTENT}")
     return Nvfp4(info, f"NVFP4 group {group}", two_level_e2m1(group),
                  (scale, global_scale), group)

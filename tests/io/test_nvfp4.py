@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from qcli.burn_backends import BurnBackend
 from qcli.errors import PlanError
-from qcli.formats import nvfp4
+from qcli.formats.e2m1 import e2m1_codes
 from qcli.io.burnpack import BurnpackReader
 from qcli.io.safetensors import SafetensorsSource
 from qcli.plan import make_plan
@@ -202,4 +202,4 @@ def test_a_rule_on_nvfp4_weights_warns_that_they_are_transcoded(checkpoint, tmp_
 
 
 def test_the_codes_unpack_low_nibble_first():
-    assert nvfp4.e2m1_codes(torch.tensor([0x21, 0xF8], dtype=torch.uint8), (1, 4)).tolist() == [[1, 2, 8, 15]]
+    assert e2m1_codes(torch.tensor([0x21, 0xF8], dtype=torch.uint8), (1, 4)).tolist() == [[1, 2, 8, 15]]
