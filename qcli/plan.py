@@ -75,6 +75,12 @@ class Decision:
     transcode: Transcode | None = None  # an already-quantized tensor written as `scheme`, its codes unchanged
     requantize: Encoded | None = None  # one no Burn scheme holds, dequantized by its format's decoder, then quantized
 
+    @property
+    def found(self) -> Transcode | Encoded | None:
+        """The already-quantized weight it writes (transcoded or requantized), whose format gives its name,
+        shape and companions; None for an ordinary tensor."""
+        return self.transcode or self.requantize
+
 
 @dataclass(frozen=True)
 class PlanEntry:
@@ -86,13 +92,13 @@ class PlanEntry:
     def name(self) -> str:
         """The name it is written under: the source tensor's, or the one its format gives the weight its
         codes stand for (GPTQ's `m.qweight` is written as `m.weight`)."""
-        found = self.decision.transcode or self.decision.requantize
+        found = self.decision.found
         return found.name if found is not None else self.info.name
 
     @property
     def shape(self) -> tuple[int, ...]:
         """The source tensor's shape as its format dequantizes it, not its codes' shape."""
-        found = self.decision.transcode or self.decision.requantize
+        found = self.decision.found
         return found.shape if found is not None else tuple(self.info.shape)
 
     @property
@@ -125,7 +131,7 @@ class PlanEntry:
     @property
     def consumed(self) -> tuple[TensorInfo, ...]:
         """The source tensors written inside this entry's payload."""
-        found = self.decision.transcode or self.decision.requantize
+        found = self.decision.found
         return found.companions if found is not None else ()
 
     @property

@@ -150,7 +150,7 @@ def compile_ahead(plan: Plan, measure: bool, settings: GpuSettings) -> int:
             decision = entry.decision
             key = (tuple(entry.info.shape), entry.info.dtype, decision.scheme, decision.calibration,
                    decision.transpose)
-            if (decision.scheme is None or decision.transcode is not None or decision.requantize is not None
+            if (decision.scheme is None or decision.found is not None
                     or decision.calibration is Calibration.Mse or entry.info.dtype not in _KERNEL_DTYPES
                     or key in made):
                 continue
