@@ -3,9 +3,10 @@
 A tensor is viewed as rows of `C` values (`R` rows). A program of a quantize kernel takes `G` groups of
 `U` storage units of `N` values from one row, so a group is one `[U, N]` tile and a unit is one stored
 word or byte. `_quantize_fused_kernel` takes groups that are exactly one block of the last axis each, and
-computes their scales itself; `_quantize_blocks_kernel` and `_quantize_tensor_kernel` read each value's
-effective scale from an f32 array computed beforehand (`_alpha_kernel` then `_scales_kernel`), one per
-block or one for the whole tensor. The three share the tile, the value fields and the packing.
+computes their scales itself; `_quantize_blocks_kernel` reads each value's effective scale from an f32
+array computed beforehand (`_alpha_kernel` then `_scales_kernel`), one per block; `_quantize_tensor_kernel`
+works the tensor's one scale out from its range. The three share the tile, the value fields and the
+packing.
 
 Constexpr arguments name a value type's traits (IS_FLOAT, BITS, LO, HI, EBITS, MBITS, BIAS) and a scale
 dtype's (SCALE_*), both from `qcli.scheme` rows (`qcli.kernels.launch`).
@@ -99,19 +100,28 @@ def _program(x_ptr, C, chunks_per_row, G: tl.constexpr, U: tl.constexpr, N: tl.c
 
 
 @triton.jit
-def _store_fields(x, s_eff, r_eff, inside, values_ptr, row, group, unit, units_per_row, G: tl.constexpr,
-                  U: tl.constexpr, N: tl.constexpr, IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr,
-                  HI: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
-                  EVEN: tl.constexpr):
-    """Quantize the tile's values (`_value_field`) and store them packed, N fields of BITS bits to a unit,
-    the first in the least significant bits; values outside the row pack as zero fields."""
+def _packed(x, s_eff, r_eff, inside, N: tl.constexpr, IS_FLOAT: tl.constexpr, BITS: tl.constexpr,
+            LO: tl.constexpr, HI: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
+            EVEN: tl.constexpr):
+    """The tile's values quantized (`_value_field`) and packed along its last axis of N, N fields of BITS bits
+    to a unit, the first in the least significant bits; values outside the tensor pack as zero fields."""
     tl.static_assert((N * BITS == 8) | (N * BITS == 32), "a storage unit is one byte or one u32 word")
     field = _value_field(x, s_eff, r_eff, IS_FLOAT, BITS, LO, HI, EBITS, MBITS, BIAS)
     if not EVEN:
         field = tl.where(inside, field, 0)
-    packed = tl.sum(field << (tl.arange(0, N)[None, None, :] * BITS), axis=2)
+    packed = tl.sum(field << (tl.arange(0, N) * BITS), axis=-1)
     if N * BITS != 32:
         packed = packed.to(tl.uint8)
+    return packed
+
+
+@triton.jit
+def _store_fields(x, s_eff, r_eff, inside, values_ptr, row, group, unit, units_per_row, G: tl.constexpr,
+                  U: tl.constexpr, N: tl.constexpr, IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr,
+                  HI: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
+                  EVEN: tl.constexpr):
+    """Store the `[G, U, N]` tile of one row packed (`_packed`) into its `[G, U]` units."""
+    packed = _packed(x, s_eff, r_eff, inside, N, IS_FLOAT, BITS, LO, HI, EBITS, MBITS, BIAS, EVEN)
     units = values_ptr + row * units_per_row + group * U + unit
     if EVEN:
         tl.store(units, packed)
@@ -196,6 +206,57 @@ def _quantize_fused_kernel(
 
 
 @triton.jit
+def _quantize_fused_rows_kernel(
+    x_ptr, values_ptr, scales_ptr, global_ptr, alpha_max_ptr, bad_ptr, R, C, units_per_row, chunks_per_row,
+    bands_per_plane, blocks_per_row,
+    BR: tl.constexpr, BC: tl.constexpr, G: tl.constexpr, U: tl.constexpr, N: tl.constexpr,
+    TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr,
+    SCALE_STEP: tl.constexpr, SCALE_FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr, SCALE_EBITS: tl.constexpr,
+    SCALE_MBITS: tl.constexpr, SCALE_BIAS: tl.constexpr, SCALE_SIZE: tl.constexpr,
+    IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr,
+    EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EVEN: tl.constexpr, SAFE: tl.constexpr,
+):
+    """`_quantize_fused_kernel` for MinMax blocks of BR rows by BC values (the tensor seen as planes of R rows
+    of C values): a program takes a band of BR rows and G blocks along it as one `[BR, G, U, N]` tile, so
+    each block lies wholly inside it, and reduces, scales and stores them in one pass. EVEN: no band or
+    tile is partial."""
+    tl.static_assert(BC == U * N, "a group is one block's row: BC values, U whole units of N")
+    tl.static_assert((BR & (BR - 1)) == 0, "BR, rows per block, must be a power of two")
+    tl.static_assert((G & (G - 1)) == 0, "G, blocks per program, must be a power of two")
+    pid = tl.program_id(0).to(tl.int64)
+    band = pid // chunks_per_row  # plane * bands_per_plane + the band within the plane
+    group = (pid % chunks_per_row) * G
+    first = (band // bands_per_plane) * R + (band % bands_per_plane) * BR  # the band's first row
+    rows_left = _left(R - (band % bands_per_plane) * BR, BR)
+    lane = tl.arange(0, BR)
+    unit = (tl.arange(0, G)[:, None] * U + tl.arange(0, U)[None, :])[None, :, :]
+    local = unit[:, :, :, None] * N + tl.arange(0, N)
+    start = group * BC
+    inside = (lane[:, None, None, None] < rows_left) & (local < _left(C - start, G * BC))
+    row = first + lane[:, None, None, None]
+    x = _load(x_ptr + row * C + start + local, inside, 0.0, EVEN).to(tl.float32)
+    block = group + tl.arange(0, G)
+    terms = tl.max(tl.max(tl.max(_range_terms(x, CAL_MINMAX), axis=3), axis=2), axis=0)
+    alpha = _block_range(terms, block, C, BC, CAL_MINMAX, False, bad_ptr)
+    s = _store_block_scales(alpha, band * blocks_per_row + block, block < blocks_per_row, scales_ptr, global_ptr,
+                            alpha_max_ptr, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX, SCALE_EBITS,
+                            SCALE_MBITS, SCALE_BIAS, SCALE_SIZE)
+    if not SAFE:
+        p = _rescaling(s)
+        s = s * p
+        x = x * p[None, :, None, None]
+    r = tl.math.div_rn(1.0, s)
+    packed = _packed(x, s[None, :, None, None], r[None, :, None, None], inside, N, IS_FLOAT, BITS, LO, HI, EBITS,
+                     MBITS, BIAS, EVEN)
+    units = values_ptr + (first + lane[:, None, None]) * units_per_row + group * U + unit
+    if EVEN:
+        tl.store(units, packed)
+    else:
+        tl.store(units, packed, mask=(lane[:, None, None] < rows_left)
+                 & (unit < _left(units_per_row - group * U, G * U)))
+
+
+@triton.jit
 def _quantize_blocks_kernel(
     x_ptr, values_ptr, s_eff_ptr, r_eff_ptr, row_base_ptr, C, units_per_row, chunks_per_row,
     BC: tl.constexpr, G: tl.constexpr, U: tl.constexpr, N: tl.constexpr,
@@ -216,18 +277,33 @@ def _quantize_blocks_kernel(
 
 @triton.jit
 def _quantize_tensor_kernel(
-    x_ptr, values_ptr, s_eff_ptr, r_eff_ptr, C, units_per_row, chunks_per_row,
-    G: tl.constexpr, U: tl.constexpr, N: tl.constexpr,
+    x_ptr, values_ptr, alpha_ptr, scales_ptr, s_eff_ptr, r_eff_ptr, C, units_per_row, chunks_per_row,
+    G: tl.constexpr, U: tl.constexpr, N: tl.constexpr, FROM_RANGE: tl.constexpr, HALF_RANGE: tl.constexpr,
+    SCALE_STEP: tl.constexpr, SCALE_FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr, SCALE_EBITS: tl.constexpr,
+    SCALE_MBITS: tl.constexpr, SCALE_BIAS: tl.constexpr, SCALE_SIZE: tl.constexpr,
     IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr,
     EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EVEN: tl.constexpr, SAFE: tl.constexpr,
 ):
-    """Values under the one effective scale of the tensor and its reciprocal, computed beforehand (EVEN and
-    SAFE as for the fused kernel)."""
+    """Values under the tensor's one scale. FROM_RANGE: every program works the scale out from the tensor's
+    range at `alpha_ptr` and program 0 stores it at `scales_ptr`, so no scale kernel runs first
+    (`s_eff_ptr`, `r_eff_ptr` None); else its effective value and reciprocal were computed beforehand
+    (`alpha_ptr`, `scales_ptr` None). EVEN and SAFE as for the fused kernel."""
     row, group, unit, local, start, inside, x = _program(x_ptr, C, chunks_per_row, G, U, N, EVEN)
-    s_eff = tl.load(s_eff_ptr)
-    r_eff = tl.load(r_eff_ptr)
-    _store_gathered(x, s_eff, r_eff, inside, values_ptr, row, group, unit, units_per_row, G, U, N, IS_FLOAT, BITS,
-                    LO, HI, EBITS, MBITS, BIAS, EVEN, SAFE)
+    if FROM_RANGE:
+        s = _store_block_scales(tl.load(alpha_ptr), 0, tl.program_id(0) == 0, scales_ptr, None, None, False,
+                                HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX, SCALE_EBITS, SCALE_MBITS,
+                                SCALE_BIAS, SCALE_SIZE)
+        r = tl.math.div_rn(1.0, s * _rescaling(s))
+    else:
+        s = tl.load(s_eff_ptr)
+        r = tl.load(r_eff_ptr)
+    if not SAFE:
+        p = _rescaling(s)
+        if p != 1.0:  # one scale for the whole tensor: its values are rescaled only where it needs it
+            s = s * p
+            x = x * p
+    _store_fields(x, s, r, inside, values_ptr, row, group, unit, units_per_row, G, U, N, IS_FLOAT, BITS, LO, HI,
+                  EBITS, MBITS, BIAS, EVEN)
 
 
 @triton.jit

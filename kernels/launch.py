@@ -107,14 +107,14 @@ class _Launch:
     def __call__(self, *pointers) -> None:
         addresses = tuple(None if p is None else p.data_ptr() for p in pointers)
         key = tuple(None if p is None else (p.dtype, a % 16 == 0) for p, a in zip(pointers, addresses, strict=True))
-        compiled = self._compiled.get(key)
-        if compiled is None:
+        runner = self._compiled.get(key)
+        if runner is None:
             args = [p.tensor() if isinstance(p, _View) else p for p in pointers]
             compiled = self.kernel[(self.grid,)](*args, *self.ints, **self.constexprs)
             if compiled is not None and not interpreted():  # the interpreter compiles nothing
-                self._compiled[key] = compiled
+                self._compiled[key] = compiled[(self.grid, 1, 1)]  # it takes the current stream per call
             return
-        compiled[(self.grid, 1, 1)](*addresses, *self.ints, *self._constexpr_values)
+        runner(*addresses, *self.ints, *self._constexpr_values)
 
 
 def launch_config(group_values: int, groups_per_row: int, wide: bool = False) -> LaunchConfig:
@@ -173,6 +173,17 @@ def _fused(scheme: QuantScheme, grid: layout.BlockGrid) -> bool:
     width = grid.block[-1]
     return (scheme.block is not None and all(b == 1 for b in grid.block[:-1]) and width & (width - 1) == 0
             and width % scheme.num_quants() == 0)
+
+
+def _fused_rows(scheme: QuantScheme, grid: layout.BlockGrid, calibration: Calibration) -> bool:
+    """Whether `_quantize_fused_rows_kernel` takes the scheme's blocks: MinMax over blocks of the last two
+    axes only, a power of two of rows by a power-of-two width holding whole storage units (an AbsMean's
+    float64 sum over rows is taken in the order of the gathered path's)."""
+    if scheme.block is None or calibration is not Calibration.MinMax or len(grid.block) < 2:
+        return False
+    rows, width = grid.block[-2:]
+    return (rows > 1 and rows & (rows - 1) == 0 and all(b == 1 for b in grid.block[:-2])
+            and width & (width - 1) == 0 and width % scheme.num_quants() == 0)
 
 
 def _flat(grid: layout.BlockGrid, width: int, per_unit: int) -> tuple[int, int, int]:
@@ -240,71 +251,94 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
     scales = out[value_bytes:]
     if calibration is Calibration.Mse:
         s_eff, r_eff = _searched(x, scheme, grid, scales, bad, whole, searched)
+        if scheme.block is None:
+            _tensor_launch(scheme, shape, from_range=False)(x, values, None, None, s_eff, r_eff)
+            return
+    elif scheme.block is None:
+        alpha = _tensor_alpha(whole or tensor_range(x, scheme, calibration, bad), scheme, calibration)
+        _tensor_launch(scheme, shape, from_range=True)(x, values, alpha, scales, None, None)
+        return
     else:
         s_eff, r_eff = _scales(x, scheme, calibration, grid, scales, bad, whole)
-    if scheme.block is None:
-        _gathered_launch(scheme, shape)(x, values, s_eff, r_eff)
-    else:
-        _gathered_launch(scheme, shape)(x, values, s_eff, r_eff, _row_base(grid, x.device))
+    _blocks_launch(scheme, shape)(x, values, s_eff, r_eff, _row_base(grid, x.device))
+
+
+def _gathered_fields(scheme: QuantScheme) -> tuple[int, dict]:
+    """Units per group, and the constexprs of a kernel that quantizes under scales it does not reduce."""
+    per_unit = scheme.num_quants()
+    return max(1, _GATHER_UNITS // per_unit), dict(N=per_unit, SAFE=_safe_scales(scheme),
+                                                   **_value_constants(scheme.value), **_OPTIONS)
 
 
 @functools.lru_cache(maxsize=4096)
-def _gathered_launch(scheme: QuantScheme, shape: tuple[int, ...]) -> _Launch:
-    """The launch of the kernel that quantizes under scales computed beforehand: `_quantize_tensor_kernel`
-    (pointers: x, values, s_eff, r_eff) or `_quantize_blocks_kernel` (and each row's first scale)."""
+def _tensor_launch(scheme: QuantScheme, shape: tuple[int, ...], from_range: bool) -> _Launch:
+    """`_quantize_tensor_kernel`'s launch (pointers: x, values, the range and the stored scale with
+    `from_range`, else the effective scale and its reciprocal)."""
+    u, fields = _gathered_fields(scheme)
+    rows, cols, units_per_row = _flat(layout.BlockGrid.of(scheme, shape), 1, fields["N"])
+    config = launch_config(u * fields["N"], math.ceil(units_per_row / u))
+    return _Launch(K._quantize_tensor_kernel, rows * config.chunks, (cols, units_per_row, config.chunks),
+                   dict(G=config.groups, U=u, EVEN=config.even(cols, u * fields["N"]), FROM_RANGE=from_range,
+                        HALF_RANGE=scheme.value.half_range(), num_warps=config.num_warps,
+                        **_scale_constants(scheme.scale_dtype()), **fields))
+
+
+@functools.lru_cache(maxsize=4096)
+def _blocks_launch(scheme: QuantScheme, shape: tuple[int, ...]) -> _Launch:
+    """`_quantize_blocks_kernel`'s launch (pointers: x, values, s_eff, r_eff, each row's first scale)."""
     grid = layout.BlockGrid.of(scheme, shape)
-    per_unit = scheme.num_quants()
-    u = max(1, _GATHER_UNITS // per_unit)
-    fields = dict(N=per_unit, SAFE=_safe_scales(scheme), **_value_constants(scheme.value), **_OPTIONS)
-    if scheme.block is None:
-        rows, cols, units_per_row = _flat(grid, 1, per_unit)
-        config = launch_config(u * per_unit, math.ceil(units_per_row / u))
-        return _Launch(K._quantize_tensor_kernel, rows * config.chunks, (cols, units_per_row, config.chunks),
-                       dict(G=config.groups, U=u, EVEN=config.even(cols, u * per_unit),
-                            num_warps=config.num_warps, **fields))
+    u, fields = _gathered_fields(scheme)
     rows, cols = _rows(grid)
-    units_per_row = math.ceil(cols / per_unit)
-    config = launch_config(u * per_unit, math.ceil(units_per_row / u), wide=True)
+    units_per_row = math.ceil(cols / fields["N"])
+    config = launch_config(u * fields["N"], math.ceil(units_per_row / u), wide=True)
     return _Launch(K._quantize_blocks_kernel, rows * config.chunks, (cols, units_per_row, config.chunks),
-                   dict(BC=grid.block[-1], G=config.groups, U=u, EVEN=config.even(cols, u * per_unit),
+                   dict(BC=grid.block[-1], G=config.groups, U=u, EVEN=config.even(cols, u * fields["N"]),
                         num_warps=config.num_warps, **fields))
 
 
 @functools.lru_cache(maxsize=4096)
 def _fused_launch(scheme: QuantScheme, shape: tuple[int, ...], dtype: torch.dtype, calibration: Calibration
                   ) -> tuple[_Launch, int, int] | None:
-    """The fused kernel's launch for `shape` (with the value and scale bytes of its payload), or None
-    where the scheme's blocks are not its kind (`_fused`). Its pointers: x, values, scales, the global
-    (two levels), the largest block range (two levels), the flag."""
+    """The launch of the fused kernel for `shape`, or of its kind for blocks over rows (with the value and
+    scale bytes of its payload), or None where the scheme's blocks are neither (`_fused`, `_fused_rows`).
+    Its pointers: x, values, scales, the global (two levels), the largest block range (two levels), the
+    flag."""
     grid = layout.BlockGrid.of(scheme, shape)
-    if not _fused(scheme, grid):
-        return None
     per_unit = scheme.num_quants()
     width = grid.block[-1]
-    rows, cols, units_per_row = _flat(grid, width, per_unit)
-    blocks_per_row = math.ceil(cols / width)
-    config = launch_config(width, blocks_per_row, wide=calibration is Calibration.AbsMean)
-    constexprs = dict(BC=width, G=config.groups, U=width // per_unit, CAL=_cal(calibration),
-                      TWO_LEVEL=scheme.is_two_level(), HALF_RANGE=scheme.value.half_range(),
-                      EVEN=config.even(cols, width), num_warps=config.num_warps, N=per_unit,
-                      SAFE=_safe_scales(scheme), **_scale_constants(scheme.scale_dtype()),
-                      **_value_constants(scheme.value), **_OPTIONS)
-    launch = _Launch(K._quantize_fused_kernel, rows * config.chunks,
-                     (cols, units_per_row, config.chunks, blocks_per_row), constexprs)
+    constexprs = dict(BC=width, U=width // per_unit, N=per_unit, TWO_LEVEL=scheme.is_two_level(),
+                      HALF_RANGE=scheme.value.half_range(), SAFE=_safe_scales(scheme),
+                      **_scale_constants(scheme.scale_dtype()), **_value_constants(scheme.value), **_OPTIONS)
+    if _fused(scheme, grid):
+        rows, cols, units_per_row = _flat(grid, width, per_unit)
+        blocks_per_row = math.ceil(cols / width)
+        config = launch_config(width, blocks_per_row, wide=calibration is Calibration.AbsMean)
+        launch = _Launch(K._quantize_fused_kernel, rows * config.chunks,
+                         (cols, units_per_row, config.chunks, blocks_per_row),
+                         dict(G=config.groups, CAL=_cal(calibration), EVEN=config.even(cols, width),
+                              num_warps=config.num_warps, **constexprs))
+    elif _fused_rows(scheme, grid, calibration):
+        band = grid.block[-2]
+        planes, (r, cols) = math.prod(shape[:-2]), shape[-2:]
+        blocks_per_row = grid.grid[-1]
+        config = launch_config(band * width, blocks_per_row)
+        launch = _Launch(K._quantize_fused_rows_kernel, planes * grid.grid[-2] * config.chunks,
+                         (r, cols, math.ceil(cols / per_unit), config.chunks, grid.grid[-2], blocks_per_row),
+                         dict(BR=band, G=config.groups, EVEN=config.even(cols, width) and r % band == 0,
+                              num_warps=config.num_warps, **constexprs))
+    else:
+        return None
     return launch, layout.value_bytes(scheme, shape), layout.scale_bytes(scheme, shape)
 
 
 def _scales(x, scheme: QuantScheme, calibration: Calibration, grid: layout.BlockGrid, scales, bad,
             whole: TensorRange | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the range and scale kernels: stored scales (and the global) into `scales`, the payload from its
-    scale region on; return the effective scales and their reciprocals."""
+    """Run the range and scale kernels of a block scheme: stored scales (and the global) into `scales`, the
+    payload from its scale region on; return the effective scales and their reciprocals."""
     two_level = scheme.is_two_level()
-    if scheme.block is None:
-        alpha = _tensor_alpha(whole or tensor_range(x, scheme, calibration, bad), scheme, calibration)
-    else:
-        alpha = _block_alpha(x, grid, calibration, bad)
-        if two_level and whole is None:
-            whole = TensorRange(alpha.amax().reshape(1), None, x.numel())
+    alpha = _block_alpha(x, grid, calibration, bad)
+    if two_level and whole is None:
+        whole = TensorRange(alpha.amax().reshape(1), None, x.numel())
     n = alpha.numel()
     s_eff = torch.empty(n, dtype=torch.float32, device=x.device)
     r_eff = torch.empty_like(s_eff)

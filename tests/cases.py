@@ -46,6 +46,9 @@ def all_schemes() -> list[tuple[QuantScheme, Calibration, tuple[int, ...]]]:
     cases.append((e2m1.per_block([16], ScaleDtype.F16), AbsMean, (3, 40)))
     cases.append((e2m1.per_block([5], ScaleDtype.UE4M3), MinMax, (3, 13)))
     cases.append((e2m1.per_tensor(ScaleDtype.BF16), MinMax, (1, 2, 3, 4, 5, 7)))
+    # blocks over rows: two levels with a partial band; and whole bands and tiles (no masks)
+    cases.append((e2m1.per_block([4, 16], ScaleDtype.UE4M3).per_tensor(ScaleDtype.F32), MinMax, (9, 48)))
+    cases.append((_s(QuantValue.Q4S).per_block([4, 32], ScaleDtype.BF16), MinMax, (8, 2048)))
     cases.append((_s(QuantValue.Q4F).per_block([2, 16], ScaleDtype.F32), Mse, (3, 5, 48)))  # negative scales
     cases.append((_s(QuantValue.Q8F).per_block([32], ScaleDtype.BF16), Mse, (4, 70)))
     for scheme, calibration, _ in cases:
