@@ -1,12 +1,14 @@
 """Kernel throughput per scheme against the device-to-device copy and a torch.compile'd implementation.
 
 Run on a CUDA machine from the repository root: `python3 -m bench.kernels --out DIR`. For each scheme
-and size it times the Triton path (`qcli.kernels.enqueue`, every launch included; once as Python
-launches it, once replayed from a CUDA graph, the device's time alone), the codec's
-own torch arithmetic run eagerly on the GPU, and the same function through torch.compile; it counts
-bytes in (the bf16 tensor) plus bytes out (the payload) over the median time, and checks the Triton
-payload, written into a poisoned buffer, against the eager one byte for byte. Writes kernels.json and
-prints a table.
+and size it times the Triton path (`qcli.kernels.enqueue`, every launch included) over a stream of
+launches on distinct inputs, together larger than the L2 cache, issued back to back: once as Python
+launches them, once replayed from a CUDA graph of the same stream (the device's time alone), so the two
+differ only by the host's cost of launching. It also times the codec's own torch arithmetic run eagerly
+on the GPU, and the same function through torch.compile (those with Triton's `do_bench`, which empties
+the L2 cache before each call); it counts bytes in (the bf16 tensor) plus bytes out (the payload) over
+the median time, and checks the Triton payload, written into a poisoned buffer, against the eager one
+byte for byte. Writes kernels.json and prints a table.
 
 For per-tensor and two-level schemes it also times the quantize launch given the tensor's range
 (`enqueue(..., whole=...)`), which is what the GPU pipeline launches once it has taken the range piece
@@ -81,6 +83,36 @@ def median_ms(fn, rep: int = 200) -> float:
     return triton.testing.do_bench(fn, warmup=50, rep=rep, return_mode="median")
 
 
+_UNCACHED_BYTES = 256 << 20  # what the inputs of a timed stream add up to at least: five times an H200's L2
+_STREAM_LAUNCHES = 16
+
+
+def stream_ms(launches: list, graph: bool, rep: int = 20) -> float:
+    """Median milliseconds per launch of `launches` (one call each) issued back to back, as Python issues
+    them or replayed from a CUDA graph captured of the same calls."""
+    def issue() -> None:
+        for launch in launches:
+            launch()
+
+    issue()
+    torch.cuda.synchronize()
+    run = issue
+    if graph:
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):
+            issue()
+        run = captured.replay
+    times = []
+    for _ in range(rep):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / len(launches))
+    return sorted(times)[len(times) // 2]
+
+
 def copy_bandwidth(nbytes: int) -> float:
     """Device-to-device copy, bytes read plus written per second."""
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
@@ -123,10 +155,14 @@ def streamed(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, pie
     return result
 
 
+def random_input(shape: tuple[int, int]) -> torch.Tensor:
+    x = (torch.randn(shape, device="cuda") * torch.exp(torch.randn(shape, device="cuda"))).to(torch.bfloat16)
+    return torch.where(x == 0, torch.ones_like(x), x)
+
+
 def bench(shape: tuple[int, int], label: str, scheme: QuantScheme, calibration: Calibration, compiled: bool,
           copy_bps: float, eager: bool = True) -> dict:
-    x = (torch.randn(shape, device="cuda") * torch.exp(torch.randn(shape, device="cuda"))).to(torch.bfloat16)
-    x = torch.where(x == 0, torch.ones_like(x), x)
+    x = random_input(shape)
     n = layout.quantized_data_len(scheme, shape)
     out = torch.full((n,), 0xA5, dtype=torch.uint8, device="cuda")
     bad = torch.zeros(1, dtype=torch.int32, device="cuda")
@@ -149,20 +185,24 @@ def bench(shape: tuple[int, int], label: str, scheme: QuantScheme, calibration: 
                    eager_gpu_differing_bytes_vs_cpu_codec=int((eager_part != cpu).sum()),
                    differing_bytes_vs_eager=int((out != eager_out).sum()))
     moved = x.nbytes + n
-    triton_ms = median_ms(lambda: enqueue(x, scheme, calibration, out, bad))
-    # replayed from a CUDA graph: the device's time alone, without Python's launch cost
-    graph_ms = triton.testing.do_bench_cudagraph(lambda: enqueue(x, scheme, calibration, out, bad), rep=100,
-                                                 return_mode="median")
-    row.update(triton_ms=triton_ms, triton_gbps=moved / triton_ms / 1e6,
-               copy_fraction=moved / (triton_ms * 1e-3) / copy_bps, graph_ms=graph_ms,
-               graph_copy_fraction=moved / (graph_ms * 1e-3) / copy_bps, launched_of_graph=graph_ms / triton_ms)
+    # distinct inputs and outputs, so that no launch of the stream reads what an earlier one left in cache
+    inputs = [x] + [random_input(shape) for _ in range(max(1, -(-_UNCACHED_BYTES // x.nbytes)))]
+    outs = [out] + [torch.empty_like(out) for _ in inputs[1:]]
+    pairs = [(inputs[i % len(inputs)], outs[i % len(inputs)]) for i in range(_STREAM_LAUNCHES)]
+    launches = [lambda x=x, out=out: enqueue(x, scheme, calibration, out, bad) for x, out in pairs]
+    triton_ms, graph_ms = stream_ms(launches, graph=False), stream_ms(launches, graph=True)
+    row.update(stream_inputs=len(inputs), stream_launches=len(launches), triton_ms=triton_ms,
+               triton_gbps=moved / triton_ms / 1e6, copy_fraction=moved / (triton_ms * 1e-3) / copy_bps,
+               graph_ms=graph_ms, graph_copy_fraction=moved / (graph_ms * 1e-3) / copy_bps,
+               launched_of_graph=graph_ms / triton_ms)
     if two_pass(scheme) and calibration is MinMax:
-        whole = tensor_range(x, scheme, calibration, bad)
+        wholes = {id(x): tensor_range(x, scheme, calibration, bad) for x in inputs}
         given = torch.full((n,), 0xA5, dtype=torch.uint8, device="cuda")
-        enqueue(x, scheme, calibration, given, bad, whole=whole)
-        given_ms = median_ms(lambda: enqueue(x, scheme, calibration, given, bad, whole=whole))
-        given_graph_ms = triton.testing.do_bench_cudagraph(
-            lambda: enqueue(x, scheme, calibration, given, bad, whole=whole), rep=100, return_mode="median")
+        enqueue(x, scheme, calibration, given, bad, whole=wholes[id(x)])
+        given_launches = [lambda x=x, out=out: enqueue(x, scheme, calibration, out, bad, whole=wholes[id(x)])
+                          for x, out in pairs]
+        given_ms = stream_ms(given_launches, graph=False)
+        given_graph_ms = stream_ms(given_launches, graph=True)
         row.update(given_range_identical=bool(torch.equal(given, out)), given_range_ms=given_ms,
                    given_range_copy_fraction=moved / (given_ms * 1e-3) / copy_bps,
                    given_range_graph_copy_fraction=moved / (given_graph_ms * 1e-3) / copy_bps)
