@@ -43,7 +43,10 @@ _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TILE = 4096          # values per program (bench/tune.py: the fastest on an H200 for most schemes)
 _WARPS = 2            # warps per program (bench/tune.py, an H200) ...
 _WIDE_WARPS = 4       # ... but 4 where a program gathers a scale per value or sums |x| in float64
-_GATHER_UNITS = 64    # values per group where scales were computed beforehand (whole units)
+# Values per group (whole units) of the kernels that do not reduce their blocks: the blocks kernel, and
+# the tensor kernel (bench/tune.py, an H200: 92.5 % of copy for Q8S at 16384² with 32, 62 % with 64).
+_BLOCKS_GROUP = 64
+_TENSOR_GROUP = 32
 _SCALES_BLOCK = 1024  # scales per program of the scale kernel
 _TENSOR_CHUNK = 4096  # values per partial range of a per-tensor scheme
 # No multiply-add contraction: every product must round on its own, as on the CPU.
@@ -263,18 +266,19 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
     _blocks_launch(scheme, shape)(x, values, s_eff, r_eff, _row_base(grid, x.device))
 
 
-def _gathered_fields(scheme: QuantScheme) -> tuple[int, dict]:
-    """Units per group, and the constexprs of a kernel that quantizes under scales it does not reduce."""
+def _gathered_fields(scheme: QuantScheme, group_values: int) -> tuple[int, dict]:
+    """Units per group of about `group_values` values, and the constexprs of a kernel that quantizes under
+    scales it does not reduce."""
     per_unit = scheme.num_quants()
-    return max(1, _GATHER_UNITS // per_unit), dict(N=per_unit, SAFE=_safe_scales(scheme),
-                                                   **_value_constants(scheme.value), **_OPTIONS)
+    return max(1, group_values // per_unit), dict(N=per_unit, SAFE=_safe_scales(scheme),
+                                                  **_value_constants(scheme.value), **_OPTIONS)
 
 
 @functools.lru_cache(maxsize=4096)
 def _tensor_launch(scheme: QuantScheme, shape: tuple[int, ...], from_range: bool) -> _Launch:
     """`_quantize_tensor_kernel`'s launch (pointers: x, values, the range and the stored scale with
     `from_range`, else the effective scale and its reciprocal)."""
-    u, fields = _gathered_fields(scheme)
+    u, fields = _gathered_fields(scheme, _TENSOR_GROUP)
     rows, cols, units_per_row = _flat(layout.BlockGrid.of(scheme, shape), 1, fields["N"])
     config = launch_config(u * fields["N"], math.ceil(units_per_row / u))
     return _Launch(K._quantize_tensor_kernel, rows * config.chunks, (cols, units_per_row, config.chunks),
@@ -287,7 +291,7 @@ def _tensor_launch(scheme: QuantScheme, shape: tuple[int, ...], from_range: bool
 def _blocks_launch(scheme: QuantScheme, shape: tuple[int, ...]) -> _Launch:
     """`_quantize_blocks_kernel`'s launch (pointers: x, values, s_eff, r_eff, each row's first scale)."""
     grid = layout.BlockGrid.of(scheme, shape)
-    u, fields = _gathered_fields(scheme)
+    u, fields = _gathered_fields(scheme, _BLOCKS_GROUP)
     rows, cols = _rows(grid)
     units_per_row = math.ceil(cols / fields["N"])
     config = launch_config(u * fields["N"], math.ceil(units_per_row / u), wide=True)
