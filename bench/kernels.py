@@ -88,9 +88,10 @@ _UNCACHED_BYTES = 256 << 20  # what the inputs of a timed stream add up to at le
 _STREAM_LAUNCHES = 16
 
 
-def stream_ms(launches: list, graph: bool, rep: int = 20) -> float:
+def stream_ms(launches: list, graph: bool, rep: int = 20) -> tuple[float, float]:
     """Median milliseconds per launch of `launches` (one call each) issued back to back, as Python issues
-    them or replayed from a CUDA graph captured of the same calls."""
+    them or replayed from a CUDA graph captured of the same calls; and the median milliseconds per launch
+    that the host took to issue them."""
     def issue() -> None:
         for launch in launches:
             launch()
@@ -103,15 +104,17 @@ def stream_ms(launches: list, graph: bool, rep: int = 20) -> float:
         with torch.cuda.graph(captured):
             issue()
         run = captured.replay
-    times = []
+    times, host = [], []
     for _ in range(rep):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        issued = time.perf_counter()
         run()
+        host.append((time.perf_counter() - issued) * 1e3 / len(launches))
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / len(launches))
-    return sorted(times)[len(times) // 2]
+    return sorted(times)[len(times) // 2], sorted(host)[len(host) // 2]
 
 
 def copy_bandwidth(nbytes: int, stream: bool = False) -> float:
@@ -120,7 +123,7 @@ def copy_bandwidth(nbytes: int, stream: bool = False) -> float:
     pairs = [(torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda"),
               torch.empty(nbytes, dtype=torch.uint8, device="cuda")) for _ in range(2 if stream else 1)]
     copies = [lambda src=src, dst=dst: dst.copy_(src) for src, dst in pairs]
-    ms = stream_ms(copies * (_STREAM_LAUNCHES // 2), graph=False) if stream else median_ms(copies[0])
+    ms = stream_ms(copies * (_STREAM_LAUNCHES // 2), graph=False)[0] if stream else median_ms(copies[0])
     return 2 * nbytes / (ms * 1e-3)
 
 
@@ -194,8 +197,8 @@ def bench(shape: tuple[int, int], label: str, scheme: QuantScheme, calibration: 
     outs = [out] + [torch.empty_like(out) for _ in inputs[1:]]
     pairs = [(inputs[i % len(inputs)], outs[i % len(inputs)]) for i in range(_STREAM_LAUNCHES)]
     launches = [lambda x=x, out=out: enqueue(x, scheme, calibration, out, bad) for x, out in pairs]
-    triton_ms, graph_ms = stream_ms(launches, graph=False), stream_ms(launches, graph=True)
-    row.update(stream_inputs=len(inputs), stream_launches=len(launches), triton_ms=triton_ms,
+    (triton_ms, host_ms), (graph_ms, _) = stream_ms(launches, graph=False), stream_ms(launches, graph=True)
+    row.update(stream_inputs=len(inputs), stream_launches=len(launches), triton_ms=triton_ms, host_ms=host_ms,
                triton_gbps=moved / triton_ms / 1e6, copy_fraction=moved / (triton_ms * 1e-3) / copy_bps,
                graph_ms=graph_ms, graph_copy_fraction=moved / (graph_ms * 1e-3) / copy_bps,
                launched_of_graph=graph_ms / triton_ms)
@@ -208,10 +211,11 @@ def bench(shape: tuple[int, int], label: str, scheme: QuantScheme, calibration: 
         enqueue(x, scheme, calibration, given, bad, whole=wholes[id(x)])
         given_launches = [lambda x=x, out=out: enqueue(x, scheme, calibration, out, bad, whole=wholes[id(x)])
                           for x, out in pairs]
-        given_ms = stream_ms(given_launches, graph=False)
-        given_graph_ms = stream_ms(given_launches, graph=True)
+        given_ms, given_host_ms = stream_ms(given_launches, graph=False)
+        given_graph_ms = stream_ms(given_launches, graph=True)[0]
         given_flushed_ms = median_ms(given_launches[0])
         row.update(given_range_identical=bool(torch.equal(given, out)), given_range_ms=given_ms,
+                   given_range_host_ms=given_host_ms,
                    given_range_copy_fraction=moved / (given_ms * 1e-3) / copy_bps,
                    given_range_graph_copy_fraction=moved / (given_graph_ms * 1e-3) / copy_bps,
                    given_range_flushed_copy_fraction=moved / (given_flushed_ms * 1e-3) / flushed_copy_bps)
@@ -276,7 +280,7 @@ def main() -> None:
                           f" ={row['given_range_identical']}")
             if "streamed" in row:
                 extra += " upload {upload_s:.4f} s, with range {upload_with_range_s:.4f} s".format(**row["streamed"])
-            extra += f" flushed {100 * row['flushed_copy_fraction']:5.1f}%"
+            extra += f" flushed {100 * row['flushed_copy_fraction']:5.1f}%, host {1e3 * row['host_ms']:.1f} us/launch"
             if "given_range_flushed_copy_fraction" in row:
                 extra += f" given range flushed {100 * row['given_range_flushed_copy_fraction']:5.1f}%"
             print(f"{size:>11} {label:30s} {row['triton_gbps']:7.1f} GB/s {100 * row['copy_fraction']:5.1f}% "
