@@ -172,6 +172,23 @@ def _store_block_scales(alpha, index, mask, scales_ptr, global_ptr, alpha_max_pt
 
 
 @triton.jit
+def _scaled(alpha, index, mask, scales_ptr, global_ptr, alpha_max_ptr, TWO_LEVEL: tl.constexpr,
+            HALF_RANGE: tl.constexpr, SCALE_STEP: tl.constexpr, SCALE_FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr,
+            SCALE_EBITS: tl.constexpr, SCALE_MBITS: tl.constexpr, SCALE_BIAS: tl.constexpr,
+            SCALE_SIZE: tl.constexpr, SAFE: tl.constexpr):
+    """Store the scales of blocks with ranges `alpha` (`_store_block_scales`); return their effective scales
+    brought into range, the reciprocals, and the power of two `p` by which the blocks' values are to be
+    multiplied too (`_rescaling`; 1 under SAFE, where none is)."""
+    s = _store_block_scales(alpha, index, mask, scales_ptr, global_ptr, alpha_max_ptr, TWO_LEVEL, HALF_RANGE,
+                            SCALE_STEP, SCALE_FLOOR, SCALE_MAX, SCALE_EBITS, SCALE_MBITS, SCALE_BIAS, SCALE_SIZE)
+    p = 1.0
+    if not SAFE:
+        p = _rescaling(s)
+        s = s * p
+    return s, tl.math.div_rn(1.0, s), p
+
+
+@triton.jit
 def _quantize_fused_kernel(
     x_ptr, values_ptr, scales_ptr, global_ptr, alpha_max_ptr, bad_ptr, C, units_per_row, chunks_per_row,
     blocks_per_row,
@@ -193,14 +210,11 @@ def _quantize_fused_kernel(
     block = group + tl.arange(0, G)
     terms = _reduce(_reduce(_range_terms(x, CAL), 2, CAL), 1, CAL)
     alpha = _block_range(terms, block, C, BC, CAL, True, bad_ptr)
-    s = _store_block_scales(alpha, row * blocks_per_row + block, block < blocks_per_row, scales_ptr, global_ptr,
-                            alpha_max_ptr, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX, SCALE_EBITS,
-                            SCALE_MBITS, SCALE_BIAS, SCALE_SIZE)
+    s, r, p = _scaled(alpha, row * blocks_per_row + block, block < blocks_per_row, scales_ptr, global_ptr,
+                      alpha_max_ptr, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX, SCALE_EBITS,
+                      SCALE_MBITS, SCALE_BIAS, SCALE_SIZE, SAFE)
     if not SAFE:
-        p = _rescaling(s)
-        s = s * p
         x = x * p[:, None, None]
-    r = tl.math.div_rn(1.0, s)
     _store_fields(x, s[:, None, None], r[:, None, None], inside, values_ptr, row, group, unit, units_per_row,
                   G, U, N, IS_FLOAT, BITS, LO, HI, EBITS, MBITS, BIAS, EVEN)
 
@@ -238,14 +252,11 @@ def _quantize_fused_rows_kernel(
     block = group + tl.arange(0, G)
     terms = tl.max(tl.max(tl.max(_range_terms(x, CAL_MINMAX), axis=3), axis=2), axis=0)
     alpha = _block_range(terms, block, C, BC, CAL_MINMAX, False, bad_ptr)
-    s = _store_block_scales(alpha, band * blocks_per_row + block, block < blocks_per_row, scales_ptr, global_ptr,
-                            alpha_max_ptr, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX, SCALE_EBITS,
-                            SCALE_MBITS, SCALE_BIAS, SCALE_SIZE)
+    s, r, p = _scaled(alpha, band * blocks_per_row + block, block < blocks_per_row, scales_ptr, global_ptr,
+                      alpha_max_ptr, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX, SCALE_EBITS,
+                      SCALE_MBITS, SCALE_BIAS, SCALE_SIZE, SAFE)
     if not SAFE:
-        p = _rescaling(s)
-        s = s * p
         x = x * p[None, :, None, None]
-    r = tl.math.div_rn(1.0, s)
     packed = _packed(x, s[None, :, None, None], r[None, :, None, None], inside, N, IS_FLOAT, BITS, LO, HI, EBITS,
                      MBITS, BIAS, EVEN)
     units = values_ptr + (first + lane[:, None, None]) * units_per_row + group * U + unit
