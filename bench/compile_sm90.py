@@ -5,11 +5,13 @@ Run as `python3 -m bench.compile_sm90` from the repository root.
 Step 1 (TRITON_INTERPRET=1) encodes small tensors and records each launch's argument types and
 constexprs; step 2 (a fresh interpreter without it) compiles them with Triton's bundled ptxas and counts
 the PTX instructions that would break byte-identity, so compiler-only failures show up before device time
-is spent.
+is spent. `--digests FILE` also writes each variant's PTX digest (debug lines left out): two revisions
+whose digests agree run the same code on the device.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import os
@@ -67,13 +69,20 @@ def _record(path: str) -> None:
         json.dump(sorted(seen), f)
 
 
-def _compile(path: str) -> None:
+def _digest(ptx: str) -> str:
+    """The PTX's digest without its debug lines (source locations), which move with every edit."""
+    code = (line for line in ptx.splitlines() if not line.lstrip().startswith((".loc", ".file", "//"))
+            and "debug" not in line)
+    return hashlib.sha256("\n".join(code).encode()).hexdigest()
+
+
+def _compile(path: str, digests: str | None) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
 
     from qcli.kernels import _quantize as K
 
-    failures = 0
+    failures, digested = 0, {}
     for entry in json.load(open(path)):
         name, sig, constexprs, options = json.loads(entry)
         src = triton.compiler.ASTSource(getattr(K, name), sig, constexprs)
@@ -82,10 +91,14 @@ def _compile(path: str) -> None:
             ptx = kernel.asm["ptx"]
             # Flushed subnormals, approximate division or a fused multiply-add would change the bytes.
             risky = {op: ptx.count(op) for op in (".ftz", "div.approx", "div.full", "fma.rn.f32")}
+            digested[entry] = _digest(ptx)
             print(f"ok   {name} {risky} {options} {constexprs}")
         except Exception as exc:  # report every variant, then fail
             failures += 1
             print(f"FAIL {name} {constexprs}: {str(exc).splitlines()[-1] if str(exc) else exc!r}")
+    if digests is not None:
+        with open(digests, "w") as f:
+            json.dump(digested, f, indent=1, sort_keys=True)
     sys.exit(1 if failures else 0)
 
 
@@ -96,4 +109,4 @@ if __name__ == "__main__":
     else:
         env = dict(os.environ, TRITON_INTERPRET="1")
         subprocess.run([sys.executable, "-m", "bench.compile_sm90", "record"], check=True, env=env)
-        _compile(record)
+        _compile(record, sys.argv[2] if len(sys.argv) > 2 and sys.argv[1] == "--digests" else None)
