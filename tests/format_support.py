@@ -1,8 +1,10 @@
 """What the tests of already-quantized formats share: qcli's decode of a written file held to the format's
-own dequantization and to Burn's, and both pipelines' payloads for one checkpoint."""
+own dequantization and to Burn's, both pipelines' payloads for one checkpoint, and `validate-scheme
+--model`'s problems for a recipe."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from qcli.io.source import open_source
 from qcli.pipeline import GpuSettings
 from qcli.plan import Plan, make_plan
 from tests.burn_harness import dequantize, same_bits
+from tests.cli_support import cli
 
 
 def decoded(bpk: Path, names: Collection[str] | None = None) -> dict[str, torch.Tensor]:
@@ -23,6 +26,16 @@ def decoded(bpk: Path, names: Collection[str] | None = None) -> dict[str, torch.
     reader = BurnpackReader.open(bpk)
     return {e.name: decode(bytes(reader.read(e.name)), e.dtype.scheme, e.shape) for e in reader.entries()
             if isinstance(e.dtype, QFloat) and (names is None or e.name in names)}
+
+
+def model_problems(recipe: str, model: Path, scratch: Path, *flags: str, code: int = 0) -> list[dict]:
+    """The problems `validate-scheme --json` reports for the recipe text `recipe` on `model` (with `flags`),
+    after asserting it exits with `code`."""
+    path = scratch / "recipe.toml"
+    path.write_text(recipe)
+    result = cli("validate-scheme", path, "--model", model, *flags, "--json")
+    assert result.code == code, result.out + result.err
+    return json.loads(result.out)["problems"]
 
 
 def pipeline_payloads(path: Path) -> tuple[Plan, list[bytes], list[bytes]]:

@@ -25,7 +25,7 @@ from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY
 from tests.burn_harness import dequantize as burn_dequantize
 from tests.burn_harness import require, same_bits
 from tests.cli_support import assert_user_error, cli, validate_json
-from tests.format_support import decoded
+from tests.format_support import decoded, model_problems
 
 # name -> (shape, quant_type, compressed statistics, blocksize): a partial last block, nested absmax, FP4
 LAYOUTS = {
@@ -126,18 +126,13 @@ def test_the_cli_refuses_with_the_way_out(checkpoint, flags):
 
 def test_validate_scheme_model_reports_the_refusal(checkpoint, tmp_path):
     path, _ = checkpoint
-    recipe = tmp_path / "recipe.toml"
-    recipe.write_text('version = 1\n[[rule]]\nmatch = "*.norm.weight"\nkeep = true\n')
-    result = cli("validate-scheme", recipe, "--model", path, "--json")
-    assert result.code == 1, result.out + result.err
-    lookups = [p for p in json.loads(result.out)["problems"] if p["kind"] == "lookup"]
+    recipe = 'version = 1\n[[rule]]\nmatch = "*.norm.weight"\nkeep = true\n'
+    lookups = [p for p in model_problems(recipe, path, tmp_path, code=1) if p["kind"] == "lookup"]
     assert [p["message"].split(":")[0] for p in lookups] == [
         "2 tensors (model.layers.0.attn.weight, model.layers.0.mlp.weight) are bitsandbytes NF4",
         "1 tensor (model.layers.1.mlp.weight) is bitsandbytes FP4"]
     # the way out the refusal offers, checked as quantize would take it: the states read, no weight
-    result = cli("validate-scheme", recipe, "--model", path, "--requantize", "q4f-b32", "--json")
-    assert result.code == 0, result.out + result.err
-    assert [p["kind"] for p in json.loads(result.out)["problems"]] == ["uncovered"]
+    assert [p["kind"] for p in model_problems(recipe, path, tmp_path, "--requantize", "q4f-b32")] == ["uncovered"]
 
 
 def test_inspect_shows_the_refusal(checkpoint):

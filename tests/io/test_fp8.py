@@ -19,7 +19,7 @@ from qcli.plan import make_plan
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 from tests.burn_harness import dequantize, same_bits
 from tests.cli_support import cli, validate_json
-from tests.format_support import assert_burn_decodes_as_qcli, decoded, pipeline_payloads
+from tests.format_support import assert_burn_decodes_as_qcli, decoded, model_problems, pipeline_payloads
 
 E4M3 = QuantScheme().with_value(QuantValue.E4M3).with_store(PackedU32(0))
 
@@ -130,11 +130,8 @@ def test_dry_run_json_and_validate_scheme_show_the_transcode(tmp_path):
     row = next(t for t in doc["tensors"] if t["name"] == "blocks.weight")
     assert row["decision"] == "transcode"
     assert row["reason"].startswith("default: transcode F8_E4M3 with block [128, 128] scales -> E4M3")
-    recipe = tmp_path / "recipe.toml"
-    recipe.write_text('version = 1\n[[rule]]\nmatch = "*.weight"\npreset = "q8s-b32"\n')
-    result = cli("validate-scheme", recipe, "--model", tmp_path, "--json")
-    assert result.code == 0, result.out + result.err
-    [warning] = [p for p in json.loads(result.out)["problems"] if p["kind"] == "transcoded"]
+    problems = model_problems('version = 1\n[[rule]]\nmatch = "*.weight"\npreset = "q8s-b32"\n', tmp_path, tmp_path)
+    [warning] = [p for p in problems if p["kind"] == "transcoded"]
     assert "6 tensors (blocks.weight, channel.weight, channel1.weight, ...) are already quantized" in warning["message"]
     assert "transcode F8_E4M3 with block [128, 128] scales -> E4M3 PackedU32(0) block [128, 128] F32, exact" in (
         warning["message"])

@@ -25,7 +25,7 @@ from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY
 from tests.burn_harness import dequantize as burn_dequantize
 from tests.burn_harness import probe, same_bits
 from tests.cli_support import assert_user_error, cli, validate_json
-from tests.format_support import decoded, pipeline_payloads
+from tests.format_support import decoded, model_problems, pipeline_payloads
 from tests.gguf_support import T, dequantized, gguf, write_gguf
 
 RNG = np.random.default_rng(7)
@@ -184,11 +184,8 @@ def test_inspect_dry_run_and_validate_scheme_report_the_decisions(model, tmp_pat
     assert rows["blk.0.attn_q.weight"]["reason"] == ("default: transcode GGUF Q4_0 -> Q4F PackedU32(0) block [32] "
                                                      "F16, exact")
     assert rows["blk.0.attn_q.weight"]["shape"] == [2, 8, 64]
-    recipe = tmp_path / "recipe.toml"
-    recipe.write_text('version = 1\n[[rule]]\nmatch = "*.weight"\npreset = "q8s-b32"\n')
-    result = cli("validate-scheme", recipe, "--model", path, "--json")
-    assert result.code == 0, result.out + result.err
-    [warning] = [p for p in json.loads(result.out)["problems"] if p["kind"] == "transcoded"]
+    problems = model_problems('version = 1\n[[rule]]\nmatch = "*.weight"\npreset = "q8s-b32"\n', path, tmp_path)
+    [warning] = [p for p in problems if p["kind"] == "transcoded"]
     assert "5 tensors (token_embd.weight, blk.0.attn_k.weight, blk.0.attn_q.weight, ...) are already " \
            "quantized: they are transcoded instead" in warning["message"]
 

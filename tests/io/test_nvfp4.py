@@ -22,7 +22,7 @@ from qcli.plan import make_plan
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 from tests.burn_harness import same_bits
 from tests.cli_support import cli, validate_json
-from tests.format_support import assert_burn_decodes_as_qcli, decoded, pipeline_payloads
+from tests.format_support import assert_burn_decodes_as_qcli, decoded, model_problems, pipeline_payloads
 
 SCHEME = (QuantScheme().with_value(QuantValue.E2M1).with_store(PackedU32(0))
           .per_block([16], ScaleDtype.F16).per_tensor(ScaleDtype.F32))
@@ -192,11 +192,8 @@ def test_inspect_and_dry_run_name_the_format(checkpoint):
 
 def test_a_rule_on_nvfp4_weights_warns_that_they_are_transcoded(checkpoint, tmp_path):
     folder, _ = checkpoint
-    recipe = tmp_path / "recipe.toml"
-    recipe.write_text('version = 1\n[[rule]]\nmatch = "*_proj.weight"\npreset = "q8s-b32"\n')
-    result = cli("validate-scheme", recipe, "--model", folder, "--json")
-    assert result.code == 0, result.out + result.err
-    [warning] = [p for p in json.loads(result.out)["problems"] if p["kind"] == "transcoded"]
+    problems = model_problems('version = 1\n[[rule]]\nmatch = "*_proj.weight"\npreset = "q8s-b32"\n', folder, tmp_path)
+    [warning] = [p for p in problems if p["kind"] == "transcoded"]
     assert "7 tensors (model.layers.0.mlp.down_proj.weight, " in warning["message"]
     assert "are already quantized: they are transcoded instead" in warning["message"]
 
