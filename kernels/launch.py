@@ -252,15 +252,16 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
     values = out[:value_bytes]
     values = values.view(torch.int32) if scheme.size_bits_stored() == 32 else values
     scales = out[value_bytes:]
+    if scheme.block is None:
+        if calibration is Calibration.Mse:
+            s_eff, r_eff = _searched(x, scheme, grid, scales, bad, whole, searched)
+            _tensor_launch(scheme, shape, from_range=False)(x, values, None, None, s_eff, r_eff)
+        else:
+            alpha = _tensor_alpha(whole or tensor_range(x, scheme, calibration, bad), scheme, calibration)
+            _tensor_launch(scheme, shape, from_range=True)(x, values, alpha, scales, None, None)
+        return
     if calibration is Calibration.Mse:
         s_eff, r_eff = _searched(x, scheme, grid, scales, bad, whole, searched)
-        if scheme.block is None:
-            _tensor_launch(scheme, shape, from_range=False)(x, values, None, None, s_eff, r_eff)
-            return
-    elif scheme.block is None:
-        alpha = _tensor_alpha(whole or tensor_range(x, scheme, calibration, bad), scheme, calibration)
-        _tensor_launch(scheme, shape, from_range=True)(x, values, alpha, scales, None, None)
-        return
     else:
         s_eff, r_eff = _scales(x, scheme, calibration, grid, scales, bad, whole)
     _blocks_launch(scheme, shape)(x, values, s_eff, r_eff, _row_base(grid, x.device))
