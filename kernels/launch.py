@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -105,7 +106,9 @@ class _Launch:
 
     def __post_init__(self) -> None:
         # the parameters in order: pointers, ints, then the constexprs, which launch by position too
-        self._constexpr_values = tuple(self.constexprs[n] for n in self.kernel.arg_names if n in self.constexprs)
+        names = getattr(self.kernel, "arg_names", None)
+        self._constexpr_values = None if names is None else tuple(
+            self.constexprs[n] for n in names if n in self.constexprs)
 
     def __call__(self, *pointers) -> None:
         addresses = tuple(None if p is None else p.data_ptr() for p in pointers)
@@ -115,9 +118,32 @@ class _Launch:
             args = [p.tensor() if isinstance(p, _View) else p for p in pointers]
             compiled = self.kernel[(self.grid,)](*args, *self.ints, **self.constexprs)
             if compiled is not None and not interpreted():  # the interpreter compiles nothing
-                self._compiled[key] = compiled[(self.grid, 1, 1)]  # it takes the current stream per call
+                runner = _runner(compiled, self.grid, self._constexpr_values is not None)
+                if runner is not None:
+                    self._compiled[key] = runner
             return
         runner(*addresses, *self.ints, *self._constexpr_values)
+
+
+def _runner(compiled: object, grid: int, positional: bool):
+    """The compiled kernel's own launcher for `grid` (it takes the current stream per call), or None where
+    this Triton's compiled kernel offers none (its launch path is not public API): every launch then goes
+    through the JIT, slower by its binding but the same kernel, and a warning says so once."""
+    try:
+        runner = compiled[(grid, 1, 1)] if positional else None
+    except (TypeError, KeyError, AttributeError):
+        runner = None
+    if not callable(runner):
+        _warn_jit_launches()
+        return None
+    return runner
+
+
+@functools.cache
+def _warn_jit_launches() -> None:
+    warnings.warn(f"Triton {triton.__version__} offers no direct launch of a compiled kernel: every launch goes "
+                  "through its JIT, which is slower per launch but computes the same bytes", RuntimeWarning,
+                  stacklevel=3)
 
 
 def launch_config(group_values: int, groups_per_row: int, wide: bool = False) -> LaunchConfig:

@@ -12,7 +12,7 @@ import torch
 
 from qcli.errors import InputError
 from qcli.io import gguf as reader
-from qcli.io.gguf import GGML_TYPES, GgufSource
+from qcli.io.gguf import BY_NAME, GGML_TYPES, GgufSource
 from qcli.io.safetensors import SafetensorsSource
 from qcli.io.source import open_source
 from tests.gguf_support import T, gguf, gstr, header, tensor, write_gguf
@@ -34,9 +34,12 @@ def model(tmp_path) -> tuple[Path, dict[str, np.ndarray]]:
     return path, write_gguf(path, TENSORS, metadata={"llama.block_count": 1}, alignment=64)
 
 
-def test_the_type_table_is_ggml_s():
-    assert {i: (t.name, t.block, t.nbytes) for i, t in GGML_TYPES.items()} == {
-        int(q): (q.name, *gguf.GGML_QUANT_SIZES[q]) for q in T}
+def test_every_type_qcli_reads_is_ggml_s_by_id_name_and_layout():
+    """qcli's own table (its header checks need no gguf import) agrees with the gguf package on each type it
+    knows; a type a later gguf release adds is one qcli refuses as unknown until it is added here."""
+    ggml = {int(q): (q.name, *gguf.GGML_QUANT_SIZES[q]) for q in T}
+    assert {i: (t.name, t.block, t.nbytes) for i, t in GGML_TYPES.items()}.items() <= ggml.items()
+    assert {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "MXFP4"} <= set(BY_NAME)
 
 
 def test_infos_agree_with_the_gguf_reader(model):

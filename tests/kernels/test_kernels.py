@@ -464,6 +464,38 @@ def test_a_compiled_launch_is_reused_only_for_pointers_of_its_dtypes_and_alignme
     assert len(jit) == 3
 
 
+
+@pytest.mark.parametrize("triton_api", ["no-launcher", "no-arg-names"])
+def test_a_triton_without_the_direct_launch_runs_every_launch_through_its_jit(monkeypatch, triton_api):
+    """Where a Triton release's compiled kernel has no launcher of its own (or its JIT function no
+    `arg_names`), the memoized launch falls back to `kernel[grid](...)` for every call, and warns once."""
+    from qcli.kernels import launch
+
+    jit = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            def run(*args, **constexprs):
+                jit.append((grid, args[2:], constexprs))
+                return object() if triton_api == "no-launcher" else Compiled()
+            return run
+
+    class Compiled:
+        def __getitem__(self, grid):
+            raise AssertionError("no direct launch without the parameters' order")
+
+    if triton_api == "no-launcher":
+        Kernel.arg_names = ("x", "out", "n", "K")
+    monkeypatch.setattr(launch, "interpreted", lambda: False)
+    launch._warn_jit_launches.cache_clear()
+    call = launch._Launch(Kernel(), 4, (7,), {"K": 1})
+    x, out = torch.zeros(8), torch.zeros(64, dtype=torch.uint8)
+    with pytest.warns(RuntimeWarning, match="through its JIT") as warned:
+        for _ in range(3):
+            call(x, out)
+    assert jit == [((4,), (7,), {"K": 1})] * 3
+    assert len(warned) == 1
+
 # ---- the streaming pipeline ---------------------------------------------------------------------
 
 
