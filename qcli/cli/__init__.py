@@ -18,7 +18,7 @@ from qcli.cli import _errors
 from qcli.cli.inspect import inspect
 from qcli.cli.quantize import quantize
 from qcli.cli.validate_scheme import validate_scheme
-from qcli.errors import CheckFailed, Interrupted, QcliError, UsageError, exit_codes
+from qcli.errors import CheckFailed, Interrupted, QcliError, exit_codes
 
 EXIT_CODES = "Exit codes: " + "; ".join(f"{code} {meaning}" for code, meaning in exit_codes()).replace("`", "") + "."
 
@@ -27,7 +27,7 @@ app = typer.Typer(
     help="Quantize safetensors checkpoints and GGUF files into Burn's burnpack (.bpk) QFloat layout.",
     epilog=EXIT_CODES,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion and --show-completion, answered by Typer itself
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
@@ -49,37 +49,14 @@ def _root(
     """Quantize safetensors checkpoints and GGUF files into Burn's burnpack (.bpk) QFloat layout."""
 
 
-SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
-
-
-def completion(
-    shell: str = typer.Argument(..., metavar="SHELL", help=f"One of: {', '.join(SHELLS)}.", show_default=False),
-) -> None:
-    """Print the shell completion script for SHELL.
-
-    Load it for this shell with `eval "$(qcli completion bash)"` (zsh likewise; fish: `qcli completion fish
-    | source`), or save it where your shell reads completions.
-    """
-    from typer._completion_shared import get_completion_script
-
-    if shell not in SHELLS:
-        raise UsageError(f"no completion for shell {shell!r}", hint=f"give one of: {', '.join(SHELLS)}")
-    typer.echo(get_completion_script(prog_name="qcli", complete_var="_QCLI_COMPLETE", shell=shell), nl=False)
-
-
 app.command("quantize")(quantize)
 app.command("inspect")(inspect)
 app.command("validate-scheme")(validate_scheme)
-app.command("completion")(completion)
 
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the command line on `argv` and return its exit code (errors rendered on stderr)."""
     command = typer.main.get_command(app)
-    if "_QCLI_COMPLETE" in os.environ:  # a shell asking for completions (`qcli completion SHELL`)
-        from typer._completion_classes import completion_init
-
-        completion_init()
     with _errors.sigterm_interrupts():
         try:
             args = list(argv) if argv is not None else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from qcli import BURN_VERSION, __version__
 from qcli.io.dtypes import QFloat
 from qcli.scheme import QuantValue
 from tests.cli_support import (
+    ROOT,
     SHARDED,
     SINGLE,
     assert_user_error,
@@ -840,11 +842,13 @@ def test_default_summary_fits_80_columns_without_cutting_numbers(tmp_path):
     assert "21 tensors: 16 quantized, 5 kept, 0 transposed" in result.out
 
 
-def test_completion_script_is_printed():
-    result = cli("completion", "bash")
-    assert result.code == 0, result.err
-    assert "_QCLI_COMPLETE" in result.out and "complete" in result.out
-    assert_user_error(cli("completion", "tcsh"), 2)
+def test_show_completion_prints_the_script_for_the_shell_that_runs_qcli():
+    """Typer's --show-completion tells the shell from qcli's parent process: bash here."""
+    shown = subprocess.run(["bash", "-c", f"{shlex.quote(sys.executable)} -m qcli --show-completion"],
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "complete -o default -F _qcli_completion qcli" in shown.stdout
+    assert "_QCLI_COMPLETE=complete_bash" in shown.stdout
 
 
 def test_dry_run_refuses_an_existing_target_as_the_real_run_does(tmp_path):
