@@ -13,22 +13,18 @@ tensors the rule would have covered before refusing it.
 from __future__ import annotations
 
 import difflib
-import functools
 import hashlib
 import re
 import sys
 import tomllib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, StrEnum
-from fnmatch import fnmatchcase
 from pathlib import Path
-from re import _compiler as _re_compiler
-from re import _constants as _re_constants
-from re import _parser as _re_parser
 
 from qcli.errors import RecipeError, SchemeError
 from qcli.io.safetensors import NOT_REGULAR_HINT, NotRegularFile, open_regular, printable, shown
+from qcli.patterns import PatternRefused, name_matcher
 from qcli.presets import DEFAULT_PRESET, LOOKUP_NAMES, PRESETS, ZERO_POINT_NAMES, ZERO_POINT_WHY
 from qcli.problem import Kind, Problem
 from qcli.scheme import (
@@ -56,7 +52,6 @@ ZERO_POINT_KEYS = ("zero_point", "asymmetric", "symmetric")
 DOCUMENTED_RULE_KEYS = ("match", "keep", *SCHEME_KEYS, "transpose", "preset", "cast")
 RULE_KEYS = (*DOCUMENTED_RULE_KEYS, *ZERO_POINT_KEYS)  # zero-point keys are read only to be refused
 STORES = {"PackedU32": PackedU32, "Native": Native, "PackedNative": PackedNative}
-REGEX_PREFIX = "re:"
 LineOf = Callable[[str], int]  # the line of a key in the table being read
 
 
@@ -97,11 +92,9 @@ class Rule:
     number: int = 0  # its place in the recipe: 1 for the first [[rule]]
 
     def matches(self, name: str) -> bool:
-        """Glob on the full name (`fnmatchcase`), or a full regex match after `re:`, in time linear in
-        the name's length (`regex_matcher`)."""
-        if self.match.startswith(REGEX_PREFIX):
-            return regex_matcher(self.match[len(REGEX_PREFIX) :])(name)
-        return fnmatchcase(name, self.match)
+        """Glob on the full name, or a full regex match after `re:`, in time linear in the name's length
+        (`qcli.patterns`)."""
+        return name_matcher(self.match)(name)
 
     @property
     def location(self) -> str:
@@ -441,16 +434,11 @@ class _Parser:
         if not isinstance(match, str) or not match:
             self.fault(line, f"match must be a non-empty string, got {shown(match)}", "e.g. match = \"*.weight\"")
             return None
-        if match.startswith(REGEX_PREFIX):
-            try:
-                regex_matcher(match[len(REGEX_PREFIX) :])
-            except re.error as exc:
-                self.fault(line, f"invalid regular expression {shown(match)}: {exc}",
-                           "fix the pattern after re:, or use a shell glob without the re: prefix")
-                return None
-            except PatternUnsupported as exc:
-                self.fault(line, f"pattern {shown(match)} {exc}", exc.hint)
-                return None
+        try:
+            name_matcher(match)
+        except PatternRefused as exc:
+            self.fault(line, f"invalid regular expression {shown(match)}: {exc}", exc.hint)
+            return None
         return match
 
     def boolean(self, table: dict, key: str, line: LineOf) -> bool:
@@ -606,272 +594,3 @@ def _lookup_refusal(name: str | None) -> Problem:
 def _zero_point_refusal(value: object, name: str | None = None) -> Problem:
     asked = f"{name} is asymmetric" if name else "a zero point (asymmetric quantization)"
     return Problem(Kind.scheme, f"mode Asymmetric: {asked}: {ZERO_POINT_WHY}", same_width_instead(_width(value)))
-
-
-# -- regular expressions in linear time ---------------------------------------------------------------
-#
-# Python's `re` backtracks: `(a+)+$` or `(.*\.)*mlp\..*` takes exponential time on a name that almost
-# matches, and even `.*\.mlp\..*weight` quadratic time on a long one. A `re:` rule is therefore run as
-# an automaton (Thompson's construction, simulated as a DFA built lazily, one state set per step): time
-# linear in the name's length whatever the pattern. Python's parser reads the pattern, so the syntax and
-# each character class (case folding, \d, \w, ...) are exactly `re`'s. What an automaton cannot do,
-# lookaround, backreferences, conditionals, atomic groups and possessive repeats, is refused, and so is
-# a pattern whose automaton would exceed MAX_PATTERN_STATES (e.g. `(a{100}){100}`).
-
-MAX_PATTERN_STATES = 2_000
-_MAX_TRANSITIONS = 100_000  # cached DFA steps per pattern before the cache starts again
-_c = _re_constants
-_CHARACTER_OPS = (_c.LITERAL, _c.NOT_LITERAL, _c.ANY, _c.IN)
-_REPEAT_OPS = (_c.MAX_REPEAT, _c.MIN_REPEAT)
-_UNSUPPORTED = {
-    _c.ASSERT: "a lookahead or lookbehind", _c.ASSERT_NOT: "a negative lookahead or lookbehind",
-    _c.GROUPREF: "a backreference", _c.GROUPREF_EXISTS: "a conditional group",
-    _c.ATOMIC_GROUP: "an atomic group", _c.POSSESSIVE_REPEAT: "a possessive repeat",
-}
-_CHAR, _SPLIT, _ASSERT, _MATCH = range(4)
-_END_NEWLINE = "\n$"  # the key of "the next character is a final newline" (`$` matches before it)
-
-
-class PatternUnsupported(ValueError):
-    """A `re:` pattern qcli will not run (message: what it does; `hint`: what to write instead)."""
-
-    def __init__(self, message: str, hint: str) -> None:
-        super().__init__(message)
-        self.hint = hint
-
-
-def _is_word(ch: str | None, ascii_only: bool) -> bool:
-    """sre's word character: alphanumeric or `_` (ASCII ones only under re.ASCII); None is the edge."""
-    if ch is None:
-        return False
-    return (ch.isalnum() and (not ascii_only or ch.isascii())) or ch == "_"
-
-
-def _holds(code: object, flags: int, before: str | None, after: str | None) -> bool:
-    """Whether the anchor `code` (sre's AT_*) holds between `before` and `after` (None: the string's
-    edge; `_END_NEWLINE`: a newline that ends the string), exactly as sre decides it."""
-    multiline = bool(flags & re.MULTILINE)
-    newline_after = after in ("\n", _END_NEWLINE)
-    if code is _c.AT_BEGINNING_STRING:
-        return before is None
-    if code is _c.AT_BEGINNING:
-        return before is None or (multiline and before == "\n")
-    if code is _c.AT_END_STRING:
-        return after is None
-    if code is _c.AT_END:
-        return after is None or after == _END_NEWLINE or (multiline and newline_after)
-    if code in (_c.AT_BOUNDARY, _c.AT_NON_BOUNDARY):
-        if before is None and after is None:
-            return False  # sre: neither \b nor \B holds in an empty string
-        ascii_only = bool(flags & re.ASCII)
-        after_char = "\n" if after == _END_NEWLINE else after
-        boundary = _is_word(before, ascii_only) != _is_word(after_char, ascii_only)
-        return boundary if code is _c.AT_BOUNDARY else not boundary
-    raise PatternUnsupported(f"uses the anchor {code}, which qcli does not support", _REGEX_HINT)
-
-
-_REGEX_HINT = ("write the rules in order instead (the first rule that matches a name decides), or use a "
-               "shell glob without the re: prefix")
-
-
-class _Automaton:
-    """The NFA of one pattern (states in parallel lists), and the DFA over its state sets, built lazily."""
-
-    def __init__(self, pattern: str) -> None:
-        parsed = _re_parser.parse(pattern)
-        self.kind: list[int] = []
-        self.arg: list[object] = []
-        self.out: list[int] = []
-        self.alt: list[int] = []
-        self._predicates: dict[tuple, Callable[[str], object]] = {}
-        self.final = self._new(_MATCH)
-        self.start = self._sequence(parsed.data, parsed.state.flags, self.final)
-        self.anchored = _ASSERT in self.kind  # steps then depend on the characters around them
-        self._reset()
-
-    # construction (right to left: each piece is built knowing the state that follows it)
-
-    def _new(self, kind: int, arg: object = None, out: int = -1, alt: int = -1) -> int:
-        if len(self.kind) >= MAX_PATTERN_STATES:
-            raise PatternUnsupported(
-                f"is too complex: its automaton would need more than {MAX_PATTERN_STATES} states",
-                "shorten counted repeats like {100}, or split the pattern into several rules")
-        self.kind.append(kind)
-        self.arg.append(arg)
-        self.out.append(out)
-        self.alt.append(alt)
-        return len(self.kind) - 1
-
-    def _sequence(self, items: Iterable, flags: int, after: int) -> int:
-        for op, av in reversed(list(items)):
-            after = self._item(op, av, flags, after)
-        return after
-
-    def _item(self, op: object, av: object, flags: int, after: int) -> int:
-        if op in _CHARACTER_OPS:
-            return self._new(_CHAR, self._predicate(op, av, flags), after)
-        if op is _c.AT:
-            return self._new(_ASSERT, (av, flags), after)
-        if op is _c.SUBPATTERN:
-            _, add, remove, body = av
-            return self._sequence(body, (flags | add) & ~remove, after)
-        if op is _c.BRANCH:
-            starts = [self._sequence(branch, flags, after) for branch in av[1]]
-            start = starts[-1]
-            for other in reversed(starts[:-1]):
-                start = self._new(_SPLIT, None, other, start)
-            return start
-        if op in _REPEAT_OPS:  # greedy or lazy: the same names match in full
-            low, high, body = av
-            size = len(self.kind)
-            self._sequence(body, flags, after)
-            if len(self.kind) == size:  # the body is empty: so is any repeat of it
-                return after
-            if high == _c.MAXREPEAT:
-                loop = self._new(_SPLIT, None, -1, after)
-                self.out[loop] = self._sequence(body, flags, loop)
-                start = loop
-            else:
-                start = after
-                for _ in range(high - low):
-                    start = self._new(_SPLIT, None, self._sequence(body, flags, start), after)
-            for _ in range(low):
-                start = self._sequence(body, flags, start)
-            return start
-        what = _UNSUPPORTED.get(op, f"the construct {op}")
-        raise PatternUnsupported(f"uses {what}, which qcli does not run: it matches re: patterns with an "
-                                 "automaton, in time linear in the name", _REGEX_HINT)
-
-    def _predicate(self, op: object, av: object, flags: int) -> Callable[[str], object]:
-        """`re`'s own test of one character for a LITERAL, NOT_LITERAL, ANY or IN item under `flags`."""
-        key = (op, repr(av), flags)
-        test = self._predicates.get(key)
-        if test is None:
-            state = _re_parser.State()
-            state.flags = flags
-            test = _re_compiler.compile(_re_parser.SubPattern(state, [(op, av)]), flags).match
-            self._predicates[key] = test
-        return test
-
-    # matching
-
-    def _reset(self) -> None:
-        self._ids: dict[frozenset[int], int] = {}
-        self._sets: list[frozenset[int]] = []
-        self._accepts: list[bool] = []
-        self._steps: dict[tuple, int] = {}
-        self._starts: dict[object, int] = {}
-
-    def _closure(self, states: Iterable[int], before: str | None, after: str | None) -> int:
-        """The id of the set of character and final states reachable from `states` without a character."""
-        seen: set[int] = set()
-        stack = list(states)
-        found = []
-        kind, out, alt, arg = self.kind, self.out, self.alt, self.arg
-        while stack:
-            state = stack.pop()
-            if state in seen:
-                continue
-            seen.add(state)
-            if kind[state] == _SPLIT:
-                stack.append(alt[state])
-                stack.append(out[state])
-            elif kind[state] == _ASSERT:
-                code, flags = arg[state]  # type: ignore[misc]
-                if _holds(code, flags, before, after):
-                    stack.append(out[state])
-            else:
-                found.append(state)
-        key = frozenset(found)
-        number = self._ids.get(key)
-        if number is None:
-            number = self._ids[key] = len(self._sets)
-            self._sets.append(key)
-            self._accepts.append(self.final in key)
-        return number
-
-    def _step(self, current: int, ch: str, after: str | None) -> int:
-        kind, arg, out = self.kind, self.arg, self.out
-        moved = [out[s] for s in self._sets[current] if kind[s] == _CHAR and arg[s](ch)]  # type: ignore[operator]
-        return self._closure(moved, ch, after)
-
-    def fullmatch(self, name: str) -> bool:
-        if len(self._sets) > _MAX_TRANSITIONS:
-            self._reset()
-        steps = self._steps
-        if not self.anchored:  # the common case: one cached step per character
-            current = self._starts.get(None)
-            if current is None:
-                current = self._starts[None] = self._closure([self.start], None, None)
-            for ch in name:
-                following = steps.get((current, ch))
-                if following is None:
-                    if len(steps) > _MAX_TRANSITIONS:
-                        steps.clear()
-                    following = steps[(current, ch)] = self._step(current, ch, None)
-                current = following
-                if not self._sets[current]:
-                    return False
-            return self._accepts[current]
-        n = len(name)
-
-        def after(i: int) -> str | None:  # what follows position i, as the anchors need it
-            if i == n:
-                return None
-            return _END_NEWLINE if i == n - 1 and name[i] == "\n" else name[i]
-
-        first = after(0)
-        current = self._starts.get(first)
-        if current is None:
-            current = self._starts[first] = self._closure([self.start], None, first)
-        for i, ch in enumerate(name):
-            key = (current, ch, after(i + 1))
-            following = steps.get(key)
-            if following is None:
-                if len(steps) > _MAX_TRANSITIONS:
-                    steps.clear()
-                following = steps[key] = self._step(current, ch, key[2])
-            current = following
-            if not self._sets[current]:
-                return False
-        return self._accepts[current]
-
-
-def _flat(items: Iterable) -> Iterable:
-    """The items with groups opened (their flags are `re`'s business on the simple path)."""
-    for op, av in items:
-        if op is _c.SUBPATTERN:
-            yield from _flat(av[3])
-        else:
-            yield op, av
-
-
-def _is_simple(items: Iterable) -> bool:
-    """No alternation and at most one repeat, of one character: `re` itself runs it in linear time."""
-    repeats = 0
-    for op, av in _flat(items):
-        if op in _REPEAT_OPS:
-            repeats += 1
-            body = list(_flat(av[2]))
-            if repeats > 1 or len(body) != 1 or body[0][0] not in _CHARACTER_OPS:
-                return False
-        elif op not in _CHARACTER_OPS and op is not _c.AT:
-            return False
-    return True
-
-
-@functools.lru_cache(maxsize=512)
-def regex_matcher(pattern: str) -> Callable[[str], bool]:
-    """A test of whether `pattern` matches a whole name, linear in the name's length.
-
-    `re.error` for a pattern Python cannot compile; `PatternUnsupported` for one qcli will not run.
-    """
-    try:
-        compiled = re.compile(pattern)
-        parsed = _re_parser.parse(pattern)
-        if _is_simple(parsed.data):
-            return lambda name: compiled.fullmatch(name) is not None
-        automaton = _Automaton(pattern)
-    except RecursionError:
-        raise PatternUnsupported("is nested too deeply", "write it with fewer groups inside groups") from None
-    return automaton.fullmatch

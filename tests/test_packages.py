@@ -109,3 +109,24 @@ def test_a_wheel_holds_the_kernels_as_qcli_kernels(tmp_path: Path) -> None:
     assert {"qcli/kernels/__init__.py", "qcli/kernels/launch.py", "qcli/pipeline/gpu.py"} <= set(names)
     assert {f"qcli/{path.relative_to(ROOT / 'qcli')}" for path in (ROOT / "qcli").rglob("*.py")} <= set(names)
     assert not [n for n in names if n.startswith("kernels/")]
+
+
+def test_the_formats_match_names_without_the_recipe_parser() -> None:
+    known = modules()
+    for name, path in known.items():
+        if name.startswith("qcli.formats"):
+            assert "qcli.recipe" not in imports(name, path, known), name
+
+
+def test_no_module_imports_another_projects_private_module() -> None:
+    """`re._parser`, `typer._completion_shared`: another project's private modules change between its
+    releases without notice."""
+    for folder in (ROOT / "qcli", ROOT / "kernels"):
+        for path in folder.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [f"{node.module}.{a.name}" for a in node.names]
+                         if isinstance(node, ast.ImportFrom) and not node.level else [])
+                for module in names:
+                    if module.split(".")[0] not in ("qcli", "__future__"):
+                        assert not any(part.startswith("_") for part in module.split(".")), (path, module)

@@ -35,9 +35,9 @@ from qcli.formats.e2m1 import e2m1_codes
 from qcli.formats.found import Encoded, Found, Load, Transcode
 from qcli.formats.grid import ScaleGrid
 from qcli.io.safetensors import printable
+from qcli.patterns import PatternRefused, regex_matcher
 from qcli.presets import ZERO_POINT_WHY
 from qcli.problem import Kind
-from qcli.recipe import PatternUnsupported, regex_matcher
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ def group_of(module: str, found: Sequence[Group]) -> Group | str:
         try:
             if target == module or target.startswith("re:") and regex_matcher(f"(?:{target[3:]}).*")(module):
                 named.append(by_target[target])
-        except (ValueError, PatternUnsupported) as exc:  # re.error is a ValueError
+        except PatternRefused as exc:
             return f"its config group {by_target[target].name}'s target {printable(target)} cannot be matched: {exc}"
     if named:
         return named[0]
