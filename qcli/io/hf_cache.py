@@ -43,7 +43,7 @@ def snapshot(name: str, revision: str | None = None) -> Path:
     """The folder of model `name` (`ORG/NAME`) at `revision` (a branch, a tag or a commit; default main)
     in the local cache; InputError naming where it looked when the cache does not hold it."""
     revision = revision or DEFAULT_REVISION
-    if "/" in revision.strip("/") and ".." in revision.split("/") or revision.startswith("/"):
+    if revision.startswith("/") or any(part in ("", ".", "..") for part in revision.split("/")):
         raise UsageError(printable(f"--revision {revision!r} is not a branch, a tag or a commit"),
                          hint="give a branch or tag name (main) or a 40-hex commit")
     repo = cache_folder() / f"models--{name.replace('/', '--')}"
