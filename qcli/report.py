@@ -194,7 +194,7 @@ class QuantizeReport:
     warnings: list[Problem] = field(default_factory=list)  # of severity warning
     timings: Timings | None = None
     memory: MemoryUse | None = None  # a real run's
-    outputs: list[str] = field(default_factory=list)  # the files written: `output`, or its shards
+    outputs: list[str] = field(default_factory=list)  # the files written: `output`, or its shards (and a model folder's other files)
 
     def to_json(self) -> dict:
         return {

@@ -125,6 +125,21 @@ def test_a_dry_run_into_a_folder_writes_nothing_and_says_what_it_would_write(sou
     assert f"{out}/config.json" in done.out and f"{out}/qcli.json" in done.out
 
 
+def test_a_gguf_file_into_a_folder_copies_nothing_beside_it(tmp_path):
+    """A GGUF file keeps its config and tokenizer in its own metadata: a config.json beside it may be
+    another model's."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+
+    from tests.gguf_support import write_gguf
+
+    write_gguf(tmp_path / "m.gguf", {"blk.0.ffn_up.weight": (np.ones((64, 128), np.float32), GGMLQuantizationType.F32)})
+    (tmp_path / "config.json").write_text("{}")
+    out = tmp_path / "out"
+    assert cli("quantize", tmp_path / "m.gguf", "-o", f"{out}/", "--device", "cpu").code == 0
+    assert sorted(files(out)) == ["model.bpk", "qcli.json"]
+
+
 @pytest.mark.parametrize("existing", [False, True], ids=["new", "existing"])
 def test_an_interrupted_folder_run_leaves_no_folder_or_the_old_one_untouched(source, tmp_path, monkeypatch,
                                                                             existing):

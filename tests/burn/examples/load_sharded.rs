@@ -1,5 +1,5 @@
 //! docs/output.md's example of loading a sharded qcli output into one module, compiled and run by
-//! tests/io/test_model_folder.py.
+//! tests/io/test_burn_shards.py.
 //!
 //! `qcli quantize model.safetensors --recipe row.toml --max-shard-size SIZE -o DIR/` wrote `up` and
 //! `down` in shards beside `DIR/model.bpk.index.json`. Burn reads no index and each shard holds only some
