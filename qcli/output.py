@@ -177,8 +177,8 @@ class Output:
 
     def prepare(self, inputs: list[tuple[Path, str]], *, force: bool, remove_leftovers: bool) -> list[Problem]:
         """Refuse files the run must not write (an input, a special file, one in a missing folder, a shard
-        already there without `force`; the target alone, or its model folder, is checked before the plan), and warn of the
-        temporary files killed runs left beside them, removed when `remove_leftovers`."""
+        already there without `force`; the target alone, or its model folder, is checked before the plan),
+        and warn of the temporary files killed runs left beside them, removed when `remove_leftovers`."""
         for path in self.paths if self.index or self.folder else []:
             refuse_input_as_output(path, inputs)
         warnings = _leftovers(self.paths, remove=remove_leftovers)

@@ -16,7 +16,7 @@ import pytest
 
 from qcli.io.burnpack import BurnpackReader
 from tests.cli.test_cli_quantize import _interrupting_run
-from tests.cli_support import SCHEMA, SHARDED, SINGLE, assert_user_error, cli
+from tests.cli_support import SCHEMA, SHARDED, SINGLE, assert_user_error, cli, validate_json
 from tests.hf_cache_support import cached_model
 
 SIDE = {"config.json": b'{"model_type": "llama", "hidden_size": 128}\n', "tokenizer.json": b'{"version": "1.0"}',
@@ -123,6 +123,9 @@ def test_a_dry_run_into_a_folder_writes_nothing_and_says_what_it_would_write(sou
     assert done.code == 0 and not out.exists()
     assert f"would write {out}/model.bpk" in done.out
     assert f"{out}/config.json" in done.out and f"{out}/qcli.json" in done.out
+    doc = cli("quantize", source, "-o", f"{out}/", "--dry-run", "--json").json
+    validate_json(doc)
+    assert doc["outputs"][0] == f"{out}/model.bpk" and doc["outputs"][-1] == f"{out}/qcli.json"
 
 
 def test_a_gguf_file_into_a_folder_copies_nothing_beside_it(tmp_path):
