@@ -161,6 +161,27 @@ def test_an_interrupted_folder_run_leaves_no_folder_or_the_old_one_untouched(sou
         assert not out.exists()
 
 
+def test_an_interrupt_at_the_commit_leaves_the_new_folder_complete(source, tmp_path, monkeypatch):
+    """SIGTERM during the renames takes effect after them: the folder the run created stays, whole."""
+    import time
+
+    from qcli.io.staged import StagedFile
+
+    real = StagedFile.commit
+
+    def commit(self) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # time for the handler to run, were it to raise
+        real(self)
+
+    monkeypatch.setattr(StagedFile, "commit", commit)
+    out = tmp_path / "out"
+    lines = assert_user_error(cli("quantize", source, "-o", f"{out}/", "--device", "cpu"), 130)
+    assert lines[0].startswith("error: interrupted after the output was written:")
+    assert sorted(files(out)) == sorted(["model.bpk", "qcli.json", *SIDE])
+    assert files(out)["config.json"] == SIDE["config.json"]
+
+
 def test_a_failed_write_into_a_new_folder_leaves_no_folder(source, tmp_path, monkeypatch):
     from qcli.io import staged
 
