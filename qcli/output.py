@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from qcli import __version__
 from qcli.errors import Interrupted, OutputError, PlanError, UsageError
-from qcli.io.burnpack import MAX_FILE_SIZE, BurnpackWriter, TensorEntry, leftover_temporaries, size_bound, split
+from qcli.io.burnpack import (
+    MAX_FILE_SIZE,
+    BurnpackWriter,
+    TensorEntry,
+    left_by_killed_run,
+    leftover_temporaries,
+    size_bound,
+    split,
+)
 from qcli.io.burnpack_index import IndexWriter, index_path
 from qcli.io.safetensors import not_regular_problem, printable
 from qcli.io.staged import StagedFile
@@ -302,12 +310,13 @@ def _recorded_files(folder: Path) -> list[Path]:
 
 
 def check_folder(folder: Path, force: bool) -> None:
-    """A model folder is written into a new or empty folder, or with `force` into one that has files
-    (those qcli writes are replaced, the others left as they are); never onto a file."""
+    """A model folder is written into a new or empty folder (the temporary files of a killed run aside),
+    or with `force` into one that has files (those qcli writes are replaced, the others left as they are);
+    never onto a file."""
     if folder.exists() and not folder.is_dir():
         raise UsageError(printable(f"{folder} is not a folder; -o DIR/ writes a model folder"),
                          hint="give -o the path of a folder, or of a .bpk file without the trailing /")
-    if folder.is_dir() and not force and any(folder.iterdir()):
+    if folder.is_dir() and not force and not all(map(left_by_killed_run, folder.iterdir())):
         raise UsageError(printable(f"{folder} already exists and is not empty"),
                          hint="pass --force to replace the files qcli writes there, or -o to write somewhere else")
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -104,6 +106,22 @@ def test_a_folder_with_files_needs_force_and_keeps_what_qcli_does_not_write(sour
     assert_user_error(cli("quantize", source, "-o", f"{out}/", "--dry-run"), 2)  # a dry run refuses it too
     assert cli("quantize", source, "-o", f"{out}/", "--device", "cpu", "--force").code == 0
     assert files(out)["notes.txt"] == b"mine" and files(out)["config.json"] == SIDE["config.json"]
+
+
+def test_a_folder_a_killed_run_left_its_temporaries_in_needs_no_force_and_is_cleaned(source, tmp_path):
+    """SIGKILL runs no handler: a new folder keeps the killed run's temporary files, which are no files of
+    the user's, so the next run goes ahead and removes them, naming each."""
+    out = tmp_path / "out"
+    out.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a process id that no longer runs
+    left = [out / f".model.bpk.{child.pid}-0.tmp", out / f".config.json.{child.pid}-0.tmp"]
+    for path in left:
+        path.write_bytes(b"partial")
+    done = cli("quantize", source, "-o", f"{out}/", "--device", "cpu")
+    assert done.code == 0, done.err
+    assert all(f"removed {path.name}" in done.err for path in left)
+    assert sorted(files(out)) == sorted(["model.bpk", "qcli.json", *SIDE])
 
 
 def test_a_folder_output_onto_a_file_or_onto_the_source_itself_is_refused(source, tmp_path):
