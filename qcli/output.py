@@ -1,9 +1,10 @@
 """The files a quantize run writes: the one place that chooses the container and keeps its limits.
 
 The container is Burn's burnpack (`qcli.io.burnpack`): one file under Burn's 100 GiB limit, or with
-`--max-shard-size` shards beside the target and their index (`qcli.io.burnpack_index`). The files are
-written beside their targets under temporary names, read back (`qcli.verify`) and renamed into place
-together at one commit point; until then the targets are untouched.
+`--max-shard-size` shards beside the target and their index (`qcli.io.burnpack_index`). A model folder
+(`-o DIR/`) holds them as `model.bpk`, beside the source's config and tokenizer files and a record of the
+run (`ModelFolder`). The files are written beside their targets under temporary names, read back
+(`qcli.verify`) and renamed into place together at one commit point; until then the targets are untouched.
 """
 
 from __future__ import annotations
@@ -18,9 +19,18 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from qcli import __version__
 from qcli.errors import Interrupted, OutputError, PlanError, UsageError
-from qcli.io.burnpack import MAX_FILE_SIZE, BurnpackWriter, TensorEntry, leftover_temporaries, size_bound, split
+from qcli.io.burnpack import (
+    MAX_FILE_SIZE,
+    BurnpackWriter,
+    TensorEntry,
+    left_by_killed_run,
+    leftover_temporaries,
+    size_bound,
+    split,
+)
 from qcli.io.burnpack_index import IndexWriter, index_path
 from qcli.io.safetensors import not_regular_problem, printable
+from qcli.io.staged import StagedFile
 from qcli.plan import Plan
 from qcli.problem import Kind, Problem, Severity
 from qcli.verify import Verified, read_back
@@ -29,6 +39,13 @@ if TYPE_CHECKING:
     from qcli.report import QuantizeReport
 
 INDEX_SUFFIX = ".safetensors.index.json"  # a sharded safetensors checkpoint's index
+MODEL_FILE = "model.bpk"  # a model folder's weights (or the name its shards and index take)
+RECORD_FILE = "qcli.json"  # a model folder's record of the run (docs/output.md)
+# What a Burn user needs beside the weights to build and run the model, copied from the source's folder
+# unchanged where it has them: Hugging Face's config files and every tokenizer's files.
+SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+              "special_tokens_map.json", "tokenizer.model", "vocab.txt", "vocab.json", "merges.txt",
+              "added_tokens.json")
 
 
 def default_output(input: Path) -> Path:
@@ -39,6 +56,32 @@ def default_output(input: Path) -> Path:
         folder = input.resolve().parent
         return folder.parent / f"{folder.name}.bpk"
     return input.with_suffix(".bpk")
+
+
+def is_folder_output(output: str | Path) -> bool:
+    """`-o DIR/` (a name ending in a path separator) or an existing directory: a model folder."""
+    return str(output).endswith(("/", os.sep)) or Path(output).is_dir()
+
+
+def side_files(folder: Path) -> list[Path]:
+    """The SIDE_FILES `folder` has, as regular files (after links: a Hugging Face cache links to blobs)."""
+    return [path for path in (folder / name for name in SIDE_FILES) if path.is_file()]
+
+
+class ModelFolder(NamedTuple):
+    """A Burn user's model folder: the weights as MODEL_FILE (or its shards and index), `copies` (files of
+    the source's folder) beside them unchanged, and `record` as RECORD_FILE."""
+
+    path: Path
+    copies: list[Path]
+    record: dict
+
+    def staged(self, weights: list[Path]) -> list[tuple[Path, bytes | Path]]:
+        """Each file beside the `weights` (the burnpack files and index), and what it holds: a copy's
+        source, or the record's bytes, which list both."""
+        record = {**self.record, "weights": [path.name for path in weights], "copied": [c.name for c in self.copies]}
+        text = json.dumps(record, indent=2, ensure_ascii=False) + "\n"
+        return [(self.path / c.name, c) for c in self.copies] + [(self.path / RECORD_FILE, text.encode())]
 
 
 def shard_paths(target: Path, count: int) -> list[Path]:
@@ -64,6 +107,23 @@ def metadata(report: QuantizeReport) -> dict[str, str]:
     if report.recipe_sha256 is not None:
         meta["recipe_sha256"] = report.recipe_sha256
     return meta
+
+
+def folder_record(report: QuantizeReport, source: Path, options: Mapping[str, object]) -> dict:
+    """RECORD_FILE's document (docs/json-schema.json, `model_folder`): which qcli and Burn, the source and
+    its files, the options that shaped the plan, the files written and how many tensors took each decision."""
+    totals = report.totals
+    return {
+        "producer": "qcli",
+        "producer_version": __version__,
+        "burn_version": report.burn_version,
+        "burn_backend": report.burn_backend,
+        "source": {"input": report.input, "path": str(source.resolve()),
+                   "files": [f.to_json() for f in report.source_files]},
+        "options": {"scheme": report.preset, "recipe_sha256": report.recipe_sha256, **options},
+        "tensors": {"total": totals.tensors, "quantized": totals.quantized, "kept": totals.kept,
+                    "transposed": totals.transposed},
+    }
 
 
 def refuse_input_as_output(output: Path, inputs: Iterable[tuple[Path, str]]) -> None:
@@ -108,23 +168,33 @@ class Output:
     """The files of one run, from its plan: `target` alone, or shards of at most `max_shard_size` bytes
     beside it and their index."""
 
-    def __init__(self, plan: Plan, target: Path, max_shard_size: int | None, metadata: dict[str, str]) -> None:
+    def __init__(self, plan: Plan, target: Path, max_shard_size: int | None, metadata: dict[str, str],
+                 folder: ModelFolder | None = None) -> None:
+        """`folder`: `target` is its MODEL_FILE, its other files are written beside it, and the weights an
+        earlier run's record in it lists that this run does not write are removed at the commit (a stale
+        `model.bpk` beside new shards would load the old model), as are the copies it lists that this
+        source does not have."""
         self.metadata = metadata
         self.shards = _shards(plan, target, max_shard_size, metadata)
         self.index = index_path(target) if len(self.shards) > 1 else None
-        self.paths = [shard.path for shard in self.shards] + ([self.index] if self.index else [])
+        self.folder = folder
+        weights = [shard.path for shard in self.shards] + ([self.index] if self.index else [])
+        self.staged = [] if folder is None else folder.staged(weights)
+        self.paths = weights + [path for path, _ in self.staged]
+        self.stale = [] if folder is None else [p for p in _recorded_files(folder.path) if p not in self.paths]
 
     def prepare(self, inputs: list[tuple[Path, str]], *, force: bool, remove_leftovers: bool) -> list[Problem]:
         """Refuse files the run must not write (an input, a special file, one in a missing folder, a shard
-        already there without `force`; the target alone is checked before the plan), and warn of the
-        temporary files killed runs left beside them, removed when `remove_leftovers`."""
-        for path in self.paths if self.index else []:
+        already there without `force`; the target alone, or its model folder, is checked before the plan),
+        and warn of the temporary files killed runs left beside them, removed when `remove_leftovers`."""
+        for path in self.paths if self.index or self.folder else []:
             refuse_input_as_output(path, inputs)
         warnings = _leftovers(self.paths, remove=remove_leftovers)
         for path in self.paths:
             refuse_special_output(path)
-            if not path.parent.is_dir():
-                raise OutputError(printable(f"cannot write {path}: its folder {path.parent} does not exist"),
+            folder = path.parent if self.folder is None else self.folder.path.parent
+            if not folder.is_dir():
+                raise OutputError(printable(f"cannot write {path}: its folder {folder} does not exist"),
                                   hint="create the folder, or give -o a path in an existing one; nothing was written")
         taken = [path for path in self.paths if path.exists()] if self.index and not force else []
         if taken:
@@ -134,21 +204,27 @@ class Output:
 
     @contextmanager
     def open(self, digests: bool) -> Iterator[OpenOutput]:
-        """The files opened under temporary names, removed again unless the block commits them; with
-        `digests`, each tensor's bytes are hashed as they are written, for the read-back."""
+        """The files opened under temporary names, removed again unless the block commits them (with a
+        model folder the run created); with `digests`, each tensor's bytes are hashed as they are written,
+        for the read-back."""
         with ExitStack() as stack:
+            if self.folder is not None:
+                stack.enter_context(_created(self.folder.path))
             writers = [stack.enter_context(BurnpackWriter(shard.path, shard.entries, self.metadata, digests=digests))
                        for shard in self.shards]
             index = [stack.enter_context(IndexWriter(self.index, self.shards, self.metadata))] if self.index else []
-            yield OpenOutput(self.shards, writers, index)
+            staged = [stack.enter_context(StagedFile(path, content)) for path, content in self.staged]
+            yield OpenOutput(self.shards, writers, [*index, *staged], self.stale)
 
 
 class OpenOutput:
     """The open files: each tensor handed to its shard in plan order, then the files finished, read back
-    and committed together."""
+    and committed together with the others (`beside`: the index, a model folder's other files), `stale`
+    removed then."""
 
-    def __init__(self, shards: list[Shard], writers: list[BurnpackWriter], index: list[IndexWriter]) -> None:
-        self._writers, self._index = writers, index
+    def __init__(self, shards: list[Shard], writers: list[BurnpackWriter], beside: list[StagedFile],
+                 stale: list[Path]) -> None:
+        self._writers, self._beside, self._stale = writers, beside, stale
         self._writer_of = {entry.name: writer for shard, writer in zip(shards, writers, strict=True)
                            for entry in shard.entries}
         self._finished: list[Path] = []
@@ -177,13 +253,20 @@ class OpenOutput:
         done = []
         with _interrupts_held() as held:
             try:
-                for writer in [*self._writers, *self._index]:
+                for writer in [*self._writers, *self._beside]:
                     writer.commit()
                     done.append(writer.target)
             except BaseException:
                 for path in done:
                     path.unlink(missing_ok=True)
                 raise
+            for path in self._stale:
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as exc:
+                    raise OutputError(printable(f"wrote {', '.join(map(str, done))}, but cannot remove {path}, "
+                                                f"an earlier run's: {exc.strerror or exc}"),
+                                      hint="remove it by hand: this run does not write it") from None
         if held:
             raise Interrupted(
                 f"interrupted after the output was written: {', '.join(map(str, done))} is complete",
@@ -213,6 +296,52 @@ def _shards(plan: Plan, target: Path, max_shard_size: int | None, metadata: Mapp
         raise UsageError(f"--max-shard-size {max_shard_size}: {exc}",
                          hint="every tensor is written whole; give a larger size") from None
     return [Shard(path, pack) for path, pack in zip(shard_paths(target, len(packs)), packs, strict=True)]
+
+
+def _recorded_files(folder: Path) -> list[Path]:
+    """The files (weights and copies) an earlier run's RECORD_FILE in `folder` lists, plain names only."""
+    try:
+        record = json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
+        listed = [*record.get("weights", []), *record.get("copied", [])]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return []
+    return [folder / name for name in listed
+            if isinstance(name, str) and name == Path(name).name and not name.startswith(".")]
+
+
+def check_folder(folder: Path, force: bool) -> None:
+    """A model folder is written into a new or empty folder (the temporary files of a killed run aside),
+    or with `force` into one that has files (those qcli writes are replaced, the others left as they are);
+    never onto a file."""
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(printable(f"{folder} is not a folder; -o DIR/ writes a model folder"),
+                         hint="give -o the path of a folder, or of a .bpk file without the trailing /")
+    if folder.is_dir() and not force and not all(map(left_by_killed_run, folder.iterdir())):
+        raise UsageError(printable(f"{folder} already exists and is not empty"),
+                         hint="pass --force to replace the files qcli writes there, or -o to write somewhere else")
+
+
+@contextmanager
+def _created(folder: Path) -> Iterator[None]:
+    """`folder` created if it is missing, and removed again if the block raises while it is empty: a run
+    that does not commit leaves no folder of its own behind (its files' temporaries are removed inside the
+    block), and an interrupt after the commit leaves the complete folder."""
+    if folder.is_dir():
+        yield
+        return
+    try:
+        folder.mkdir()
+    except OSError as exc:
+        raise OutputError(printable(f"cannot create {folder}: {exc.strerror or exc}"),
+                          hint=f"check that {folder.parent} is writable; nothing was written") from None
+    try:
+        yield
+    except BaseException:
+        try:
+            folder.rmdir()
+        except OSError:
+            pass  # not empty: committed, or another process wrote into it
+        raise
 
 
 def _leftovers(files: list[Path], *, remove: bool) -> list[Problem]:

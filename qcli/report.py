@@ -194,7 +194,8 @@ class QuantizeReport:
     warnings: list[Problem] = field(default_factory=list)  # of severity warning
     timings: Timings | None = None
     memory: MemoryUse | None = None  # a real run's
-    outputs: list[str] = field(default_factory=list)  # the files written: `output`, or its shards
+    # the files written: `output`, or its shards (and a model folder's other files)
+    outputs: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {

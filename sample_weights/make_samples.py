@@ -1,4 +1,5 @@
-"""Make the tiny Llama-shaped sample checkpoint: one file and the same tensors in two shards with an index.
+"""Make the tiny Llama-shaped sample checkpoint: one file and the same tensors in two shards with an index,
+beside a Hugging Face `config.json` that describes those shapes (as a model folder on the Hub has one).
 
 Deterministic (fixed seed, fixed order), so running it again gives byte-identical files; a test checks that.
 Usage: `python3 sample_weights/make_samples.py [OUT_DIR]` (default: this folder).
@@ -25,6 +26,29 @@ INIT_STD = 0.02
 METADATA = {"format": "pt"}
 SINGLE = "tiny-llama.safetensors"
 SHARDED = "tiny-llama-sharded"
+
+
+def config() -> dict:
+    """The shapes above as transformers' LlamaConfig reads them (its `config.json`)."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "vocab_size": VOCAB,
+        "hidden_act": "silu",
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 10000.0,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
 
 
 def layer_shapes(i: int) -> dict[str, tuple[int, ...]]:
@@ -76,6 +100,7 @@ def write(out: Path) -> None:
         "weight_map": dict(sorted(weight_map.items())),
     }
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (folder / "config.json").write_text(json.dumps(config(), indent=2) + "\n")
 
 
 if __name__ == "__main__":

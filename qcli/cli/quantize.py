@@ -18,7 +18,6 @@ from qcli.commands import quantize as command
 from qcli.errors import QcliError, UsageError
 from qcli.io.safetensors import printable
 from qcli.io.source import Names
-from qcli.output import default_output
 from qcli.presets import DEFAULT_PRESET, PRESETS
 from qcli.report import JSON_SCHEMA_VERSION, QuantizeReport
 from qcli.sizes import parse_size
@@ -45,19 +44,30 @@ def quantize(
     input: Annotated[
         Path,
         typer.Argument(
-            help="A .safetensors file, a directory (model.safetensors or an index with shards), an index, or a"
-            " .gguf file.",
+            help="A .safetensors file, a directory (model.safetensors or an index with shards), an index, a"
+            " .gguf file, or ORG/NAME: a model in the local Hugging Face cache (never downloaded).",
             metavar="INPUT",
             show_default=False,
         ),
     ],
     output: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--output",
             "-o",
             metavar="OUTPUT",
-            help="The .bpk to write. Default: the input's name with .bpk, beside it.",
+            help="The .bpk to write, or DIR/ (a trailing / or an existing folder): a model folder with"
+            " model.bpk, the source's config and tokenizer files and qcli.json. Default: the input's name"
+            " with .bpk, beside it; for ORG/NAME, the folder NAME/ here.",
+            show_default=False,
+        ),
+    ] = None,
+    revision: Annotated[
+        str | None,
+        typer.Option(
+            "--revision",
+            metavar="REV",
+            help="For ORG/NAME: the branch, tag or commit in the Hugging Face cache. Default: main.",
         ),
     ] = None,
     scheme: Annotated[
@@ -149,7 +159,7 @@ def quantize(
         if quiet and verbose:
             raise UsageError("--quiet and --verbose cannot be used together", hint="pass one of them")
         report = _run(input, output, scheme, recipe, calibration, device, dry_run, force, verify,
-                      max_shard_size, burn_backend, burn_version, stats, requantize, names)
+                      max_shard_size, burn_backend, burn_version, stats, requantize, names, revision)
     except QcliError as exc:
         if json_output:
             _output.print_json(error_json(exc))
@@ -173,8 +183,7 @@ def error_json(exc: QcliError) -> dict:
 
 
 def _run(input, output, scheme, recipe, calibration, device, dry_run, force, verify, max_shard_size,
-         burn_backend, burn_version, stats, requantize, names) -> QuantizeReport:
-    target = Path(output) if output is not None else default_output(Path(input))
+         burn_backend, burn_version, stats, requantize, names, revision) -> QuantizeReport:
     with _output.progress_bar(_output.progress_enabled()) as hook:
         report = command.quantize_file(
             input,
@@ -193,7 +202,9 @@ def _run(input, output, scheme, recipe, calibration, device, dry_run, force, ver
             burn_version=burn_version,
             requantize=requantize,
             names=names,
+            revision=revision,
         )
+    target = Path(report.output)
     if target.name.lower().endswith(".safetensors"):  # after the plan: refusals come first
         _output.warn(f"{target} ends in .safetensors, but {'this writes' if not dry_run else 'the run would write'}"
                      " a burnpack (.bpk) under that name, which safetensors readers cannot open"

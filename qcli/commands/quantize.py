@@ -14,9 +14,23 @@ from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect
 from qcli.formats.found import Found
+from qcli.io.gguf import is_gguf
+from qcli.io.hf_cache import is_model_name, snapshot
 from qcli.io.safetensors import TensorInfo, printable
 from qcli.io.source import Source, open_source
-from qcli.output import Output, default_output, metadata, refuse_input_as_output, refuse_special_output
+from qcli.output import (
+    MODEL_FILE,
+    ModelFolder,
+    Output,
+    check_folder,
+    default_output,
+    folder_record,
+    is_folder_output,
+    metadata,
+    refuse_input_as_output,
+    refuse_special_output,
+    side_files,
+)
 from qcli.pipeline.device import Runtime
 from qcli.plan import Plan, PlanEntry, make_plan
 from qcli.presets import Preset, resolve_preset
@@ -74,6 +88,7 @@ def quantize_file(
     burn_version: str | None = None,
     requantize: str | None = None,
     names: str = "file",
+    revision: str | None = None,
 ) -> QuantizeReport:
     """Quantize a safetensors checkpoint or a GGUF file into a burnpack file (or, with `dry_run`, only plan it).
 
@@ -93,15 +108,29 @@ def quantize_file(
     bitsandbytes NF4, FP4; GPTQ with zero points, activation order or 3 bits) are dequantized as their
     format does and quantized into it; their `--stats` error is against the dequantized values. `names`
     (`qcli.io.source.Names`): a GGUF file's tensor names as in the file, or `hf`, Hugging Face's.
+
+    `input` may also name a model `ORG/NAME` in the local Hugging Face cache (`qcli.io.hf_cache`; at
+    `revision`, default main) where no such path exists. An `output` ending in `/`, or an existing
+    directory, is a model folder: the weights as `model.bpk` (or its shards and index), the source
+    folder's config and tokenizer files copied unchanged, and a record of the run (`qcli.output`); a
+    cache name without `output` writes the folder `NAME/` here.
     """
-    input = Path(input)
+    given = str(input)
+    input, model = _located(input, revision)
+    folder = None
+    if output is None and model is not None:
+        folder = Path(model.split("/")[1])
+    elif output is not None and is_folder_output(output):
+        folder = Path(output)
     preset = resolve_preset(scheme)
     backend = resolve_backend(burn_backend)
     version = resolve_version(burn_version)
     loaded_recipe = load_recipe(recipe) if recipe is not None else None
     chosen = None if calibration is None else resolve_calibration(calibration)
     requantized = None if requantize is None else resolve_preset(requantize)
-    target = Path(output) if output is not None else default_output(input)
+    target = folder / MODEL_FILE if folder else Path(output) if output is not None else default_output(input)
+    if folder is not None:
+        check_folder(folder, force)
     refuse_special_output(target)  # a dry run refuses what the run would (docs/cli.md)
     if target.exists() and not force:
         raise UsageError(
@@ -119,8 +148,10 @@ def quantize_file(
         plan = make_checked_plan(source.infos(), loaded_recipe, preset, split=max_shard_size is not None,
                                  backend=backend, burn_version=version, calibration=chosen,
                                  requantize=requantized, found=found)
+        copies = [] if folder is None or is_gguf(input) else side_files(input if input.is_dir() else input.parent)
+        inputs += [(path, "a file the model folder copies") for path in copies]
         report = QuantizeReport(
-            input=str(input),
+            input=given,
             output=str(target),
             device=None,
             dry_run=dry_run,
@@ -136,7 +167,10 @@ def quantize_file(
         )
         if runtime is not None:
             runtime.warm(plan, measure=stats or verify)
-        outputs = Output(plan, target, max_shard_size, metadata(report))
+        options = {"calibration": calibration, "requantize": requantize, "names": str(names),
+                   "max_shard_size": max_shard_size}
+        model_folder = None if folder is None else ModelFolder(folder, copies, folder_record(report, input, options))
+        outputs = Output(plan, target, max_shard_size, metadata(report), model_folder)
         report.outputs = [str(path) for path in outputs.paths]
         report.warnings += outputs.prepare(inputs, force=force, remove_leftovers=not dry_run)
         if dry_run:
@@ -147,6 +181,20 @@ def quantize_file(
         report.tensors, report.timings = _write(plan, source, run, outputs, stats, progress, verify)
         report.memory = MemoryUse(resident, peak_resident_bytes())
     return report
+
+
+def _located(input: str | Path, revision: str | None) -> tuple[Path, str | None]:
+    """The path to read, and the model name when `input` named one in the Hugging Face cache: a path that
+    exists always wins, and a name with a checkpoint's suffix is a path."""
+    path = Path(input)
+    named = str(input)
+    if path.exists() or not is_model_name(named) or named.lower().endswith((".safetensors", ".gguf", ".json")):
+        if revision is not None:
+            raise UsageError(printable(f"--revision picks a revision of a model in the Hugging Face cache; "
+                                       f"{named} is a path"),
+                             hint="drop --revision, or give the model's ORG/NAME")
+        return path, None
+    return snapshot(named, revision), named
 
 
 def _warm_runtime() -> int:

@@ -251,6 +251,12 @@ def leftover_temporaries(target: Path) -> list[tuple[Path, int]]:
     return sorted(leftovers)
 
 
+def left_by_killed_run(path: Path) -> bool:
+    """Whether `path` is a `temporary_name` (of any target) whose writer no longer runs."""
+    match = re.fullmatch(r"\..+\.(\d+)-\d+\.tmp", path.name)
+    return match is not None and not _process_runs(int(match.group(1)))
+
+
 def _process_runs(pid: int) -> bool:
     try:
         os.kill(pid, 0)

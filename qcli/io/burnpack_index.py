@@ -10,12 +10,12 @@ its way.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from qcli.io.burnpack import EXTENSION, BurnpackReader, TensorEntry, temporary_name
+from qcli.io.burnpack import EXTENSION, BurnpackReader, TensorEntry
 from qcli.io.safetensors import check_weight_map, read_weight_map
+from qcli.io.staged import StagedFile
 
 INDEX_SUFFIX = ".index.json"
 
@@ -40,7 +40,7 @@ def standing_index(path: Path) -> Path | None:
     return None
 
 
-class IndexWriter:
+class IndexWriter(StagedFile):
     """The index of `shards` (their paths and entries), written to a temporary file beside `target` and
     renamed into place on `commit()`, as `BurnpackWriter` puts a shard in place; removed on leaving the
     context without it."""
@@ -48,29 +48,11 @@ class IndexWriter:
     def __init__(self, target: Path, shards: Sequence[tuple[Path, Sequence[TensorEntry]]],
                  metadata: dict[str, str]) -> None:
         """`metadata`: the shards' own, which the index repeats beside `total_size`, their payload bytes."""
-        self.target = target
         document = {
             "metadata": {**metadata, "total_size": sum(e.nbytes for _, entries in shards for e in entries)},
             "weight_map": {e.name: path.name for path, entries in shards for e in entries},
         }
-        self._text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
-        self._tmp = target.with_name(temporary_name(target.name, 0))
-        self._committed = False
-
-    def __enter__(self) -> IndexWriter:
-        with open(self._tmp, "w", encoding="utf-8") as file:
-            file.write(self._text)
-            file.flush()
-            os.fsync(file.fileno())
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if not self._committed:
-            self._tmp.unlink(missing_ok=True)
-
-    def commit(self) -> None:
-        os.replace(self._tmp, self.target)
-        self._committed = True
+        super().__init__(target, (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode())
 
 
 class BurnpackSet:

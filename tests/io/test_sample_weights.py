@@ -1,4 +1,5 @@
-"""sample_weights/: regenerating gives the committed bytes; the checkpoint is Llama-shaped, bf16 and small."""
+"""sample_weights/: regenerating gives the committed bytes; the checkpoint is Llama-shaped, bf16 and small,
+and the sharded folder's config.json is one transformers builds exactly that model from."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ FILES = [
     "tiny-llama-sharded/model-00001-of-00002.safetensors",
     "tiny-llama-sharded/model-00002-of-00002.safetensors",
     "tiny-llama-sharded/model.safetensors.index.json",
+    "tiny-llama-sharded/config.json",
 ]
 
 
@@ -50,3 +52,17 @@ def test_shards_hold_the_same_tensors_as_the_single_file():
     assert shards == single
     assert index["metadata"]["total_size"] == sum(len(b) for b in single.values())
     assert set(index["weight_map"]) == set(single)
+
+
+def test_the_config_is_a_llama_transformers_builds_with_the_samples_names_and_shapes():
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(SHARDED, local_files_only=True)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    with safe_open(SINGLE, "pt") as f:
+        shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    assert {name: tuple(t.shape) for name, t in model.state_dict().items()} == shapes
+    assert config.torch_dtype == torch.bfloat16
