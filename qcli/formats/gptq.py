@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from qcli.io.safetensors import TensorInfo
 
+METHODS = frozenset({"gptq"})  # the quant_method values this module reads
 CODES, ZEROS, SCALES, ORDER = "qweight", "qzeros", "scales", "g_idx"
 FORMATS = {"gptq": True, "gptq_v2": False}  # checkpoint format -> whether it stores each zero point less one
 VALUES = {2: QuantValue.Q2F, 4: QuantValue.Q4F, 8: QuantValue.Q8F}  # bits -> Burn's full-range integer
