@@ -136,7 +136,7 @@ def plan(info: TensorInfo, zeros: TensorInfo, scales: TensorInfo, config: dict,
         out, count = info.shape[0], info.shape[1] * PER_WORD
     size = count if group == -1 else group
     if not count or count % size:
-        return f"its {count} inputs are not whole groups of {size}"
+        return f"as AWQ {version}, {info.name} {list(info.shape)} has {count} inputs, not whole groups of {size}"
     groups = count // size
     expected = ({zeros.name: (groups, out // PER_WORD), scales.name: (groups, out)} if version == "gemm" else
                 {zeros.name: (out, zeros_width(count, size)), scales.name: (out, zeros_width(count, size) * PER_WORD)})

@@ -112,7 +112,7 @@ def _method(raw: dict, implied: str) -> str:
         return method.lower()
     if "load_in_4bit" in raw or "load_in_8bit" in raw:
         return "bitsandbytes"
-    return implied
+    return implied  # "" for a config.json that names none: its tensors decide
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def decide(infos: Sequence[TensorInfo], found: Mapping[str, Found], declared: De
     (`handled`) covers, and the tensors no module claimed in `found` that show packing."""
     claimed = _claimed(found)
     evidence = _evidence(infos, claimed)
-    if declared is not None and declared.method not in handled:
+    if declared is not None and declared.method and declared.method not in handled:
         covered = evidence or [i for i in infos if i.name not in claimed and i.dtype in INTEGERS] or [
             i for i in infos if i.name not in claimed and len(i.shape) >= 2]
         why = UNREAD.get(declared.method, "a method qcli has never heard of, so what its tensors hold is unknown")
@@ -182,6 +182,8 @@ def verdict(found: Mapping[str, Found], declared: Declaration | None, handled: C
         refused = any(isinstance(f, Refused) for f in found.values())
         return ("no declaration; tensors show packing: refused" if refused
                 else "no declaration: every tensor is planned from its dtype and name")
+    if not declared.method:
+        return f"{declared.file} names no quant_method: every tensor is planned from its dtype and name"
     if declared.method not in handled:
         return f"{declared.describe()}: a method qcli does not read, refused"
     if any(not isinstance(f, Refused) for f in found.values()):
