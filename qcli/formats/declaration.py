@@ -35,8 +35,6 @@ SIDE_FILES = (("quantize_config.json", "gptq"), ("quant_config.json", "awq"), ("
               ("hf_quant_config.json", "modelopt"))
 # Methods qcli knows and does not read, and why (a method it has never heard of is refused too, generically).
 UNREAD = {
-    "hqq": "HQQ's W_q codes (packed uint8) with a scale and a zero point per group, a zero point Burn's "
-           "symmetric schemes do not hold, stored with HQQ's meta tensors in a layout qcli does not read",
     "eetq": "EETQ's int8 weights with per-channel fp16 scales (weight_scales), stored in its CUDA kernel's "
             "shuffled layout, which is not documented outside its kernel",
     "torchao": "torchao's tensor subclasses (their codes, scales and zero points flattened into tensors whose "

@@ -4,7 +4,8 @@ packing with no declaration are refused from the headers (exit 2, a hint), never
 declaration of quantization applied at load time over float weights leaves what is on disk to decide.
 
 The checkpoints are packed by hand with each format's published tensor names, dtypes and shapes: HQQ's
-`W_q` (uint8, two 4-bit codes a byte) with its `scale` and `zero` per group (`hqq/core/quantize.py`); EETQ's
+`W_q` with its `scale` and `zero` but none of the meta tensors HQQ saves beside them (tests/io/test_hqq.py
+has HQQ's own checkpoints); EETQ's
 int8 `weight` beside fp16 per-channel `weight_scales` (`eetq/modules/qlinear.py`); torchao's flattened
 subclass tensors (`qdata`, `scale`); GPTQ Marlin's `B` (int32 [in / 16, out * 16 / 8]) and `s` (fp16
 [groups, out]) (AutoGPTQ's `marlin` QuantLinear); exllama v2's `q_weight`, `q_scale`, `q_scale_max`,
@@ -31,7 +32,7 @@ FLOAT = {"model.norm.weight": torch.ones(64, dtype=torch.float16),
          "model.layers.0.mlp.up_proj.weight": torch.randn(64, 64, generator=torch.Generator().manual_seed(0))}
 M = "model.layers.0.self_attn.q_proj"
 CHECKPOINTS = {  # name -> (its own tensors, the file that declares it and what it says, or None)
-    "hqq": ({f"{M}.W_q": torch.zeros(32, 128, dtype=torch.uint8), f"{M}.scale": torch.ones(64, 1, dtype=torch.float16),
+    "hqq-without-its-meta": ({f"{M}.W_q": torch.zeros(32, 128, dtype=torch.uint8), f"{M}.scale": torch.ones(64, 1, dtype=torch.float16),
              f"{M}.zero": torch.full((64, 1), 7.5, dtype=torch.float16), f"{M}.shape": torch.tensor([64, 64])},
             ("hqq_config.json", {"quant_config": {"weight_quant_params": {"nbits": 4, "group_size": 64}}})),
     "eetq": ({f"{M}.weight": torch.zeros(64, 64, dtype=torch.int8), f"{M}.weight_scales": torch.ones(64, dtype=torch.float16)},
@@ -54,7 +55,8 @@ CHECKPOINTS = {  # name -> (its own tensors, the file that declares it and what 
 }
 # name -> (the refusal's format, words its reason holds, the tensors it covers)
 REFUSALS = {
-    "hqq": ("quant_method 'hqq' in hqq_config.json", "HQQ's W_q codes", [f"{M}.W_q", f"{M}.scale", f"{M}.zero"]),
+    "hqq-without-its-meta": ("codes of an unread layout (quant_method 'hqq' in hqq_config.json)",
+                             "integer codes beside float scales", [f"{M}.W_q", f"{M}.scale", f"{M}.zero"]),
     "eetq": ("quant_method 'eetq' in config.json", "EETQ's int8 weights with per-channel fp16 scales",
              [f"{M}.weight", f"{M}.weight_scales"]),
     "torchao": ("quant_method 'torchao' in config.json", "torchao's tensor subclasses",
@@ -108,7 +110,8 @@ def test_refused_from_the_headers_naming_the_method_file_and_tensors(name, tmp_p
 
 
 @pytest.mark.parametrize("name, verdict", [
-    ("hqq", "quant_method 'hqq' in hqq_config.json: a method qcli does not read, refused"),
+    ("eetq", "quant_method 'eetq' in config.json: a method qcli does not read, refused"),
+    ("hqq-without-its-meta", "quant_method 'hqq' in hqq_config.json: its tensors are not that method's layout, refused"),
     ("marlin", "quant_method 'gptq' (checkpoint_format 'marlin') in config.json: its tensors are not that method's "
                "layout, refused"),
     ("exllama-v2", "no declaration; tensors show packing: refused"),
