@@ -39,6 +39,8 @@ UNREAD = {
             "shuffled layout, which is not documented outside its kernel",
     "torchao": "torchao's tensor subclasses (their codes, scales and zero points flattened into tensors whose "
                "layout depends on the subclass and torchao's version), which qcli does not read",
+    "exl2": "exllama v2's variable-bit codes, permuted for its kernel (q_weight, q_scale, q_groups, q_perm), which "
+            "qcli does not read",
     "quanto": "optimum-quanto's quantized tensors, which no qcli format module reads",
     "aqlm": "AQLM's additive codebooks, which no Burn scheme holds",
     "vptq": "VPTQ's vector codebooks, which no Burn scheme holds",

@@ -165,3 +165,20 @@ def test_config_json_declares_before_a_side_file(tmp_path):
     assert (declaration(tmp_path).method, declaration(tmp_path).file) == ("fp8", "config.json")
     (tmp_path / "config.json").write_text("{not json")  # declares nothing, as a missing config.json
     assert declaration(tmp_path).file == "quantize_config.json"
+
+
+@pytest.mark.parametrize("form", ["marlin", "bitblas"])
+def test_a_gptq_checkpoint_format_qcli_does_not_read_is_refused_not_kept(form, tmp_path):
+    """GPTQ's own tensors (qweight, qzeros, scales, g_idx) under a `checkpoint_format` of another kernel's
+    packing: refused from the headers (exit 2), naming the format, never written as kept integers."""
+    from tests.io.test_gptq import write as write_gptq
+
+    write_gptq(tmp_path, 4, 32, in_config_json=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"]["checkpoint_format"] = form
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    lines = assert_user_error(cli("quantize", tmp_path, "-o", tmp_path / "m.bpk", "--requantize", "q4f-b32"),
+                              PlanError.exit_code)
+    assert any(f"its config.json says checkpoint format '{form}': qcli reads gptq and gptq_v2" in line
+               for line in lines), lines
+    assert not (tmp_path / "m.bpk").exists()
