@@ -424,8 +424,8 @@ class SourcePlan:
                 for f, c in outcomes.items()]
 
     def to_json(self) -> dict:
-        return {"preset": self.preset, "declaration": self.declaration, "formats": [f.to_json() for f in self.formats()],
-                "problems": [problem_json(p) for p in self.problems]}
+        return {"preset": self.preset, "declaration": self.declaration,
+                "formats": [f.to_json() for f in self.formats()], "problems": [problem_json(p) for p in self.problems]}
 
 
 @dataclass

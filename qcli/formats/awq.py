@@ -43,7 +43,7 @@ class Awq(Encoded):
     """One AWQ linear: its qweight, with its qzeros and scales, and the layout `version` says."""
 
     version: str = "gemm"
-    shape_: tuple[int, int] = (0, 0)  # [out, in], the Hugging Face weight it dequantizes to
+    dims: tuple[int, int] = (0, 0)  # [out, in], the Hugging Face weight it dequantizes to
     group: int = 0
 
     kind = Kind.scheme
@@ -61,7 +61,7 @@ class Awq(Encoded):
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.shape_
+        return self.dims
 
     @property
     def dtype(self) -> str:
@@ -69,10 +69,7 @@ class Awq(Encoded):
 
     def dequantize(self, load: Load) -> torch.Tensor:
         """`(code - zero) * scale` in the scales' dtype, [out, in]."""
-        import torch
-
-        out, count = self.shape_
-        groups = count // self.group
+        groups = self.dims[1] // self.group
         words, zeros, scales = load(self.weight.name), load(self.companions[0].name), load(self.companions[1].name)
         if self.version == "gemm":  # fields along the output axis, in ORDER: transpose to [out, in] last
             codes, zero = fields(words, ORDER), fields(zeros, ORDER)
@@ -80,7 +77,7 @@ class Awq(Encoded):
             return values.t().contiguous()
         codes, zero = fields(words, tuple(range(PER_WORD))), fields(zeros, tuple(range(PER_WORD)))[:, :groups]
         step = scales[:, :groups].repeat_interleave(self.group, 1)
-        return (codes - zero.repeat_interleave(self.group, 1)).to(torch.int16) * step
+        return (codes - zero.repeat_interleave(self.group, 1)) * step
 
 
 def fields(words: torch.Tensor, order: Sequence[int]) -> torch.Tensor:

@@ -78,8 +78,7 @@ class Declaration:
 
     def load_time(self) -> bool:
         """Whether it declares quantization applied when a model is loaded, over float weights on disk: vLLM's
-        dynamic FP8 (`activation_scheme: dynamic`, no `fmt` of stored weights), bitsandbytes' `load_in_4bit`
-        and `load_in_8bit`. What is on disk decides such a checkpoint."""
+        dynamic FP8 (`activation_scheme: dynamic`), bitsandbytes' `load_in_4bit` and `load_in_8bit`."""
         return (self.raw.get("activation_scheme") == "dynamic" and self.method == "fp8"
                 or self.method == "bitsandbytes" and bool(self.raw.get("load_in_4bit") or self.raw.get("load_in_8bit")))
 
@@ -158,8 +157,8 @@ def decide(infos: Sequence[TensorInfo], found: Mapping[str, Found], declared: De
             i for i in infos if i.name not in claimed and len(i.shape) >= 2]
         why = UNREAD.get(declared.method, "a method qcli has never heard of, so what its tensors hold is unknown")
         cause = printable(f"{why}; qcli reads the methods {', '.join(sorted(handled))}")
-        way_out = (f"dequantize the checkpoint to BF16 or F32 with {printable(declared.method)}'s own tools first, then "
-                   f"run qcli; where its weights on disk are float (a method applied at load time), remove "
+        way_out = (f"dequantize the checkpoint to BF16 or F32 with {printable(declared.method)}'s own tools first, "
+                   "then run qcli; where its weights on disk are float (a method applied at load time), remove "
                    f"quantization_config from {declared.file} (docs/input-formats.md, \"The declaration rule\")")
         format = declared.describe()
     elif evidence:
@@ -203,18 +202,18 @@ def _claimed(found: Mapping[str, Found]) -> set[str]:
 def _evidence(infos: Sequence[TensorInfo], claimed: set[str]) -> list[TensorInfo]:
     """The tensors, in modules no format module spoke for, that show packing: a leaf name only quantizers give,
     or integer codes beside a float tensor named as a scale or zero point."""
+    coded = {i.name.rpartition(".")[0] + "." for i in infos if i.dtype in INTEGERS and len(i.shape) >= 1}
     modules: dict[str, list[TensorInfo]] = {}
-    for info in infos:
+    for info in infos:  # only the modules that hold integer codes: a float checkpoint passes in one look
         module = info.name.rpartition(".")[0] + "."
-        if info.name not in claimed and module not in claimed:
+        if module in coded and info.name not in claimed and module not in claimed:
             modules.setdefault(module, []).append(info)
     shown = []
     for tensors in modules.values():
-        codes = [i for i in tensors if i.dtype in INTEGERS and len(i.shape) >= 1]
-        companions = [i for i in tensors if _companion(i.name.rpartition(".")[2])]
-        packed = [i for i in tensors if i.name.rpartition(".")[2] in PACKED_LEAVES]
-        if codes and (companions or packed):
-            shown += [i for i in tensors if i in codes or i in companions or i in packed]
+        codes = [i.dtype in INTEGERS and len(i.shape) >= 1 for i in tensors]
+        named = [_companion(leaf) or leaf in PACKED_LEAVES for leaf in (i.name.rpartition(".")[2] for i in tensors)]
+        if any(codes) and any(named):
+            shown += [i for i, code, name in zip(tensors, codes, named, strict=True) if code or name]
     return shown
 
 

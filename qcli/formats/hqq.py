@@ -117,14 +117,17 @@ def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:
     found: dict[str, Found] = {}
     for info in infos:
         module, dot, leaf = info.name.rpartition(".")
+        if leaf != CODES:
+            continue
         named = {c: by_name.get(f"{module}{dot}{c}") for c in (SCALE, ZERO, *META, *OTHER_META)}
-        if leaf != CODES or any(named[c] is None for c in (SCALE, ZERO, *META)):
+        if any(named[c] is None for c in (SCALE, ZERO, *META)):
             continue
         if info.dtype != "U8" or len(info.shape) != 2:
             found[info.name] = (f"HQQ codes {info.dtype} {list(info.shape)}: qcli reads the 2-D uint8 packings "
                                 f"({', '.join(PACKINGS)}), not 3-bit words or codes viewed as floats")
         elif f"{module}{dot}{WRITTEN}" in by_name:
-            found[info.name] = f"{module}{dot}{WRITTEN} is in the checkpoint too, so its codes cannot be written under that name"
+            found[info.name] = (f"{module}{dot}{WRITTEN} is in the checkpoint too, so its codes cannot be written "
+                                "under that name")
         else:
             found[info.name] = Hqq(info, "HQQ", tuple(c for c in named.values() if c is not None))
     return found

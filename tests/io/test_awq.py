@@ -166,7 +166,8 @@ def test_inspect_shows_the_declaration_and_the_format(tmp_path):
 
 @pytest.mark.parametrize("config, why", [
     ({"version": "gemv_fast"}, "AWQ version 'gemv_fast' packs for its own kernel"),
-    ({"version": "gemv"}, "as AWQ gemv, model.layers.0.self_attn.q_proj.qweight [256, 8] has 64 inputs, not whole groups of 128"),
+    ({"version": "gemv"},
+     "as AWQ gemv, model.layers.0.self_attn.q_proj.qweight [256, 8] has 64 inputs, not whole groups of 128"),
     ({"bits": 8}, "AWQ with bits 8 and group_size 128"),
 ])
 def test_a_layout_qcli_does_not_read_is_refused_from_the_headers(config, why, tmp_path):

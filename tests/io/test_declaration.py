@@ -32,10 +32,13 @@ FLOAT = {"model.norm.weight": torch.ones(64, dtype=torch.float16),
          "model.layers.0.mlp.up_proj.weight": torch.randn(64, 64, generator=torch.Generator().manual_seed(0))}
 M = "model.layers.0.self_attn.q_proj"
 CHECKPOINTS = {  # name -> (its own tensors, the file that declares it and what it says, or None)
-    "hqq-without-its-meta": ({f"{M}.W_q": torch.zeros(32, 128, dtype=torch.uint8), f"{M}.scale": torch.ones(64, 1, dtype=torch.float16),
-             f"{M}.zero": torch.full((64, 1), 7.5, dtype=torch.float16), f"{M}.shape": torch.tensor([64, 64])},
-            ("hqq_config.json", {"quant_config": {"weight_quant_params": {"nbits": 4, "group_size": 64}}})),
-    "eetq": ({f"{M}.weight": torch.zeros(64, 64, dtype=torch.int8), f"{M}.weight_scales": torch.ones(64, dtype=torch.float16)},
+    "hqq-without-its-meta": ({f"{M}.W_q": torch.zeros(32, 128, dtype=torch.uint8),
+                              f"{M}.scale": torch.ones(64, 1, dtype=torch.float16),
+                              f"{M}.zero": torch.full((64, 1), 7.5, dtype=torch.float16),
+                              f"{M}.shape": torch.tensor([64, 64])},
+                             ("hqq_config.json", {"quant_config": {"weight_quant_params": {"nbits": 4}}})),
+    "eetq": ({f"{M}.weight": torch.zeros(64, 64, dtype=torch.int8),
+              f"{M}.weight_scales": torch.ones(64, dtype=torch.float16)},
              ("config.json", {"quantization_config": {"quant_method": "eetq", "weights": "int8"}})),
     "torchao": ({f"{M}.weight.qdata": torch.zeros(64, 64, dtype=torch.int8),
                  f"{M}.weight.scale": torch.ones(64, dtype=torch.bfloat16)},
@@ -111,7 +114,8 @@ def test_refused_from_the_headers_naming_the_method_file_and_tensors(name, tmp_p
 
 @pytest.mark.parametrize("name, verdict", [
     ("eetq", "quant_method 'eetq' in config.json: a method qcli does not read, refused"),
-    ("hqq-without-its-meta", "quant_method 'hqq' in hqq_config.json: its tensors are not that method's layout, refused"),
+    ("hqq-without-its-meta",
+     "quant_method 'hqq' in hqq_config.json: its tensors are not that method's layout, refused"),
     ("marlin", "quant_method 'gptq' (checkpoint_format 'marlin') in config.json: its tensors are not that method's "
                "layout, refused"),
     ("exllama-v2", "no declaration; tensors show packing: refused"),
