@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from qcli.formats.found import Encoded, Found, Load, Transcode
-from qcli.io.safetensors import printable
+from qcli.io.safetensors import open_regular, printable
 from qcli.problem import Kind
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from qcli.io.safetensors import TensorInfo
 
 CONFIG = "config.json"
+MAX_BYTES = 64 << 20  # a declaration is a few kB; a larger file is not one
 # Side files other tools write, in the order they are read after config.json, with the method each implies
 # when it names none.
 SIDE_FILES = (("quantize_config.json", "gptq"), ("quant_config.json", "awq"), ("hqq_config.json", "hqq"),
@@ -98,9 +99,13 @@ def declaration(folder: Path) -> Declaration | None:
 
 
 def _json(path: Path) -> object:
+    """The JSON in `path`, or None for a missing, unreadable or not regular file (a FIFO would block), one over
+    MAX_BYTES, or text that is not JSON (nested past the interpreter's stack included)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        with open_regular(path) as file:
+            text = file.read(MAX_BYTES + 1)
+        return json.loads(text) if len(text) <= MAX_BYTES else None
+    except (OSError, ValueError, RecursionError):
         return None
 
 

@@ -186,3 +186,17 @@ def test_a_gptq_checkpoint_format_qcli_does_not_read_is_refused_not_kept(form, t
     assert any(f"its config.json says checkpoint format '{form}': qcli reads gptq and gptq_v2" in line
                for line in lines), lines
     assert not (tmp_path / "m.bpk").exists()
+
+
+def test_a_declaration_file_that_is_a_fifo_or_nests_past_the_stack_declares_nothing(tmp_path):
+    """A FIFO config.json would block a read until a writer comes, and JSON nested 100k deep recurses out of
+    the stack: each declares nothing (as a file that is not JSON), and the run goes on from the tensors."""
+    import os
+
+    save_file(FLOAT, str(tmp_path / "model.safetensors"))
+    os.mkfifo(tmp_path / "config.json")
+    (tmp_path / "quantize_config.json").write_text("[" * 100_000)
+    result = cli("quantize", tmp_path, "--dry-run")
+    assert result.code == 0, result.err
+    assert json.loads(cli("inspect", tmp_path, "--json").out)["plan"]["declaration"] == (
+        "no declaration: every tensor is planned from its dtype and name")
