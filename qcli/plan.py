@@ -410,7 +410,7 @@ class _Planner:
         """A tensor no Burn scheme holds: refused (reported by format in `encoded_problems`) or, with
         `--requantize`, dequantized and quantized into its preset, as the default policy would a tensor of
         its shape."""
-        if self.requantize is None:
+        if self.requantize is None or not encoded.requantizable:
             self.refused.setdefault(encoded.format, []).append(encoded)
             return Decision(None, Calibration.MinMax, False, f"refused: {encoded.format} is {encoded.encoding}", None)
         decoded = replace(info, dtype=encoded.dtype, shape=encoded.shape)
@@ -428,11 +428,7 @@ class _Planner:
         for format, refused in self.refused.items():
             names, first = [e.weight.name for e in refused], refused[0]
             are = "is" if len(names) == 1 else "are"
-            self.problem(
-                first.kind, f"{count_and_first(names)} {are} {format}: {first.why}",
-                f"requantize them into a Burn scheme: --requantize {first.offered} ({first.decoded_as}; --stats "
-                "shows the error added to the dequantized weights)", names,
-            )
+            self.problem(first.kind, f"{count_and_first(names)} {are} {format}: {first.why}", first.hint, names)
 
     def default_scheme(self, info: TensorInfo, preset: Preset, why: str | None = None) -> Decision | None:
         """`preset` for a floating tensor of rank >= 2, with a smaller block (`smaller_block`) when its own does

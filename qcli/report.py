@@ -408,6 +408,7 @@ class SourcePlan:
     preset: str
     tensors: dict[str, PlannedTensor]
     problems: list[Problem]
+    declaration: str  # what the checkpoint's declaration decides (`qcli.formats.declaration.verdict`)
 
     def formats(self) -> list[FormatSummary]:
         """One summary per source format, in order of first appearance."""
@@ -424,8 +425,8 @@ class SourcePlan:
                 for f, c in outcomes.items()]
 
     def to_json(self) -> dict:
-        return {"preset": self.preset, "formats": [f.to_json() for f in self.formats()],
-                "problems": [problem_json(p) for p in self.problems]}
+        return {"preset": self.preset, "declaration": self.declaration,
+                "formats": [f.to_json() for f in self.formats()], "problems": [problem_json(p) for p in self.problems]}
 
 
 @dataclass

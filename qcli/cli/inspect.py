@@ -111,6 +111,7 @@ def render(report: InspectReport) -> None:
 
 def _render_plan(plan: SourcePlan, out: Console) -> None:
     """The formats found, and the problems that would stop (or deserve a look before) `qcli quantize`."""
+    out.print(f"declaration: {printable(plan.declaration)}", soft_wrap=True)
     for summary in plan.formats():
         out.print(printable(summary.text), soft_wrap=True)
     for p in plan.problems:

@@ -14,7 +14,7 @@ from qcli import layout
 from qcli.commands.quantize import plan_by_name
 from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
-from qcli.formats import detect
+from qcli.formats import detect, verdict
 from qcli.formats.found import Encoded, Found, Transcode
 from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER, TensorEntry
 from qcli.io.burnpack_index import BurnpackSet, standing_index
@@ -154,7 +154,7 @@ def _default_plan(infos: list[TensorInfo]) -> SourcePlan:
             tensors[companion.name] = PlannedTensor(
                 transcode.format, "consumed", f"companion of {e.info.name}, written inside its transcode", None)
     assert plan.preset is not None
-    return SourcePlan(plan.preset.name, tensors, plan.problems)
+    return SourcePlan(plan.preset.name, tensors, plan.problems, verdict(infos, found))
 
 
 def _format(entry: PlanEntry, found: Found | None) -> str:
@@ -168,7 +168,7 @@ def _values(source: Source, name: str, found: Found | None) -> torch.Tensor:
     x = source.load(name)
     if isinstance(found, Transcode):
         return found.dequantize(x, source.load)
-    if isinstance(found, Encoded):
+    if isinstance(found, Encoded) and found.requantizable:
         return found.with_state(source.load).dequantize(source.load)
     return x
 

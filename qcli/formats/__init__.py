@@ -9,16 +9,16 @@ Each module here owns one format. From the headers alone (names, dtypes, shapes,
   with `--requantize` dequantized as the format's reference decoder does and quantized into a preset;
 - a string: why a weight that looks quantized has no transcode.
 A weight's companions (its scales, tables, states) are consumed: written inside its payload, or not at all.
+The checkpoint's declaration (`qcli.formats.declaration`) decides first: a method no module reads, and
+tensors that show packing no module claimed, are refused.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qcli.formats import bitsandbytes, compressed_tensors, fp8, gguf, gptq, nvfp4
+from qcli.formats import awq, bitsandbytes, compressed_tensors, declaration, fp8, gguf, gptq, hqq, nvfp4
 from qcli.formats.found import Encoded, Found, Load, Transcode
 
 if TYPE_CHECKING:
@@ -26,29 +26,32 @@ if TYPE_CHECKING:
 
 # Each module's `detect(infos, quantization_config)`. A later module's finding for a weight takes the place
 # of an earlier one's: compressed-tensors' config says the FP8 layout fp8 infers from the scale's shape.
-FORMATS = (fp8, nvfp4, gptq, bitsandbytes, compressed_tensors, gguf)
+FORMATS = (fp8, nvfp4, gptq, awq, hqq, bitsandbytes, compressed_tensors, gguf)
+HANDLED = frozenset().union(*(f.METHODS for f in FORMATS))  # every quant_method a module reads
 
 
 def detect(infos: Sequence[TensorInfo], load: Load | None = None) -> dict[str, Found]:
     """Every already-quantized weight of a checkpoint by name, from its headers (and `config.json`);
     with `load`, each `Encoded` weight's small state read too, as `--requantize` needs (no weight)."""
-    config = quantization_config(infos[0].file) if infos else {}
+    declared = declared_by(infos)
+    config = declared.raw if declared is not None and declared.file == declaration.CONFIG else {}
     found: dict[str, Found] = {}
     for format in FORMATS:
         found.update(format.detect(infos, config))
+    found.update(declaration.decide(infos, found, declared, HANDLED))
     if load is not None:
         found = {n: f.with_state(load) if isinstance(f, Encoded) else f for n, f in found.items()}
     return found
 
 
-def quantization_config(file: Path) -> dict:
-    """`quantization_config` of the `config.json` in the folder of checkpoint `file` (Hugging Face's
-    layout), or {} where there is none or it is not a JSON object."""
-    try:
-        config = json.loads((file.parent / "config.json").read_text()).get("quantization_config", {})
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return config if isinstance(config, dict) else {}
+def declared_by(infos: Sequence[TensorInfo]) -> declaration.Declaration | None:
+    """The declaration in the folder of a checkpoint's first file (Hugging Face's layout), or None."""
+    return declaration.declaration(infos[0].file.parent) if infos else None
+
+
+def verdict(infos: Sequence[TensorInfo], found: dict[str, Found]) -> str:
+    """What the checkpoint's declaration decides, in words (`inspect`)."""
+    return declaration.verdict(found, declared_by(infos), HANDLED)
 
 
 def consumed(found: dict[str, Found], requantized: bool) -> set[str]:

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from qcli.io.safetensors import TensorInfo
 
 METHOD = "compressed-tensors"  # config.json's quant_method
+METHODS = frozenset({METHOD})  # the quant_method values this module reads
 # A quantized module's tensors, by their dtype: its layout, and the formats config.json may name for it.
 LAYOUTS = {
     ("weight_packed", "I32"): ("pack-quantized", ("pack-quantized",)),

@@ -65,6 +65,13 @@ class Encoded(ABC):
     encoding: ClassVar[str] = "a codebook"  # what it is, for its refused decision's reason
     decoded_as: ClassVar[str]  # how `--requantize` decodes it, for the refusal's hint
     offered: ClassVar[str] = "q4f-b32"  # the preset the refusal offers: its bits, over the full grid
+    requantizable: ClassVar[bool] = True  # whether `dequantize` is a way out: `--requantize`
+
+    @property
+    def hint(self) -> str:
+        """What to do about its refusal."""
+        return (f"requantize them into a Burn scheme: --requantize {self.offered} ({self.decoded_as}; --stats "
+                "shows the error added to the dequantized weights)")
 
     @property
     def name(self) -> str:

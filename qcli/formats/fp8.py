@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from qcli.io.safetensors import TensorInfo
 
+METHODS = frozenset({"fp8"})  # the quant_method values this module reads
 # The scale companions of a weight `W`: `W_scale` (`m.weight_scale`), `W_scale_inv` (DeepSeek: it
 # multiplies the weight despite its name), `W.scale`.
 SCALE_SUFFIXES = ("_scale_inv", "_scale", ".scale")

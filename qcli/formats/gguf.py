@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from qcli.io.safetensors import TensorInfo
 
+METHODS: frozenset[str] = frozenset()  # a GGUF file declares no quant_method: its tensor types say it all
 BLOCK = 32  # values per Q8_0, Q4_0 and MXFP4 block
 E8M0_NAN = 0xFF  # no f32 power of two is 2^128
 DECODED_AS = "dequantized by the gguf package (gguf.quants.dequantize), then quantized"

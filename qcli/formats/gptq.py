@@ -19,7 +19,6 @@ order it was promised before it writes a value.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qcli.errors import InputError
+from qcli.formats.declaration import declaration
 from qcli.formats.found import Encoded, Found, Load, Transcode
 from qcli.formats.grid import ScaleGrid
 from qcli.io.safetensors import printable
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from qcli.io.safetensors import TensorInfo
 
+METHODS = frozenset({"gptq"})  # the quant_method values this module reads
 CODES, ZEROS, SCALES, ORDER = "qweight", "qzeros", "scales", "g_idx"
 FORMATS = {"gptq": True, "gptq_v2": False}  # checkpoint format -> whether it stores each zero point less one
 VALUES = {2: QuantValue.Q2F, 4: QuantValue.Q4F, 8: QuantValue.Q8F}  # bits -> Burn's full-range integer
@@ -57,19 +58,13 @@ class Config:
     source: str  # the file it was read from, for messages
 
     @staticmethod
-    def of(file: Path, config: dict) -> Config | str:
-        """The config beside checkpoint `file` (`config.json`'s `config`, else `quantize_config.json`), or
-        why there is none."""
-        if config.get("quant_method") != "gptq":
-            try:
-                config = json.loads((file.parent / "quantize_config.json").read_text())
-            except (OSError, ValueError):
-                return "no quantize_config.json or config.json quantization_config says its bits and zero points"
-            if not isinstance(config, dict):
-                return "its quantize_config.json is not a JSON object"
-            source = "quantize_config.json"
-        else:
-            source = "config.json"
+    def of(file: Path) -> Config | str:
+        """The config the declaration beside checkpoint `file` gives (`config.json`'s `quantization_config`,
+        else `quantize_config.json`), or why there is none."""
+        declared = declaration(file.parent)
+        if declared is None or declared.method not in METHODS:
+            return "no quantize_config.json or config.json quantization_config says its bits and zero points"
+        config, source = declared.raw, declared.file
         bits, group, form = config.get("bits"), config.get("group_size", -1), config.get(
             "checkpoint_format", config.get("format", "gptq"))
         if not isinstance(bits, int) or not isinstance(group, int) or not (group == -1 or group > 0):
@@ -241,7 +236,7 @@ def unpack(words: torch.Tensor, bits: int, count: int) -> torch.Tensor:
 
 def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:
     """Each `qweight` with its qzeros, scales and g_idx beside it: a transcode, a refused weight, or why it
-    is neither (from the headers and the config)."""
+    is neither (from the headers and the declaration)."""
     by_name = {i.name: i for i in infos}
     found: dict[str, Found] = {}
     settings: Config | str | None = None
@@ -249,7 +244,7 @@ def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:
         base, dot, leaf = info.name.rpartition(".")
         companions = tuple(by_name.get(f"{base}{dot}{c}") for c in (ZEROS, SCALES, ORDER))
         if leaf == CODES and None not in companions:
-            settings = settings or Config.of(info.file, config)
+            settings = settings or Config.of(info.file)
             found[info.name] = plan(info, companions, settings, by_name)
     return found
 

@@ -134,12 +134,23 @@ def test_already_quantized_tensors_are_transcoded_or_kept_with_their_scale_compa
     assert "dequantize" in errors[0].hint
 
 
-def test_int8_is_kept_as_already_quantized_and_burn_can_hold_it() -> None:
+def test_int8_codes_beside_a_scale_are_refused_not_kept_as_integers() -> None:
+    """Integer codes beside a float scale, with no declaration that says how they decode: kept as I8 they would
+    load in Burn as integers where the model wants weights, so the plan refuses them (the declaration rule)."""
     plan = make_plan([info("w", "I8", [64, 64]), info("w_scale", "F32", [64, 2])])
+    entries = by_name(plan)
+    assert entries["w"].decision.reason == "refused: undeclared packed codes is not read by qcli"
+    assert entries["w"].decision.scheme is None
+    [error] = plan.errors()
+    assert error.tensors == ("w", "w_scale")
+    assert error.message.startswith("2 tensors (w, w_scale) are undeclared packed codes: integer codes beside")
+
+
+def test_int8_alone_is_kept_as_already_quantized_and_burn_can_hold_it() -> None:
+    plan = make_plan([info("w", "I8", [64, 64])])
     entries = by_name(plan)
     assert entries["w"].decision.reason == "default: keep, already quantized (I8)"
     assert entries["w"].out_dtype == "I8"
-    assert entries["w_scale"].decision.reason == "default: keep, scale of the already-quantized tensor w"
     assert [p.kind for p in plan.problems] == ["nothing-quantized"]  # a warning: the plan goes ahead
 
 
