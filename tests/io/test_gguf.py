@@ -330,3 +330,31 @@ def test_mxfp4_for_burn_0_21_is_refused_with_the_release_that_holds_it(tmp_path)
     assert "1 tensor (w) cannot be written as E2M1 PackedU32(0) block [32] F16 global F32: Burn 0.21.0 has no " \
            "two-level scheme" in "\n".join(lines)
     assert lines[-1] == "hint: write it for --burn-version 0.22.1"
+
+
+def test_no_burn_backend_loads_mxfp4_scales_narrower_than_f16(tmp_path):
+    """Why MXFP4 is not written at its own 4.25 bits a weight: E2M1 in blocks of 32 with UE8M0 scales (the
+    source's E8M0 as it is) or BF16 ones (which hold every E8M0 power of two too) fails or decodes wrongly
+    on every backend of Burn 0.22.1, where F16 and F32 scales decode bit for bit on wgpu."""
+    from qcli.burn_backends import qfloat
+    from qcli.codec import decode, encode
+    from qcli.io.burnpack import BurnpackWriter, TensorEntry
+    from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
+
+    x = torch.from_numpy(RNG.standard_normal((4, 64), dtype=np.float32))
+    entries, payloads, want = [], [], {}
+    for dtype in (ScaleDtype.UE8M0, ScaleDtype.BF16, ScaleDtype.F16, ScaleDtype.F32):
+        scheme = QuantScheme().with_value(QuantValue.E2M1).with_store(PackedU32(0)).per_block([32], dtype)
+        payload = encode(x, scheme)
+        entries.append(TensorEntry(str(dtype), qfloat(scheme), (4, 64), payload.numel()))
+        payloads.append(payload)
+        want[str(dtype)] = decode(payload, scheme, (4, 64))
+    with BurnpackWriter(tmp_path / "scales.bpk", entries) as writer:
+        for entry, payload in zip(entries, payloads, strict=True):
+            writer.write(entry.name, payload)
+        writer.commit()
+    for backend in BurnBackend:
+        got = probe(backend, tmp_path / "scales.bpk", tmp_path / f"{backend}.safetensors")
+        loads = {name for name, values in want.items()
+                 if isinstance(got[name], torch.Tensor) and same_bits(got[name], values)}
+        assert loads == ({"F16", "F32"} if backend is BurnBackend.wgpu else set()), backend
