@@ -8,31 +8,25 @@ A GGUF tensor of a quantized type is rows of blocks of 32 values (`qcli.io.gguf`
 - MXFP4: an E8M0 exponent `e`, then 16 bytes of E2M1 codes laid out as Q4_0's nibbles; value
   `2^(e-127) * e2m1(code)`, code 8 (E2M1's -0) decoding to +0.0 as ggml's table has it.
 Each is Burn's `q * s` with blocks [32] along the row: the codes packed as Burn packs them, Q8_0's and
-Q4_0's f16 scales as they are (Q8F, Q4F block [32] F16). MXFP4's power-of-two scales are written as F16
-block scales under one power-of-two F32 global (4.5 bits a weight), the narrowest that Burn 0.22.1 loads
-E2M1 with: no backend reads UE8M0 scales (4.25 bits) or decodes E2M1 with BF16 ones, wgpu reads F16 and F32
-only, flex and ndarray no E2M1 at all (measured, `qcli.burn_backends`). The global is 1 where every block
-that holds a non-zero code has a scale F16 holds exactly (2^-24 to 2^15), else the power of two nearest 1
-that brings them all there; a tensor whose exponents span more than F16's 40 powers of two is an
-`InputError` (llama.cpp writes none from real weights). All products are of powers of two, so the `.bpk`
-decodes to exactly what `gguf.quants.dequantize` gives. Detection reads the ggml type of each tensor from
-the header only.
+Q4_0's f16 scales as they are (Q8F, Q4F block [32] F16). MXFP4's power-of-two scales are written
+as F16 block scales under one power-of-two F32 global (4.5 bits a weight, `qcli.formats.e2m1.mx_scales`),
+the narrowest Burn 0.22.1 loads E2M1 with: no backend reads UE8M0 scales (4.25 bits) or decodes E2M1 with
+BF16 ones, wgpu reads F16 and F32 only, flex and ndarray no E2M1 at all (measured, `qcli.burn_backends`).
+Both sides form each product once in f32, so the `.bpk` decodes to exactly what `gguf.quants.dequantize`
+gives. Detection reads the ggml type of each tensor from the header only.
 """
 
 from __future__ import annotations
 
-import math
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from qcli.errors import InputError
-from qcli.formats.e2m1 import positive_zero
+from qcli.formats.e2m1 import mx_scales, positive_zero
 from qcli.formats.found import Encoded, Found, Load, Transcode
 from qcli.formats.nvfp4 import two_level_e2m1
 from qcli.io.gguf import BY_NAME
-from qcli.io.safetensors import printable
 from qcli.presets import ZERO_POINT_WHY
 from qcli.problem import Kind
 from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY, MAX_BLOCK_EXTENT, PackedU32, QuantScheme, QuantValue, ScaleDtype
@@ -43,9 +37,6 @@ if TYPE_CHECKING:
     from qcli.io.safetensors import TensorInfo
 
 BLOCK = 32  # values per Q8_0, Q4_0 and MXFP4 block
-E8M0_NAN = 0xFF  # no f32 power of two is 2^128
-E8M0_BIAS = 127
-F16_POWERS = (-24, 15)  # the powers of two F16 holds exactly, its subnormals included
 DECODED_AS = "dequantized by the gguf package (gguf.quants.dequantize), then quantized"
 
 
@@ -112,39 +103,9 @@ class Q4_0(GgufBlocks):
 
 class Mxfp4(GgufBlocks):
     def split(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The E2M1 codes (-0 as +0), then each block's 2^(e - 127 - k) as F16 and the global 2^k as f32: a
-        block of zeros takes 2^0, which its decode does not see."""
-        import torch
-
-        from qcli.codec.pack import pack_global, pack_scales
-
-        exponents = blocks[:, 0].to(torch.int32)
-        if bool((exponents == E8M0_NAN).any()):
-            block = int((exponents == E8M0_NAN).nonzero()[0])
-            raise InputError(printable(f"{self.weight.file}: tensor '{self.weight.name}' (MXFP4) has the scale "
-                                       f"exponent 255 (E8M0's NaN) in block {block}, which no f32 scale holds"),
-                             hint="the file is damaged, or was not written by llama.cpp's quantizer")
+        """The E2M1 codes (-0 as +0), then the E8M0 exponents as F16 block scales under a global."""
         codes = positive_zero(_nibbles(blocks[:, 1:]))
-        live = (codes != 0).any(dim=1)
-        powers = exponents - E8M0_BIAS
-        shift = self.global_power(powers[live])
-        scales = torch.ldexp(torch.ones(powers.shape), torch.where(live, powers - shift, 0).to(torch.float32))
-        return codes, torch.cat([pack_scales(scales, ScaleDtype.F16), pack_global(math.ldexp(1.0, shift))])
-
-    def global_power(self, powers: torch.Tensor) -> int:
-        """k of the global 2^k: of those that bring every block's 2^(power - k) into what F16 holds exactly,
-        the nearest 0 (so 0 where F16 holds them all); `InputError` where the powers span more than that."""
-        low, high = F16_POWERS
-        if not powers.numel():
-            return 0
-        lo, hi = int(powers.min()), int(powers.max())
-        if hi - lo > high - low:
-            raise InputError(printable(f"{self.weight.file}: tensor '{self.weight.name}' (MXFP4) has block scales "
-                                       f"from 2^{lo} to 2^{hi}, more powers of two than the F16 block scales Burn "
-                                       f"loads E2M1 with hold under one global (2^{low} to 2^{high} of it)"),
-                             hint="dequantize that tensor to F32 (gguf.quants.dequantize) and quantize the floats "
-                                  "with qcli (docs/input-formats.md)")
-        return min(max(0, hi - high), lo - low)
+        return codes, mx_scales(blocks[:, 0], (codes != 0).any(dim=1), self.weight, "MXFP4")
 
 
 TRANSCODES = {

@@ -120,7 +120,8 @@ def test_requantize_decodes_within_the_bound_of_quantos_dequantization(tmp_path,
     result = cli("quantize", tmp_path / "ckpt", "-o", out, "--requantize", preset, "--json")
     assert result.code == 0, result.err
     rows = {t["name"]: t for t in json.loads(result.out)["tensors"]}
-    assert rows["q4.weight"]["reason"] == f"requantize quanto qint4 -> {preset}" and rows["q4.weight"]["shape"] == [16, 256]
+    assert rows["q4.weight"]["reason"] == f"requantize quanto qint4 -> {preset}"
+    assert rows["q4.weight"]["shape"] == [16, 256]
     schemes = {e.name: e.dtype.scheme for e in BurnpackReader.open(out).entries() if e.name in want}
     assert sorted(schemes) == sorted(want)
     for name, values in decoded(out, want).items():
