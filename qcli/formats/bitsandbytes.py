@@ -28,10 +28,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from qcli.errors import InputError
-from qcli.formats.found import Encoded, Found, Load, Transcode
+from qcli.formats.found import Encoded, Found, Load
+from qcli.formats.fp8 import Fp8
 from qcli.formats.grid import ScaleGrid
 from qcli.io.safetensors import printable
-from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY, PackedU32, QuantScheme, QuantValue, ScaleDtype
+from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY, PackedU32, QuantScheme, QuantValue
 
 if TYPE_CHECKING:
     import torch
@@ -50,10 +51,9 @@ Q8S = QuantScheme().with_value(QuantValue.Q8S).with_store(PackedU32(0))
 
 
 @dataclass(frozen=True)
-class Int8(Transcode):
-    """One LLM.int8 weight: its row stats (`companions[0]`, then its weight_format where there is one)."""
-
-    grid: ScaleGrid
+class Int8(Fp8):
+    """One LLM.int8 weight: its row stats (`companions[0]`, then its weight_format where there is one),
+    packed and decoded as an FP8 per-channel transcode is, with each row's scale formed from its stats."""
 
     def scales(self, load: Load) -> torch.Tensor:
         """Each row's scale as `MatMul8bitFp` forms it, `SCB * (1 / 127)` in f32."""
@@ -66,25 +66,15 @@ class Int8(Transcode):
         when the codes are in another layout or use -128, which bitsandbytes never writes."""
         import torch
 
-        from qcli.codec.pack import pack_fields, pack_scales
-
         if len(self.companions) > 1 and int(load(self.companions[1].name).reshape(-1)[0]) != ROW_MAJOR:
             raise InputError(printable(f"{self.weight.file}: tensor '{self.companions[1].name}' says a weight "
                                        "format other than row-major (0), a GPU tile layout qcli does not read"),
                              hint="load the checkpoint with bitsandbytes and save it again: it writes row-major")
-        fields = codes.reshape(-1).view(torch.int8).reshape(self.shape)
-        if bool((fields == -128).any()):
+        if bool((codes.reshape(-1).view(torch.int8) == -128).any()):
             raise InputError(printable(f"{self.weight.file}: tensor '{self.weight.name}' has the code -128, "
                                        "which LLM.int8 never writes (its codes are -127 to 127)"),
                              hint="the file is damaged, or was not written by bitsandbytes")
-        return torch.cat([pack_fields(fields, self.scheme),
-                          pack_scales(self.grid.burn_scales(self.scales(load)), ScaleDtype.F32)])
-
-    def dequantize(self, codes: torch.Tensor, load: Load) -> torch.Tensor:
-        """`MatMul8bitFp`'s weight: `CB * (SCB * (1 / 127))` in f32, a row's scale over the row."""
-        import torch
-
-        return codes.reshape(self.shape).to(torch.float32) * self.scales(load)[:, None]
+        return super().payload(codes, load)
 
 
 @dataclass(frozen=True)
@@ -190,7 +180,8 @@ def int8(weight: TensorInfo, stats: TensorInfo, form: TensorInfo | None) -> Foun
         return f"its {form.name} is {form.dtype} {list(form.shape)}, not a U8 scalar"
     grid = ScaleGrid((rows, cols), (1, cols))
     companions = (stats,) if form is None else (stats, form)
-    return Int8(weight, "bitsandbytes LLM.int8 (I8 with per-row SCB)", grid.scheme(Q8S), companions, grid)
+    return Int8(weight, "bitsandbytes LLM.int8 (I8 with per-row SCB)", grid.scheme(Q8S), companions, "per-channel",
+                grid)
 
 
 def nested(state: dict) -> bool:

@@ -52,7 +52,7 @@ class Fp8(Transcode):
         from qcli.codec.pack import pack_fields, pack_scales
 
         fields = codes.reshape(-1).view(torch.uint8).reshape(self.shape)
-        scales = self.grid.burn_scales(load(self.companions[0].name))
+        scales = self.grid.burn_scales(self.scales(load))
         return torch.cat([pack_fields(fields, self.scheme), pack_scales(scales, ScaleDtype.F32)])
 
     def dequantize(self, codes: torch.Tensor, load: Load) -> torch.Tensor:
@@ -60,8 +60,12 @@ class Fp8(Transcode):
         `w.to(torch.float32) * scale`."""
         import torch
 
-        scales = self.grid.per_value(load(self.companions[0].name))
+        scales = self.grid.per_value(self.scales(load))
         return codes.reshape(self.shape).to(torch.float32) * scales.to(torch.float32)
+
+    def scales(self, load: Load) -> torch.Tensor:
+        """The checkpoint's scales, in its order: its scale companion as stored."""
+        return load(self.companions[0].name)
 
 
 def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:

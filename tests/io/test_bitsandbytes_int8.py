@@ -23,9 +23,10 @@ from tests.cli_support import assert_user_error, cli, validate_json
 from tests.format_support import assert_burn_decodes_as_qcli, decoded, pipeline_payloads
 
 Q8S = QuantScheme().with_value(QuantValue.Q8S).with_store(PackedU32(0))
-# name -> [out, in]: a row of 300 (Burn blocks of 150, two scales a row), rows of whole words, one row
+# name -> [out, in]: a row of 300 (Burn blocks of 150, two scales a row), rows of whole words, one row, and
+# enough rows that some SCB / 127 round otherwise than SCB * (1 / 127)
 LAYERS = {"model.layers.0.mlp.down_proj": (6, 300), "model.layers.0.self_attn.q_proj": (4, 64),
-          "lm_head": (1, 32)}
+          "lm_head": (1, 32), "model.layers.0.mlp.gate_proj": (128, 16)}
 
 
 def write(directory: Path) -> dict[str, torch.Tensor]:
@@ -55,7 +56,8 @@ def test_the_plan_transcodes_each_weight_and_consumes_its_row_stats(tmp_path):
     plan = make_plan(SafetensorsSource.open(tmp_path).infos())
     decisions = {e.info.name: e.decision for e in plan.entries}
     assert sorted(decisions) == ["lm_head.weight", "model.layers.0.mlp.down_proj.weight",
-                                 "model.layers.0.self_attn.q_proj.weight", "model.norm.weight"]
+                                 "model.layers.0.mlp.gate_proj.weight", "model.layers.0.self_attn.q_proj.weight",
+                                 "model.norm.weight"]
     assert decisions["model.layers.0.mlp.down_proj.weight"].scheme == Q8S.per_block([1, 150], ScaleDtype.F32)
     assert decisions["model.layers.0.self_attn.q_proj.weight"].scheme == Q8S.per_block([1, 64], ScaleDtype.F32)
     assert decisions["lm_head.weight"].scheme == Q8S.per_tensor(ScaleDtype.F32)
