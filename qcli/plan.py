@@ -637,9 +637,11 @@ class _Planner:
                 unheld.setdefault((id(entry.decision.rule), why), []).append(entry)
         for (_, why), group in unheld.items():
             names = [e.info.name for e in group]
+            # a transcode's scheme is the checkpoint's: there is no other scheme to offer
+            instead = ("write it for --burn-version" if group[0].decision.transcode else
+                       "use a one-level scheme (drop tensor_scale), or --burn-version")
             self.problem(Kind.version, f"{count_and_first(names)} cannot be written as {group[0].decision.scheme}: "
-                         f"{why}", "use a one-level scheme (drop tensor_scale), or --burn-version "
-                         f"{BURN_VERSION}", names, rule=group[0].decision.rule)
+                         f"{why}", f"{instead} {BURN_VERSION}", names, rule=group[0].decision.rule)
 
     def backend_problems(self, backend: BurnBackend, entries: Sequence[PlanEntry]) -> None:
         """What `backend` cannot load, one problem per rule (or the preset) and reason: an error for the

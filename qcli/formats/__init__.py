@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from qcli.formats import awq, bitsandbytes, compressed_tensors, declaration, fp8, gguf, gptq, hqq, nvfp4
+from qcli.formats import awq, bitsandbytes, compressed_tensors, declaration, fp8, gguf, gptq, hqq, nvfp4, quanto
 from qcli.formats.found import Encoded, Found, Load, Transcode
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 # Each module's `detect(infos, quantization_config)`. A later module's finding for a weight takes the place
 # of an earlier one's: compressed-tensors' config says the FP8 layout fp8 infers from the scale's shape.
-FORMATS = (fp8, nvfp4, gptq, awq, hqq, bitsandbytes, compressed_tensors, gguf)
+FORMATS = (fp8, nvfp4, gptq, awq, hqq, bitsandbytes, quanto, compressed_tensors, gguf)
 HANDLED = frozenset().union(*(f.METHODS for f in FORMATS))  # every quant_method a module reads
 
 

@@ -1,6 +1,14 @@
-"""bitsandbytes' NF4 and FP4 checkpoints, codebooks Burn cannot hold (docs/input-formats.md).
+"""bitsandbytes checkpoints (docs/input-formats.md): LLM.int8 transcoded into Q8S, the 4-bit codebooks (NF4,
+FP4) refused or dequantized.
 
-bitsandbytes serializes a 4-bit weight `W` as `W` (U8, two 4-bit codes a byte, the first in the high
+An 8-bit `Linear8bitLt` `m` is serialized as `m.weight` (I8 codes `[out, in]`, -127 to 127), `m.SCB` (F32
+`[out]`: each row's absmax) and `m.weight_format` (a U8 scalar, 0 for the row-major layout; bitsandbytes
+loads no other). Its CPU matmul (`MatMul8bitFp`) dequantizes `CB * (SCB * (1 / 127))` in f32: one scale per
+row, so Burn's `f32(code) * scale` with Q8S values and that scale repeated over blocks inside the row (as
+FP8 per channel is) is the same product of the same f32 operands. (`int8_vectorwise_dequant` rounds
+`(CB * SCB) * (1 / 127)` instead: within one ulp of it.)
+
+A 4-bit weight is serialized a 4-bit weight `W` as `W` (U8, two 4-bit codes a byte, the first in the high
 nibble), `W.absmax` (one scale per block of `blocksize` values), `W.quant_map` (the 16-entry codebook),
 with compressed statistics `W.nested_absmax` and `W.nested_quant_map` (`W.absmax` then holds 8-bit codes
 of the scales, in blocks of `nested_blocksize`, plus `nested_offset`), and `W.quant_state.bitsandbytes__nf4`
@@ -20,9 +28,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from qcli.errors import InputError
-from qcli.formats.found import Encoded, Load
+from qcli.formats.found import Encoded, Found, Load
+from qcli.formats.fp8 import Fp8
+from qcli.formats.grid import ScaleGrid
 from qcli.io.safetensors import printable
-from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY
+from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY, PackedU32, QuantScheme, QuantValue
 
 if TYPE_CHECKING:
     import torch
@@ -35,6 +45,36 @@ FORMATS = {"nf4": "NF4", "fp4": "FP4"}  # the JSON tensor's suffix -> the format
 COMPANIONS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
 DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}  # the JSON's dtype -> safetensors'
 STATE_HINT = "re-save the checkpoint with bitsandbytes (QuantState.as_dict(packed=True))"
+ROW_STATS, ROW_FORMAT = "SCB", "weight_format"  # an 8-bit `m.weight`'s companions `m.SCB`, `m.weight_format`
+ROW_MAJOR = 0  # the weight_format bitsandbytes writes and loads ("row"; 1 to 3 are GPU tile layouts)
+Q8S = QuantScheme().with_value(QuantValue.Q8S).with_store(PackedU32(0))
+
+
+@dataclass(frozen=True)
+class Int8(Fp8):
+    """One LLM.int8 weight: its row stats (`companions[0]`, then its weight_format where there is one),
+    packed and decoded as an FP8 per-channel transcode is, with each row's scale formed from its stats."""
+
+    def scales(self, load: Load) -> torch.Tensor:
+        """Each row's scale as `MatMul8bitFp` forms it, `SCB * (1 / 127)` in f32."""
+        import torch
+
+        return load(self.companions[0].name).to(torch.float32).mul(1.0 / 127.0)
+
+    def payload(self, codes: torch.Tensor, load: Load) -> torch.Tensor:
+        """The codes as Burn packs Q8S, then each row's scale once per Burn block of the row; `InputError`
+        when the codes are in another layout or use -128, which bitsandbytes never writes."""
+        import torch
+
+        if len(self.companions) > 1 and int(load(self.companions[1].name).reshape(-1)[0]) != ROW_MAJOR:
+            raise InputError(printable(f"{self.weight.file}: tensor '{self.companions[1].name}' says a weight "
+                                       "format other than row-major (0), a GPU tile layout qcli does not read"),
+                             hint="load the checkpoint with bitsandbytes and save it again: it writes row-major")
+        if bool((codes.reshape(-1).view(torch.int8) == -128).any()):
+            raise InputError(printable(f"{self.weight.file}: tensor '{self.weight.name}' has the code -128, "
+                                       "which LLM.int8 never writes (its codes are -127 to 127)"),
+                             hint="the file is damaged, or was not written by bitsandbytes")
+        return super().payload(codes, load)
 
 
 @dataclass(frozen=True)
@@ -113,16 +153,35 @@ class Codebook(Encoded):
         return values.reshape(self.shape).to(getattr(torch, state["dtype"]))
 
 
-def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Codebook]:
-    """Each bitsandbytes 4-bit weight, by its name, from the names and dtypes alone."""
+def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:
+    """Each bitsandbytes 8-bit and 4-bit weight, by its name, from the names and dtypes alone."""
     by_name = {i.name: i for i in infos}
-    found = {}
+    found: dict[str, Found] = {}
     for info in infos:
+        prefix = info.name.removesuffix(ROW_STATS)
+        if prefix != info.name and prefix + "weight" in by_name and by_name[prefix + "weight"].dtype == "I8":
+            found[prefix + "weight"] = int8(by_name[prefix + "weight"], info, by_name.get(prefix + ROW_FORMAT))
         base, infix, suffix = info.name.rpartition(STATE_INFIX)
         if infix and suffix in FORMATS and base in by_name and by_name[base].dtype == "U8":
             companions = tuple(by_name[f"{base}.{c}"] for c in COMPANIONS if f"{base}.{c}" in by_name)
             found[base] = Codebook(by_name[base], f"bitsandbytes {FORMATS[suffix]}", (*companions, info))
     return found
+
+
+def int8(weight: TensorInfo, stats: TensorInfo, form: TensorInfo | None) -> Found:
+    """The Q8S transcode of LLM.int8 `weight` with its row `stats` (and `form`, its weight_format), or why
+    it has none."""
+    if len(weight.shape) != 2 or 0 in weight.shape:
+        return f"an LLM.int8 weight is a non-empty [out, in] matrix, not {list(weight.shape)}"
+    rows, cols = weight.shape
+    if stats.dtype != "F32" or tuple(stats.shape) != (rows,):
+        return f"its row stats {stats.name} are {stats.dtype} {list(stats.shape)}, not F32 [{rows}]"
+    if form is not None and (form.dtype != "U8" or math.prod(form.shape) != 1):
+        return f"its {form.name} is {form.dtype} {list(form.shape)}, not a U8 scalar"
+    grid = ScaleGrid((rows, cols), (1, cols))
+    companions = (stats,) if form is None else (stats, form)
+    return Int8(weight, "bitsandbytes LLM.int8 (I8 with per-row SCB)", grid.scheme(Q8S), companions, "per-channel",
+                grid)
 
 
 def nested(state: dict) -> bool:

@@ -11,7 +11,9 @@ config group, which modules it quantizes (`targets`: module names, `re:` pattern
 - int-quantized or naive-quantized: `M.weight` (I8 codes) and `M.weight_scale` (and the zero point);
 - float-quantized: `M.weight` (F8_E4M3 codes) and `M.weight_scale` (`qcli.formats.fp8` transcodes it);
 - nvfp4-pack-quantized: `M.weight_packed` (U8, E2M1 pairs), `M.weight_scale` (F8_E4M3, one per 16 along
-  the row) and `M.weight_global_scale` (F32 [1]).
+  the row) and `M.weight_global_scale` (F32 [1]);
+- mxfp4-pack-quantized: `M.weight_packed` (U8, E2M1 pairs) and `M.weight_scale` (U8 E8M0 exponents, one
+  per 32 along the row), written as `qcli.formats.e2m1.mx_scales` writes MX scales.
 Its decompressors compute `(q - zero_point) * scale` in the scale's dtype, each scale covering the whole
 tensor, a row (channel), `group_size` values of a row, or a `block_structure` box; for NVFP4
 `q * (scale / global_scale)` in f32, then rounded to bf16. Symmetric 2-, 4- and 8-bit codes are Burn's
@@ -31,9 +33,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 from qcli.errors import InputError
 from qcli.formats import fp8
-from qcli.formats.e2m1 import e2m1_codes
+from qcli.formats.e2m1 import E8M0_BIAS, e2m1_codes, mx_scales
 from qcli.formats.found import Encoded, Found, Load, Transcode
 from qcli.formats.grid import ScaleGrid
+from qcli.formats.nvfp4 import two_level_e2m1
 from qcli.io.safetensors import printable
 from qcli.patterns import PatternRefused, regex_matcher
 from qcli.presets import ZERO_POINT_WHY
@@ -50,11 +53,12 @@ METHODS = frozenset({METHOD})  # the quant_method values this module reads
 # A quantized module's tensors, by their dtype: its layout, and the formats config.json may name for it.
 LAYOUTS = {
     ("weight_packed", "I32"): ("pack-quantized", ("pack-quantized",)),
-    ("weight_packed", "U8"): ("nvfp4-pack-quantized", ("nvfp4-pack-quantized",)),
+    ("weight_packed", "U8"): ("nvfp4-pack-quantized", ("nvfp4-pack-quantized", "mxfp4-pack-quantized")),
     ("weight", "I8"): ("int-quantized", ("int-quantized", "naive-quantized")),
     ("weight", "F8_E4M3"): ("float-quantized", ("float-quantized", "naive-quantized")),
 }
-NOT_YET = ("mxfp4-pack-quantized", "mxfp6-pack-quantized", "mxfp8-quantized")  # known, not transcoded
+NOT_YET = ("mxfp6-pack-quantized", "mxfp8-quantized")  # known, not transcoded
+MX_GROUP = 32
 COMPANIONS = ("weight_scale", "weight_zero_point", "weight_shape", "weight_global_scale")
 SCALE_DTYPES = ("F32", "F16", "BF16")  # what its scales are in, each widened to f32 exactly
 # Symmetric b-bit integers: compressed-tensors rounds onto [-2^(b-1), 2^(b-1) - 1], Burn's full range.
@@ -236,6 +240,34 @@ class Nvfp4(Gridded):
 
 
 @dataclass(frozen=True)
+class Mxfp4(Gridded):
+    """MXFP4 codes and their E8M0 exponents (`companions[0]`, one per 32 along the row)."""
+
+    def payload(self, codes: torch.Tensor, load: Load) -> torch.Tensor:
+        """The codes packed as Burn packs E2M1 (code 8 is -0.0 in compressed-tensors' table too), then the
+        exponents as F16 block scales under a global."""
+        import torch
+
+        from qcli.codec.pack import pack_fields
+
+        fields = e2m1_codes(codes, self.shape)
+        live = (fields.reshape(-1, MX_GROUP) & 0x7 != 0).any(dim=1)  # a block of ±0 codes only decodes to zeros
+        return torch.cat([pack_fields(fields, self.scheme), mx_scales(load(self.companions[0].name), live,
+                                                                        self.weight, "mxfp4-pack-quantized")])
+
+    def dequantize(self, codes: torch.Tensor, load: Load) -> torch.Tensor:
+        """`q * 2^(e - 127)` in f32, as compressed-tensors computes it before rounding to bf16 (exact there)."""
+        import torch
+
+        from qcli.codec import minifloat
+        from qcli.scheme import E2M1
+
+        powers = load(self.companions[0].name).to(torch.int32) - E8M0_BIAS
+        scales = torch.ldexp(torch.ones(powers.shape), powers.to(torch.float32))
+        return minifloat.decode(e2m1_codes(codes, self.shape), E2M1) * self.grid.per_value(scales)
+
+
+@dataclass(frozen=True)
 class Coded(Encoded):
     """Integer codes no Burn scheme holds (`weights`), with their companions (weight_scale first, then
     weight_zero_point and weight_shape where stored): dequantized as compressed-tensors does."""
@@ -346,6 +378,8 @@ def plan(info: TensorInfo, layout: tuple[str, tuple[str, ...]], companions: dict
     scale = companions["weight_scale"]
     format = f"{METHOD} {stored} {weights.describe()}"
     rows, width = info.shape
+    if group.format == "mxfp4-pack-quantized":
+        return mxfp4(info, format, weights, scale)
     if stored == "nvfp4-pack-quantized":
         return nvfp4(info, format, weights, companions)
     if scale.dtype not in SCALE_DTYPES:
@@ -385,6 +419,17 @@ def nvfp4(info: TensorInfo, format: str, weights: Weights, companions: dict[str,
     if scale.dtype != "F8_E4M3" or tuple(scale.shape) != grid.grid:
         return f"its scale {scale.name} is {scale.dtype} {list(scale.shape)}, not F8_E4M3 {list(grid.grid)}"
     return Nvfp4(info, format, grid.scheme(E2M1_PACKED), (scale, global_scale), grid)
+
+
+def mxfp4(info: TensorInfo, format: str, weights: Weights, scale: TensorInfo) -> Found:
+    """An MXFP4 weight as two-level E2M1 with F16 block scales per 32, or why it has no transcode."""
+    shape = (info.shape[0], info.shape[1] * 2)
+    if weights.num_bits != 4 or weights.group_size != MX_GROUP or not weights.symmetric or shape[1] % MX_GROUP:
+        return f"{weights.describe()} of {list(shape)} is not MXFP4 (symmetric fp4 in whole groups of {MX_GROUP})"
+    grid = ScaleGrid(shape, (1, MX_GROUP))
+    if scale.dtype != "U8" or tuple(scale.shape) != grid.grid:
+        return f"its scale {scale.name} is {scale.dtype} {list(scale.shape)}, not U8 E8M0 exponents {list(grid.grid)}"
+    return Mxfp4(info, format, two_level_e2m1(MX_GROUP), (scale,), grid)
 
 
 def stored_codes(weight: TensorInfo, codes: torch.Tensor, companions: Sequence[TensorInfo], bits: int,

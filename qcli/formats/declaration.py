@@ -42,13 +42,11 @@ UNREAD = {
                "layout depends on the subclass and torchao's version), which qcli does not read",
     "exl2": "exllama v2's variable-bit codes, permuted for its kernel (q_weight, q_scale, q_groups, q_perm), which "
             "qcli does not read",
-    "quanto": "optimum-quanto's quantized tensors, which no qcli format module reads",
     "aqlm": "AQLM's additive codebooks, which no Burn scheme holds",
     "vptq": "VPTQ's vector codebooks, which no Burn scheme holds",
     "spqr": "SpQR's sparse outliers beside 3-bit codes, which no Burn scheme holds",
     "higgs": "HIGGS' lattice codebooks, which no Burn scheme holds",
     "bitnet": "BitNet's packed ternary weights, which qcli does not read",
-    "fbgemm_fp8": "fbgemm's FP8 weights with per-row scales, which no qcli format module reads",
 }
 INTEGERS = ("I8", "U8", "I16", "U16", "I32", "U32")
 # Leaf names only quantizers give: GPTQ, AWQ, bitsandbytes, HQQ, exllama v2, compressed-tensors, torchao.

@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 
     from qcli.io.safetensors import TensorInfo
 
-METHODS = frozenset({"fp8"})  # the quant_method values this module reads
+# The quant_methods of the config.json that declare these: transformers' FineGrainedFP8Config (DeepSeek's
+# blocks), FbgemmFp8Config (`weight` E4M3 with `weight_scale` [out, 1] F32 per row, and an activation
+# bound `input_scale_ub` kept as it is).
+METHODS = frozenset({"fp8", "fbgemm_fp8"})
 # The scale companions of a weight `W`: `W_scale` (`m.weight_scale`), `W_scale_inv` (DeepSeek: it
 # multiplies the weight despite its name), `W.scale`.
 SCALE_SUFFIXES = ("_scale_inv", "_scale", ".scale")
@@ -49,7 +52,7 @@ class Fp8(Transcode):
         from qcli.codec.pack import pack_fields, pack_scales
 
         fields = codes.reshape(-1).view(torch.uint8).reshape(self.shape)
-        scales = self.grid.burn_scales(load(self.companions[0].name))
+        scales = self.grid.burn_scales(self.scales(load))
         return torch.cat([pack_fields(fields, self.scheme), pack_scales(scales, ScaleDtype.F32)])
 
     def dequantize(self, codes: torch.Tensor, load: Load) -> torch.Tensor:
@@ -57,8 +60,12 @@ class Fp8(Transcode):
         `w.to(torch.float32) * scale`."""
         import torch
 
-        scales = self.grid.per_value(load(self.companions[0].name))
+        scales = self.grid.per_value(self.scales(load))
         return codes.reshape(self.shape).to(torch.float32) * scales.to(torch.float32)
+
+    def scales(self, load: Load) -> torch.Tensor:
+        """The checkpoint's scales, in its order: its scale companion as stored."""
+        return load(self.companions[0].name)
 
 
 def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:

@@ -7,10 +7,12 @@ A GGUF tensor of a quantized type is rows of blocks of 32 values (`qcli.io.gguf`
   value `(nibble - 8) * d`. `d` is negative where the block's largest magnitude is (ggml divides by -8).
 - MXFP4: an E8M0 exponent `e`, then 16 bytes of E2M1 codes laid out as Q4_0's nibbles; value
   `2^(e-127) * e2m1(code)`, code 8 (E2M1's -0) decoding to +0.0 as ggml's table has it.
-Each is Burn's `q * s` with blocks [32] along the row: the codes packed as Burn packs them, the f16 scales
-as they are (Q8F, Q4F block [32] F16), MXFP4's power-of-two scales as f32, which holds every one of them
-and which Burn 0.22.1's wgpu reads (it reads no UE8M0 or BF16 scales; flex decodes no minifloat). Both
-sides form the product once in f32, so the `.bpk` decodes to exactly what `gguf.quants.dequantize`
+Each is Burn's `q * s` with blocks [32] along the row: the codes packed as Burn packs them, Q8_0's and
+Q4_0's f16 scales as they are (Q8F, Q4F block [32] F16). MXFP4's power-of-two scales are written
+as F16 block scales under one power-of-two F32 global (4.5 bits a weight, `qcli.formats.e2m1.mx_scales`),
+the narrowest Burn 0.22.1 loads E2M1 with: no backend reads UE8M0 scales (4.25 bits) or decodes E2M1 with
+BF16 ones, wgpu reads F16 and F32 only, flex and ndarray no E2M1 at all (measured, `qcli.burn_backends`).
+Both sides form each product once in f32, so the `.bpk` decodes to exactly what `gguf.quants.dequantize`
 gives. Detection reads the ggml type of each tensor from the header only.
 """
 
@@ -21,11 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from qcli.errors import InputError
-from qcli.formats.e2m1 import positive_zero
+from qcli.formats.e2m1 import mx_scales, positive_zero
 from qcli.formats.found import Encoded, Found, Load, Transcode
+from qcli.formats.nvfp4 import two_level_e2m1
 from qcli.io.gguf import BY_NAME
-from qcli.io.safetensors import printable
 from qcli.presets import ZERO_POINT_WHY
 from qcli.problem import Kind
 from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY, MAX_BLOCK_EXTENT, PackedU32, QuantScheme, QuantValue, ScaleDtype
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 
 METHODS: frozenset[str] = frozenset()  # a GGUF file declares no quant_method: its tensor types say it all
 BLOCK = 32  # values per Q8_0, Q4_0 and MXFP4 block
-E8M0_NAN = 0xFF  # no f32 power of two is 2^128
 DECODED_AS = "dequantized by the gguf package (gguf.quants.dequantize), then quantized"
 
 
@@ -104,24 +104,15 @@ class Q4_0(GgufBlocks):
 
 class Mxfp4(GgufBlocks):
     def split(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        import torch
-
-        exponents = blocks[:, 0].to(torch.int32)
-        if bool((exponents == E8M0_NAN).any()):
-            block = int((exponents == E8M0_NAN).nonzero()[0])
-            raise InputError(printable(f"{self.weight.file}: tensor '{self.weight.name}' (MXFP4) has the scale "
-                                       f"exponent 255 (E8M0's NaN) in block {block}, which no f32 scale holds"),
-                             hint="the file is damaged, or was not written by llama.cpp's quantizer")
-        # 2^(e-127) as f32 bits: the exponent field itself, and 2^-127 (e = 0) the subnormal 0x00400000
-        scales = torch.where(exponents == 0, 1 << 22, exponents << 23)
-        codes = _nibbles(blocks[:, 1:])
-        return positive_zero(codes), scales.view(torch.uint8).reshape(-1)
+        """The E2M1 codes (-0 as +0), then the E8M0 exponents as F16 block scales under a global."""
+        codes = positive_zero(_nibbles(blocks[:, 1:]))
+        return codes, mx_scales(blocks[:, 0], (codes != 0).any(dim=1), self.weight, "MXFP4")
 
 
 TRANSCODES = {
     "Q8_0": (Q8_0, _block_scheme(QuantValue.Q8F, ScaleDtype.F16)),
     "Q4_0": (Q4_0, _block_scheme(QuantValue.Q4F, ScaleDtype.F16)),
-    "MXFP4": (Mxfp4, _block_scheme(QuantValue.E2M1, ScaleDtype.F32)),
+    "MXFP4": (Mxfp4, two_level_e2m1(BLOCK)),
 }
 
 

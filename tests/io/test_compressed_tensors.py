@@ -424,11 +424,28 @@ def test_two_level_nvfp4_would_not_be_compressed_tensors_decode():
     assert not torch.equal(scale / global_scale, scale * (1 / global_scale))
 
 
-def test_mx_formats_stop_the_plan_naming_them(tmp_path):
+def test_mxfp6_stops_the_plan_naming_it(tmp_path):
+    directory = write(tmp_path / "mx", {"mxfp6": (8, 64, PRESET_SCHEMES["MXFP6A16"], "name")})
+    [error] = make_plan(SafetensorsSource.open(directory).infos()).errors()
+    assert error.message.endswith("mxfp6-pack-quantized has no transcode yet")
+
+
+def test_mxfp4_is_transcoded_at_4_5_bits_and_decodes_as_compressed_tensors_does(tmp_path):
+    """E2M1 pairs with U8 E8M0 exponents per 32 (4.25 bits a weight): written as E2M1 with F16 block scales
+    under an F32 global (4.5), which Burn's wgpu loads; the decompressor's bf16 values are the f32 decode,
+    each a product of powers of two that bf16 holds."""
     directory = write(tmp_path / "mx", {"mxfp4": (8, 64, PRESET_SCHEMES["MXFP4A16"], "name")})
     infos = SafetensorsSource.open(directory).infos()
-    assert {i.name: i.dtype for i in infos}["mxfp4.weight_packed"] == "U8"
-    [error] = make_plan(infos).errors()
-    assert error.message == ("mxfp4.weight_packed (U8) holds another tool's quantized codes, which kept as they are "
-                             "would not decode in Burn, and is not transcoded: mxfp4-pack-quantized has no transcode "
-                             "yet")
+    assert {i.name: i.dtype for i in infos}["mxfp4.weight_scale"] == "U8"
+    plan = make_plan(infos)
+    [entry] = [e for e in plan.entries if e.name == "mxfp4.weight"]
+    assert str(entry.decision.scheme) == "E2M1 PackedU32(0) block [32] F16 global F32" and not plan.errors()
+    assert entry.out_nbytes == 8 * 64 // 2 + 8 * 2 * 2 + 4
+    out = tmp_path / "model.bpk"
+    result = cli("quantize", directory, "-o", out, "--burn-backend", "wgpu")
+    assert result.code == 0, result.err
+    want = decompressed(directory)["mxfp4.weight"]
+    mine = decoded(out)["mxfp4.weight"]
+    assert want.dtype == torch.bfloat16 and same_bits(mine.to(torch.bfloat16), want) and torch.equal(mine, want.float())
+    burn = burn_dequantize(BurnBackend.wgpu, out, tmp_path / "burn.safetensors")["mxfp4.weight"]
+    assert same_bits(burn, mine)

@@ -39,13 +39,12 @@ def every_q8_code() -> np.ndarray:
     return blocks.reshape(2, 4 * 34)
 
 
-def mxfp4_edges() -> np.ndarray:
-    """MXFP4 blocks with the smallest and largest exponents ggml's scale reaches, every code 0..15 (8, E2M1's
-    -0, among them) in each."""
-    exponents = np.array([0, 1, 126, 127, 128, 200, 249, 250], dtype=np.uint8)  # 2^122 * 12: finite
+def mxfp4_edges(exponents: tuple[int, ...] = (0, 1, 2, 3, 20, 30, 38, 39)) -> np.ndarray:
+    """Eight MXFP4 blocks with these exponents (by default from ggml's smallest, 2^-127, over F16's 40 powers
+    of two), every code 0..15 (8, E2M1's -0, among them) in each."""
     nibbles = np.tile(np.arange(16, dtype=np.uint8), (8, 2))  # values 0..15 then 16..31, each code twice
     packed = nibbles[:, :16] | nibbles[:, 16:] << 4
-    return np.concatenate([exponents.reshape(8, 1), packed], axis=1).reshape(2, 4 * 17)
+    return np.concatenate([np.array(exponents, dtype=np.uint8).reshape(8, 1), packed], axis=1).reshape(2, 4 * 17)
 
 
 TRANSCODED = {  # name -> (values or raw bytes, type); rows of several blocks, ranks 1 to 3
@@ -53,9 +52,10 @@ TRANSCODED = {  # name -> (values or raw bytes, type); rows of several blocks, r
     "blk.0.attn_k.weight": (every_q8_code(), T.Q8_0),
     "blk.0.attn_q.weight": (RNG.standard_normal((2, 8, 64), dtype=np.float32), T.Q4_0),
     "blk.0.attn_q.bias": (RNG.standard_normal(64, dtype=np.float32), T.Q4_0),
-    "blk.0.ffn_up.weight": (RNG.standard_normal((6, 64), dtype=np.float32) * np.logspace(-30, 30, 64,
+    "blk.0.ffn_up.weight": (RNG.standard_normal((6, 64), dtype=np.float32) * np.logspace(-5, 4, 64,
                                                                                          dtype=np.float32), T.MXFP4),
-    "blk.0.ffn_gate.weight": (mxfp4_edges(), T.MXFP4),
+    "blk.0.ffn_gate.weight": (mxfp4_edges(), T.MXFP4),  # under a global of 2^-103
+    "blk.1.ffn_gate.weight": (mxfp4_edges((211, 220, 230, 240, 247, 248, 249, 250)), T.MXFP4),  # 2^122 * 12: finite
 }
 PLAIN = {
     "blk.0.ffn_down.weight": (RNG.standard_normal((64, 32), dtype=np.float32), T.F16),
@@ -110,7 +110,7 @@ def test_the_schemes_written(model, tmp_path):
     schemes = {e.name: str(e.dtype.scheme) for e in BurnpackReader.open(out).entries() if e.name in TRANSCODED}
     assert schemes["token_embd.weight"] == schemes["blk.0.attn_k.weight"] == "Q8F PackedU32(0) block [32] F16"
     assert schemes["blk.0.attn_q.weight"] == "Q4F PackedU32(0) block [32] F16"
-    assert schemes["blk.0.ffn_up.weight"] == "E2M1 PackedU32(0) block [32] F32"
+    assert schemes["blk.0.ffn_up.weight"] == "E2M1 PackedU32(0) block [32] F16 global F32"
 
 
 @pytest.mark.interpreter
@@ -163,6 +163,44 @@ def test_an_mxfp4_nan_exponent_is_an_input_error(tmp_path):
     assert "tensor 'w' (MXFP4) has the scale exponent 255 (E8M0's NaN) in block 5" in lines[0]
 
 
+def test_mxfp4_is_written_at_4_5_bits_per_weight_with_its_global(tmp_path):
+    """E2M1 with F16 block scales under one F32 global: per block of 32, 32 codes of 4 bits and a 16-bit
+    scale (the source's 8-bit E8M0 is 4.25 bits a weight, which no Burn backend loads), plus 32 bits a
+    tensor. The global is 1 where F16 holds every scale, and 2^k nearest 1 otherwise."""
+    path = tmp_path / "m.gguf"
+    moderate = mxfp4_edges((100, 110, 120, 127, 130, 135, 138, 139))  # 2^-27 is below F16's 2^-24
+    write_gguf(path, {"a": (RNG.standard_normal((4, 64), dtype=np.float32), T.MXFP4), "b": (moderate, T.MXFP4),
+                      "c": (mxfp4_edges(), T.MXFP4)})
+    out = tmp_path / "m.bpk"
+    result = cli("quantize", path, "-o", out, "--device", "cpu", "--json")
+    assert result.code == 0, result.err
+    rows = {t["name"]: t for t in json.loads(result.out)["tensors"]}
+    reader = BurnpackReader.open(out)
+    for name, numel in (("a", 256), ("b", 256), ("c", 256)):
+        entry = next(e for e in reader.entries() if e.name == name)
+        assert entry.nbytes == numel // 2 + numel // 32 * 2 + 4
+        assert rows[name]["bits_per_weight"] == pytest.approx(4.5 + 32 / numel, abs=0.005)
+    globals_ = {name: torch.frombuffer(bytearray(bytes(reader.read(name))[-4:]), dtype=torch.float32).item()
+                for name in "abc"}
+    assert globals_ == {"a": 1.0, "b": 2.0 ** -3, "c": 2.0 ** -103}
+
+
+def test_an_mxfp4_tensor_whose_scales_span_more_than_f16_holds_is_an_input_error(tmp_path):
+    """Blocks of zeros do not count (their scale is never seen); two live blocks 2^40 apart do."""
+    path = tmp_path / "m.gguf"
+    zeros = mxfp4_edges((0, 0, 100, 139, 0, 0, 0, 0)).reshape(8, 17)
+    zeros[[0, 1, 4, 5, 6, 7], 1:] = 0  # every code 0, beside scales 2^-127
+    write_gguf(path, {"w": (zeros.reshape(2, 68), T.MXFP4)})
+    assert cli("quantize", path, "-o", tmp_path / "ok.bpk", "--device", "cpu").code == 0
+    assert same_bits(decoded(tmp_path / "ok.bpk")["w"], torch.from_numpy(dequantized(zeros.reshape(2, 68), T.MXFP4)))
+    wide = mxfp4_edges((100, 140, 120, 120, 120, 120, 120, 120))
+    write_gguf(path, {"w": (wide, T.MXFP4)})
+    out = tmp_path / "m.bpk"
+    lines = assert_user_error(cli("quantize", path, "-o", out, "--device", "cpu"), InputError.exit_code)
+    assert "tensor 'w' (MXFP4) has block scales from 2^-27 to 2^13, more powers of two than" in lines[0]
+    assert not out.exists()
+
+
 def test_inspect_dry_run_and_validate_scheme_report_the_decisions(model, tmp_path):
     path, _ = model
     result = cli("inspect", path, "--json")
@@ -174,7 +212,7 @@ def test_inspect_dry_run_and_validate_scheme_report_the_decisions(model, tmp_pat
     assert planned["token_embd.weight"]["format"] == "GGUF Q8_0"
     assert planned["token_embd.weight"]["decision"] == "transcode"
     assert planned["blk.0.ffn_up.weight"]["reason"] == ("default: transcode GGUF MXFP4 -> E2M1 PackedU32(0) block "
-                                                        "[32] F32, exact")
+                                                        "[32] F16 global F32, exact")
     assert planned["blk.0.ffn_down.weight"]["format"] == "F16"
     text = cli("inspect", path)
     assert text.code == 0 and "GGUF Q4_0" in text.out
@@ -186,7 +224,7 @@ def test_inspect_dry_run_and_validate_scheme_report_the_decisions(model, tmp_pat
     assert rows["blk.0.attn_q.weight"]["shape"] == [2, 8, 64]
     problems = model_problems('version = 1\n[[rule]]\nmatch = "*.weight"\npreset = "q8s-b32"\n', path, tmp_path)
     [warning] = [p for p in problems if p["kind"] == "transcoded"]
-    assert "5 tensors (token_embd.weight, blk.0.attn_k.weight, blk.0.attn_q.weight, ...) are already " \
+    assert "6 tensors (token_embd.weight, blk.0.attn_k.weight, blk.0.attn_q.weight, ...) are already " \
            "quantized: they are transcoded instead" in warning["message"]
 
 
@@ -281,3 +319,42 @@ def test_requantize_quantizes_ggufs_dequantization(tmp_path):
     assert sorted(flex) == sorted(tensors)
     for name, values in decoded(out, tensors).items():
         assert same_bits(flex[name], values), name
+
+
+def test_mxfp4_for_burn_0_21_is_refused_with_the_release_that_holds_it(tmp_path):
+    """Burn 0.21 has no two-level scheme (and decodes no E2M1 on any backend): the transcode's scheme is the
+    checkpoint's, so the hint names the release, not another scheme."""
+    path = tmp_path / "m.gguf"
+    write_gguf(path, {"w": (RNG.standard_normal((4, 64), dtype=np.float32), T.MXFP4)})
+    lines = assert_user_error(cli("quantize", path, "--burn-version", "0.21.0", "--dry-run"), PlanError.exit_code)
+    assert "1 tensor (w) cannot be written as E2M1 PackedU32(0) block [32] F16 global F32: Burn 0.21.0 has no " \
+           "two-level scheme" in "\n".join(lines)
+    assert lines[-1] == "hint: write it for --burn-version 0.22.1"
+
+
+def test_no_burn_backend_loads_mxfp4_scales_narrower_than_f16(tmp_path):
+    """Why MXFP4 is not written at its own 4.25 bits a weight: E2M1 in blocks of 32 with UE8M0 scales (the
+    source's E8M0 as it is) or BF16 ones (which hold every E8M0 power of two too) fails or decodes wrongly
+    on every backend of Burn 0.22.1, where F16 and F32 scales decode bit for bit on wgpu."""
+    from qcli.burn_backends import qfloat
+    from qcli.codec import decode, encode
+    from qcli.io.burnpack import BurnpackWriter, TensorEntry
+    from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
+
+    x = torch.from_numpy(RNG.standard_normal((4, 64), dtype=np.float32))
+    entries, payloads, want = [], [], {}
+    for dtype in (ScaleDtype.UE8M0, ScaleDtype.BF16, ScaleDtype.F16, ScaleDtype.F32):
+        scheme = QuantScheme().with_value(QuantValue.E2M1).with_store(PackedU32(0)).per_block([32], dtype)
+        payload = encode(x, scheme)
+        entries.append(TensorEntry(str(dtype), qfloat(scheme), (4, 64), payload.numel()))
+        payloads.append(payload)
+        want[str(dtype)] = decode(payload, scheme, (4, 64))
+    with BurnpackWriter(tmp_path / "scales.bpk", entries) as writer:
+        for entry, payload in zip(entries, payloads, strict=True):
+            writer.write(entry.name, payload)
+        writer.commit()
+    for backend in BurnBackend:
+        got = probe(backend, tmp_path / "scales.bpk", tmp_path / f"{backend}.safetensors")
+        loads = {name for name, values in want.items()
+                 if isinstance(got[name], torch.Tensor) and same_bits(got[name], values)}
+        assert loads == ({"F16", "F32"} if backend is BurnBackend.wgpu else set()), backend
