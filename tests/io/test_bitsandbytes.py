@@ -5,6 +5,7 @@ scheme's bound; the checkpoints are written by bitsandbytes itself (`quantize_4b
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -46,7 +47,12 @@ def write(path: Path) -> dict[str, torch.Tensor]:
                                                 compress_statistics=nested)
         tensors[name] = codes
         tensors.update({f"{name}.{k}": v for k, v in state.as_dict(packed=True).items()})
-        want[name] = functional.dequantize_4bit(codes, state)
+        # bitsandbytes' CPU kernel (0.49, 0.50) takes each row of `shape` as its own run of blocks, so a
+        # block that crosses a row (96 values a row in blocks of 64) decodes with the wrong absmax; its
+        # blocks run over the flat tensor, as the quantizer made them, when the shape is given flat.
+        flat = copy.copy(state)
+        flat.shape = torch.Size([w.numel()])
+        want[name] = functional.dequantize_4bit(codes, flat).reshape(shape)
     save_file(tensors, str(path))
     return want
 
