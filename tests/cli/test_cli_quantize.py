@@ -181,6 +181,25 @@ def test_existing_output_is_refused_without_force(tmp_path):
     assert out.read_bytes()[:4] == b"NRUB"
 
 
+@pytest.mark.parametrize("shards", [[], ["--max-shard-size", "300KB"]], ids=["file", "shards"])
+def test_a_dry_run_warns_of_an_existing_output_and_leaves_it(tmp_path, shards):
+    """A dry run writes nothing, so an output already there is no reason to stop it: it says that the run
+    would refuse the file, exits 0, and the file is as it was."""
+    out = tmp_path / "t.bpk"
+    first = Path(cli("quantize", SINGLE, "-o", out, *shards, "--dry-run", "--json").json["outputs"][0])
+    first.write_bytes(b"old")
+    result = cli("quantize", SINGLE, "-o", out, *shards, "--dry-run")
+    assert result.code == 0, result.err
+    assert f"warning: {first} already exists" in result.err and "--force" in result.err
+    assert "would write" in result.out and first.read_bytes() == b"old"
+    doc = cli("quantize", SINGLE, "-o", out, *shards, "--dry-run", "--json").json
+    assert [w["kind"] for w in doc["warnings"]] == ["output-exists"]
+    validate_json(doc)
+    assert cli("quantize", SINGLE, "-o", out, *shards, "--dry-run", "--force", "--json").json["warnings"] == []
+    assert assert_user_error(cli("quantize", SINGLE, "-o", out, *shards, "--device", "cpu"), 2)
+    assert first.read_bytes() == b"old"
+
+
 def test_default_output_sits_beside_the_input(tmp_path):
     shutil.copy(SINGLE, tmp_path / "m.safetensors")
     assert cli("quantize", tmp_path / "m.safetensors", "--device", "cpu").code == 0
@@ -845,15 +864,6 @@ def test_completion_script_is_printed():
     assert result.code == 0, result.err
     assert "_QCLI_COMPLETE" in result.out and "complete" in result.out
     assert_user_error(cli("completion", "tcsh"), 2)
-
-
-def test_dry_run_refuses_an_existing_target_as_the_real_run_does(tmp_path):
-    out = tmp_path / "t.bpk"
-    out.write_bytes(b"old")
-    real = assert_user_error(cli("quantize", SINGLE, "-o", out), 2)
-    dry = assert_user_error(cli("quantize", SINGLE, "-o", out, "--dry-run"), 2)
-    assert dry == real
-    assert cli("quantize", SINGLE, "-o", out, "--dry-run", "--force").code == 0
 
 
 def test_dry_run_refuses_a_missing_output_directory_as_the_real_run_does(tmp_path):
