@@ -47,6 +47,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(needs_cuda)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Where tests load qcli's output in Burn, the harnesses are built now, saying so, rather than
+    silently inside the first of those tests."""
+    if any(item.get_closest_marker("burn") for item in session.items):
+        from tests import burn_harness
+
+        terminal = session.config.pluginmanager.get_plugin("terminalreporter")
+        burn_harness.build_before_tests(lambda line: terminal.write_line(line) if terminal else None)
+
+
 @pytest.fixture(scope="session")
 def device(pytestconfig: pytest.Config) -> str:
     """The torch device the kernel tests put their tensors on (--device)."""
