@@ -12,7 +12,7 @@ import typer
 
 from qcli.cli import _output
 from qcli.cli._burn import BurnBackendOption, BurnVersionOption
-from qcli.cli._formats import NamesOption, RequantizeOption
+from qcli.cli._formats import NamesOption, requantize_option
 from qcli.commands import quantize as command
 from qcli.errors import QcliError, UsageError
 from qcli.io.safetensors import printable
@@ -67,7 +67,7 @@ def quantize(
             help=f"Preset replacing the default scheme ({DEFAULT_PRESET}): {', '.join(PRESETS)}.",
         ),
     ] = None,
-    requantize: RequantizeOption = None,
+    requantize: requantize_option(" --stats reports the error added to the dequantized weights.") = None,
     names: NamesOption = Names.file,
     recipe: Annotated[
         Path | None, typer.Option("--recipe", metavar="FILE", help="TOML recipe: rules per tensor name.")
