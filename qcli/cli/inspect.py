@@ -129,21 +129,22 @@ def _render_plan(plan: SourcePlan, out: Console) -> None:
 
 
 def _render_compare(report: InspectReport, out: Console) -> None:
-    """Each tensor against its source: SQNR and max |error| over the tensor, and its worst block's max |error|
-    over that block's bound (≤ 1 passes; rounding to nearest reaches 1 wherever a value lies half a step
-    off the grid, so 1.000 is the usual worst, not a warning)."""
+    """Each tensor against its source: SQNR and max |error| over the tensor, and each block's max |error| over
+    its bound (e/b), the mean over the blocks and the worst: ≤ 1 passes, and rounding to nearest reaches 1
+    wherever a value lies half a step off the grid, so the mean is what tells tensors apart."""
     c = report.compare
     assert c is not None
     out.print(f"compared with {printable(c.source)}", soft_wrap=True)
-    columns = [("tensor", "left"), ("SQNR dB", "right"), ("max abs", "right"), ("block/bound", "right"),
-               ("status", "left")]
+    columns = [("tensor", "left"), ("SQNR dB", "right"), ("max abs", "right"), ("e/b mean", "right"),
+               ("e/b max", "right"), ("status", "left")]
     problems, rows = _output.Footnotes("problem"), []
     for r in c.rows:
         err = r.error
         status = ("exact" if r.exact else "ok") + (" (T)" if r.transposed else "")
         ratio = None if not r.bound else r.block_error / r.bound
         rows.append([printable(r.name), _output.number(err and err.sqnr_db, ".1f"),
-                     _output.number(err and err.max_abs, ".3g"), _output.number(ratio, ".3f"),
+                     _output.number(err and err.max_abs, ".3g"), _output.number(r.mean_block_ratio, ".2f"),
+                     _output.number(ratio, ".3f"),
                      f"problem {problems.key(printable(r.problem))}" if r.problem else status])
     out.print(_output.tensor_table(columns, rows, out.width))
     if problems.texts:

@@ -455,6 +455,5 @@ def test_at_80_columns_every_row_tells_its_tensor(quantized, monkeypatch, column
         assert max(len(line) for line in result.out.splitlines()) <= 80, result.out
         shown = [row[0] for row in table_rows(result.out.split("compared with")[-1])]
         assert len(shown) == len(set(shown)) == 21, shown
-        assert [s for s in shown if "mlp" in s or "proj" in s][:3] == [
-            "model.layers.0.mlp.down_proj.weight", "model.layers.0.mlp.gate_proj.weight",
-            "model.layers.0.mlp.up_proj.weight"]
+        mlp = [s for s in shown if s.startswith("model.layers.0.") and s.endswith("_proj.weight")][:3]
+        assert all(s.endswith(f"{p}_proj.weight") for s, p in zip(mlp, ("down", "gate", "up"), strict=True)), mlp
