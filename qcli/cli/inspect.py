@@ -145,7 +145,7 @@ def _render_compare(report: InspectReport, out: Console) -> None:
         rows.append([printable(r.name), _output.number(err and err.sqnr_db, ".1f"),
                      _output.number(err and err.max_abs, ".3g"), _output.number(r.mean_block_ratio, ".2f"),
                      _output.number(ratio, ".3f"),
-                     f"problem {problems.key(printable(r.problem))}" if r.problem else status])
+                     f"problem {problems.key(printable(f'{r.name}: {r.problem}'))}" if r.problem else status])
     out.print(_output.tensor_table(columns, rows, out.width))
     if problems.texts:
         out.print(problems.table("what"))
