@@ -50,7 +50,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Where tests load qcli's output in Burn, the harnesses are built now, saying so, rather than
     silently inside the first of those tests."""
-    if any(item.get_closest_marker("burn") for item in session.items):
+    if not session.config.option.collectonly and any(item.get_closest_marker("burn") for item in session.items):
         from tests import burn_harness
 
         terminal = session.config.pluginmanager.get_plugin("terminalreporter")
