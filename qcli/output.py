@@ -183,23 +183,28 @@ class Output:
         self.paths = weights + [path for path, _ in self.staged]
         self.stale = [] if folder is None else [p for p in _recorded_files(folder.path) if p not in self.paths]
 
-    def prepare(self, inputs: list[tuple[Path, str]], *, force: bool, remove_leftovers: bool) -> list[Problem]:
+    def prepare(self, inputs: list[tuple[Path, str]], *, force: bool, dry_run: bool) -> list[Problem]:
         """Refuse files the run must not write (an input, a special file, one in a missing folder, a shard
         already there without `force`; the target alone, or its model folder, is checked before the plan),
-        and warn of the temporary files killed runs left beside them, removed when `remove_leftovers`."""
+        and warn of the temporary files killed runs left beside them, removed unless `dry_run`. A dry run
+        writes nothing, so a file already there is a warning that the run would refuse it."""
         for path in self.paths if self.index or self.folder else []:
             refuse_input_as_output(path, inputs)
-        warnings = _leftovers(self.paths, remove=remove_leftovers)
+        warnings = _leftovers(self.paths, remove=not dry_run)
         for path in self.paths:
             refuse_special_output(path)
             folder = path.parent if self.folder is None else self.folder.path.parent
             if not folder.is_dir():
                 raise OutputError(printable(f"cannot write {path}: its folder {folder} does not exist"),
                                   hint="create the folder, or give -o a path in an existing one; nothing was written")
-        taken = [path for path in self.paths if path.exists()] if self.index and not force else []
-        if taken:
-            raise UsageError(f"{taken[0]} already exists", hint="pass --force to replace the files, or -o "
-                             "to write somewhere else")
+        taken = [] if force else [path for path in self.paths if path.exists()]
+        hint = f"pass --force to replace {'it' if len(taken) == 1 else 'them'}, or -o to write somewhere else"
+        if taken and dry_run:
+            more = f" (and {len(taken) - 1} more of its files)" if len(taken) > 1 else ""
+            warnings.append(Problem(Kind.output_exists, printable(f"{taken[0]} already exists{more}: the run refuses"
+                                    " to replace it without --force"), hint, Severity.warning))
+        elif taken and self.index:
+            raise UsageError(printable(f"{taken[0]} already exists"), hint=hint)
         return warnings
 
     @contextmanager

@@ -74,8 +74,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in _PRESET_LIST}
 DEFAULT_PRESET = "q4s-b32"
 
 # Names other quantizers use for schemes Burn has no QFloat form for, so asking for one gets the reason
-# rather than "unknown preset". Codebooks need mode Lookup; the others a zero point.
-LOOKUP_NAMES = ("nf4", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq2_xs", "iq3_xs", "iq4_nl", "iq4_xs")
+# rather than "unknown preset". Codebooks need mode Lookup; the others a zero point (the K-quants with
+# mins among them: K_QUANT_MINS, below).
+LOOKUP_NAMES = ("nf4", "iq2_xs", "iq3_xs", "iq4_nl", "iq4_xs")
 ZERO_POINT_NAMES = ("q4_1", "q5_1", "w4a16_asym", "affine", "asym", "asymmetric", "hqq")
 # Formats Burn has a QuantScheme for but no backend of this release loads: asked for by name, they are
 # refused with the reason and what loads instead.
@@ -122,6 +123,14 @@ K_QUANTS: dict[str, tuple[str, str, str]] = {
              "choice"),
 }
 K_QUANT_MIXES = ("_xs", "_s", "_m", "_l")
+K_QUANT_MINS = tuple(name for name, (layout, _, _) in K_QUANTS.items() if layout is _K_MINS)
+
+
+def k_quant(name: str) -> str | None:
+    """The K-quant `name` is or mixes (`q4_k` for `Q4_K_M`), or None."""
+    key = name.strip().lower().replace("-", "_")
+    base = next((key[: -len(mix)] for mix in K_QUANT_MIXES if key.endswith(mix)), key)
+    return base if base in K_QUANTS else None
 
 
 def foreign_preset(name: str) -> SchemeError | UsageError | None:
@@ -132,8 +141,8 @@ def foreign_preset(name: str) -> SchemeError | UsageError | None:
     if key in FOREIGN_NAMES:
         preset, what, origin = FOREIGN_NAMES[key]
         return UsageError(f"{name.strip()!r} is {origin} name, not a qcli preset", hint=f"use {preset}: {what}")
-    base = next((key[: -len(mix)] for mix in K_QUANT_MIXES if key.endswith(mix)), key)
-    if base in K_QUANTS:
+    base = k_quant(name)
+    if base is not None:
         layout, preset, what = K_QUANTS[base]
         mix = " mix" if base != key else ""
         return SchemeError(f"{name.strip()} is a llama.cpp K-quant{mix}, refused: super-blocks of 256 values with "

@@ -38,6 +38,7 @@ class Kind(StrEnum):
     nothing_quantized = "nothing-quantized"
     uncovered = "uncovered"
     leftover = "leftover"
+    output_exists = "output-exists"
 
 
 @dataclass(frozen=True)

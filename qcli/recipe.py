@@ -25,7 +25,16 @@ from pathlib import Path
 from qcli.errors import RecipeError, SchemeError
 from qcli.io.safetensors import NOT_REGULAR_HINT, NotRegularFile, open_regular, printable, shown
 from qcli.patterns import PatternRefused, name_matcher
-from qcli.presets import DEFAULT_PRESET, LOOKUP_NAMES, PRESETS, ZERO_POINT_NAMES, ZERO_POINT_WHY
+from qcli.presets import (
+    DEFAULT_PRESET,
+    K_QUANT_MINS,
+    LOOKUP_NAMES,
+    PRESETS,
+    ZERO_POINT_NAMES,
+    ZERO_POINT_WHY,
+    foreign_preset,
+    k_quant,
+)
 from qcli.problem import Kind, Problem
 from qcli.scheme import (
     LOOKUP_WHY,
@@ -410,7 +419,7 @@ class _Parser:
             preset, scheme, _, refusals = self.preset(preset_name, line("preset"))
             calibration = self.enum(table, "calibration", Calibration, line)
             if refusals:
-                mode = QuantMode.Lookup if preset_name.strip().lower() in LOOKUP_NAMES else ZeroPoint.Asymmetric
+                mode = refused_mode(preset_name)
         elif not keep and "value" in table:
             scheme, calibration = self.scheme(table, line, mode)
         if len(self.faults) > before or match is None:
@@ -509,10 +518,13 @@ class _Parser:
         if key in PRESETS:
             preset = PRESETS[key]
             return preset.name, preset.scheme, preset.calibration, ()
-        if key in LOOKUP_NAMES:
+        if refused_mode(key) is QuantMode.Lookup:
             return name, None, None, (_lookup_refusal(name),)
-        if key in ZERO_POINT_NAMES:
+        if refused_mode(key) is ZeroPoint.Asymmetric:
             return name, None, None, (_zero_point_refusal(None, name),)
+        if k_quant(key) is not None:  # Q3_K, Q6_K: symmetric, but with integer sub-block scales
+            refused = foreign_preset(name)
+            return name, None, None, (Problem(Kind.scheme, refused.message, refused.hint),)
         self.fault(line, f"unknown preset {shown(name)}", f"{_suggest(key, list(PRESETS))}known presets: "
                    f"{', '.join(PRESETS)} (docs/presets.md)")
         return None, None, None, ()
@@ -580,6 +592,17 @@ def _width(value: object) -> int:
     """The bits of the value named `value` (4 when unknown)."""
     named = [v for v in QuantValue if isinstance(value, str) and v.name.lower() == value.lower()]
     return named[0].size_bits() if named else 4
+
+
+def refused_mode(preset: str) -> QuantMode | ZeroPoint:
+    """The mode of a preset name refused for it: Lookup (a codebook), a zero point, or Symmetric (a K-quant
+    refused for its integer sub-block scales)."""
+    key = preset.strip().lower()
+    if key in LOOKUP_NAMES:
+        return QuantMode.Lookup
+    if key in ZERO_POINT_NAMES or k_quant(key) in K_QUANT_MINS:
+        return ZeroPoint.Asymmetric
+    return QuantMode.Symmetric
 
 
 def _lookup_refusal(name: str | None) -> Problem:

@@ -303,6 +303,8 @@ class CompareRow:
     block: int | None = None
     block_error: float | None = None
     bound: float | None = None
+    # The mean over its blocks of max |error| over bound: how much of the bounds it uses (the worst is ~1).
+    mean_block_ratio: float | None = None
 
     def to_json(self) -> dict:
         return {
@@ -315,6 +317,7 @@ class CompareRow:
             "block": self.block,
             "block_error": _finite(self.block_error),
             "bound": _finite(self.bound),
+            "mean_block_ratio": _finite(self.mean_block_ratio),
         }
 
 

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,24 @@ def _build(version: str) -> Path | str:
     if done.returncode != 0:
         pytest.fail(f"the Burn {version} harness did not build:\n{done.stderr[-4000:]}")
     return target_dir(version) / "debug" / binary
+
+
+def build_before_tests(say) -> None:
+    """Build every harness before the first test, saying so (`say`: a line on the terminal): a first
+    build on a fresh machine downloads the crates and compiles Burn, which no test output would explain."""
+    for version, (crate, binary) in HARNESSES.items():
+        fresh = not (target_dir(version) / "debug" / binary).exists()
+        say(f"building the Burn {version} harness ({crate.relative_to(CRATE.parent.parent)}) with cargo into "
+            f"{target_dir(version)}" + (": the first build downloads about 80 MB of crates (0.7 GB unpacked in "
+                                        "~/.cargo/registry), takes about 15 minutes on two cores and 3.1 GB in "
+                                        "~/.cache/qcli; later runs reuse it" if fresh else ""))
+        started = time.monotonic()
+        try:
+            built = _build(version)
+        except pytest.fail.Exception:
+            say(f"the Burn {version} harness did not build: its tests say why")
+            continue
+        say(built if isinstance(built, str) else f"  done in {time.monotonic() - started:.0f} s")
 
 
 def harness(version: str = BURN_VERSION) -> Path:

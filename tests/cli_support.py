@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from contextlib import redirect_stderr, redirect_stdout
@@ -58,6 +59,21 @@ def cli_subprocess(*args: str | Path, env: dict[str, str] | None = None) -> Resu
         timeout=300,
     )
     return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def table_rows(out: str) -> list[list[str]]:
+    """The cells of the first table in `out` (a header line, a rule of `─`, then a row a line, its cells
+    apart by two spaces or more), up to the first line that is no row: the totals, or the next table."""
+    lines = out.splitlines()
+    rules = [i for i, line in enumerate(lines) if line and set(line) == {"─"}]
+    if not rules:
+        return []
+    rows = []
+    for i in range(rules[0] + 1, len(lines)):
+        if "  " not in lines[i].strip() or i + 1 in rules:
+            break
+        rows.append(re.split(r"\s{2,}", lines[i].strip()))
+    return rows
 
 
 def validate_json(doc: dict) -> None:

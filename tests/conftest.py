@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_weights"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -17,6 +22,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Tests write only under temporary folders: Hypothesis keeps its example database in a temporary
+    # folder of the session too, not in .hypothesis/ of the working directory (the checkout).
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    home = tempfile.mkdtemp(prefix="qcli-hypothesis-")
+    set_hypothesis_home_dir(home)
+    config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
     if config.getoption("--device") == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError("--device cuda: torch sees no CUDA device")
     if config.getoption("--device") == "cpu":
@@ -33,6 +45,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker("gpu"):
                 item.add_marker(needs_cuda)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Where tests load qcli's output in Burn, the harnesses are built now, saying so, rather than
+    silently inside the first of those tests."""
+    if not session.config.option.collectonly and any(item.get_closest_marker("burn") for item in session.items):
+        from tests import burn_harness
+
+        terminal = session.config.pluginmanager.get_plugin("terminalreporter")
+        burn_harness.build_before_tests(lambda line: terminal.write_line(line) if terminal else None)
 
 
 @pytest.fixture(scope="session")
@@ -65,3 +87,18 @@ def small_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("checkpoint") / "model.safetensors"
     save_file(tensors, path)
     return path
+
+
+def _listing(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def samples_untouched() -> Iterator[None]:
+    """The tests read the sample weights and write nothing beside them: whatever a user's own runs left
+    there (`qcli quantize sample_weights/tiny-llama.safetensors` writes tiny-llama.bpk) stays as it was
+    and decides no test (those that need an output write it under tmp_path)."""
+    before = _listing(SAMPLES)
+    yield
+    assert _listing(SAMPLES) == before, "a test wrote into sample_weights/"

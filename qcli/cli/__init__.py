@@ -54,9 +54,20 @@ app.command("inspect")(inspect)
 app.command("validate-scheme")(validate_scheme)
 
 
+def _paths_shown_as_paths(group) -> None:
+    """Typer shows a list argument's Python type in --help (`RECIPE... <list[Path]>`): a list of paths
+    reads `<path>` as a single path does, the `...` saying there may be several."""
+    for command in group.commands.values():
+        for param in command.params:
+            if getattr(param, "type_descriptor", None) is not None and param.type_descriptor.is_list \
+                    and param.bare_type() == "list[Path]":
+                param.display_type = lambda ctx: "<path>"
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the command line on `argv` and return its exit code (errors rendered on stderr)."""
     command = typer.main.get_command(app)
+    _paths_shown_as_paths(command)
     with _errors.sigterm_interrupts():
         try:
             args = list(argv) if argv is not None else None

@@ -9,18 +9,17 @@ import typer
 
 from qcli.io.source import Names
 
-RequantizeOption = Annotated[
-    str | None,
-    typer.Option(
-        "--requantize",
-        metavar="NAME",
-        help="Preset for already-quantized weights no Burn scheme holds (bitsandbytes NF4 and FP4; compressed-tensors"
-        " and GPTQ zero points and widths Burn lacks; GPTQ's activation order; GGUF's types with a minimum, a width"
-        " or a codebook): dequantized as their format does,"
-        " then quantized into it; --stats reports the error added to the dequantized weights"
-        " (docs/input-formats.md).",
-    ),
-]
+REQUANTIZE_HELP = (
+    "Preset for already-quantized weights no Burn scheme holds (bitsandbytes NF4 and FP4; compressed-tensors"
+    " and GPTQ zero points and widths Burn lacks; GPTQ's activation order; GGUF's types with a minimum, a width"
+    " or a codebook): dequantized as their format does, then quantized into it (docs/input-formats.md)."
+)
+
+
+def requantize_option(help_more: str = "") -> object:
+    """`--requantize NAME`, its help followed by what the command adds (quantize: what --stats reports)."""
+    return Annotated[str | None, typer.Option("--requantize", metavar="NAME", help=REQUANTIZE_HELP + help_more)]
+
 
 NamesOption = Annotated[
     Names,

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from rich import box
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -18,6 +20,7 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
+from rich.table import Table
 from rich.text import Text
 
 from qcli.io.safetensors import printable
@@ -25,19 +28,96 @@ from qcli.io.safetensors import printable
 if TYPE_CHECKING:
     from qcli.commands.quantize import ProgressHook
 
-# Piped output is data: wide enough that tensor names are not folded (unless COLUMNS says otherwise).
-PIPE_WIDTH = 200
+# The width of output that goes to no terminal, and of a COLUMNS that is no usable width (0, 1, garbage):
+# the default summary fits it, every tensor name whole on its line.
+DEFAULT_WIDTH = 80
+MIN_WIDTH = 40
+# The least room a tensor name is elided to, however many columns the others take.
+MIN_NAME = 24
+# The least of a long name's end that stays beside its start when the middle is elided.
+TAIL = 13
+
+
+def width(stream=None) -> int:
+    """The columns output is laid out in: COLUMNS where it is a usable width, else the terminal's own
+    width, else DEFAULT_WIDTH (piped output, a COLUMNS below MIN_WIDTH or not a number)."""
+    columns = os.environ.get("COLUMNS")
+    if columns is not None:
+        return int(columns) if re.fullmatch(r"[0-9]{1,5}", columns) and int(columns) >= MIN_WIDTH else DEFAULT_WIDTH
+    stream = stream or sys.stdout
+    try:
+        return max(os.get_terminal_size(stream.fileno()).columns, MIN_WIDTH) if stream.isatty() else DEFAULT_WIDTH
+    except (OSError, ValueError, AttributeError):
+        return DEFAULT_WIDTH
 
 
 def stdout() -> Console:
-    console = Console(highlight=False, markup=False)
-    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
-        console = Console(highlight=False, markup=False, width=PIPE_WIDTH)
-    return console
+    return Console(highlight=False, markup=False, width=width(sys.stdout))
 
 
 def stderr() -> Console:
-    return Console(stderr=True, highlight=False, markup=False)
+    return Console(stderr=True, highlight=False, markup=False, width=width(sys.stderr))
+
+
+def fit_name(name: str, room: int) -> str:
+    """`name` whole if it fits `room` columns, else its middle elided after its first number, so that what
+    tells a model's rows apart stays: the layer (`model.layers.12.`) and the end (`….down_proj.weight`).
+    A name without a number early in it keeps as much of its start as of its end."""
+    if len(name) <= room:
+        return name
+    parts, head = name.split("."), ""
+    for part in parts[:-1]:
+        head += part + "."
+        if part.isdigit():
+            break
+    if not any(p.isdigit() for p in parts[:-1]) or len(head) > room - TAIL:
+        head = name[: (room - 1) // 2]
+    return head + "…" + name[len(name) - (room - 1 - len(head)):]
+
+
+def tensor_table(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[str]], width: int | None) -> Table:
+    """Rows of one tensor each, the name first: every cell on one line and none cut, each name whole or,
+    where the other columns leave too little room in `width`, elided in its middle (`fit_name`). With no
+    `width` (--verbose: every column) names stay whole too: print it with `wide()`."""
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    for header, justify in columns:
+        table.add_column(header, justify=justify, no_wrap=True)
+    room = None if width is None else max(width - natural_width(columns[1:], [r[1:] for r in rows]) - 2, MIN_NAME)
+    for row in rows:
+        table.add_row(row[0] if room is None else fit_name(row[0], room), *row[1:])
+    return table
+
+
+def natural_width(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[str]]) -> int:
+    """The columns a `tensor_table` of these cells takes with none of them cut."""
+    widths = [max([len(header), *(len(row[i]) for row in rows)]) for i, (header, _) in enumerate(columns)]
+    return sum(widths) + 2 * (len(columns) - 1)
+
+
+def wide(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[str]]) -> Console:
+    """A stdout console as wide as a `tensor_table` of these cells needs, and no narrower than `stdout()`:
+    a long line wraps in the terminal rather than a cell in the table (--verbose)."""
+    return Console(highlight=False, markup=False, width=max(width(sys.stdout), natural_width(columns, rows)))
+
+
+class Footnotes:
+    """Long texts shared by many rows (a decision's reason), each numbered once: a row shows the number,
+    and `table` lists every text in full beneath."""
+
+    def __init__(self, header: str) -> None:
+        self.header = header
+        self.texts: dict[str, str] = {}
+
+    def key(self, text: str) -> str:
+        return self.texts.setdefault(text, str(len(self.texts) + 1))
+
+    def table(self, label: str) -> Table:
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+        table.add_column(self.header, justify="right", no_wrap=True)
+        table.add_column(label, overflow="fold")
+        for text, key in self.texts.items():
+            table.add_row(key, text)
+        return table
 
 
 def print_json(doc: dict) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -73,20 +74,26 @@ def render(report: InspectReport) -> None:
             meta.add_row(printable(key), printable(value))
         out.print(meta)
     plan = report.plan
-    title = "tensors" if plan is None else f"tensors, and what `qcli quantize` does with them (preset {plan.preset})"
-    table = Table("tensor", "dtype", "shape", "bytes", "bits/weight", title=title, title_justify="left")
-    if plan is not None:
-        table.add_column("decision")
-        table.add_column("reason", overflow="fold")
+    out.print("tensors" if plan is None else f"tensors, and what `qcli quantize` does with them (preset {plan.preset})",
+              soft_wrap=True)
+    # A burnpack's QFloat tensors' own bits per weight: a checkpoint's tensors have none (dtype says it).
+    qfloat = any(report.bits_per_weight(t) is not None for t in report.tensors)
+    columns = [("tensor", "left"), ("dtype", "left"), ("shape", "left"), ("bytes", "right")]
+    columns += [("bits/w", "right")] if qfloat else []
+    columns += [("decision", "left"), ("why", "right")] if plan is not None else []
+    reasons, rows = _output.Footnotes("why"), []
     for t in report.tensors:
-        cells = [printable(t.name), t.dtype, _output.shape_text(t.shape), _output.human_bytes(t.nbytes),
-                 _output.number(report.bits_per_weight(t), ".2f")]
+        dtype = re.sub(r"^QFloat\((.*)\)$", r"\1", short_decision(t.dtype))  # the scheme names itself
+        row = [printable(t.name), dtype, _output.shape_text(t.shape), _output.human_bytes(t.nbytes)]
+        row += [_output.number(report.bits_per_weight(t), ".2f")] if qfloat else []
         if plan is not None:
             planned = plan.tensors[t.name]
             decision = planned.decision if planned.scheme is None else short_decision(str(planned.scheme))
-            cells += [decision, printable(planned.reason)]
-        table.add_row(*cells)
-    out.print(table)
+            row += [decision, reasons.key(printable(planned.reason))]
+        rows.append(row)
+    out.print(_output.tensor_table(columns, rows, out.width))
+    if reasons.texts:
+        out.print(reasons.table("reason"))
     totals = report.totals()
     bits = totals["bits_per_weight"]
     quantized = "" if bits is None else f"; quantized tensors at {bits:.2f} bits/weight"
@@ -123,34 +130,26 @@ def _render_plan(plan: SourcePlan, out: Console) -> None:
 
 
 def _render_compare(report: InspectReport, out: Console) -> None:
+    """Each tensor against its source: SQNR and max |error| over the tensor, and each block's max |error| over
+    its bound (e/b), the mean over the blocks and the worst: ≤ 1 passes, and rounding to nearest reaches 1
+    wherever a value lies half a step off the grid, so the mean is what tells tensors apart."""
     c = report.compare
     assert c is not None
-    table = Table(
-        "tensor",
-        "dtype",
-        "rel rms",
-        "SQNR dB",
-        "max abs",
-        "block error",
-        "bound",
-        "status",
-        title=f"compared with {printable(c.source)}",
-        title_justify="left",
-    )
+    out.print(f"compared with {printable(c.source)}", soft_wrap=True)
+    columns = [("tensor", "left"), ("SQNR dB", "right"), ("max abs", "right"), ("e/b mean", "right"),
+               ("e/b max", "right"), ("status", "left")]
+    problems, rows = _output.Footnotes("problem"), []
     for r in c.rows:
         err = r.error
-        status = r.problem or ("exact" if r.exact else "ok") + (" (transposed)" if r.transposed else "")
-        table.add_row(
-            printable(r.name),
-            r.dtype,
-            _output.number(err and err.rel_rms, ".2e"),
-            _output.number(err and err.sqnr_db, ".1f"),
-            _output.number(err and err.max_abs, ".3g"),
-            _output.number(r.block_error, ".3g"),
-            _output.number(r.bound, ".3g"),
-            status,
-        )
-    out.print(table)
+        status = ("exact" if r.exact else "ok") + (" (T)" if r.transposed else "")
+        ratio = None if not r.bound else r.block_error / r.bound
+        rows.append([printable(r.name), _output.number(err and err.sqnr_db, ".1f"),
+                     _output.number(err and err.max_abs, ".3g"), _output.number(r.mean_block_ratio, ".2f"),
+                     _output.number(ratio, ".3f"),
+                     f"problem {problems.key(printable(f'{r.name}: {r.problem}'))}" if r.problem else status])
+    out.print(_output.tensor_table(columns, rows, out.width))
+    if problems.texts:
+        out.print(problems.table("what"))
     for label, names in (("missing from the .bpk", c.missing), ("not in the source", c.extra)):
         if names:
             out.print(f"{len(names)} tensor(s) {label}: {printable(', '.join(names))}")

@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from qcli.cli import _output
 from qcli.cli._burn import BurnBackendOption, BurnVersionOption
-from qcli.cli._formats import NamesOption, RequantizeOption
+from qcli.cli._formats import NamesOption, requantize_option
 from qcli.commands import quantize as command
 from qcli.errors import QcliError, UsageError
 from qcli.io.safetensors import printable
@@ -78,7 +77,7 @@ def quantize(
             help=f"Preset replacing the default scheme ({DEFAULT_PRESET}): {', '.join(PRESETS)}.",
         ),
     ] = None,
-    requantize: RequantizeOption = None,
+    requantize: requantize_option(" --stats reports the error added to the dequantized weights.") = None,
     names: NamesOption = Names.file,
     recipe: Annotated[
         Path | None, typer.Option("--recipe", metavar="FILE", help="TOML recipe: rules per tensor name.")
@@ -253,7 +252,7 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
             for decision, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
                 out.print(f"  {n:>6} × {decision}", soft_wrap=True)
     if rows or title:
-        out.print(_table(rows, title, written, wide))
+        _table(out, rows, title, written, wide)
     totals = report.totals
     out.print(
         f"{totals.tensors} tensors: {totals.quantized} quantized, {totals.kept} kept,"
@@ -261,9 +260,9 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
     )
     out.print(
         f"{_output.human_bytes(totals.bytes_in)} → {_output.human_bytes(totals.bytes_out)}"
-        f" ({totals.ratio:.2f}× smaller, {totals.bits_per_weight:.2f} bits/weight);"
-        f" the tensors need {_output.human_bytes(totals.peak_bytes)} of memory at most"
+        f" ({totals.ratio:.2f}× smaller, {totals.bits_per_weight:.2f} bits/weight over all tensors)"
     )
+    out.print(f"the tensors need {_output.human_bytes(totals.peak_bytes)} of memory at most")
     if report.timings is None:
         out.print(f"would write {printable(', '.join(report.outputs))}")
         return
@@ -282,34 +281,39 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
     out.print(f"wrote {printable(', '.join(report.outputs))}", soft_wrap=True)
 
 
-def _table(rows, title: str | None, written: bool, wide: bool) -> Table:
-    table = Table(title=title, title_justify="left")
+def _table(out, rows, title: str | None, written: bool, wide: bool) -> None:
+    """The tensors' table under its title; by default each reason is a number, the reasons listed beneath
+    (a few texts shared by many rows), so that every row stays on one line of 80 columns."""
+    if title:
+        out.print(title, soft_wrap=True)
     columns = [("tensor", "left"), ("shape", "left")]
     columns += [("dtype", "left")] if wide else []
     reason = wide or not written  # after a write the default shows the error instead
-    columns += [("decision", "left")] + ([("reason", "left")] if reason else [])
+    columns += [("decision", "left")] + ([("reason" if wide else "why", "left" if wide else "right")] if reason else [])
     columns += [("in", "right"), ("out", "right")] if wide else []
     columns += [("bits/w", "right")]
     if written:
         columns += [("rel rms", "right")] if wide else []
         columns += [("SQNR dB", "right")]
-    for column, justify in columns:
-        fold = column in ("tensor", "reason")
-        table.add_column(column, justify=justify, overflow="fold" if fold else "ellipsis", no_wrap=not fold,
-                         min_width=None if fold else len(column))
+    reasons = _output.Footnotes("why")
+    cells = []
     for t in rows:
         shape = _output.shape_text(t.shape)
-        if t.transposed:
-            shape += f" → {_output.shape_text(t.out_shape)} (T)"
-        cells = [printable(t.name), shape]
-        cells += [t.dtype] if wide else []
+        if t.transposed:  # the source's shape; --verbose shows the one written too
+            shape += f" → {_output.shape_text(t.out_shape)} (T)" if wide else " (T)"
+        row = [printable(t.name), shape]
+        row += [t.dtype] if wide else []
         decision = "keep" if t.scheme is None else str(t.scheme)
-        cells += [decision if wide else short_decision(decision)] + ([printable(t.reason)] if reason else [])
-        cells += [_output.human_bytes(t.bytes_in), _output.human_bytes(t.bytes_out)] if wide else []
-        cells += [f"{t.bits_per_weight:.2f}"]
+        row += [decision if wide else short_decision(decision)]
+        row += [printable(t.reason) if wide else reasons.key(printable(t.reason))] if reason else []
+        row += [_output.human_bytes(t.bytes_in), _output.human_bytes(t.bytes_out)] if wide else []
+        row += [f"{t.bits_per_weight:.2f}"]
         if written:
             err = t.error
-            cells += [_output.number(err and err.rel_rms, ".2e")] if wide else []
-            cells += [_output.number(err and err.sqnr_db, ".1f")]
-        table.add_row(*cells)
-    return table
+            row += [_output.number(err and err.rel_rms, ".2e")] if wide else []
+            row += [_output.number(err and err.sqnr_db, ".1f")]
+        cells.append(row)
+    table = _output.tensor_table(columns, cells, None if wide else out.width)
+    (_output.wide(columns, cells) if wide else out).print(table)
+    if reasons.texts:
+        out.print(reasons.table("reason"))

@@ -10,7 +10,7 @@ import typer
 
 from qcli.cli import _output
 from qcli.cli._burn import BurnBackendOption, BurnVersionOption
-from qcli.cli._formats import RequantizeOption
+from qcli.cli._formats import requantize_option
 from qcli.commands import validate_scheme as command
 from qcli.errors import CheckFailed
 from qcli.problem import Problem
@@ -42,7 +42,7 @@ def validate_scheme(
             "--scheme", metavar="NAME", help="With --model: the preset for tensors no rule covers, as in quantize."
         ),
     ] = None,
-    requantize: RequantizeOption = None,
+    requantize: requantize_option() = None,
     burn_backend: BurnBackendOption = None,
     burn_version: BurnVersionOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,

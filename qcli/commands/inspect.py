@@ -266,11 +266,11 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path,
                                        None if exact else "its values differ from the source's, which hold inf or NaN"))
                 continue
             error = error_stats(x, decoded)
-            block, block_error, bound = _judged(x, decoded, data, e.dtype.scheme)
+            block, block_error, bound, mean_ratio = _judged(x, decoded, data, e.dtype.scheme)
             problem = None if block is None or block_error <= bound else (
                 f"block {block} is {block_error:.3g} off, over its bound {bound:.3g}")
             rows.append(CompareRow(e.name, text, flip, error.max_abs == 0.0, error, problem,
-                                   block, block_error, bound))
+                                   block, block_error, bound, mean_ratio))
     return CompareReport(
         source=str(source_path),
         rows=rows,
@@ -288,9 +288,10 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _judged(x: torch.Tensor, decoded: torch.Tensor, data: memoryview, scheme: QuantScheme
-            ) -> tuple[int | None, float, float]:
+            ) -> tuple[int | None, float, float, float | None]:
     """A quantized tensor's worst block against its scheme's bound: (flat block index, its max |error|, its
-    bound), the first block over its bound if any is (NaN counts as over); (None, 0, 0) without a block.
+    bound, the mean over all blocks of max |error| over bound), the first block over its bound if any is
+    (NaN counts as over); (None, 0, 0, None) without a block.
 
     The bound per block is the smaller of the one the payload's stored scales give (`stored_bound`) and the
     one the source alone gives (`error_bound` under the loosest calibration, AbsMean's or Mse's, since the
@@ -303,10 +304,10 @@ def _judged(x: torch.Tensor, decoded: torch.Tensor, data: memoryview, scheme: Qu
 
     errors = block_errors(x, decoded, scheme).reshape(-1)
     if not errors.numel():
-        return None, 0.0, 0.0
+        return None, 0.0, 0.0, None
     loosest = torch.maximum(error_bound(x, scheme, Calibration.AbsMean), error_bound(x, scheme, Calibration.Mse))
     bounds = torch.minimum(stored_bound(x, data, scheme), loosest).reshape(-1)
     over = ~(errors <= bounds)
     ratio = torch.where(over, math.inf, torch.nan_to_num(errors / bounds, nan=0.0, posinf=math.inf))
     worst = int(ratio.argmax())
-    return worst, float(errors[worst]), float(bounds[worst])
+    return worst, float(errors[worst]), float(bounds[worst]), float(ratio.mean())

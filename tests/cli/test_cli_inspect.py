@@ -17,6 +17,7 @@ from tests.cli_support import (
     decode_packed,
     source_bytes,
     source_tensors,
+    table_rows,
     validate_json,
 )
 
@@ -31,7 +32,8 @@ def quantized(tmp_path_factory):
     return out
 
 
-def test_lists_a_safetensors_file():
+def test_lists_a_safetensors_file(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")  # room for every name whole
     raw = source_bytes()
     result = cli("inspect", SINGLE)
     assert result.code == 0, result.err
@@ -440,3 +442,18 @@ def test_an_fp8_source_burn_cannot_hold_is_refused_by_name(tmp_path):
                  "error: bare.weight (F8_E4M3) cannot be kept: Burn has no F8_E4M3 dtype"):
         assert line in text, text
     assert any("e5m2.weight" in line for line in lines)
+
+
+@pytest.mark.parametrize("columns", ["80", "0", "garbage"])
+def test_at_80_columns_every_row_tells_its_tensor(quantized, monkeypatch, columns):
+    """A layer's gate, up and down rows stay apart however the names are shortened, in the listing and the
+    comparison, and no line is wider than 80."""
+    monkeypatch.setenv("COLUMNS", columns)
+    for args in (("inspect", SINGLE), ("inspect", quantized), ("inspect", quantized, "--compare", SINGLE)):
+        result = cli(*args)
+        assert result.code == 0, result.err
+        assert max(len(line) for line in result.out.splitlines()) <= 80, result.out
+        shown = [row[0] for row in table_rows(result.out.split("compared with")[-1])]
+        assert len(shown) == len(set(shown)) == 21, shown
+        mlp = [s for s in shown if s.startswith("model.layers.0.") and s.endswith("_proj.weight")][:3]
+        assert all(s.endswith(f"{p}_proj.weight") for s, p in zip(mlp, ("down", "gate", "up"), strict=True)), mlp

@@ -24,6 +24,7 @@ from qcli.io.dtypes import QFloat
 from qcli.scheme import QuantValue
 from tests.cli_support import (
     ROOT,
+    SAMPLES,
     SHARDED,
     SINGLE,
     assert_user_error,
@@ -35,6 +36,7 @@ from tests.cli_support import (
     q_serde,
     source_bytes,
     source_tensors,
+    table_rows,
     validate_json,
 )
 
@@ -141,7 +143,8 @@ def test_json_document_validates_and_its_errors_are_the_decoded_ones(written):
         assert t["max_abs"] == pytest.approx(np.abs(diff).max(), rel=1e-4)
 
 
-def test_summary_table_on_stdout(tmp_path):
+def test_summary_table_on_stdout(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")  # room for every name whole
     result = cli("quantize", SINGLE, "-o", tmp_path / "t.bpk", "--device", "cpu")
     assert result.code == 0, result.err
     for name in source_tensors():
@@ -159,10 +162,11 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, no_weight_reads):
     no_leftovers(tmp_path, {"m.safetensors"})
     assert "dry run" in result.out and "the tensors need" in result.out and "of memory at most" in result.out
     assert f"would write {tmp_path / 'm.bpk'}" in result.out
-    lines = {line.split()[1]: line for line in result.out.splitlines() if line.startswith("│")}
-    assert "keep" in lines["model.norm.weight"] and "1-D" in lines["model.norm.weight"]
-    assert "Q8S" in lines["lm_head.weight"] and "1000×128" in lines["lm_head.weight"]  # 8 bits by default
-    assert "Q4S" in lines["model.layers.0.mlp.up_proj.weight"]
+    rows = {row[0]: row for row in table_rows(result.out)}
+    reasons = dict(table_rows(result.out.split("\nwhy ")[1]))  # the numbered reasons beneath the table
+    assert rows["model.norm.weight"][2] == "keep" and "1-D" in reasons[rows["model.norm.weight"][3]]
+    assert rows["lm_head.weight"][1:3] == ["1000×128", "Q8S [32] F16"]  # 8 bits by default
+    assert rows["model.layers.0.mlp.up_proj.weight"][2] == "Q4S [32] F16"
     doc = cli("quantize", src, "--dry-run", "--json").json
     validate_json(doc)
     assert doc["dry_run"] and doc["timings"] is None
@@ -181,6 +185,25 @@ def test_existing_output_is_refused_without_force(tmp_path):
     assert out.read_bytes() == b"old"
     assert cli("quantize", SINGLE, "-o", out, "--force", "--device", "cpu").code == 0
     assert out.read_bytes()[:4] == b"NRUB"
+
+
+@pytest.mark.parametrize("shards", [[], ["--max-shard-size", "300KB"]], ids=["file", "shards"])
+def test_a_dry_run_warns_of_an_existing_output_and_leaves_it(tmp_path, shards):
+    """A dry run writes nothing, so an output already there is no reason to stop it: it says that the run
+    would refuse the file, exits 0, and the file is as it was."""
+    out = tmp_path / "t.bpk"
+    first = Path(cli("quantize", SINGLE, "-o", out, *shards, "--dry-run", "--json").json["outputs"][0])
+    first.write_bytes(b"old")
+    result = cli("quantize", SINGLE, "-o", out, *shards, "--dry-run")
+    assert result.code == 0, result.err
+    assert f"warning: {first} already exists" in result.err and "--force" in result.err
+    assert "would write" in result.out and first.read_bytes() == b"old"
+    doc = cli("quantize", SINGLE, "-o", out, *shards, "--dry-run", "--json").json
+    assert [w["kind"] for w in doc["warnings"]] == ["output-exists"]
+    validate_json(doc)
+    assert cli("quantize", SINGLE, "-o", out, *shards, "--dry-run", "--force", "--json").json["warnings"] == []
+    assert assert_user_error(cli("quantize", SINGLE, "-o", out, *shards, "--device", "cpu"), 2)
+    assert first.read_bytes() == b"old"
 
 
 def test_default_output_sits_beside_the_input(tmp_path):
@@ -320,7 +343,8 @@ def test_transpose_rule_writes_in_out_and_records_it(tmp_path):
     recipe.write_text(TRANSPOSE_RECIPE)
     out = tmp_path / "t.bpk"
     dry = cli("quantize", SINGLE, "-o", out, "--recipe", recipe, "--dry-run")
-    assert "352×128 → 128×352 (T)" in dry.out
+    assert "352×128 (T)" in dry.out
+    assert "352×128 → 128×352 (T)" in cli("quantize", SINGLE, "-o", out, "--recipe", recipe, "--dry-run", "-v").out
     assert cli("quantize", SINGLE, "-o", out, "--recipe", recipe, "--device", "cpu").code == 0
     reader, sources = read_bpk(out), source_tensors()
     gates = [f"model.layers.{i}.mlp.gate_proj.weight" for i in range(2)]
@@ -799,7 +823,7 @@ def many_tensors(tmp_path_factory) -> Path:
 
 
 def table_names(out: str) -> list[str]:
-    return [line.split()[1] for line in out.splitlines() if line.startswith("│")]
+    return [row[0] for row in table_rows(out)]
 
 
 def test_default_output_is_a_summary_with_the_worst_tensors(tmp_path, many_tensors):
@@ -834,12 +858,31 @@ def test_default_dry_run_counts_the_decisions(many_tensors):
     assert "would write" in result.out
 
 
-def test_default_summary_fits_80_columns_without_cutting_numbers(tmp_path):
-    result = cli_subprocess("quantize", SINGLE, "-o", tmp_path / "t.bpk", "--device", "cpu", env={"COLUMNS": "80"})
+@pytest.mark.parametrize("columns", ["80", "0", "1", "garbage", None], ids=lambda c: f"COLUMNS={c}")
+@pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])
+def test_default_summary_fits_80_columns_a_row_a_line(tmp_path, columns, dry_run):
+    """Piped, or under a COLUMNS that is no width, the summary is 80 columns wide: every tensor a line,
+    its name whole or elided in the middle but told apart from every other, no number cut."""
+    env = {"COLUMNS": columns} if columns is not None else {}
+    args = ("quantize", SINGLE, "-o", tmp_path / "t.bpk", "--device", "cpu") + (("--dry-run",) if dry_run else ())
+    result = cli_subprocess(*args, "--recipe", SAMPLES / "tiny-llama.toml", env=env)
     assert result.code == 0, result.err
-    assert all(len(line) <= 80 for line in result.out.splitlines()), result.out
-    assert "…" not in result.out
-    assert "21 tensors: 16 quantized, 5 kept, 0 transposed" in result.out
+    assert max(len(line) for line in result.out.splitlines()) == 80, result.out
+    rows = table_rows(result.out)
+    assert len({row[0] for row in rows}) == len(rows) == 21
+
+    def shows(shown: str, name: str) -> bool:
+        head, cut, tail = shown.partition("…")
+        return shown == name or bool(cut) and name.startswith(head) and name.endswith(tail)
+
+    names = list(source_tensors())
+    assert sorted(next(n for n in names if shows(row[0], n)) for row in rows) == sorted(names)
+    assert all(sum(shows(row[0], n) for n in names) == 1 for row in rows), rows  # each row tells its tensor
+    doc = cli(*args, "--recipe", SAMPLES / "tiny-llama.toml", "--json", "--force").json
+    numbers = [f"{t['bits_per_weight']:.2f}" for t in doc["tensors"]]
+    assert sorted(row[-1 if dry_run else -2] for row in rows) == sorted(numbers)
+    assert "21 tensors: 16 quantized, 5 kept, 8 transposed" in result.out
+    assert ("would write" if dry_run else "wrote") in result.out
 
 
 def test_show_completion_prints_the_script_for_the_shell_that_runs_qcli():
@@ -849,15 +892,6 @@ def test_show_completion_prints_the_script_for_the_shell_that_runs_qcli():
     assert shown.returncode == 0, shown.stderr
     assert "complete -o default -F _qcli_completion qcli" in shown.stdout
     assert "_QCLI_COMPLETE=complete_bash" in shown.stdout
-
-
-def test_dry_run_refuses_an_existing_target_as_the_real_run_does(tmp_path):
-    out = tmp_path / "t.bpk"
-    out.write_bytes(b"old")
-    real = assert_user_error(cli("quantize", SINGLE, "-o", out), 2)
-    dry = assert_user_error(cli("quantize", SINGLE, "-o", out, "--dry-run"), 2)
-    assert dry == real
-    assert cli("quantize", SINGLE, "-o", out, "--dry-run", "--force").code == 0
 
 
 def test_dry_run_refuses_a_missing_output_directory_as_the_real_run_does(tmp_path):

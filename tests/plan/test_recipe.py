@@ -162,6 +162,24 @@ def test_a_codebook_preset_is_a_lookup_refusal(tmp_path: Path) -> None:
     assert "lookup quantization does not travel as a QFloat tensor" in rule.refusals[0].message
 
 
+@pytest.mark.parametrize("name", ["q4_k", "Q4_K_M", "q2_k", "q5_k_s"])
+def test_a_k_quant_with_mins_is_a_zero_point_refusal(tmp_path: Path, name: str) -> None:
+    """Q2_K, Q4_K and Q5_K store a min per sub-block (llama.cpp's ggml-quants.c): a zero point, not a codebook."""
+    rule = rule_of(tmp_path, f'preset = "{name}"\n')
+    assert rule.mode == "Asymmetric" and rule.scheme is None
+    (refusal,) = rule.refusals
+    assert "has no zero point" in refusal.message and "Lookup" not in refusal.message
+    assert "Symmetric" in refusal.hint
+
+
+@pytest.mark.parametrize("name", ["q3_k", "q6_k"])
+def test_a_symmetric_k_quant_is_refused_for_its_integer_scales(tmp_path: Path, name: str) -> None:
+    rule = rule_of(tmp_path, f'preset = "{name}"\n')
+    assert rule.mode == "Symmetric" and rule.scheme is None
+    (refusal,) = rule.refusals
+    assert "integer sub-block scales" in refusal.message and "Lookup" not in refusal.message
+
+
 @pytest.mark.parametrize(
     "body",
     [

@@ -24,7 +24,24 @@ from tests.cli_support import ROOT, SINGLE, assert_user_error, cli
 OLD = b"the previous output, which must survive"
 
 
-def run_qcli(args: list[str | Path], **kwargs) -> subprocess.Popen:
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def default_dispositions() -> None:
+    """SIGINT and SIGTERM as a terminal gives them, whatever this run inherited: under `nohup` or in a
+    background job SIGINT is ignored, and qcli (rightly) keeps ignoring what it was started ignoring."""
+    for signum in SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+
+
+def run_qcli(args: list[str | Path], preexec_fn=None, **kwargs) -> subprocess.Popen:
+    """`python -m qcli ARGS`, started with the default disposition of the signals the tests send it."""
+
+    def start() -> None:
+        default_dispositions()
+        if preexec_fn is not None:
+            preexec_fn()
+
     return subprocess.Popen(
         [sys.executable, "-m", "qcli", *map(str, args)],
         cwd=ROOT,
@@ -32,8 +49,21 @@ def run_qcli(args: list[str | Path], **kwargs) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=start,
         **kwargs,
     )
+
+
+@pytest.fixture
+def signals_delivered():
+    """This process's SIGINT and SIGTERM as Python sets them up in a terminal (SIGINT raises
+    KeyboardInterrupt), for the tests that signal it; put back afterwards."""
+    previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
 
 def assert_untouched(folder: Path, target: Path) -> None:
@@ -124,7 +154,7 @@ def test_interrupt_during_verification(tmp_path: Path, monkeypatch: pytest.Monke
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupt_at_the_rename_is_held_until_the_output_is_in_place(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int, signals_delivered: None
 ) -> None:
     """A signal that arrives during the rename takes effect after it: exit 130, saying the output was written."""
     from qcli.io.burnpack import BurnpackWriter
