@@ -314,16 +314,22 @@ def _recorded_files(folder: Path) -> list[Path]:
             if isinstance(name, str) and name == Path(name).name and not name.startswith(".")]
 
 
-def check_folder(folder: Path, force: bool) -> None:
+def check_folder(folder: Path, force: bool, dry_run: bool = False) -> list[Problem]:
     """A model folder is written into a new or empty folder (the temporary files of a killed run aside),
     or with `force` into one that has files (those qcli writes are replaced, the others left as they are);
-    never onto a file."""
+    never onto a file. A dry run writes nothing: a folder that has files is a warning that the run would
+    refuse it."""
     if folder.exists() and not folder.is_dir():
         raise UsageError(printable(f"{folder} is not a folder; -o DIR/ writes a model folder"),
                          hint="give -o the path of a folder, or of a .bpk file without the trailing /")
     if folder.is_dir() and not force and not all(map(left_by_killed_run, folder.iterdir())):
-        raise UsageError(printable(f"{folder} already exists and is not empty"),
-                         hint="pass --force to replace the files qcli writes there, or -o to write somewhere else")
+        message = printable(f"{folder} already exists and is not empty")
+        hint = "pass --force to replace the files qcli writes there, or -o to write somewhere else"
+        if not dry_run:
+            raise UsageError(message, hint=hint)
+        return [Problem(Kind.output_exists, f"{message}: the run refuses to write into it without --force", hint,
+                        Severity.warning)]
+    return []
 
 
 @contextmanager

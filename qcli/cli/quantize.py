@@ -264,7 +264,7 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
     )
     out.print(f"the tensors need {_output.human_bytes(totals.peak_bytes)} of memory at most")
     if report.timings is None:
-        out.print(f"would write {printable(', '.join(report.outputs))}")
+        out.print(f"would write {printable(', '.join(report.outputs))}", soft_wrap=True)
         return
     timings = report.timings
     phases = []

@@ -129,8 +129,7 @@ def quantize_file(
     chosen = None if calibration is None else resolve_calibration(calibration)
     requantized = None if requantize is None else resolve_preset(requantize)
     target = folder / MODEL_FILE if folder else Path(output) if output is not None else default_output(input)
-    if folder is not None:
-        check_folder(folder, force or dry_run)  # a dry run warns of the files it would replace
+    folder_warnings = [] if folder is None else check_folder(folder, force, dry_run)
     refuse_special_output(target)  # a dry run refuses what the run would (docs/cli.md)
     if target.exists() and not (force or dry_run):  # a dry run warns of it instead (Output.prepare)
         raise UsageError(
@@ -172,7 +171,7 @@ def quantize_file(
         model_folder = None if folder is None else ModelFolder(folder, copies, folder_record(report, input, options))
         outputs = Output(plan, target, max_shard_size, metadata(report), model_folder)
         report.outputs = [str(path) for path in outputs.paths]
-        report.warnings += outputs.prepare(inputs, force=force, dry_run=dry_run)
+        report.warnings += folder_warnings + outputs.prepare(inputs, force=force, dry_run=dry_run)
         if dry_run:
             return report
         requantizing = any(e.decision.requantize is not None for e in plan.entries)
