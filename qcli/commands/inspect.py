@@ -4,7 +4,6 @@ tensors) or a burnpack file holds, one tensor's statistics, or a burnpack file c
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import struct
 from pathlib import Path
@@ -16,7 +15,7 @@ from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect
 from qcli.formats.found import Encoded, Found, Transcode
-from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER, TensorEntry
+from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER, TensorEntry, metadata_json
 from qcli.io.burnpack_index import BurnpackSet, standing_index
 from qcli.io.dtypes import TORCH_DTYPE_NAMES, Bool, BoolStore, DType, Plain, QFloat, torch_dtype
 from qcli.io.gguf import GgufSource
@@ -212,10 +211,7 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path,
     from qcli.codec import error_stats
     from qcli.pipeline.cpu import cast_kept
 
-    try:
-        transposed = json.loads(reader.metadata.get("transposed", "[]"))
-    except json.JSONDecodeError:
-        transposed = None
+    transposed = metadata_json(reader.path, "transposed", reader.metadata.get("transposed", "[]"))
     if not isinstance(transposed, list) or not all(isinstance(n, str) for n in transposed):
         raise InputError(
             f"{reader.path}: metadata 'transposed' is not a JSON list of tensor names",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import itertools
+import json
 import os
 import re
 import struct
@@ -48,6 +49,10 @@ MAX_CBOR_RECURSION_DEPTH = 128
 MAX_TENSOR_COUNT = 100_000
 MAX_TENSOR_SIZE = 10 * 1024**3
 U64_MAX = 2**64 - 1
+# qcli's own limits on JSON that a metadata value holds (`metadata_json`): what qcli writes there (a list of
+# names) nests 1 deep; json recurses once a level, and a long value is read whole.
+MAX_METADATA_JSON_DEPTH = 32
+MAX_METADATA_JSON_SIZE = 16 * 1024**2
 
 _HEADER = struct.Struct("<IHI")
 _temp_serial = itertools.count()  # two writers of one process never share a temporary file
@@ -548,6 +553,37 @@ def _cbor_problem(exc: Exception) -> str:
         what = "a tag" if tag is None else f"tag {tag}" + (f" ({_TAG_NAMES[tag]})" if tag in _TAG_NAMES else "")
         return f"metadata holds CBOR {what}, which burnpack metadata never uses"
     return f"metadata is not valid CBOR: {exc}"
+
+
+_JSON_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def _json_depth(text: str) -> int:
+    """How deep `text`'s arrays and objects nest, brackets inside strings not counted; linear, no recursion."""
+    import numpy as np
+
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)).encode("ascii")
+    if not brackets:
+        return 0
+    codes = np.frombuffer(brackets, np.uint8)
+    return int(np.cumsum(np.where((codes == ord("[")) | (codes == ord("{")), 1, -1)).max())
+
+
+def metadata_json(path: Path, key: str, text: str) -> object:
+    """The JSON that metadata value `key` holds, parsed under a size and a depth limit: hostile text is an
+    `InputError`, never a `RecursionError` or a parse that runs for minutes."""
+    if len(text) > MAX_METADATA_JSON_SIZE:
+        raise _fail(path, f"metadata '{key}' holds {len(text)} characters, more than the "
+                    f"{MAX_METADATA_JSON_SIZE} of JSON qcli reads", _CORRUPT_HINT)
+    depth = _json_depth(text)
+    if depth > MAX_METADATA_JSON_DEPTH:
+        raise _fail(path, f"metadata '{key}' holds JSON nested {depth} deep, past the "
+                    f"{MAX_METADATA_JSON_DEPTH} qcli reads", _CORRUPT_HINT)
+    try:
+        return json.loads(text)
+    except ValueError as exc:  # a JSONDecodeError, or an integer past int's digit limit
+        raise _fail(path, f"metadata '{key}' is not valid JSON: {exc}", _CORRUPT_HINT) from None
 
 
 _CORRUPT_HINT = "the file is damaged or was not written by Burn or qcli; write it again from its source"
