@@ -38,6 +38,7 @@ class Kind(StrEnum):
     nothing_quantized = "nothing-quantized"
     uncovered = "uncovered"
     leftover = "leftover"
+    scale_range = "scale-range"
 
 
 @dataclass(frozen=True)
