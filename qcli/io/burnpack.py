@@ -13,6 +13,7 @@ integers and floats (§3). The container never interprets a payload: a QFloat te
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import itertools
@@ -162,9 +163,19 @@ def split(
 
 
 def _entry_bound(entry: TensorEntry) -> int:
-    """Its bytes rounded up to the alignment, and its descriptor with the widest possible offsets."""
-    metadata = len(cbor2.dumps(entry.name)) + len(cbor2.dumps(_descriptor(entry, (U64_MAX, U64_MAX))))
-    return align(entry.nbytes) + metadata
+    """Its bytes rounded up to the alignment, its name, and its descriptor with the widest possible offsets."""
+    return align(entry.nbytes) + _text_size(entry.name) + _descriptor_bound(entry.dtype, tuple(entry.shape), entry.param_id)
+
+
+def _text_size(text: str) -> int:
+    """The bytes of `text` as a CBOR text string (RFC 8949 §3: its head, 1 to 9 bytes, then its UTF-8)."""
+    n = len(text.encode("utf-8"))
+    return n + (1 if n < 24 else 2 if n < 1 << 8 else 3 if n < 1 << 16 else 5 if n < 1 << 32 else 9)
+
+
+@functools.lru_cache(maxsize=1 << 12)  # a model's tensors share a few dtypes and shapes
+def _descriptor_bound(dtype: DType, shape: tuple[int, ...], param_id: int | None) -> int:
+    return len(cbor2.dumps(_descriptor(TensorEntry("", dtype, shape, 0, param_id), (U64_MAX, U64_MAX))))
 
 
 def _fixed_bound(metadata: Mapping[str, str] | None) -> int:

@@ -424,6 +424,14 @@ def test_metadata_json_past_its_limits(text: str, message: str) -> None:
     assert message in caught.value.message and caught.value.hint
 
 
+@pytest.mark.parametrize("n", [0, 23, 24, 255, 256, 65535, 65536])
+@pytest.mark.parametrize("char", ["a", "é"])
+def test_a_name_bound_is_its_cbor_size(n: int, char: str) -> None:
+    from qcli.io.burnpack import _text_size
+
+    assert _text_size(char * n) == len(cbor2.dumps(char * n))
+
+
 def test_too_many_tensors(tmp_path: Path) -> None:
     tensors = {f"t{i}": f32_descriptor(0, 0, [0]) for i in range(100_001)}
     assert "100001 tensors" in read_error(tmp_path / "a.bpk", raw_pack({"tensors": tensors})).message
