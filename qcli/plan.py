@@ -654,7 +654,7 @@ class _Planner:
     def backend_problems(self, backend: BurnBackend, entries: Sequence[PlanEntry]) -> None:
         """What `backend` cannot load, one problem per rule (or the preset) and reason: an error for the
         backend asked for, a warning for a common one."""
-        failing: dict[tuple[int, str, str], list[PlanEntry]] = {}
+        failing: dict[tuple[int, object, str], list[PlanEntry]] = {}
         version = self.burn_version
         for entry in entries:
             scheme = entry.decision.scheme
@@ -666,8 +666,8 @@ class _Planner:
             why = (kept_problem(backend, dtype, version) if scheme is None
                    else load_problem(backend, scheme, entry.out_shape, version))
             if why is not None:
-                failing.setdefault((id(entry.decision.rule), str(scheme or dtype), why), []).append(entry)
-        for (_, written, why), group in failing.items():
+                failing.setdefault((id(entry.decision.rule), scheme or dtype, why), []).append(entry)
+        for (_, written, why), group in failing.items():  # `written`: a scheme or a dtype, shown as text
             first = group[0]
             names = [e.info.name for e in group]
             if first.decision.scheme is None:
