@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qcli import layout
+from qcli.commands import collector_paused
 from qcli.commands.quantize import plan_by_name
 from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
@@ -120,7 +121,7 @@ def inspect_file(
         raise UsageError(
             "--compare checks a .bpk against its source", hint="run `qcli inspect OUTPUT.bpk --compare INPUT`"
         )
-    with open_source(path, names) as source:
+    with collector_paused() as resume, open_source(path, names) as source:
         infos = source.infos()
         report = InspectReport(
             path=str(path),
@@ -129,6 +130,7 @@ def inspect_file(
             tensors=[ListedTensor(i.name, i.dtype, i.dtype, tuple(i.shape), i.nbytes) for i in infos],
             plan=_default_plan(infos),
         )
+        resume()
         if tensor is not None:
             if tensor not in {i.name for i in infos}:
                 raise _suggest_tensor(tensor, [i.name for i in infos])

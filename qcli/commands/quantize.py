@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from qcli import BURN_VERSION
 from qcli.burn_backends import BurnBackend, resolve_backend, resolve_version
+from qcli.commands import collector_paused
 from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect
@@ -109,7 +110,7 @@ def quantize_file(
             printable(f"{target} already exists"), hint="pass --force to replace it, or -o to write somewhere else"
         )
     runtime = None if dry_run else Runtime(device)  # torch and CUDA load while the headers are read
-    with open_source(input, names) as source:
+    with collector_paused() as resume, open_source(input, names) as source:
         inputs = [(input, "the input"), *((f, "the input") for f in source.files)]
         if source.index is not None:
             inputs.append((source.index, "the input's index"))
@@ -142,6 +143,7 @@ def quantize_file(
         report.warnings += outputs.prepare(inputs, force=force, remove_leftovers=not dry_run)
         if dry_run:
             return report
+        resume()
         requantizing = any(e.decision.requantize is not None for e in plan.entries)
         report.device, run = runtime.select("cpu" if requantizing and device == "auto" else device)
         resident = _warm_runtime()
