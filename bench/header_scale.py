@@ -120,7 +120,7 @@ def _markdown(rows, floor, args, load_before, load_after) -> str:
         f"{datetime.now(UTC):%Y-%m-%d}, {platform.node()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}, safetensors {version('safetensors')}, gguf {version('gguf')}, rich "
         f"{version('rich')}, qcli {version('qcli')}. `python3 -m bench.header_scale --dir {args.dir} --tensors "
-        f"{args.tensors} --runs {args.runs}`: medians of {args.runs} fresh processes each; load average "
+        f"{args.tensors} --runs {args.runs}`: the median of {args.runs} run(s) of each, a fresh process each; load average "
         f"{load_before[0]:.2f} before, {load_after[0]:.2f} after (other work shared the cores: the CPU column is "
         f"what the process itself used). `qcli --version` alone: "
         f"{statistics.median(w for w, _ in floor):.2f} s wall, {statistics.median(c for _, c in floor):.2f} s CPU.",
