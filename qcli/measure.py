@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,7 +34,7 @@ from qcli.codec.search import CLIPS
 from qcli.codec.stats import ErrorSums
 from qcli.io.safetensors import quoted
 from qcli.problem import Kind, Problem, Severity
-from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme, ScaleDtype
+from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme, ScaleDtype, accept_problems
 from qcli.tensor_range import TensorRange
 
 if TYPE_CHECKING:
@@ -209,12 +209,16 @@ class RangeLoss:
     where their values are clipped. `least` and `largest`: the smallest positive and the largest scale
     the tensor's blocks need (relative to a two-level scheme's global)."""
 
-    scale_dtype: ScaleDtype
+    scheme: QuantScheme
     blocks: int
     underflowed: int
     saturated: int
     least: float
     largest: float
+
+    @property
+    def scale_dtype(self) -> ScaleDtype:
+        return self.scheme.scale_dtype()
 
     def problem(self, tensor: str, sqnr_db: float) -> Problem:
         """The warning a run gives for this tensor, its SQNR and the scale dtypes that hold its scales."""
@@ -227,15 +231,30 @@ class RangeLoss:
             lost.append(f"{self.saturated} of {self.blocks} blocks need a scale above {self.scale_dtype}'s "
                         f"largest, {traits.max:.6g} (up to {self.largest:.3g}): their values are clipped")
         holders = " or ".join(self.holders())
-        hint = (f"quantize it with {holders} block scales, which hold them (a recipe rule's block_scale), "
-                "or keep it" if holders else "keep it (a recipe rule with keep = true)")
+        if holders:
+            key = "tensor_scale" if self.scheme.block is None else "block_scale"
+            hint = f"quantize it with {holders} scales, which hold them (a recipe rule's {key}), or keep it"
+        elif self.scheme.is_two_level():
+            hint = "keep it, or quantize it with a one-level scheme (a preset such as q8s-b32)"
+        else:
+            hint = "keep it (a recipe rule with keep = true)"
         return Problem(Kind.scale_range, f"tensor {quoted(tensor)}: {'; '.join(lost)}; SQNR {sqnr_db:.1f} dB",
                        hint, Severity.warning, tensors=(tensor,))
 
     def holders(self) -> list[ScaleDtype]:
-        """The scale dtypes wider than this one (BF16, F32) whose range holds every needed scale."""
-        return [dtype for dtype in (ScaleDtype.BF16, ScaleDtype.F32) if dtype is not self.scale_dtype
-                and dtype.traits.smallest <= self.least and self.largest <= dtype.traits.max]
+        """The other scale dtypes (F16, BF16, F32) whose range holds every needed scale and that Burn
+        accepts in this scheme's place of its own (a two-level scheme's block scales: no wider than F16)."""
+        held = []
+        for dtype in (ScaleDtype.F16, ScaleDtype.BF16, ScaleDtype.F32):
+            if dtype is self.scale_dtype or not (dtype.traits.smallest <= self.least
+                                                 and self.largest <= dtype.traits.max):
+                continue
+            block = self.scheme.block
+            other = (self.scheme.per_tensor(dtype) if block is None
+                     else replace(self.scheme, block=replace(block, dtype=dtype)))
+            if not accept_problems(other, Calibration.MinMax):
+                held.append(dtype)
+        return held
 
 
 @dataclass
@@ -251,7 +270,7 @@ class Measurement:
     outside: torch.Tensor  # int64 [underflowed, saturated] blocks
     needed: torch.Tensor  # float64 [least positive, largest] needed scale
     blocks: int = 0
-    scale_dtype: ScaleDtype | None = None
+    scheme: QuantScheme | None = None  # of the parts measured
     seconds: float = 0.0  # host time spent measuring: all of it on the CPU, the launches on a GPU
 
     @staticmethod
@@ -332,7 +351,7 @@ class Measurement:
         self.needed = torch.cat([torch.minimum(self.needed[:1], least),
                                  torch.maximum(self.needed[1:], needed.amax().reshape(1))])
         self.blocks += needed.numel()
-        self.scale_dtype = scheme.scale_dtype()
+        self.scheme = scheme
 
     def take_first_over(self, errors: torch.Tensor, bounds: torch.Tensor, first_block: int) -> None:
         """Record the first of these blocks (flat, from `first_block`) whose error is over its bound
@@ -359,7 +378,7 @@ class Measurement:
         if not (underflowed or saturated):
             return None
         least, largest = self.needed.tolist()
-        return RangeLoss(self.scale_dtype, self.blocks, underflowed, saturated, least, largest)
+        return RangeLoss(self.scheme, self.blocks, underflowed, saturated, least, largest)
 
 
 class ChunkedTensor:

@@ -508,7 +508,7 @@ def test_a_tensor_whose_scales_f16_cannot_hold_is_a_warning(tmp_path):
     lines = result.err.splitlines()
     tiny = next(line for line in lines if "'tiny.weight'" in line)
     assert tiny.startswith("warning: tensor 'tiny.weight': 128 of 128 blocks need a scale below F16's smallest")
-    assert "SQNR 0.0 dB" in tiny and "BF16 or F32 block scales" in tiny
+    assert "SQNR 0.0 dB" in tiny and "BF16 or F32 scales, which hold them (a recipe rule's block_scale)" in tiny
     huge = next(line for line in lines if "'huge.weight'" in line)
     assert "128 of 128 blocks need a scale above F16's largest, 65504" in huge and "clipped" in huge
     assert not any("'fine.weight'" in line for line in lines)

@@ -352,6 +352,7 @@ def test_blocks_outside_f16_scales_are_counted_by_both_measures(calibration, sli
         assert (loss.scale_dtype, loss.blocks, loss.underflowed, loss.saturated) == (ScaleDtype.F16, 16, 2, 1)
         assert 1e-11 < loss.least < 2e-10 and 1e5 < loss.largest < 2e6
         assert loss.holders() == [ScaleDtype.BF16, ScaleDtype.F32]
+        assert "a recipe rule's block_scale" in loss.problem("w", 0.0).hint
     # what the counts say, seen in the decode: the underflowed blocks are zeros, the saturated one clipped
     decoded = qcli.codec.decode(payload, Q4_TILE, tuple(x.shape))
     assert not decoded[0:4, 0:8].any() and not decoded[8:12, 8:16].any()
@@ -371,6 +372,7 @@ def test_a_per_tensor_scale_is_one_block() -> None:
     _, chunked, added = _both_measures(x, Q8_TENSOR_F16, Calibration.MinMax)
     for loss in (chunked, added):
         assert (loss.blocks, loss.underflowed, loss.saturated) == (1, 1, 0)
+        assert "a recipe rule's tensor_scale" in loss.problem("w", 0.0).hint
 
 
 def test_two_level_scales_are_judged_relative_to_the_global() -> None:
@@ -380,9 +382,13 @@ def test_two_level_scales_are_judged_relative_to_the_global() -> None:
     _, chunked, added = _both_measures(x, NVFP4, Calibration.MinMax)
     for loss in (chunked, added):
         assert (loss.scale_dtype, loss.blocks, loss.underflowed, loss.saturated) == (ScaleDtype.UE4M3, 16, 15, 0)
+        assert loss.holders() == []  # 1e-30 of the global is beyond F16, and Burn takes nothing wider there
+        assert "one-level scheme" in loss.problem("w", 0.0).hint
     x = _blocks_scaled((4, 64), (1, 16), {(0, 0): 1e-7})
     for loss in _both_measures(x, NVFP4, Calibration.MinMax)[1:]:
         assert (loss.blocks, loss.underflowed, loss.saturated) == (16, 1, 0)
+        assert loss.holders() == [ScaleDtype.F16]  # F16 relative scales reach 2^-24
+        assert "F16 scales" in loss.problem("w", 0.0).hint
 
 
 @pytest.mark.interpreter
