@@ -12,6 +12,7 @@ an NVIDIA H200 through its Vulkan driver, with the same results).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -173,6 +174,11 @@ def load_problem(backend: BurnBackend, scheme: QuantScheme, shape: Sequence[int]
                  version: str = BURN_VERSION) -> str | None:
     """Why `backend` of Burn `version` cannot load a tensor of `shape` (as written) quantized with
     `scheme`, or None. An empty `shape` stands for a shape not known yet: only the scheme is checked."""
+    return _load_problem(backend, scheme, tuple(shape), version)
+
+
+@functools.lru_cache(maxsize=1 << 12)  # asked of every tensor for each backend; a model has a few shapes
+def _load_problem(backend: BurnBackend, scheme: QuantScheme, shape: tuple[int, ...], version: str) -> str | None:
     capability = CAPABILITIES[version][backend]
     if scheme.is_two_level() and not capability.two_level:
         return hold_problem(scheme, version)

@@ -14,6 +14,7 @@ launches share.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -118,6 +119,11 @@ def global_bytes(scheme: QuantScheme) -> int:
 
 def quantized_data_len(scheme: QuantScheme, shape: Sequence[int]) -> int:
     """Total payload bytes: values, then scales, then the optional global."""
+    return _quantized_data_len(scheme, tuple(shape))
+
+
+@functools.lru_cache(maxsize=1 << 12)  # a model's tensors share a few shapes: planning 200k is linear, not slow
+def _quantized_data_len(scheme: QuantScheme, shape: tuple[int, ...]) -> int:
     return value_bytes(scheme, shape) + scale_bytes(scheme, shape) + global_bytes(scheme)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,7 +32,9 @@ from qcli.codec.blocks import counts, to_blocks
 from qcli.codec.decode import block_scales
 from qcli.codec.search import CLIPS
 from qcli.codec.stats import ErrorSums
-from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme
+from qcli.io.safetensors import quoted
+from qcli.problem import Kind, Problem, Severity
+from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme, ScaleDtype, accept_problems
 from qcli.tensor_range import TensorRange
 
 if TYPE_CHECKING:
@@ -87,15 +89,50 @@ def error_bound(
     """
     if whole is None and (scheme.block is None or scheme.is_two_level()):
         whole = whole_range(x)
+    return bound_of(*block_ranges(x, scheme, calibration, whole), scheme, calibration, whole)
+
+
+def block_ranges(
+    x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, whole: TensorRange | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each block's largest |x| (grid-shaped) and, for AbsMean, its mean |x| (float64), in f32 as the codec
+    measures them; a per-tensor scheme's one block is `whole`'s."""
     grid = layout.BlockGrid.of(scheme, x.shape)
     if scheme.block is None:
-        return bound_of(whole.peak.reshape(grid.grid), None, scheme, calibration, whole)
-    blocks = to_blocks(x.to(torch.float32), grid).abs()  # in f32, as the codec measures it
+        return whole.peak.reshape(grid.grid), None
+    blocks = to_blocks(x.to(torch.float32), grid).abs()
     peak = blocks.amax(dim=grid.block_axes)
     mean = None
     if calibration is Calibration.AbsMean:
         mean = blocks.sum(dim=grid.block_axes, dtype=torch.float64) / counts(grid, x.device)
-    return bound_of(peak, mean, scheme, calibration, whole)
+    return peak, mean
+
+
+def needed_scales(
+    peak: torch.Tensor, mean: torch.Tensor | None, scheme: QuantScheme, calibration: Calibration,
+    whole: TensorRange | None,
+) -> torch.Tensor:
+    """The scale each block needs before `round_up` puts it on the scale dtype's grid, float64: its range
+    over the value type's half range, relative to the f32 global of a two-level scheme."""
+    alpha = _alpha(peak.to(torch.float64), mean, scheme, calibration, whole)
+    h = scheme.value.half_range()
+    if scheme.is_two_level():
+        return alpha / h / _global_scale(whole, scheme)
+    return alpha / h
+
+
+def _alpha(peak: torch.Tensor, mean: torch.Tensor | None, scheme: QuantScheme, calibration: Calibration,
+           whole: TensorRange | None) -> torch.Tensor:
+    """The range each block's scale covers (docs/arithmetic.md §1), from `block_ranges`."""
+    if scheme.block is None:
+        return whole.mean().reshape(peak.shape) if calibration is Calibration.AbsMean else peak
+    return mean if calibration is Calibration.AbsMean else peak
+
+
+def _global_scale(whole: TensorRange, scheme: QuantScheme) -> torch.Tensor:
+    """A two-level scheme's f32 global, in float64: the tensor's peak scale over the scale dtype's max."""
+    h, traits = scheme.value.half_range(), scheme.scale_dtype().traits
+    return torch.clamp(whole.peak.to(torch.float64) / h / traits.max, min=F32_MIN_POSITIVE)
 
 
 def bound_of(
@@ -106,18 +143,14 @@ def bound_of(
     (`mean`, float64); for a per-tensor or two-level scheme, `whole` is the tensor's."""
     value, dtype = scheme.value, scheme.scale_dtype()
     peak = peak.to(torch.float64)
-    if scheme.block is None:
-        alpha = whole.mean().reshape(peak.shape) if calibration is Calibration.AbsMean else peak
-    else:
-        alpha = mean if calibration is Calibration.AbsMean else peak
+    alpha = _alpha(peak, mean, scheme, calibration, whole)
     h = value.half_range()
     # How far above the exact scale `round_up` may land: one unit of the dtype's last mantissa bit, or,
     # below the dtype's normal range, what it makes of the smallest scale, round_up(f32::MIN_POSITIVE).
     traits = dtype.traits
     slack, floor = 2.0**-traits.mantissa_bits, max(traits.smallest, F32_MIN_POSITIVE)
     if scheme.is_two_level():
-        global_scale = torch.clamp(whole.peak.to(torch.float64) / h / traits.max, min=F32_MIN_POSITIVE)
-        cap, floor = float("inf"), global_scale * (1 + _F32_ROUNDING) * floor
+        cap, floor = float("inf"), _global_scale(whole, scheme) * (1 + _F32_ROUNDING) * floor
     else:
         cap = traits.max
     widest, narrowest = _searched(scheme) if calibration is Calibration.Mse else (1.0, 1.0)
@@ -168,22 +201,85 @@ def block_errors(x: torch.Tensor, decoded: torch.Tensor, scheme: QuantScheme) ->
 
 # -- Measuring: the one decode against its source -------------------------------------------------------
 
+@dataclass(frozen=True)
+class RangeLoss:
+    """A tensor's blocks whose scale lies outside its scale dtype's range (`Measurement.range_loss`):
+    `underflowed` needed a positive scale below the dtype's smallest, so `round_up` gave them that one
+    and their values a coarser grid (zeros, below half of it); `saturated` needed one above its largest,
+    where their values are clipped. `least` and `largest`: the smallest positive and the largest scale
+    the tensor's blocks need (relative to a two-level scheme's global)."""
+
+    scheme: QuantScheme
+    blocks: int
+    underflowed: int
+    saturated: int
+    least: float
+    largest: float
+
+    @property
+    def scale_dtype(self) -> ScaleDtype:
+        return self.scheme.scale_dtype()
+
+    def problem(self, tensor: str, sqnr_db: float) -> Problem:
+        """The warning a run gives for this tensor, its SQNR and the scale dtypes that hold its scales."""
+        traits, lost = self.scale_dtype.traits, []
+        if self.underflowed:
+            lost.append(f"{self.underflowed} of {self.blocks} blocks need a scale below {self.scale_dtype}'s "
+                        f"smallest, {traits.smallest:.3g} (down to {self.least:.3g}): their values are "
+                        "quantized coarser, the small ones to zero")
+        if self.saturated:
+            lost.append(f"{self.saturated} of {self.blocks} blocks need a scale above {self.scale_dtype}'s "
+                        f"largest, {traits.max:.6g} (up to {self.largest:.3g}): their values are clipped")
+        holders = " or ".join(self.holders())
+        if holders:
+            key = "tensor_scale" if self.scheme.block is None else "block_scale"
+            hint = f"quantize it with {holders} scales, which hold them (a recipe rule's {key}), or keep it"
+        elif self.scheme.is_two_level():
+            hint = "keep it, or quantize it with a one-level scheme (a preset such as q8s-b32)"
+        else:
+            hint = "keep it (a recipe rule with keep = true)"
+        return Problem(Kind.scale_range, f"tensor {quoted(tensor)}: {'; '.join(lost)}; SQNR {sqnr_db:.1f} dB",
+                       hint, Severity.warning, tensors=(tensor,))
+
+    def holders(self) -> list[ScaleDtype]:
+        """The other scale dtypes (F16, BF16, F32) whose range holds every needed scale and that Burn
+        accepts in this scheme's place of its own (a two-level scheme's block scales: no wider than F16)."""
+        held = []
+        for dtype in (ScaleDtype.F16, ScaleDtype.BF16, ScaleDtype.F32):
+            if dtype is self.scale_dtype or not (dtype.traits.smallest <= self.least
+                                                 and self.largest <= dtype.traits.max):
+                continue
+            block = self.scheme.block
+            other = (self.scheme.per_tensor(dtype) if block is None
+                     else replace(self.scheme, block=replace(block, dtype=dtype)))
+            if not accept_problems(other, Calibration.MinMax):
+                held.append(dtype)
+        return held
+
+
 @dataclass
 class Measurement:
     """The error sums of a quantized tensor and its first block over the bound (-1: none yet, with that
-    block's error and bound), as device tensors, accumulated part by part in block order."""
+    block's error and bound), and the blocks whose needed scale is outside the scale dtype's range
+    (`range_loss`), as device tensors, accumulated part by part in block order."""
 
     sums: ErrorSums
     block: torch.Tensor
     error: torch.Tensor
     bound: torch.Tensor
+    outside: torch.Tensor  # int64 [underflowed, saturated] blocks
+    needed: torch.Tensor  # float64 [least positive, largest] needed scale
+    blocks: int = 0
+    scheme: QuantScheme | None = None  # of the parts measured
     seconds: float = 0.0  # host time spent measuring: all of it on the CPU, the launches on a GPU
 
     @staticmethod
     def on(device: torch.device | str) -> Measurement:
         nothing = torch.full((1,), -1, dtype=torch.int64, device=device)
         zero = torch.zeros(1, dtype=torch.float64, device=device)
-        return Measurement(ErrorSums.zeros(device), nothing, zero, zero.clone())
+        outside = torch.zeros(2, dtype=torch.int64, device=device)
+        needed = torch.tensor([math.inf, 0.0], dtype=torch.float64, device=device)
+        return Measurement(ErrorSums.zeros(device), nothing, zero, zero.clone(), outside, needed)
 
     def add(
         self, x: torch.Tensor, payload: torch.Tensor, scheme: QuantScheme, calibration: Calibration,
@@ -226,6 +322,8 @@ class Measurement:
         starting at block `first_block` of the tensor's grid (`whole` as for `add`); `seconds` counts
         the host time spent here."""
         started = time.perf_counter()
+        if whole is None and (scheme.block is None or scheme.is_two_level()):
+            whole = whole_range(x)
         x = x.to(torch.float32)  # widened once for both measures, which then take it as it is
         difference = decoded.sub_(x)
         grid = layout.BlockGrid.of(scheme, tuple(x.shape))
@@ -233,8 +331,27 @@ class Measurement:
         if errors.numel():
             self.sums.add_difference(x, difference)
             self.sums.max_abs = torch.maximum(self.sums.max_abs, errors.amax().to(torch.float64))
-            self.take_first_over(errors, error_bound(x, scheme, calibration, whole).reshape(-1), first_block)
+            peak, mean = block_ranges(x, scheme, calibration, whole)
+            self.take_first_over(errors, bound_of(peak, mean, scheme, calibration, whole).reshape(-1), first_block)
+            self.take_range(needed_scales(peak, mean, scheme, calibration, whole), scheme)
         self.seconds += time.perf_counter() - started
+
+    def take_range(self, needed: torch.Tensor, scheme: QuantScheme) -> None:
+        """Count the blocks whose needed scale (`needed_scales`) is outside the scheme's scale dtype's range,
+        and keep the least positive and the largest; a per-tensor scheme's one block is counted once."""
+        traits = scheme.scale_dtype().traits
+        needed = needed.reshape(-1)
+        if scheme.block is None:
+            if self.blocks:
+                return
+            needed = needed[:1]
+        positive = needed > 0
+        self.outside += torch.stack([(positive & (needed < traits.smallest)).sum(), (needed > traits.max).sum()])
+        least = torch.where(positive, needed, math.inf).amin().reshape(1)
+        self.needed = torch.cat([torch.minimum(self.needed[:1], least),
+                                 torch.maximum(self.needed[1:], needed.amax().reshape(1))])
+        self.blocks += needed.numel()
+        self.scheme = scheme
 
     def take_first_over(self, errors: torch.Tensor, bounds: torch.Tensor, first_block: int) -> None:
         """Record the first of these blocks (flat, from `first_block`) whose error is over its bound
@@ -254,6 +371,14 @@ class Measurement:
         """The first block over its bound, read back to the host; None when every block is within."""
         block, error, bound = torch.cat([self.block.to(torch.float64), self.error, self.bound]).tolist()
         return None if block < 0 else BoundFailure(int(block), error, bound)
+
+    def range_loss(self) -> RangeLoss | None:
+        """The blocks whose scale left the scale dtype's range, read back to the host; None when none did."""
+        underflowed, saturated = self.outside.tolist()
+        if not (underflowed or saturated):
+            return None
+        least, largest = self.needed.tolist()
+        return RangeLoss(self.scheme, self.blocks, underflowed, saturated, least, largest)
 
 
 class ChunkedTensor:
@@ -307,9 +432,9 @@ class ChunkedTensor:
                 means = (self.abs_sums / counts(self.grid)).reshape(-1)
             for start in range(0, self.errors.numel(), BOUND_BLOCKS):  # the bound's f64 temporaries stay small
                 part = slice(start, start + BOUND_BLOCKS)
-                bounds = bound_of(self.peaks[part], None if means is None else means[part], self.scheme,
-                                  self.calibration, whole)
-                m.take_first_over(self.errors[part], bounds, start)
+                ranges = self.peaks[part], None if means is None else means[part]
+                m.take_first_over(self.errors[part], bound_of(*ranges, self.scheme, self.calibration, whole), start)
+                m.take_range(needed_scales(*ranges, self.scheme, self.calibration, whole), self.scheme)
         m.seconds += time.perf_counter() - started
 
 

@@ -9,6 +9,7 @@ reads a weight, so a plan is checked in full (and `--dry-run` printed) before th
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -95,19 +96,19 @@ class PlanEntry:
         found = self.decision.found
         return found.name if found is not None else self.info.name
 
-    @property
+    @functools.cached_property  # each property below is asked many times of every entry
     def shape(self) -> tuple[int, ...]:
         """The source tensor's shape as its format dequantizes it, not its codes' shape."""
         found = self.decision.found
         return found.shape if found is not None else tuple(self.info.shape)
 
-    @property
+    @functools.cached_property
     def out_shape(self) -> tuple[int, ...]:
         """The shape written: the source shape, reversed when the tensor is transposed."""
         shape = self.shape
         return shape[::-1] if self.decision.transpose and len(shape) == 2 else shape
 
-    @property
+    @functools.cached_property
     def out_dtype(self) -> DType | None:
         """Burn's DType written: the source dtype (or the cast's) for a kept tensor, None where Burn has
         none; else the scheme's QFloat."""
@@ -115,7 +116,7 @@ class PlanEntry:
             return burn_dtype(self.decision.cast or self.info.dtype)
         return qfloat(self.decision.scheme, self.burn_version)
 
-    @property
+    @functools.cached_property
     def out_nbytes(self) -> int:
         if self.decision.scheme is None:
             if self.decision.cast is not None:
@@ -230,6 +231,11 @@ def is_quantized(dtype: str) -> bool:
 
 def shape_problem(scheme: QuantScheme, shape: Sequence[int]) -> str | None:
     """Why a tensor of `shape` cannot take `scheme` in any Burn backend, or None when it can."""
+    return _shape_problem(scheme, tuple(shape))
+
+
+@functools.lru_cache(maxsize=1 << 12)  # asked of every tensor, and a model's tensors share a few shapes
+def _shape_problem(scheme: QuantScheme, shape: tuple[int, ...]) -> str | None:
     rank = len(shape)
     if rank == 0:
         return "a 0-D tensor (scalar) has no axis to quantize along"
@@ -646,7 +652,7 @@ class _Planner:
     def backend_problems(self, backend: BurnBackend, entries: Sequence[PlanEntry]) -> None:
         """What `backend` cannot load, one problem per rule (or the preset) and reason: an error for the
         backend asked for, a warning for a common one."""
-        failing: dict[tuple[int, str, str], list[PlanEntry]] = {}
+        failing: dict[tuple[int, object, str], list[PlanEntry]] = {}
         version = self.burn_version
         for entry in entries:
             scheme = entry.decision.scheme
@@ -658,8 +664,8 @@ class _Planner:
             why = (kept_problem(backend, dtype, version) if scheme is None
                    else load_problem(backend, scheme, entry.out_shape, version))
             if why is not None:
-                failing.setdefault((id(entry.decision.rule), str(scheme or dtype), why), []).append(entry)
-        for (_, written, why), group in failing.items():
+                failing.setdefault((id(entry.decision.rule), scheme or dtype, why), []).append(entry)
+        for (_, written, why), group in failing.items():  # `written`: a scheme or a dtype, shown as text
             first = group[0]
             names = [e.info.name for e in group]
             if first.decision.scheme is None:

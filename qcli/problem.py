@@ -39,6 +39,7 @@ class Kind(StrEnum):
     uncovered = "uncovered"
     leftover = "leftover"
     output_exists = "output-exists"
+    scale_range = "scale-range"
 
 
 @dataclass(frozen=True)

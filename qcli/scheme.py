@@ -361,6 +361,20 @@ class QuantScheme:
     tensor: ScaleDtype | None = None
     block: BlockScale | None = None
 
+    def __hash__(self) -> int:
+        """The fields' hash, as a frozen dataclass's, kept once taken: planning looks every tensor's scheme
+        up in caches (`layout.quantized_data_len`, `plan.shape_problem`), and hashing the nested fields
+        each time was most of the cost of planning 200k tensors."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.value, self.store, self.mode, self.tensor, self.block))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict:
+        """A copy or pickle without the kept hash (str enums hash differently in another process)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     def with_value(self, value: QuantValue) -> QuantScheme:
         return replace(self, value=value)
 

@@ -237,18 +237,23 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
     if mode == "quiet":
         out.print(f"{'wrote' if written else 'would write'} {printable(', '.join(report.outputs))}", soft_wrap=True)
         return
-    rows = sorted(report.tensors, key=lambda t: natural_key(t.name))
+    rows = report.tensors
     title = "plan (dry run: nothing read or written)" if not written else None
     wide = mode == "verbose"
-    if not wide and len(rows) > FULL_TABLE_MAX:
+    if wide or len(rows) <= FULL_TABLE_MAX:
+        rows = sorted(rows, key=lambda t: natural_key(t.name))
+    else:
         if written:
-            measured = [t for t in rows if t.error is not None and t.error.sqnr_db is not None]
+            measured = [t for t in sorted(rows, key=lambda t: natural_key(t.name))
+                        if t.error is not None and t.error.sqnr_db is not None]
             rows = sorted(sorted(measured, key=_sqnr)[:WORST], key=lambda t: natural_key(t.name))
             title = f"the {len(rows)} tensors with the lowest SQNR (--verbose: all {len(report.tensors)})"
         else:
             rows, title = [], None
             out.print("plan (dry run: nothing read or written); --verbose prints every tensor")
-            counts = Counter("keep" if t.scheme is None else str(t.scheme) for t in report.tensors)
+            counts: Counter[str] = Counter()
+            for scheme, n in Counter(t.scheme for t in report.tensors).items():  # each scheme's text made once
+                counts["keep" if scheme is None else str(scheme)] += n
             for decision, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
                 out.print(f"  {n:>6} × {decision}", soft_wrap=True)
     if rows or title:

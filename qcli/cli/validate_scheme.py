@@ -42,6 +42,13 @@ def validate_scheme(
             "--scheme", metavar="NAME", help="With --model: the preset for tensors no rule covers, as in quantize."
         ),
     ] = None,
+    values: Annotated[
+        bool,
+        typer.Option(
+            "--values", help="With --model: also read and quantize (on the CPU, nothing written) every tensor the "
+            "plan quantizes, and report each whose block scales its scale dtype cannot hold."
+        ),
+    ] = False,
     requantize: requantize_option() = None,
     burn_backend: BurnBackendOption = None,
     burn_version: BurnVersionOption = None,
@@ -58,7 +65,8 @@ def validate_scheme(
     """Check recipes against Burn's acceptance rules; exit 1 when any error is found.
 
     With --model: every tensor that cannot take its scheme, every rule that matches nothing, every
-    tensor no rule covers, and every already-quantized weight Burn cannot hold (unless --requantize).
+    tensor no rule covers, and every already-quantized weight Burn cannot hold (unless --requantize);
+    with --values too, every tensor whose values need block scales outside its scale dtype's range.
     Without --model neither torch nor triton is imported.
     """
     if json_output and format not in (None, Format.json):
@@ -66,7 +74,7 @@ def validate_scheme(
     chosen = Format.json if json_output else format or Format.text
     report = command.validate_scheme(recipes, model=model, scheme=scheme, requantize=requantize,
                                      burn_backend=None if burn_backend is None else burn_backend.value,
-                                     burn_version=burn_version)
+                                     burn_version=burn_version, values=values)
     {Format.text: _text, Format.json: _json, Format.github: _github}[chosen](report)
     if not report.ok:
         raise CheckFailed()

@@ -4,19 +4,19 @@ tensors) or a burnpack file holds, one tensor's statistics, or a burnpack file c
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import struct
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qcli import layout
+from qcli.commands import collector_paused
 from qcli.commands.quantize import plan_by_name
 from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect, verdict
 from qcli.formats.found import Encoded, Found, Transcode
-from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER, TensorEntry
+from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER, TensorEntry, metadata_json
 from qcli.io.burnpack_index import BurnpackSet, standing_index
 from qcli.io.dtypes import TORCH_DTYPE_NAMES, Bool, BoolStore, DType, Plain, QFloat, torch_dtype
 from qcli.io.gguf import GgufSource
@@ -121,7 +121,7 @@ def inspect_file(
         raise UsageError(
             "--compare checks a .bpk against its source", hint="run `qcli inspect OUTPUT.bpk --compare INPUT`"
         )
-    with open_source(path, names) as source:
+    with collector_paused() as resume, open_source(path, names) as source:
         infos = source.infos()
         report = InspectReport(
             path=str(path),
@@ -130,6 +130,7 @@ def inspect_file(
             tensors=[ListedTensor(i.name, i.dtype, i.dtype, tuple(i.shape), i.nbytes) for i in infos],
             plan=_default_plan(infos),
         )
+        resume()
         if tensor is not None:
             if tensor not in {i.name for i in infos}:
                 raise _suggest_tensor(tensor, [i.name for i in infos])
@@ -212,10 +213,7 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path,
     from qcli.codec import error_stats
     from qcli.pipeline.cpu import cast_kept
 
-    try:
-        transposed = json.loads(reader.metadata.get("transposed", "[]"))
-    except json.JSONDecodeError:
-        transposed = None
+    transposed = metadata_json(reader.path, "transposed", reader.metadata.get("transposed", "[]"))
     if not isinstance(transposed, list) or not all(isinstance(n, str) for n in transposed):
         raise InputError(
             f"{reader.path}: metadata 'transposed' is not a JSON list of tensor names",

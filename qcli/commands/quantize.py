@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from qcli import BURN_VERSION
 from qcli.burn_backends import BurnBackend, resolve_backend, resolve_version
+from qcli.commands import collector_paused
 from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect
@@ -34,6 +35,7 @@ from qcli.output import (
 from qcli.pipeline.device import Runtime
 from qcli.plan import Plan, PlanEntry, make_plan
 from qcli.presets import Preset, resolve_preset
+from qcli.problem import Problem
 from qcli.recipe import Recipe, load_recipe
 from qcli.report import MemoryUse, Phase, QuantizeReport, SourceFile, TensorRow, Timings
 from qcli.resident import peak_resident_bytes, resident_bytes
@@ -136,7 +138,7 @@ def quantize_file(
             printable(f"{target} already exists"), hint="pass --force to replace it, or -o to write somewhere else"
         )
     runtime = None if dry_run else Runtime(device)  # torch and CUDA load while the headers are read
-    with open_source(input, names) as source:
+    with collector_paused() as resume, open_source(input, names) as source:
         inputs = [(input, "the input"), *((f, "the input") for f in source.files)]
         if source.index is not None:
             inputs.append((source.index, "the input's index"))
@@ -174,10 +176,11 @@ def quantize_file(
         report.warnings += folder_warnings + outputs.prepare(inputs, force=force, dry_run=dry_run)
         if dry_run:
             return report
+        resume()
         requantizing = any(e.decision.requantize is not None for e in plan.entries)
         report.device, run = runtime.select("cpu" if requantizing and device == "auto" else device)
         resident = _warm_runtime()
-        report.tensors, report.timings = _write(plan, source, run, outputs, stats, progress, verify)
+        report.tensors, report.timings = _write(plan, source, run, outputs, stats, progress, verify, report.warnings)
         report.memory = MemoryUse(resident, peak_resident_bytes())
     return report
 
@@ -213,9 +216,11 @@ def _write(
     stats: bool,
     progress: ProgressHook | None,
     verify: bool,
+    warnings: list[Problem],
 ) -> tuple[list[TensorRow], Timings]:
     """Stream the pipeline's payloads into the output files, time each phase, and report each quantized
-    tensor's measurement by the pipeline (its error with `stats`, its bound check with `verify`).
+    tensor's measurement by the pipeline (its error with `stats`, its bound check with `verify`, and into
+    `warnings` the blocks whose scale left its dtype's range).
 
     With `verify`, the complete files are then read back (`qcli.verify.read_back`) before they are
     renamed into place.
@@ -240,7 +245,7 @@ def _write(
             timings.write.seconds += time.perf_counter() - tick
             timings.write.bytes += entry.out_nbytes
 
-            error = _reported(entry, measured, target, stats, timings) if measured is not None else None
+            error = _reported(entry, measured, target, stats, timings, warnings) if measured is not None else None
             rows.append(TensorRow.of(entry, error))
             del payload
 
@@ -277,16 +282,20 @@ def _naming_files(plan: Plan, payloads: Iterator[Payload]) -> Iterator[Payload]:
         raise InputError(f"{file}: {exc.message}", hint=exc.hint) from exc
 
 
-def _reported(entry: PlanEntry, measured: Measurement, target: Path, stats: bool, timings: Timings
-              ) -> ErrorStats | None:
-    """A quantized tensor's measurement (`qcli.measure`), read back: its error with `stats`, and with
-    `timings.verify` set its bound check, raising `OutputError` for a block over the bound.
+def _reported(entry: PlanEntry, measured: Measurement, target: Path, stats: bool, timings: Timings,
+              warnings: list[Problem]) -> ErrorStats | None:
+    """A quantized tensor's measurement (`qcli.measure`), read back: its error with `stats`, with
+    `timings.verify` set its bound check, raising `OutputError` for a block over the bound, and a warning
+    for blocks whose scale its scale dtype cannot hold (`Measurement.range_loss`), with its SQNR.
 
     The decode and measuring ran in the pipeline: the host time it spent on them (`Measurement.seconds`:
     all of it on the CPU; on a GPU the launches, the work itself overlapping the stream) moves from the
     quantize phase to the stats phase, with the time taken to read the results back."""
     tick = time.perf_counter()
     error = measured.stats() if stats else None
+    loss = measured.range_loss()
+    if loss is not None:
+        warnings.append(loss.problem(entry.name, (error or measured.stats()).sqnr_db))
     timings.quantize.seconds = max(timings.quantize.seconds - measured.seconds, 0.0)
     timings.stats.seconds += measured.seconds + time.perf_counter() - tick
     timings.stats.bytes += entry.info.nbytes

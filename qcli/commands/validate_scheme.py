@@ -6,7 +6,10 @@ can annotate the recipe. With the model's `TensorInfo`s the plan is resolved fro
 tensors that cannot take their scheme, rules that decide nothing (matching no tensor, shadowed by
 earlier rules, or quantizing none of the tensors they match: errors here, warnings in `make_plan`),
 tensors no rule covers and a plan that quantizes nothing (warnings), and already-quantized weights no
-Burn scheme holds (errors, unless `requantize` names the preset they are requantized into).
+Burn scheme holds (errors, unless `requantize` names the preset they are requantized into). Headers
+cannot say whether a tensor's values fit its scale dtype's range: with `values`, every tensor the plan
+quantizes is read and quantized on the CPU (nothing written), and each whose blocks need scales outside
+that range is an error (quantize's `scale-range` warning).
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from qcli.errors import UsageError
 from qcli.formats import detect
 from qcli.formats.found import Found
 from qcli.io.safetensors import NOT_REGULAR_HINT, TensorInfo, not_regular_problem, printable
-from qcli.io.source import open_source
-from qcli.plan import count_and_first, make_plan, preset_or_scheme, rule_refusal
+from qcli.io.source import Source, open_source
+from qcli.plan import Plan, count_and_first, make_plan, preset_or_scheme, rule_refusal
 from qcli.presets import Preset, resolve_preset
 from qcli.problem import Kind, Problem, Severity
 from qcli.recipe import Rule, read_recipe
@@ -35,11 +38,14 @@ RULE_KINDS = (Kind.unmatched_rule, Kind.unquantized_rule)
 def validate_scheme(
     recipes: str | Path | Sequence[str | Path], *, model: str | Path | None = None, scheme: str | None = None,
     requantize: str | None = None, burn_backend: str | None = None,
-    burn_version: str | None = None,
+    burn_version: str | None = None, values: bool = False,
 ) -> ValidateReport:
     """Every problem in each recipe, and with `model` every problem of the plan each makes from headers
     (with `requantize`, the preset its weights no Burn scheme holds are requantized into, as quantize
-    does); with `burn_backend`, every scheme that Burn backend cannot load."""
+    does; with `values`, the tensors whose scales leave their scale dtype's range, from their values);
+    with `burn_backend`, every scheme that Burn backend cannot load."""
+    if values and model is None:
+        raise UsageError("--values needs --model", hint="name the checkpoint whose values to check: --model INPUT")
     paths = [Path(recipes)] if isinstance(recipes, (str, Path)) else [Path(r) for r in recipes]
     for path in paths:
         kind = not_regular_problem(path)
@@ -54,27 +60,29 @@ def validate_scheme(
                 hint="pass the path of a TOML recipe (docs/recipes.md)",
             )
     requantized = None if requantize is None else resolve_preset(requantize)
-    infos, found = None, None
-    if model is not None:
-        with open_source(Path(model)) as source:
-            infos = source.infos()
-            found = detect(infos, None if requantized is None else source.load)
     preset = resolve_preset(scheme)
     backend = resolve_backend(burn_backend)
     version = resolve_version(burn_version)
-    problems = [p for path in paths
-                for p in recipe_problems(path, infos, preset, backend, version, requantized, found)]
+    if model is None:
+        problems = [p for path in paths for p in recipe_problems(path, None, preset, backend, version)]
+    else:
+        with open_source(Path(model)) as source:
+            infos = source.infos()
+            found = detect(infos, None if requantized is None else source.load)
+            problems = [p for path in paths for p in recipe_problems(
+                path, infos, preset, backend, version, requantized, found, source if values else None)]
     return ValidateReport([str(p) for p in paths], None if model is None else str(model), problems)
 
 
 def recipe_problems(
     recipe_path: str | Path, infos: Iterable[TensorInfo] | None = None, preset: Preset | None = None,
     backend: BurnBackend | None = None, burn_version: str = BURN_VERSION, requantize: Preset | None = None,
-    found: Mapping[str, Found] | None = None,
+    found: Mapping[str, Found] | None = None, values: Source | None = None,
 ) -> list[Problem]:
     """Every problem of the recipe at `recipe_path`, and of its plan for `infos` when given (`requantize`
     and `found` as `qcli.plan.make_plan` takes them); with `backend`, every scheme that Burn backend
-    cannot load (checked per tensor when `infos` is given).
+    cannot load (checked per tensor when `infos` is given); with `values` (the source of `infos`), the
+    tensors whose scales leave their scale dtype's range, when the plan has no error to stop it first.
 
     An unreadable recipe file raises `RecipeError`; everything wrong inside it is returned.
     """
@@ -94,6 +102,23 @@ def recipe_problems(
             "add a rule for them (match = \"*\" as the last rule catches everything), or accept the default",
             severity=Severity.warning, file=str(recipe_path), tensors=tuple(uncovered),
         ))
+    if values is not None and not any(p.severity is Severity.error for p in problems):
+        problems += range_problems(plan, values)
+    return problems
+
+
+def range_problems(plan: Plan, source: Source) -> list[Problem]:
+    """quantize's `scale-range` warnings, as errors: every tensor the plan quantizes, read and quantized by
+    the CPU pipeline and measured as a run measures it (`qcli.measure.Measurement.range_loss`)."""
+    from qcli.pipeline import cpu
+
+    problems = []
+    for payload in cpu.run(plan, source, measure=True):
+        measured = payload.measurement
+        loss = None if measured is None else measured.range_loss()
+        if loss is not None:
+            problem = loss.problem(payload.entry.info.name, measured.stats().sqnr_db)
+            problems.append(replace(problem, severity=Severity.error))
     return problems
 
 

@@ -13,9 +13,11 @@ integers and floats (§3). The container never interprets a payload: a QFloat te
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import itertools
+import json
 import os
 import re
 import struct
@@ -48,6 +50,10 @@ MAX_CBOR_RECURSION_DEPTH = 128
 MAX_TENSOR_COUNT = 100_000
 MAX_TENSOR_SIZE = 10 * 1024**3
 U64_MAX = 2**64 - 1
+# qcli's own limits on JSON that a metadata value holds (`metadata_json`): what qcli writes there (a list of
+# names) nests 1 deep; json recurses once a level, and a long value is read whole.
+MAX_METADATA_JSON_DEPTH = 32
+MAX_METADATA_JSON_SIZE = 16 * 1024**2
 
 _HEADER = struct.Struct("<IHI")
 _temp_serial = itertools.count()  # two writers of one process never share a temporary file
@@ -157,9 +163,20 @@ def split(
 
 
 def _entry_bound(entry: TensorEntry) -> int:
-    """Its bytes rounded up to the alignment, and its descriptor with the widest possible offsets."""
-    metadata = len(cbor2.dumps(entry.name)) + len(cbor2.dumps(_descriptor(entry, (U64_MAX, U64_MAX))))
-    return align(entry.nbytes) + metadata
+    """Its bytes rounded up to the alignment, its name, and its descriptor with the widest possible offsets."""
+    descriptor = _descriptor_bound(entry.dtype, tuple(entry.shape), entry.param_id)
+    return align(entry.nbytes) + _text_size(entry.name) + descriptor
+
+
+def _text_size(text: str) -> int:
+    """The bytes of `text` as a CBOR text string (RFC 8949 §3: its head, 1 to 9 bytes, then its UTF-8)."""
+    n = len(text.encode("utf-8"))
+    return n + (1 if n < 24 else 2 if n < 1 << 8 else 3 if n < 1 << 16 else 5 if n < 1 << 32 else 9)
+
+
+@functools.lru_cache(maxsize=1 << 12)  # a model's tensors share a few dtypes and shapes
+def _descriptor_bound(dtype: DType, shape: tuple[int, ...], param_id: int | None) -> int:
+    return len(cbor2.dumps(_descriptor(TensorEntry("", dtype, shape, 0, param_id), (U64_MAX, U64_MAX))))
 
 
 def _fixed_bound(metadata: Mapping[str, str] | None) -> int:
@@ -554,6 +571,37 @@ def _cbor_problem(exc: Exception) -> str:
         what = "a tag" if tag is None else f"tag {tag}" + (f" ({_TAG_NAMES[tag]})" if tag in _TAG_NAMES else "")
         return f"metadata holds CBOR {what}, which burnpack metadata never uses"
     return f"metadata is not valid CBOR: {exc}"
+
+
+_JSON_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def _json_depth(text: str) -> int:
+    """How deep `text`'s arrays and objects nest, brackets inside strings not counted; linear, no recursion."""
+    import numpy as np
+
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)).encode("ascii")
+    if not brackets:
+        return 0
+    codes = np.frombuffer(brackets, np.uint8)
+    return int(np.cumsum(np.where((codes == ord("[")) | (codes == ord("{")), 1, -1)).max())
+
+
+def metadata_json(path: Path, key: str, text: str) -> object:
+    """The JSON that metadata value `key` holds, parsed under a size and a depth limit: hostile text is an
+    `InputError`, never a `RecursionError` or a parse that runs for minutes."""
+    if len(text) > MAX_METADATA_JSON_SIZE:
+        raise _fail(path, f"metadata '{key}' holds {len(text)} characters, more than the "
+                    f"{MAX_METADATA_JSON_SIZE} of JSON qcli reads", _CORRUPT_HINT)
+    depth = _json_depth(text)
+    if depth > MAX_METADATA_JSON_DEPTH:
+        raise _fail(path, f"metadata '{key}' holds JSON nested {depth} deep, past the "
+                    f"{MAX_METADATA_JSON_DEPTH} qcli reads", _CORRUPT_HINT)
+    try:
+        return json.loads(text)
+    except ValueError as exc:  # a JSONDecodeError, or an integer past int's digit limit
+        raise _fail(path, f"metadata '{key}' is not valid JSON: {exc}", _CORRUPT_HINT) from None
 
 
 _CORRUPT_HINT = "the file is damaged or was not written by Burn or qcli; write it again from its source"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from qcli import BURN_VERSION, __version__
 from qcli.io.dtypes import QFloat
@@ -515,6 +516,39 @@ def test_plan_warnings_go_to_stderr(tmp_path):
     assert result.code == 0
     assert result.err.startswith("warning: ") and "matches no tensor" in result.err
     assert "vision[in, out]" in result.err
+
+
+def test_a_tensor_whose_scales_f16_cannot_hold_is_a_warning(tmp_path):
+    """Values near 1e-9 need block scales near 1e-10, below F16's smallest (2^-24): the decode is all zeros,
+    so its SQNR is exactly 0 dB; values near 1e8 need scales above F16's largest and are clipped."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(5)
+    src = tmp_path / "range.safetensors"
+    save_file({"tiny.weight": torch.randn(64, 64, generator=g) * 1e-9,
+               "huge.weight": torch.randn(64, 64, generator=g) * 1e8,
+               "fine.weight": torch.randn(64, 64, generator=g)}, str(src))
+    out = tmp_path / "range.bpk"
+    result = cli("quantize", src, "-o", out, "--scheme", "q4s-b32", "--device", "cpu")
+    assert result.code == 0, result.err
+    lines = result.err.splitlines()
+    tiny = next(line for line in lines if "'tiny.weight'" in line)
+    assert tiny.startswith("warning: tensor 'tiny.weight': 128 of 128 blocks need a scale below F16's smallest")
+    assert "SQNR 0.0 dB" in tiny and "BF16 or F32 scales, which hold them (a recipe rule's block_scale)" in tiny
+    huge = next(line for line in lines if "'huge.weight'" in line)
+    assert "128 of 128 blocks need a scale above F16's largest, 65504" in huge and "clipped" in huge
+    assert not any("'fine.weight'" in line for line in lines)
+    from qcli.io.burnpack import BurnpackReader
+
+    values, scales = decode_packed(bytes(BurnpackReader.open(out).read("tiny.weight")), (64, 64), 4, 32)
+    assert not values.any() and (scales == 2.0**-24).all()  # every scale rounded up to F16's smallest
+    doc = cli("quantize", src, "-o", out, "--force", "--scheme", "q4s-b32", "--device", "cpu", "--json").json
+    validate_json(doc)
+    warned = {w["tensors"][0]: w for w in doc["warnings"] if w["kind"] == "scale-range"}
+    assert sorted(warned) == ["huge.weight", "tiny.weight"]
+    assert all(w["severity"] == "warning" and w["hint"] for w in warned.values())
+    sqnr = {t["name"]: t["sqnr_db"] for t in doc["tensors"]}
+    assert sqnr["tiny.weight"] == 0.0 and f"SQNR {sqnr['huge.weight']:.1f} dB" in warned["huge.weight"]["message"]
 
 
 # ----------------------------------------------------------------------------- daily use, round two

@@ -113,6 +113,33 @@ def test_with_a_model_every_unmatched_rule_and_uncovered_tensor_is_reported(reci
     assert cli("validate-scheme", recipe(GOOD, "good.toml"), "--model", SINGLE).code == 0
 
 
+def test_values_report_tensors_whose_scales_leave_the_scale_dtype_range(recipe, tmp_path):
+    """Headers alone cannot see it (no problem without --values); with it, values near 1e-9 under F16 block
+    scales (which need scales near 1e-10, below F16's smallest) are an error, and BF16 scales hold them."""
+    import torch
+    from safetensors.torch import save_file
+
+    model = tmp_path / "tiny.safetensors"
+    g = torch.Generator().manual_seed(2)
+    save_file({"tiny.weight": torch.randn(64, 64, generator=g) * 1e-9,
+               "fine.weight": torch.randn(64, 64, generator=g)}, str(model))
+    f16 = recipe('version = 1\n[[rule]]\nmatch = "*"\npreset = "q4s-b32"\n')
+    assert cli("validate-scheme", f16, "--model", model).code == 0
+    doc = cli("validate-scheme", f16, "--model", model, "--values", "--json")
+    assert doc.code == 1
+    validate_json(doc.json)
+    (problem,) = doc.json["problems"]
+    assert (problem["kind"], problem["severity"], problem["tensors"]) == ("scale-range", "error", ["tiny.weight"])
+    assert "128 of 128 blocks need a scale below F16's smallest" in problem["message"]
+    assert "SQNR 0.0 dB" in problem["message"] and "BF16" in problem["hint"]
+    bf16 = recipe('version = 1\n[[rule]]\nmatch = "*"\nvalue = "Q4S"\nblock = [32]\nblock_scale = "BF16"\n',
+                  "bf16.toml")
+    assert cli("validate-scheme", bf16, "--model", model, "--values").code == 0
+    assert cli("validate-scheme", recipe(GOOD, "good.toml"), "--model", SINGLE, "--values").code == 0
+    lines = assert_user_error(cli("validate-scheme", f16, "--values"), 2)
+    assert "--values needs --model" in lines[0]
+
+
 def test_recipe_errors_are_problems_with_their_line(recipe):
     path = recipe(TYPO)
     text = cli("validate-scheme", path)

@@ -25,6 +25,7 @@ from qcli.io.burnpack import (
     TensorEntry,
     data_section_start,
     header_bytes,
+    metadata_json,
     size_bound,
     split,
 )
@@ -399,6 +400,36 @@ def test_cbor_nesting_limit_is_128(tmp_path: Path) -> None:
     assert "not valid CBOR" in too_deep.message
     deep = read_error(tmp_path / "b.bpk", raw_pack(None, encoded=b"\x81" * 128 + b"\x00"))
     assert "no 'tensors' map" in deep.message  # decodes, then fails as a Metadata
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('["a[[[[", "b]]", "c\\"[{"]', ["a[[[[", "b]]", 'c"[{']),  # brackets inside strings do not nest
+    ("[" * 32 + "]" * 32, eval("[" * 32 + "]" * 32)),  # noqa: S307 (Python's own parser as the oracle)
+    ("[]", []),
+])
+def test_metadata_json_within_its_limits(text: str, expected: object) -> None:
+    assert metadata_json(Path("a.bpk"), "k", text) == expected
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[" * 33 + "]" * 33, "metadata 'k' holds JSON nested 33 deep, past the 32 qcli reads"),
+    ('[{"a": ' * 20 + "1" + "}]" * 20, "nested 40 deep"),
+    ("[" * 100_000, "nested 100000 deep"),  # unclosed: still measured, not parsed
+    ('"' + "a" * (16 * 1024**2 - 1) + '"', "holds 16777217 characters, more than the 16777216"),
+    ("[1,", "metadata 'k' is not valid JSON"),
+])
+def test_metadata_json_past_its_limits(text: str, message: str) -> None:
+    with pytest.raises(InputError) as caught:
+        metadata_json(Path("a.bpk"), "k", text)
+    assert message in caught.value.message and caught.value.hint
+
+
+@pytest.mark.parametrize("n", [0, 23, 24, 255, 256, 65535, 65536])
+@pytest.mark.parametrize("char", ["a", "é"])
+def test_a_name_bound_is_its_cbor_size(n: int, char: str) -> None:
+    from qcli.io.burnpack import _text_size
+
+    assert _text_size(char * n) == len(cbor2.dumps(char * n))
 
 
 def test_too_many_tensors(tmp_path: Path) -> None:

@@ -626,3 +626,17 @@ def test_a_flag_calibration_a_rules_scheme_cannot_take_is_an_error_at_the_rule(t
     assert problem.line == 9 and "--calibration AbsMean cannot apply to" in problem.message
     assert "two-level" in problem.message
     assert plan.entries[0].decision.scheme is None
+
+
+def test_a_header_of_many_tensors_is_checked_once_per_shape() -> None:
+    """Planning is linear in the header: the checks of a (scheme, shape) pair (shape, payload size, what each
+    backend loads) run once per pair, however many tensors share it (bench/header_scale.py times it)."""
+    from qcli import burn_backends, layout, plan
+
+    checks = (plan._shape_problem, layout._quantized_data_len, burn_backends._load_problem)
+    for check in checks:
+        check.cache_clear()
+    infos = [info(f"model.layers.{i}.mlp.{p}.weight", "BF16", [64, 128]) for i in range(2_000) for p in ("up", "down")]
+    made = make_plan(infos, preset=PRESETS["q4s-b32"])
+    assert len(made.entries) == 4_000 and all(e.decision.scheme == PRESETS["q4s-b32"].scheme for e in made.entries)
+    assert [check.cache_info().misses for check in checks] == [1, 1, 2]  # flex and wgpu, the common backends

@@ -630,6 +630,16 @@ HOSTILE = [
          ("in.bpk", "metadata holds CBOR tag 28 (a shared value), which burnpack metadata never uses")),
     Case("bpk-cbor-shared-map-key", bpk_shared_key, 3, ("in.bpk", "metadata holds CBOR tag 28")),
     Case("bpk-cbor-colliding-keys", bpk_colliding_keys, 3, ("in.bpk", "metadata is not valid CBOR", "map key")),
+    # JSON inside burnpack metadata (`inspect --compare` reads 'transposed'): bounded before json recurses
+    *(Case(f"bpk-metadata-json-{name}", lambda f, text=text: [
+        *bpk(f, {"tensors": {}, "metadata": {"transposed": text}}), "--compare", SINGLE], 3, ("in.bpk", *needles))
+      for name, text, needles in (
+          ("nested-100k", "[" * 100_000 + "]" * 100_000, ("'transposed' holds JSON nested 100000 deep, past the 32",)),
+          ("nested-33", "[" * 33 + "]" * 33, ("nested 33 deep",)),
+          ("17-mib", '["' + "a" * 17 * 1024**2 + '"]', ("'transposed' holds 17825796 characters, more than",)),
+          ("integer-5000-digits", "[" + "7" * 5000 + "]", ("'transposed' is not valid JSON", "4300 digits")),
+          ("not-json", "[x", ("'transposed' is not valid JSON",)),
+          ("not-a-list", '{"a": "b"}', ("'transposed' is not a JSON list of tensor names",)))),
     Case("recipe-toml-nested-100k", lambda f: quantize_with_recipe(
         recipe_file(f, "version = 1\nx = " + "[" * 100_000 + "]" * 100_000 + "\n")), 2,
          ("r.toml:2:", "nested too deeply")),

@@ -307,3 +307,111 @@ def test_measuring_reads_nothing_back_to_the_host(case, monkeypatch) -> None:
         patched.setattr(measure, "SLICE_VALUES", 100)
         m.add(x, payload, *CASES[case][:2])
     assert m.failure() is None
+
+
+# ---- blocks whose scale leaves the scale dtype's range --------------------------------------------------
+#
+# Each source is built so that the blocks outside the range are known by construction: a block of
+# values near 1e-9 needs a scale near 1e-10, far below F16's smallest (2^-24, 6e-8); one near 1e7 needs
+# one near 1e6, far above F16's largest (65504); the other blocks need scales near 0.1. Nothing here
+# depends on the half range's exact value (7 or 7.5 for Q4S, 127 or 127.5 for Q8S).
+
+Q8_TENSOR_F16 = QuantScheme().with_value(QuantValue.Q8S).with_store(Native()).per_tensor(ScaleDtype.F16)
+
+
+def _blocks_scaled(shape: tuple[int, int], block: tuple[int, int], factors: dict[tuple[int, int], float]
+                   ) -> torch.Tensor:
+    """Values in [0.5, 1) with random signs, the block at each key of `factors` multiplied by its value."""
+    g = torch.Generator().manual_seed(11)
+    x = (torch.rand(shape, generator=g) * 0.5 + 0.5) * torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0)
+    for (i, j), factor in factors.items():
+        x[i * block[0] : (i + 1) * block[0], j * block[1] : (j + 1) * block[1]] *= factor
+    return x.contiguous()
+
+
+def _both_measures(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration):
+    """The range loss as the CPU pipeline measures it (while the codec encodes) and as the GPU pipeline's
+    `Measurement.add` does from the payload, here on the CPU device."""
+    chunked = Measurement.on("cpu")
+    observer = chunked.measuring(x, scheme, calibration)
+    payload = qcli.codec.encode(x, scheme, calibration, observer=observer)
+    observer.finish()
+    added = Measurement.on("cpu")
+    added.add(x, payload, scheme, calibration)
+    return payload, chunked.range_loss(), added.range_loss()
+
+
+@pytest.mark.parametrize("sliced", [False, True], ids=["whole", "sliced"])
+@pytest.mark.parametrize("calibration", [Calibration.MinMax, Calibration.AbsMean, Calibration.Mse])
+def test_blocks_outside_f16_scales_are_counted_by_both_measures(calibration, sliced, monkeypatch) -> None:
+    if sliced:
+        monkeypatch.setattr(measure, "SLICE_VALUES", 64)  # two rows of blocks a slice
+    x = _blocks_scaled((16, 32), (4, 8), {(0, 0): 1e-9, (2, 1): 1e-9, (3, 3): 1e7})
+    payload, chunked, added = _both_measures(x, Q4_TILE, calibration)
+    for loss in (chunked, added):
+        assert (loss.scale_dtype, loss.blocks, loss.underflowed, loss.saturated) == (ScaleDtype.F16, 16, 2, 1)
+        assert 1e-11 < loss.least < 2e-10 and 1e5 < loss.largest < 2e6
+        assert loss.holders() == [ScaleDtype.BF16, ScaleDtype.F32]
+        assert "a recipe rule's block_scale" in loss.problem("w", 0.0).hint
+    # what the counts say, seen in the decode: the underflowed blocks are zeros, the saturated one clipped
+    decoded = qcli.codec.decode(payload, Q4_TILE, tuple(x.shape))
+    assert not decoded[0:4, 0:8].any() and not decoded[8:12, 8:16].any()
+    assert decoded[12:16, 24:32].abs().max() <= 65504 * 8 < x[12:16, 24:32].abs().max()
+
+
+def test_a_tensor_inside_its_scale_range_has_no_range_loss() -> None:
+    x = _blocks_scaled((16, 32), (4, 8), {(0, 0): 1e-3, (3, 3): 1e3})  # scales of 1e-4 and 1e2 fit F16
+    _, chunked, added = _both_measures(x, Q4_TILE, Calibration.MinMax)
+    assert chunked is None and added is None
+    zeros = torch.zeros(16, 32)  # a zero block needs no scale at all: it decodes exactly
+    assert _both_measures(zeros, Q4_TILE, Calibration.MinMax)[1:] == (None, None)
+
+
+def test_a_per_tensor_scale_is_one_block() -> None:
+    x = _blocks_scaled((16, 32), (16, 32), {(0, 0): 1e-9})
+    _, chunked, added = _both_measures(x, Q8_TENSOR_F16, Calibration.MinMax)
+    for loss in (chunked, added):
+        assert (loss.blocks, loss.underflowed, loss.saturated) == (1, 1, 0)
+        assert "a recipe rule's tensor_scale" in loss.problem("w", 0.0).hint
+
+
+def test_two_level_scales_are_judged_relative_to_the_global() -> None:
+    # NVFP4: UE4M3 block scales under an f32 global set by the tensor's peak; a block 1e-7 of the peak needs
+    # a relative scale near 1e-7 * 448, below UE4M3's smallest (2^-9); the global keeps any block from saturating.
+    x = _blocks_scaled((4, 64), (1, 16), {(0, 0): 1e-7, (1, 1): 1e30})
+    _, chunked, added = _both_measures(x, NVFP4, Calibration.MinMax)
+    for loss in (chunked, added):
+        assert (loss.scale_dtype, loss.blocks, loss.underflowed, loss.saturated) == (ScaleDtype.UE4M3, 16, 15, 0)
+        assert loss.holders() == []  # 1e-30 of the global is beyond F16, and Burn takes nothing wider there
+        assert "one-level scheme" in loss.problem("w", 0.0).hint
+    x = _blocks_scaled((4, 64), (1, 16), {(0, 0): 1e-7})
+    for loss in _both_measures(x, NVFP4, Calibration.MinMax)[1:]:
+        assert (loss.blocks, loss.underflowed, loss.saturated) == (16, 1, 0)
+        assert loss.holders() == [ScaleDtype.F16]  # F16 relative scales reach 2^-24
+        assert "F16 scales" in loss.problem("w", 0.0).hint
+
+
+@pytest.mark.interpreter
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_gpu_pipeline_counts_the_range_loss_the_cpu_pipeline_does(tmp_path) -> None:
+    from safetensors.torch import save_file
+
+    from qcli.pipeline import cpu, gpu
+    from tests.kernel_support import fixed_plan
+
+    path = tmp_path / "model.safetensors"
+    save_file({"tiny.weight": _blocks_scaled((16, 64), (1, 32), {(0, 0): 1e-9, (5, 1): 1e-9}),
+               "huge.weight": _blocks_scaled((16, 64), (1, 32), {(3, 0): 1e8}),
+               "fine.weight": _blocks_scaled((16, 64), (1, 32), {})}, str(path))
+    q4 = QuantScheme().with_value(QuantValue.Q4S).per_block([32], ScaleDtype.F16)
+    plan, source = fixed_plan(path, {n: (q4, Calibration.MinMax, False) for n in ("tiny.weight", "huge.weight",
+                                                                              "fine.weight")})
+
+    def losses(run):
+        return {p.entry.info.name: p.measurement.range_loss() for p in run(plan, source, measure=True)}
+
+    with source:
+        want = losses(cpu.run)
+        got = losses(partial(gpu.run, settings=GpuSettings()))
+    assert got == want
+    assert (want["tiny.weight"].underflowed, want["huge.weight"].saturated, want["fine.weight"]) == (2, 1, None)
