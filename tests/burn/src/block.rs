@@ -95,7 +95,8 @@ impl Block {
             split(self.v.forward(a)),
         );
         let scores = q.matmul(k.transpose()) / ((d_model / heads) as f32).sqrt();
-        let future = Tensor::<4, Bool>::triu_mask([batch, heads, seq, seq], 1, &h.device());
+        // `tril_mask` is true above the diagonal: the keys after each query.
+        let future = Tensor::<4, Bool>::tril_mask([batch, heads, seq, seq], 0, &h.device());
         let attention = softmax(scores.mask_fill(future, f32::NEG_INFINITY), 3).matmul(v);
         let h = h + self
             .o
