@@ -448,7 +448,7 @@ def test_a_bf16_model_loads_on_ndarray_with_its_kept_tensors_cast_to_f32(tmp_pat
             assert same_bits(got, original[name].to(torch.float32)), name
 
 
-SEARCHED = {  # recipe keys of the searched schemes, with the backends of Burn 0.22.1 that load them
+SEARCHED = {  # recipe keys of the searched schemes, with the backends of Burn 0.22.1 that decode them
     "Q4F b32 F16": ('value = "Q4F"\nblock = [32]\nblock_scale = "F16"', (BurnBackend.flex, BurnBackend.wgpu)),
     "Q8F b32 F16": ('value = "Q8F"\nblock = [32]\nblock_scale = "F16"', (BurnBackend.flex, BurnBackend.ndarray,
                                                                         BurnBackend.wgpu)),
@@ -469,7 +469,8 @@ def test_searched_scales_negative_ones_included_decode_in_burn_as_qcli_decodes_t
     rule = SEARCHED[name][0]
     recipe.write_text(f'version = 1\n[[rule]]\nmatch = "*.weight"\n{rule}\ncalibration = "mse"\n')
     out = tmp_path / "model.bpk"
-    result = cli("quantize", source, "-o", out, "--recipe", recipe, "--device", "cpu", "--burn-backend", backend)
+    # No --burn-backend: it also refuses what a model computes wrong with (Q4F on flex, say), not this test's.
+    result = cli("quantize", source, "-o", out, "--recipe", recipe, "--device", "cpu")
     assert result.code == 0, result.err
     burn, mine = dequantize(backend, out, tmp_path / "burn.safetensors"), qcli_decodes(out)
     for tensor, got in burn.items():
