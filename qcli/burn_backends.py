@@ -54,7 +54,8 @@ class Capability:
     `stores` maps each store kind to the values it loads in it; `ragged_rank` is the highest rank at which
     a packed tensor whose last axis is not a whole number of u32 words still loads (0: never);
     `block_axes` the most axes a block may span; `partial_blocks` whether a block may overhang the edge
-    of the tensor; `unsupported` says, per failure, what Burn does, for the message.
+    of the tensor; `unsupported` says, per failure, what Burn does, for the message; `computes` the
+    decoded schemes a model's ops still fail with.
     """
 
     stores: dict[type, frozenset[QuantValue]]
@@ -81,10 +82,8 @@ class ComputeFailure:
     scale_dtypes: frozenset[ScaleDtype] | None = None
 
     def applies(self, scheme: QuantScheme) -> bool:
-        dtype_fails = self.scale_dtypes is not None and scheme.block is not None and \
-            scheme.block.dtype not in self.scale_dtypes
-        return scheme.value in self.values and level(scheme) in self.levels and \
-            (self.scale_dtypes is None or dtype_fails)
+        spared = self.scale_dtypes is not None and (scheme.block is None or scheme.block.dtype in self.scale_dtypes)
+        return scheme.value in self.values and level(scheme) in self.levels and not spared
 
 
 def level(scheme: QuantScheme) -> str:
@@ -114,7 +113,7 @@ _FLEX_COMPUTES = (
     ComputeFailure(_FLEX_WHY, frozenset(QuantValue) - _FULL_RANGE, _BLOCKED, _ON_CPU,
                    scale_dtypes=frozenset({ScaleDtype.F32, ScaleDtype.F16})),
 )
-# A two-level weight is dequantized before wgpu's matmul (burn-cubecl 0.22.1 src/kernel/matmul/base.rs:37);
+# A two-level weight is dequantized before wgpu's matmul (burn-cubecl 0.22.1 src/kernel/matmul/base.rs:44);
 # every other one goes to a quantized matmul kernel chosen without autotune (`MatmulStrategy::Cube`).
 _WGPU_COMPUTES = (
     ComputeFailure("wgpu cannot reshape a weight whose blocks span several axes, as Linear does (\"Reshape "
