@@ -104,12 +104,14 @@ _SUB_BYTE = frozenset(v for v in QuantValue if v.size_bits() < 8)
 _FULL_RANGE = frozenset({QuantValue.Q8F, QuantValue.Q4F, QuantValue.Q2F})
 # Burn's `Linear` reshapes (Row) or transposes (Col) its weight before the matmul, and flex requantizes a
 # block-scaled tensor on every such layout op (burn-flex 0.22.1 src/ops/qtensor.rs:376) with its own
-# max-abs scales (:67): qcli's values survive that only for a Symmetric value with F32 or F16 scales.
+# max-abs scales (:67): qcli's values survive that only for a Symmetric value with one level of F32 or F16
+# scales (a two-level weight's tensor scale is recomputed too).
 _FLEX_WHY = ("flex requantizes a block-scaled weight when Linear reshapes or transposes it, with max-abs scales "
-             "of its own, so Linear computes wrong (by up to 46 %) unless the value is Symmetric and the block "
-             "scales F32 or F16")
+             "of its own, so Linear computes wrong (by up to 46 %) unless the value is Symmetric and the blocks "
+             "one level of F32 or F16 scales")
 _FLEX_COMPUTES = (
     ComputeFailure(_FLEX_WHY, _FULL_RANGE, _BLOCKED, _ON_CPU),
+    ComputeFailure(_FLEX_WHY, frozenset(QuantValue), frozenset({"two-level"}), _ON_CPU),
     ComputeFailure(_FLEX_WHY, frozenset(QuantValue) - _FULL_RANGE, _BLOCKED, _ON_CPU,
                    scale_dtypes=frozenset({ScaleDtype.F32, ScaleDtype.F16})),
 )
