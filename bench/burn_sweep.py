@@ -6,8 +6,13 @@ tests/io/test_burn_backends.py runs it through the Burn harness on every backend
     python3 -m bench.burn_sweep write DIR [VERSION]             # DIR/sweep.bpk and qcli's decode of it
     burn-harness probe --backend wgpu DIR/sweep.bpk DIR/burn.safetensors > DIR/verdicts.jsonl
     python3 -m bench.burn_sweep compare DIR [BACKEND [VERSION]] # Burn against qcli and the table
+    burn-harness compute --backend wgpu DIR/compute.bpk > DIR/computes.jsonl
+    python3 -m bench.burn_sweep computes DIR [BACKEND DEVICE]   # what a model runs, against the table
 
-docs/output.md records the run on an NVIDIA H200 (wgpu through the NVIDIA Vulkan driver).
+`compute.bpk` holds every preset on a Llama-shaped weight and every whole-row case: the harness runs a
+model's ops on each (`Embedding`, `Linear` in Row and Col layout, a matmul) on the quantized tensor and on
+its `dequantize()`. docs/output.md records both runs on an NVIDIA H200 (wgpu through the NVIDIA Vulkan
+driver).
 """
 
 from __future__ import annotations
@@ -15,16 +20,27 @@ from __future__ import annotations
 import itertools
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from qcli import BURN_VERSION
-from qcli.burn_backends import BurnBackend, hold_problem, kept_problem, load_problem, qfloat
+from qcli.burn_backends import (
+    NVIDIA,
+    BurnBackend,
+    compute_failures,
+    decode_problem,
+    hold_problem,
+    kept_problem,
+    level,
+    qfloat,
+)
 from qcli.codec import decode, encode
 from qcli.io.burnpack import BurnpackWriter, TensorEntry
 from qcli.io.dtypes import Plain
+from qcli.presets import PRESETS
 from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype, accept_problems
 
 WHOLE = (16, 64)
@@ -50,12 +66,12 @@ def quantized_cases() -> dict[str, tuple[QuantScheme, tuple[int, ...]]]:
     """Every value x store x scale dtype x level qcli writes, on whole rows; and every packed value on
     ragged rows of each rank."""
     cases = {}
-    for value, store, dtype, (level, make) in itertools.product(
+    for value, store, dtype, (level_name, make) in itertools.product(
         QuantValue, (Native(), PackedU32(0), PackedNative(0)), ScaleDtype, LEVELS.items()
     ):
         scheme = make(QuantScheme().with_value(value).with_store(store), dtype)
         if not accept_problems(scheme):
-            cases[f"{scheme} {level}"] = (scheme, WHOLE)
+            cases[f"{scheme} {level_name}"] = (scheme, WHOLE)
     for value, shape in itertools.product(QuantValue, RAGGED):
         scheme = QuantScheme().with_value(value).with_store(PackedU32(0)).per_tensor(ScaleDtype.F32)
         cases[f"{scheme} ragged {list(shape)}"] = (scheme, shape)
@@ -63,6 +79,14 @@ def quantized_cases() -> dict[str, tuple[QuantScheme, tuple[int, ...]]]:
 
 
 QUANTIZED = quantized_cases()
+# A weight of a small Llama-shaped model ([d_ff, d_model] of a 128-wide one), each preset on it.
+PRESET_SHAPE = (256, 128)
+COMPUTED = {f"preset {name}": (preset.scheme, PRESET_SHAPE) for name, preset in PRESETS.items()} | {
+    name: case for name, case in QUANTIZED.items() if case[1] == WHOLE}
+# How far a model's op on the quantized weight may stray from the same op on its `dequantize()`, relative
+# to the largest value of the result: what the table accepts differs by at most 5e-7 (flex), 0 elsewhere;
+# flex's requantized two-level weights stray by up to 0.1 %, and the failures the issue found by 6 % and more.
+TOLERANCE = 1e-3
 
 
 def cases_for(version: str) -> dict[str, tuple[QuantScheme, tuple[int, ...]]]:
@@ -102,7 +126,7 @@ def compare(folder: Path, backend: BurnBackend, version: str = BURN_VERSION) -> 
         loads = verdict["ok"] and got is not None and torch.equal(got.contiguous().view(torch.int32),
                                                                   want.view(torch.int32))
         table = (kept_problem(backend, Plain(name.removeprefix("kept ")), version) if name.startswith("kept ")
-                 else load_problem(backend, *QUANTIZED[name], version))
+                 else decode_problem(backend, *QUANTIZED[name], version))
         if loads != (table is None):
             disagree += 1
             print(f"{name}: Burn {'loads it' if loads else verdict.get('error', 'decodes it wrongly')}; "
@@ -111,10 +135,79 @@ def compare(folder: Path, backend: BurnBackend, version: str = BURN_VERSION) -> 
     return disagree
 
 
+def computed_cases(backend: BurnBackend) -> dict[str, tuple[QuantScheme, tuple[int, ...]]]:
+    """The cases of COMPUTED that `backend` decodes; on wgpu, whose shaders lavapipe compiles for each case
+    in seconds, only the presets (per-tensor and one-axis blocks) and the other levels with F16 scales."""
+    return {name: (scheme, shape) for name, (scheme, shape) in COMPUTED.items()
+            if decode_problem(backend, scheme, shape) is None and
+            (backend is not BurnBackend.wgpu or name.startswith("preset ") or
+             (scheme.scale_dtype() is ScaleDtype.F16 and level(scheme) in ("nd-block", "two-level")))}
+
+
+def write_computed(folder: Path, backend: BurnBackend) -> None:
+    """`folder/compute.bpk`: every case of `computed_cases(backend)`, in Burn 0.22's serde."""
+    entries, payloads = [], []
+    for seed, (name, (scheme, shape)) in enumerate(computed_cases(backend).items()):
+        payloads.append(encode(sample(shape, seed), scheme))
+        entries.append(TensorEntry(name, qfloat(scheme), shape, payloads[-1].numel()))
+    with BurnpackWriter(folder / "compute.bpk", entries) as writer:
+        for entry, payload in zip(entries, payloads, strict=True):
+            writer.write(entry.name, payload)
+        writer.commit()
+
+
+def computed(verdicts: Sequence[dict]) -> dict[str, str | None]:
+    """Per tensor, the first op of the harness's `compute` verdicts that panicked or strayed past
+    TOLERANCE, as "op: what happened", or None where every op computed right."""
+    outcome: dict[str, str | None] = {}
+    for verdict in verdicts:
+        name, op = verdict["name"], verdict["op"]
+        if not verdict["ok"]:
+            failure = f"{op} panics ({verdict['error'].splitlines()[0][:200]})"
+        elif not verdict["max_abs"] <= TOLERANCE * verdict["max_ref"]:  # NaN fails too
+            failure = f"{op} is wrong by {verdict['max_abs'] / max(verdict['max_ref'], 1e-30):.1%} of its largest value"
+        else:
+            failure = None
+        if outcome.get(name) is None:
+            outcome[name] = failure
+    return outcome
+
+
+def disagreements(outcome: dict[str, str | None], backend: BurnBackend, device: str) -> list[str]:
+    """Where the table's compute failures for `backend` on `device` disagree with `outcome` (`computed`'s):
+    a case it accepts must compute right; a preset it refuses must fail; and every failure it names must
+    be seen in a case it covers (flex's requantizing keeps some values by chance)."""
+    wrong, seen = [], {}
+    for name, failure in outcome.items():
+        scheme, _ = COMPUTED[name]
+        table = [f for f in compute_failures(backend, scheme) if device in f.devices]
+        for known in table:
+            seen[known.why] = seen.get(known.why, False) or failure is not None
+        if failure is not None and not table:
+            wrong.append(f"{name}: {failure}, but the table says it computes")
+        if failure is None and table and name.startswith("preset "):
+            wrong.append(f"{name} computes right, but the table says {table[0].why}")
+    wrong += [f"the table says {why}, but no case shows it" for why, shown in seen.items() if not shown]
+    return wrong
+
+
+def compare_computed(folder: Path, backend: BurnBackend, device: str) -> int:
+    """Prints each case a model on `device` computes otherwise than the table says; returns how many."""
+    outcome = computed([json.loads(line) for line in (folder / "computes.jsonl").read_text().splitlines()])
+    wrong = disagreements(outcome, backend, device)
+    print("\n".join(wrong + [f"{len(outcome)} cases, {len(wrong)} disagreements with the Burn {BURN_VERSION} "
+                              f"{backend} table on {device}"]))
+    return len(wrong)
+
+
 if __name__ == "__main__":
     command, folder, *rest = sys.argv[1:]
     if command == "write":
-        write(folder, *rest)
+        write(Path(folder), *rest)
+        write_computed(Path(folder), BurnBackend.wgpu)
+    elif command == "computes":
+        backend, device = rest or ["wgpu", NVIDIA]
+        sys.exit(1 if compare_computed(Path(folder), BurnBackend(backend), device) else 0)
     else:
         backend, *version = rest or ["wgpu"]
-        sys.exit(1 if compare(folder, BurnBackend(backend), *version) else 0)
+        sys.exit(1 if compare(Path(folder), BurnBackend(backend), *version) else 0)

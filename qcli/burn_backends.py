@@ -1,13 +1,17 @@
 """Which Burn release and backend loads what: the capability table behind `--burn-version` and `--burn-backend`.
 
-Measured, not read from code. The harnesses in tests/burn (Burn 0.22.1) and tests/burn-0.21 (Burn 0.21.0)
+Measured, not read from code, by two sweeps: what Burn decodes, and what a model computes with it. The
+harnesses in tests/burn (Burn 0.22.1) and tests/burn-0.21 (Burn 0.21.0)
 built every value x store x scale dtype x scale level, ragged and whole rows, and every kept dtype with
 `Tensor::from_data` on each backend and dequantized it; "loads" means Burn's f32 values equal qcli's
-decode bit for bit. tests/io/test_burn_backends.py runs that sweep again and holds this table to it;
-docs/output.md has the table in prose.
+decode bit for bit. A pair that decodes "computes" when a model's ops on the quantized weight (`Embedding`,
+`Linear` in Row and Col layout, a matmul; the harness's `compute`) give what the same ops give on its
+`dequantize()` (bench/burn_sweep.py's TOLERANCE), without a panic. tests/io/test_burn_backends.py runs both
+sweeps again and holds this table to them; docs/output.md has the table in prose, with the causes in Burn's
+source.
 
-wgpu is Burn's `wgpu` feature (WGSL shaders), measured on Mesa's lavapipe Vulkan driver (and for 0.22.1 on
-an NVIDIA H200 through its Vulkan driver, with the same results).
+wgpu is Burn's `wgpu` feature (WGSL shaders), measured on Mesa's lavapipe Vulkan driver and, for 0.22.1, on
+an NVIDIA H200 through its Vulkan driver: the same decodes, fewer computes (`ComputeFailure.devices`).
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ class Capability:
     `stores` maps each store kind to the values it loads in it; `ragged_rank` is the highest rank at which
     a packed tensor whose last axis is not a whole number of u32 words still loads (0: never);
     `block_axes` the most axes a block may span; `partial_blocks` whether a block may overhang the edge
-    of the tensor; `unsupported` says, per failure, what Burn does, for the message.
+    of the tensor; `unsupported` says, per failure, what Burn does, for the message; `computes` the
+    decoded schemes a model's ops still fail with.
     """
 
     stores: dict[type, frozenset[QuantValue]]
@@ -62,7 +67,73 @@ class Capability:
     block_axes: int = 5
     partial_blocks: bool = True
     two_level: bool = True
+    computes: tuple[ComputeFailure, ...] = ()
 
+
+@dataclass(frozen=True)
+class ComputeFailure:
+    """Schemes a backend decodes but a model's ops panic on or compute wrong with: those of `values` at
+    one of `levels` ("tensor", "block" along one axis, "nd-block", "two-level") and, where `scale_dtypes`
+    is given, only with block scales outside it; `devices`: where it was measured failing."""
+
+    why: str
+    values: frozenset[QuantValue]
+    levels: frozenset[str]
+    devices: frozenset[str]
+    scale_dtypes: frozenset[ScaleDtype] | None = None
+
+    def applies(self, scheme: QuantScheme) -> bool:
+        spared = self.scale_dtypes is not None and (scheme.block is None or scheme.block.dtype in self.scale_dtypes)
+        return scheme.value in self.values and level(scheme) in self.levels and not spared
+
+
+def level(scheme: QuantScheme) -> str:
+    """How `scheme` scales, in ComputeFailure's words."""
+    if scheme.block is None:
+        return "tensor"
+    if scheme.is_two_level():
+        return "two-level"
+    return "nd-block" if sum(extent > 1 for extent in scheme.block.size.dims()) > 1 else "block"
+
+
+# Where a failure was measured: flex and ndarray on the CPU; wgpu on Mesa's CPU Vulkan driver and on an
+# NVIDIA GPU's.
+CPU, LAVAPIPE, NVIDIA = "cpu", "lavapipe", "nvidia-vulkan"
+_ON_CPU = frozenset({CPU})
+_BLOCKED = frozenset({"block", "nd-block", "two-level"})
+_SUB_BYTE = frozenset(v for v in QuantValue if v.size_bits() < 8)
+_FULL_RANGE = frozenset({QuantValue.Q8F, QuantValue.Q4F, QuantValue.Q2F})
+# Burn's `Linear` reshapes (Row) or transposes (Col) its weight before the matmul, and flex requantizes a
+# block-scaled tensor on every such layout op (burn-flex 0.22.1 src/ops/qtensor.rs:376) with its own
+# max-abs scales (:67): qcli's values survive that only for a Symmetric value with one level of F32 or F16
+# scales (a two-level weight's tensor scale is recomputed too).
+_FLEX_WHY = ("flex requantizes a block-scaled weight when Linear reshapes or transposes it, with max-abs scales "
+             "of its own, so Linear computes wrong (by up to 46 %) unless the value is Symmetric and the blocks "
+             "one level of F32 or F16 scales")
+_FLEX_COMPUTES = (
+    ComputeFailure(_FLEX_WHY, _FULL_RANGE, _BLOCKED, _ON_CPU),
+    ComputeFailure(_FLEX_WHY, frozenset(QuantValue), frozenset({"two-level"}), _ON_CPU),
+    ComputeFailure(_FLEX_WHY, frozenset(QuantValue) - _FULL_RANGE, _BLOCKED, _ON_CPU,
+                   scale_dtypes=frozenset({ScaleDtype.F32, ScaleDtype.F16})),
+)
+# A two-level weight is dequantized before wgpu's matmul (burn-cubecl 0.22.1 src/kernel/matmul/base.rs:44);
+# every other one goes to a quantized matmul kernel chosen without autotune (`MatmulStrategy::Cube`).
+_WGPU_COMPUTES = (
+    ComputeFailure("wgpu cannot reshape a weight whose blocks span several axes, as Linear does (\"Reshape "
+                   "of ND block-quantized tensor is not yet supported\")", frozenset(QuantValue),
+                   frozenset({"nd-block"}), frozenset({LAVAPIPE, NVIDIA})),
+    ComputeFailure("wgpu's quantized matmul fails on E4M3 and E5M2 weights (\"An error happened during "
+                   "execution\")", frozenset({QuantValue.E4M3, QuantValue.E5M2}), frozenset({"tensor", "block"}),
+                   frozenset({LAVAPIPE, NVIDIA})),
+    ComputeFailure("wgpu's quantized matmul kernel for a 2-bit weight asks for more shared memory than a "
+                   "device gives (\"Shared memory budget exceeded\": 81920 bytes of lavapipe's 32768, "
+                   "294912 of an NVIDIA GPU's 49152)", frozenset({QuantValue.Q2S, QuantValue.Q2F}),
+                   frozenset({"tensor", "block"}), frozenset({LAVAPIPE, NVIDIA})),
+    ComputeFailure("wgpu's quantized matmul kernel for a 4-bit weight asks an NVIDIA GPU for 73728 bytes of "
+                   "shared memory, which allows 49152 (\"Shared memory budget exceeded\"; lavapipe runs it)",
+                   _SUB_BYTE - {QuantValue.Q2S, QuantValue.Q2F}, frozenset({"tensor", "block"}),
+                   frozenset({NVIDIA})),
+)
 
 _FLEX_0_22 = Capability(
     stores={PackedU32: _INTEGERS, Native: _EIGHT_BIT_INTEGERS, PackedNative: _NONE},
@@ -75,6 +146,7 @@ _FLEX_0_22 = Capability(
         "store": "flex panics on PackedNative (\"Not yet supported\")",
         "ragged": "flex unpacks the words of a tensor as one run, so padded rows panic or decode wrongly",
     },
+    computes=_FLEX_COMPUTES,
 )
 _NDARRAY_0_22 = Capability(
     stores={PackedU32: _EIGHT_BIT_INTEGERS, Native: _EIGHT_BIT_INTEGERS, PackedNative: _NONE},
@@ -100,6 +172,7 @@ _WGPU_0_22 = Capability(
                  "UE8M0 fail to compile",
         "ragged": "wgpu panics on a row that is not a whole number of u32 words (\"Can't store in u32\")",
     },
+    computes=_WGPU_COMPUTES,
 )
 # Burn 0.21's CPU backends read every scale as f32 and a block as a run of consecutive values.
 _CPU_0_21 = {
@@ -172,13 +245,34 @@ def resolve_version(name: str | None) -> str:
 
 def load_problem(backend: BurnBackend, scheme: QuantScheme, shape: Sequence[int],
                  version: str = BURN_VERSION) -> str | None:
-    """Why `backend` of Burn `version` cannot load a tensor of `shape` (as written) quantized with
-    `scheme`, or None. An empty `shape` stands for a shape not known yet: only the scheme is checked."""
-    return _load_problem(backend, scheme, tuple(shape), version)
+    """Why a model on `backend` of Burn `version` cannot use a tensor of `shape` (as written) quantized
+    with `scheme`: Burn does not decode it, or computes wrong or panics with it; or None. An empty `shape`
+    stands for a shape not known yet: only the scheme is checked."""
+    return decode_problem(backend, scheme, shape, version) or compute_problem(backend, scheme, version)
+
+
+def compute_problem(backend: BurnBackend, scheme: QuantScheme, version: str = BURN_VERSION) -> str | None:
+    """Why a model's ops (`Embedding`, `Linear`, matmul) on `backend` of Burn `version` compute wrong or
+    panic on a weight quantized with `scheme` that Burn decodes, or None. Burn 0.21 was not measured."""
+    failures = compute_failures(backend, scheme, version)
+    return failures[0].why if failures else None
+
+
+def compute_failures(backend: BurnBackend, scheme: QuantScheme, version: str = BURN_VERSION
+                     ) -> list[ComputeFailure]:
+    """Every measured way a model on `backend` fails with a weight quantized with `scheme`."""
+    return [failure for failure in CAPABILITIES[version][backend].computes if failure.applies(scheme)]
+
+
+def decode_problem(backend: BurnBackend, scheme: QuantScheme, shape: Sequence[int],
+                   version: str = BURN_VERSION) -> str | None:
+    """Why `backend` of Burn `version` cannot decode a tensor of `shape` (as written) quantized with
+    `scheme` to qcli's values, or None (see `load_problem`)."""
+    return _decode_problem(backend, scheme, tuple(shape), version)
 
 
 @functools.lru_cache(maxsize=1 << 12)  # asked of every tensor for each backend; a model has a few shapes
-def _load_problem(backend: BurnBackend, scheme: QuantScheme, shape: tuple[int, ...], version: str) -> str | None:
+def _decode_problem(backend: BurnBackend, scheme: QuantScheme, shape: tuple[int, ...], version: str) -> str | None:
     capability = CAPABILITIES[version][backend]
     if scheme.is_two_level() and not capability.two_level:
         return hold_problem(scheme, version)
@@ -234,14 +328,24 @@ def loads_instead(backend: BurnBackend, scheme: QuantScheme, shape: Sequence[int
     when nothing near loads."""
     if scheme.is_two_level() and not CAPABILITIES[version][backend].two_level:
         scheme = QuantScheme(scheme.value, scheme.store, scheme.mode, None, scheme.block)
-    # Same width first, then the most widely loaded scale dtypes: the first that loads is offered instead.
+    # Same width first, then the most widely loaded scale dtypes, then a tensor level over the blocks (which
+    # wgpu dequantizes before its matmul): the first that loads and computes is offered instead.
     for value in (scheme.value, *_values_instead(scheme.value)):
         for store in (scheme.store, PackedU32(0), Native()):
             for dtype in (None, ScaleDtype.F16, ScaleDtype.F32):
-                candidate = _with_scale_dtype(scheme.with_value(value).with_store(store), dtype)
-                if load_problem(backend, candidate, shape, version) is None:
-                    return candidate
+                one_level = _with_scale_dtype(scheme.with_value(value).with_store(store), dtype)
+                for candidate in (one_level, _two_level(one_level, version)):
+                    if candidate is not None and load_problem(backend, candidate, shape, version) is None:
+                        return candidate
     return None
+
+
+def _two_level(scheme: QuantScheme, version: str) -> QuantScheme | None:
+    """`scheme`'s blocks under an F32 tensor scale, where it has blocks and one level, and `version` holds
+    two."""
+    if scheme.block is None or scheme.is_two_level() or hold_problem(scheme.per_tensor(ScaleDtype.F32), version):
+        return None
+    return scheme.per_tensor(ScaleDtype.F32)
 
 
 def _with_scale_dtype(scheme: QuantScheme, dtype: ScaleDtype | None) -> QuantScheme:

@@ -135,6 +135,15 @@ def probe(backend: BurnBackend, bpk: Path, out: Path, version: str = BURN_VERSIO
     return {v["name"]: decoded[v["name"]] if v["ok"] else v["error"] for v in verdicts}
 
 
+def compute(backend: BurnBackend, bpk: Path) -> list[dict]:
+    """The harness's `compute` verdicts for `bpk` on `backend`: each op a model runs on each 2-D quantized
+    tensor, against the same op on its `dequantize()`."""
+    require(backend)
+    done = run("compute", "--backend", backend.value, bpk)
+    assert done.code == 0, f"the harness failed on {bpk.name}:\n{done.err[-4000:]}"
+    return [json.loads(line) for line in done.out.splitlines()]
+
+
 def save_f32(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
     save_file({name: t.to(torch.float32).contiguous() for name, t in tensors.items()}, str(path))
     return path

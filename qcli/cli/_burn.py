@@ -15,7 +15,7 @@ BurnBackendOption = Annotated[
         "--burn-backend",
         metavar="flex|ndarray|wgpu",
         help="The Burn backend the file is for: refuse every tensor (or, without a model, scheme) it cannot"
-        " load (docs/output.md). Default: warn about what flex or wgpu cannot load.",
+        " load or compute with (docs/output.md). Default: warn about what flex or wgpu cannot.",
     ),
 ]
 BurnVersionOption = Annotated[

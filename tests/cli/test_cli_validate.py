@@ -108,8 +108,9 @@ def test_with_a_model_every_unmatched_rule_and_uncovered_tensor_is_reported(reci
     unmatched = kinds["unmatched-rule"]
     assert unmatched["severity"] == "error" and unmatched["line"] in VISION_RULE_LINES
     assert kinds["uncovered"]["severity"] == "warning" and len(kinds["uncovered"]["tensors"]) == 15
+    assert kinds["backend"]["severity"] == "warning" and "wgpu" in kinds["backend"]["message"]  # the 4-bit default
     github = cli("validate-scheme", path, "--model", SINGLE, "--format", "github").out
-    assert github.count("::error ") == 2 and github.count("::warning ") == 1
+    assert github.count("::error ") == 2 and github.count("::warning ") == 2
     assert cli("validate-scheme", recipe(GOOD, "good.toml"), "--model", SINGLE).code == 0
 
 

@@ -1,10 +1,11 @@
 """The capability table of qcli.burn_backends held to Burn itself: every scheme qcli writes, on every backend.
 
-Each case is encoded by qcli's codec and written with qcli's writer; the harness builds it on the backend
+Decoding: each case is encoded by qcli's codec and written with qcli's writer; the harness builds it on the backend
 with `Tensor::from_data` and dequantizes it. A case "loads" when Burn returns qcli's decode bit for bit.
 The table must say exactly which cases load: a case it accepts must load, and a case it refuses must
 really fail (a panic or a wrong decode), so the table can neither let a bad file through nor refuse a
-good one.
+good one. Computing: a model's ops on each decoded case (the harness's `compute`) must give what they give
+on its `dequantize()` wherever the table accepts it, and every failure the table names must show.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import torch
 from safetensors.torch import load_file
 
 from bench import burn_sweep
-from bench.burn_sweep import QUANTIZED, WHOLE, sample
-from qcli.burn_backends import BURN_VERSIONS, BurnBackend, kept_problem, load_problem
+from bench.burn_sweep import COMPUTED, PRESET_SHAPE, QUANTIZED, WHOLE, computed, computed_cases, disagreements, sample
+from qcli.burn_backends import BURN_VERSIONS, CPU, LAVAPIPE, BurnBackend, decode_problem, kept_problem
 from qcli.codec import decode
 from qcli.io.burnpack import BurnpackReader
 from qcli.io.dtypes import Plain
+from qcli.presets import PRESETS
 from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype
-from tests.burn_harness import BACKENDS, probe, same_bits, save_f32
+from tests.burn_harness import BACKENDS, compute, probe, same_bits, save_f32
 from tests.cli_support import cli
 
 pytestmark = pytest.mark.burn
@@ -57,12 +59,32 @@ def test_the_table_says_exactly_what_burn_loads(backend: BurnBackend, sweep, tmp
             table = kept_problem(backend, Plain(name.removeprefix("kept ")), version)
         else:
             scheme, shape = QUANTIZED[name]
-            table = load_problem(backend, scheme, shape, version)
+            table = decode_problem(backend, scheme, shape, version)
         if loads != (table is None):
             burn = "decodes it exactly" if loads else (got if isinstance(got, str) else "decodes it wrongly")
             wrong.append(f"{name}: the table says {table or 'it loads'}, but Burn {burn}")
     assert not wrong, f"{len(wrong)} of {len(expected)} cases disagree on Burn {version} {backend}:\n" + \
         "\n".join(wrong)
+
+
+def test_the_compute_sweep_covers_every_preset_value_and_level() -> None:
+    schemes = [scheme for scheme, _ in COMPUTED.values()]
+    assert {name for name in COMPUTED if name.startswith("preset ")} == {f"preset {p}" for p in PRESETS}
+    assert {s.value for s in schemes} == set(QuantValue)
+    assert any(s.is_two_level() for s in schemes) and any(s.block and s.block.size.len == 2 for s in schemes)
+    assert all(shape == PRESET_SHAPE for name, (_, shape) in COMPUTED.items() if name.startswith("preset "))
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=str)
+def test_the_table_says_what_a_model_computes(backend: BurnBackend, tmp_path: Path) -> None:
+    """Every case `backend` decodes, run through a model's ops in Burn: what the table accepts computes as
+    on its dequantized copy, each preset it refuses fails, and each failure it names is seen (wgpu here
+    is lavapipe; the NVIDIA figures are docs/output.md's)."""
+    burn_sweep.write_computed(tmp_path, backend)
+    outcome = computed(compute(backend, tmp_path / "compute.bpk"))
+    assert set(outcome) == set(computed_cases(backend))
+    wrong = disagreements(outcome, backend, LAVAPIPE if backend is BurnBackend.wgpu else CPU)
+    assert not wrong, "\n".join(wrong)
 
 
 def recipe_rule(name: str, scheme: QuantScheme) -> str:
@@ -103,7 +125,7 @@ def test_a_recipe_of_every_scheme_decodes_in_burn_wherever_the_table_accepts_it(
     accepted = 0
     for entry in reader.entries():
         scheme = entry.dtype.scheme
-        if load_problem(backend, scheme, entry.shape, version) is None:
+        if decode_problem(backend, scheme, entry.shape, version) is None:
             accepted += 1
             want = decode(bytes(reader.read(entry.name)), scheme, entry.shape)
             got = decoded[entry.name]

@@ -267,7 +267,8 @@ def test_the_gpu_pipeline_yields_the_cpu_pipelines_bytes(checkpoint):
 
 def test_burn_wgpu_decodes_the_transcoded_file_as_qcli_does(checkpoint, tmp_path):
     out = tmp_path / "model.bpk"
-    result = cli("quantize", checkpoint, "-o", out, "--device", "cpu", "--burn-backend", "wgpu")
+    # No --burn-backend: it also refuses what a model computes wrong with, not this test's.
+    result = cli("quantize", checkpoint, "-o", out, "--device", "cpu")
     assert result.code == 0, result.err
     burn, mine, exact = burn_dequantize(BurnBackend.wgpu, out, tmp_path / "burn.safetensors"), decoded(out), in_f32(
         checkpoint)

@@ -17,6 +17,12 @@ from qcli.scheme import Calibration, QuantScheme, QuantValue, ScaleDtype
 ITEM = {"F32": 4, "BF16": 2, "F16": 2, "I64": 8, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1}
 SOURCE = Path("model.safetensors")
 
+def own_problems(problems):
+    """`problems` less the warning that wgpu on an NVIDIA GPU cannot run the default 4-bit preset, which
+    every default plan carries (tests/io/test_burn_backends.py holds it to Burn)."""
+    return [p for p in problems if not (p.kind == "backend" and p.severity == "warning" and "wgpu" in p.message)]
+
+
 
 def info(name: str, dtype: str, shape: list[int]) -> TensorInfo:
     return TensorInfo(name, dtype, tuple(shape), math.prod(shape) * ITEM[dtype], SOURCE)
@@ -78,7 +84,9 @@ def test_default_policy_on_a_llama_checkpoint() -> None:
     assert (norm.out_dtype, norm.out_nbytes, norm.bits_per_weight) == ("BF16", 8192, 16.0)
     ids = entries["model.rotary.position_ids"]
     assert (ids.decision.reason, ids.out_dtype) == ("default: keep, integer tensor (I64)", "I64")
-    assert plan.problems == []
+    assert own_problems(plan.problems) == []
+    (wgpu,) = [p for p in plan.problems if p not in own_problems(plan.problems)]
+    assert "73728 bytes" in wgpu.message and "global F32" in wgpu.hint  # the two-level way out
     assert plan.preset is PRESETS["q4s-b32"]
 
 
@@ -241,7 +249,7 @@ def test_first_matching_rule_wins_and_the_rest_follow_the_default(tmp_path: Path
     assert q.reason == f"rule {file}:8 -> Q4S PackedU32(0) block [64] F16"
     ids = entries["model.rotary.position_ids"].decision
     assert (ids.rule, ids.reason) == (None, "default: keep, integer tensor (I64)")
-    assert plan.problems == []
+    assert own_problems(plan.problems) == []
 
 
 def test_transpose_reverses_a_2d_shape_and_checks_the_scheme_on_it(tmp_path: Path) -> None:
@@ -282,7 +290,7 @@ def test_on_indivisible_keep_keeps_with_the_reason(tmp_path: Path) -> None:
         "keep, cannot take the scheme: last dim 33 is not a multiple of 32 (block [32])"
     )
     # The rule quantizes none of the tensors it matches: a warning (see test_a_rule_that_quantizes_none...)
-    assert [(p.kind, p.severity) for p in plan.problems] == [("unquantized-rule", "warning")]
+    assert [(p.kind, p.severity) for p in own_problems(plan.problems)] == [("unquantized-rule", "warning")]
 
 
 def test_on_indivisible_error_reports_every_tensor(tmp_path: Path) -> None:
@@ -346,7 +354,7 @@ def test_zero_point_and_refused_schemes_are_reported_once_per_rule(tmp_path: Pat
 
 def test_a_rule_that_matches_nothing_is_a_warning(tmp_path: Path) -> None:
     plan = make_plan(LLAMA, recipe(tmp_path, '[[rule]]\nmatch = "*.bias"\nkeep = true\n'))
-    (problem,) = plan.problems
+    (problem,) = own_problems(plan.problems)
     assert (problem.kind, problem.severity, problem.line) == ("unmatched-rule", "warning", 2)
     assert "matches no tensor" in problem.message
     plan.raise_if_errors()  # warnings do not stop the plan
@@ -426,7 +434,7 @@ def test_a_rule_that_quantizes_some_of_its_tensors_is_no_problem(tmp_path: Path)
         [info("odd.weight", "F32", [10, 33]), info("ok.weight", "F32", [2, 32])],
         recipe(tmp_path, '[[rule]]\nmatch = "*"\npreset = "q4s-b32"\n'),
     )
-    assert plan.problems == []
+    assert own_problems(plan.problems) == []
 
 
 def test_a_plan_that_quantizes_nothing_warns() -> None:
@@ -454,7 +462,7 @@ def test_a_shadowed_rule_names_the_rule_that_takes_its_tensors(tmp_path: Path) -
         ),
     )
     file = tmp_path / "recipe.toml"
-    shadowed, unmatched = plan.problems
+    shadowed, unmatched = own_problems(plan.problems)
     assert (shadowed.kind, shadowed.severity, shadowed.line) == ("unmatched-rule", "warning", 5)
     assert shadowed.message == (
         f"rule (match '*norm*') is shadowed by rule 1 ({file}:2): every tensor it matches, 2 tensors "
@@ -551,7 +559,7 @@ def test_cast_writes_a_kept_tensor_in_another_floating_dtype(tmp_path: Path) -> 
     assert (norm.out_dtype, norm.out_nbytes, norm.bits_per_weight) == ("F32", 4096 * 4, 32.0)
     assert norm.decision.reason == f"rule {tmp_path / 'recipe.toml'}:2: keep, cast BF16 to F32"
     assert norm.peak_bytes == 4096 * 2 + 4096 * 4  # the source and its cast
-    assert plan.problems == []
+    assert own_problems(plan.problems) == []
 
 
 def test_a_cast_to_the_source_dtype_is_no_cast(tmp_path: Path) -> None:
@@ -633,7 +641,7 @@ def test_a_header_of_many_tensors_is_checked_once_per_shape() -> None:
     backend loads) run once per pair, however many tensors share it (bench/header_scale.py times it)."""
     from qcli import burn_backends, layout, plan
 
-    checks = (plan._shape_problem, layout._quantized_data_len, burn_backends._load_problem)
+    checks = (plan._shape_problem, layout._quantized_data_len, burn_backends._decode_problem)
     for check in checks:
         check.cache_clear()
     infos = [info(f"model.layers.{i}.mlp.{p}.weight", "BF16", [64, 128]) for i in range(2_000) for p in ("up", "down")]

@@ -10,6 +10,7 @@ import pytest
 from qcli.commands.validate_scheme import recipe_problems
 from qcli.errors import RecipeError
 from qcli.io.safetensors import TensorInfo
+from tests.plan.test_plan import own_problems
 
 MODEL = [
     TensorInfo(name, "BF16", shape, math.prod(shape) * 2, Path("model.safetensors"))
@@ -40,7 +41,7 @@ def test_a_good_recipe_has_no_problems(tmp_path: Path) -> None:
         'version = 1\n[[rule]]\nmatch = "*norm*"\nkeep = true\n[[rule]]\nmatch = "*"\npreset = "q4s-b32"\n',
     )
     assert recipe_problems(path) == []
-    assert recipe_problems(path, MODEL) == []  # model.odd.weight is kept: on_indivisible defaults to keep
+    assert own_problems(recipe_problems(path, MODEL)) == []  # model.odd.weight is kept: on_indivisible defaults to keep
 
 
 def test_every_fault_is_reported_at_once_with_its_line(tmp_path: Path) -> None:
@@ -81,7 +82,7 @@ def test_with_a_model_unmatched_rules_are_errors_and_uncovered_tensors_warnings(
         '[[rule]]\nmatch = "*.bias"\nkeep = true\n'  # 4: matches nothing
         '[[rule]]\nmatch = "model.*.weight"\npreset = "q4s-b32"\n',  # 7: model.odd.weight [4, 36] cannot
     )
-    problems = recipe_problems(path, MODEL)
+    problems = own_problems(recipe_problems(path, MODEL))
     assert summary(problems) == [
         ("error", "shape", 7),
         ("error", "unmatched-rule", 4),
@@ -126,7 +127,7 @@ def test_with_a_model_a_shadowed_rule_says_which_rule_takes_its_tensors(tmp_path
         '[[rule]]\nmatch = "*norm*"\nkeep = true\n'
         '[[rule]]\nmatch = "*.bias"\nkeep = true\n',
     )
-    shadowed, unmatched = recipe_problems(path, MODEL)
+    shadowed, unmatched = own_problems(recipe_problems(path, MODEL))
     assert summary([shadowed, unmatched]) == [("error", "unmatched-rule", 5), ("error", "unmatched-rule", 8)]
     assert f"is shadowed by rule 1 ({path}:2)" in shadowed.message
     assert "matches no tensor" not in shadowed.message

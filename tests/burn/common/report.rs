@@ -60,24 +60,27 @@ pub fn probe_each<T>(
     tensors: Vec<(String, T)>,
     decode: impl Fn(T) -> Result<(Vec<usize>, Vec<f32>), String>,
 ) -> Vec<Decoded> {
-    let quiet_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
     let mut decoded = Vec::new();
     for (name, data) in tensors {
-        let verdict = match catch_unwind(AssertUnwindSafe(|| decode(data))) {
-            Ok(Ok((shape, values))) => {
+        let verdict = match catching(|| decode(data)) {
+            Ok((shape, values)) => {
                 decoded.push((name.clone(), shape, values));
                 serde_json::json!({"name": name, "ok": true})
             }
-            Ok(Err(message)) => serde_json::json!({"name": name, "ok": false, "error": message}),
-            Err(payload) => {
-                serde_json::json!({"name": name, "ok": false, "error": panic_message(payload.as_ref())})
-            }
+            Err(message) => serde_json::json!({"name": name, "ok": false, "error": message}),
         };
         println!("{verdict}");
     }
-    std::panic::set_hook(quiet_hook);
     decoded
+}
+
+/// `run`'s result, a panic in it turned into an error with the panic's message (and not printed).
+pub fn catching<T>(run: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let result = catch_unwind(AssertUnwindSafe(run));
+    std::panic::set_hook(hook);
+    result.unwrap_or_else(|payload| Err(panic_message(payload.as_ref())))
 }
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {

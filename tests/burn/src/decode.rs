@@ -27,7 +27,7 @@ pub fn probe(device: &Device, input: &Path, output: &Path) -> Result<(), String>
 }
 
 /// The file's tensors as Burn's `TensorData`, by name.
-fn open(input: &Path) -> Result<Vec<(String, TensorData)>, String> {
+pub fn open(input: &Path) -> Result<Vec<(String, TensorData)>, String> {
     let mut store = BurnpackStore::from_file(input);
     let tensors = store
         .get_all_tensors()

@@ -5,6 +5,8 @@
 //! burn-harness dequantize --backend BACKEND IN.bpk OUT.safetensors
 //! burn-harness probe      --backend BACKEND IN.bpk OUT.safetensors    (one verdict per tensor)
 //! burn-harness forward    --backend BACKEND --layout row|col IN.bpk X.safetensors OUT.safetensors
+//! burn-harness compute    --backend BACKEND IN.bpk                 (one verdict per tensor and op)
+//! burn-harness block      --backend BACKEND --layout row|col --heads N IN.bpk IDS.safetensors OUT.safetensors
 //! burn-harness write-fixture --backend BACKEND [--scheme JSON] IN.safetensors OUT.bpk
 //! burn-harness version                                              (burn-store's, as linked)
 //! ```
@@ -17,6 +19,8 @@ mod cli;
 mod report;
 
 mod backend;
+mod block;
+mod compute;
 mod decode;
 mod model;
 mod tensors;
@@ -31,6 +35,8 @@ const USAGE: &str = "usage:
   burn-harness dequantize --backend BACKEND IN.bpk OUT.safetensors
   burn-harness probe --backend BACKEND IN.bpk OUT.safetensors
   burn-harness forward --backend BACKEND --layout row|col IN.bpk X.safetensors OUT.safetensors
+  burn-harness compute --backend BACKEND IN.bpk
+  burn-harness block --backend BACKEND --layout row|col --heads N IN.bpk IDS.safetensors OUT.safetensors
   burn-harness write-fixture --backend BACKEND [--scheme JSON] IN.safetensors OUT.bpk
   burn-harness version
 backends: flex, ndarray, wgpu";
@@ -59,6 +65,26 @@ fn run(args: &Args) -> Result<(), Failure> {
             Ok(model::forward(
                 &device(args)?,
                 layout,
+                weights,
+                input,
+                output,
+            )?)
+        }
+        "compute" => {
+            let [input] = args.paths()?;
+            Ok(compute::compute(&device(args)?, input)?)
+        }
+        "block" => {
+            let [weights, input, output] = args.paths()?;
+            let layout = model::layout(args.option("layout")?).map_err(Failure::Usage)?;
+            let heads = args
+                .option("heads")?
+                .parse()
+                .map_err(|_| Failure::Usage("--heads takes a count".into()))?;
+            Ok(block::forward(
+                &device(args)?,
+                layout,
+                heads,
                 weights,
                 input,
                 output,
