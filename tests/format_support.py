@@ -1,6 +1,6 @@
 """What the tests of already-quantized formats share: qcli's decode of a written file held to the format's
 own dequantization and to Burn's, both pipelines' payloads for one checkpoint, and `validate-scheme
---model`'s problems for a recipe."""
+--model`'s problems for a recipe, and a refusal made from the headers alone."""
 
 from __future__ import annotations
 
@@ -8,17 +8,39 @@ import json
 from collections.abc import Collection
 from pathlib import Path
 
+import pytest
 import torch
 
 from qcli.burn_backends import BurnBackend
 from qcli.codec import decode
+from qcli.errors import PlanError
 from qcli.io.burnpack import BurnpackReader
 from qcli.io.dtypes import QFloat
+from qcli.io.gguf import GgufSource
+from qcli.io.safetensors import SafetensorsSource
 from qcli.io.source import open_source
 from qcli.pipeline import GpuSettings
 from qcli.plan import Plan, make_plan
+from qcli.problem import Problem
 from tests.burn_harness import dequantize, same_bits
 from tests.cli_support import cli
+
+
+def refused_from_headers(monkeypatch: pytest.MonkeyPatch, source: Path, target: Path, **options: object
+                         ) -> list[Problem]:
+    """The problems of the plan `quantize_file(source, target, **options)` refuses, made with no tensor
+    read: every source's `load` fails the test while it plans."""
+    from qcli.commands.quantize import quantize_file
+
+    def no_read(self: object, name: str) -> None:
+        raise AssertionError(f"read {name}")
+
+    with monkeypatch.context() as patched:
+        for reader in (SafetensorsSource, GgufSource):
+            patched.setattr(reader, "load", no_read)
+        with pytest.raises(PlanError) as raised:
+            quantize_file(source, target, **options)
+    return raised.value.problems
 
 
 def decoded(bpk: Path, names: Collection[str] | None = None) -> dict[str, torch.Tensor]:

@@ -23,9 +23,8 @@ from safetensors.torch import save_file
 
 from qcli.errors import PlanError
 from qcli.io.burnpack import BurnpackReader
-from qcli.io.safetensors import SafetensorsSource
 from tests.cli_support import assert_user_error, cli, validate_json
-from tests.format_support import model_problems
+from tests.format_support import model_problems, refused_from_headers
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 MODULES = {"model.layers.0.self_attn.q_proj": (64, 256), "model.layers.0.mlp.down_proj": (32, 128)}  # [out, in]
@@ -101,19 +100,11 @@ CASES = {"gemm-g128": ("gemm", 128, False), "gemm-g32-quant_config": ("gemm", 32
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_refused_before_any_weight_is_read(case, tmp_path, monkeypatch):
-    from qcli.commands.quantize import quantize_file
 
     version, group, side_file = CASES[case]
     write(tmp_path / "ckpt", version, group, side_file=side_file)
 
-    def no_read(self, name):
-        raise AssertionError(f"read {name}")
-
-    with monkeypatch.context() as patched:
-        patched.setattr(SafetensorsSource, "load", no_read)
-        with pytest.raises(PlanError) as raised:
-            quantize_file(tmp_path / "ckpt", tmp_path / "refused.bpk")
-    [problem] = raised.value.problems
+    [problem] = refused_from_headers(monkeypatch, tmp_path / "ckpt", tmp_path / "refused.bpk")
     assert problem.kind == "scheme"
     assert problem.message.startswith(f"2 tensors (model.layers.0.mlp.down_proj.qweight, "
                                       f"model.layers.0.self_attn.q_proj.qweight) are AWQ {version.upper()} 4-bit "

@@ -26,7 +26,7 @@ from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY
 from tests.burn_harness import dequantize as burn_dequantize
 from tests.burn_harness import require, same_bits
 from tests.cli_support import assert_user_error, cli, validate_json
-from tests.format_support import decoded, model_problems
+from tests.format_support import decoded, model_problems, refused_from_headers
 
 # name -> (shape, quant_type, compressed statistics, blocksize): a partial last block, nested absmax, FP4
 LAYOUTS = {
@@ -100,15 +100,7 @@ def test_the_decoder_by_hand(tmp_path):
 def test_refused_before_any_weight_is_read(checkpoint, monkeypatch):
     path, _ = checkpoint
 
-    def no_read(self, name):
-        raise AssertionError(f"read {name}")
-
-    monkeypatch.setattr(SafetensorsSource, "load", no_read)
-    from qcli.commands.quantize import quantize_file
-
-    with pytest.raises(PlanError) as raised:
-        quantize_file(path, path.with_suffix(".bpk"))
-    nf4, fp4 = raised.value.problems
+    nf4, fp4 = refused_from_headers(monkeypatch, path, path.with_suffix(".bpk"))
     assert nf4.message.startswith("2 tensors (model.layers.0.attn.weight, model.layers.0.mlp.weight) are "
                                   "bitsandbytes NF4: 4-bit codes into a 16-entry codebook")
     assert fp4.message.startswith("1 tensor (model.layers.1.mlp.weight) is bitsandbytes FP4")

@@ -24,9 +24,8 @@ from safetensors.torch import save_file
 from qcli.errors import PlanError
 from qcli.io.burnpack import BurnpackReader
 from qcli.io.dtypes import QFloat
-from qcli.io.safetensors import SafetensorsSource
 from tests.cli_support import assert_user_error, cli, validate_json
-from tests.format_support import model_problems
+from tests.format_support import model_problems, refused_from_headers
 
 FLOAT = {"model.norm.weight": torch.ones(64, dtype=torch.float16),
          "model.layers.0.mlp.up_proj.weight": torch.randn(64, 64, generator=torch.Generator().manual_seed(0))}
@@ -86,23 +85,15 @@ def write(folder: Path, name: str) -> Path:
 
 @pytest.mark.parametrize("name", sorted(CHECKPOINTS))
 def test_refused_from_the_headers_naming_the_method_file_and_tensors(name, tmp_path, monkeypatch):
-    from qcli.commands.quantize import quantize_file
 
     folder = write(tmp_path / "ckpt", name)
     format, why, tensors = REFUSALS[name]
 
-    def no_read(self, tensor):
-        raise AssertionError(f"read {tensor}")
-
-    with monkeypatch.context() as patched:
-        patched.setattr(SafetensorsSource, "load", no_read)
-        for flags in ({}, {"requantize": "q4f-b32"}):  # --requantize is no way out: qcli has no decoder for it
-            with pytest.raises(PlanError) as raised:
-                quantize_file(folder, tmp_path / "out.bpk", **flags)
-            [problem] = raised.value.problems
-            assert sorted(problem.tensors) == tensors
-            assert f" are {format}: " in problem.message and why in problem.message
-            assert "dequantize the checkpoint to BF16 or F32" in problem.hint
+    for flags in ({}, {"requantize": "q4f-b32"}):  # --requantize is no way out: qcli has no decoder for it
+        [problem] = refused_from_headers(monkeypatch, folder, tmp_path / "out.bpk", **flags)
+        assert sorted(problem.tensors) == tensors
+        assert f" are {format}: " in problem.message and why in problem.message
+        assert "dequantize the checkpoint to BF16 or F32" in problem.hint
     lines = assert_user_error(cli("quantize", folder, "-o", tmp_path / "out.bpk"), PlanError.exit_code)
     assert any(format in line for line in lines)
     assert not (tmp_path / "out.bpk").exists()

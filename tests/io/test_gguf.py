@@ -14,7 +14,6 @@ import torch
 
 from qcli.burn_backends import BurnBackend
 from qcli.codec.blocks import to_blocks
-from qcli.commands.quantize import quantize_file
 from qcli.errors import InputError, PlanError
 from qcli.io.burnpack import BurnpackReader
 from qcli.io.gguf import GgufSource
@@ -25,7 +24,7 @@ from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY
 from tests.burn_harness import dequantize as burn_dequantize
 from tests.burn_harness import probe, same_bits
 from tests.cli_support import assert_user_error, cli, validate_json
-from tests.format_support import decoded, model_problems, pipeline_payloads
+from tests.format_support import decoded, model_problems, pipeline_payloads, refused_from_headers
 from tests.gguf_support import T, dequantized, gguf, write_gguf
 
 RNG = np.random.default_rng(7)
@@ -256,14 +255,9 @@ def refused(tmp_path) -> Path:
 
 
 def test_refused_from_the_header_with_the_way_out(refused, monkeypatch):
-    def no_read(self, name):
-        raise AssertionError(f"read {name}")
-
-    monkeypatch.setattr(GgufSource, "load", no_read)
-    with pytest.raises(PlanError) as raised:
-        quantize_file(refused, refused.with_suffix(".bpk"))
-    problems = {p.message.split(":")[0]: p for p in raised.value.problems}
-    assert len(problems) == len(raised.value.problems) == 5  # one per type, none for keeping its codes
+    problems = refused_from_headers(monkeypatch, refused, refused.with_suffix(".bpk"))
+    problems = {p.message.split(":")[0]: p for p in problems}
+    assert len(problems) == len(problems) == 5  # one per type, none for keeping its codes
     q4_1 = problems["2 tensors (blk.0.ffn_down.weight, blk.0.ffn_up.weight) are GGUF Q4_1"]
     assert "an f16 minimum per 32 values (d * q + m): Burn has no zero point" in q4_1.message
     assert q4_1.hint.startswith("requantize them into a Burn scheme: --requantize q4f-b32 (dequantized by the gguf "

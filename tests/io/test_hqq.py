@@ -22,6 +22,7 @@ from qcli.errors import InputError, PlanError
 from qcli.io.burnpack import BurnpackReader
 from qcli.io.safetensors import SafetensorsSource
 from tests.cli_support import assert_user_error, cli, validate_json
+from tests.format_support import refused_from_headers
 
 HQQ_INSTALL = "DISABLE_CUDA=1 pip install --no-deps hqq==0.2.8.post1 termcolor==3.3.0"
 try:
@@ -54,18 +55,10 @@ def write(folder: Path, nbits: int, group: int, axis: int = 1,
 
 
 def test_refused_before_any_weight_is_read(tmp_path, monkeypatch):
-    from qcli.commands.quantize import quantize_file
 
     write(tmp_path / "ckpt", 4, 64)
 
-    def no_read(self, name):
-        raise AssertionError(f"read {name}")
-
-    with monkeypatch.context() as patched:
-        patched.setattr(SafetensorsSource, "load", no_read)
-        with pytest.raises(PlanError) as raised:
-            quantize_file(tmp_path / "ckpt", tmp_path / "refused.bpk")
-    [problem] = raised.value.problems
+    [problem] = refused_from_headers(monkeypatch, tmp_path / "ckpt", tmp_path / "refused.bpk")
     assert problem.kind == "scheme"
     assert problem.message.startswith("2 tensors (model.layers.0.mlp.down_proj.W_q, "
                                       "model.layers.0.self_attn.q_proj.W_q) are HQQ: each group's values are "
