@@ -72,6 +72,9 @@ _PRESET_LIST = [
 ]
 PRESETS: dict[str, Preset] = {p.name: p for p in _PRESET_LIST}
 DEFAULT_PRESET = "q4s-b32"
+# The presets a refusal's `--requantize` offers, by the codes' width: ones a Burn model computes with on flex
+# (q4f-b32, the full 4-bit grid, decodes everywhere but computes nowhere: docs/output.md).
+REQUANTIZE_NARROW, REQUANTIZE_WIDE = "q4s-b32", "q8s-b32"
 
 # Names other quantizers use for schemes Burn has no QFloat form for, so asking for one gets the reason
 # rather than "unknown preset". Codebooks need mode Lookup; the others a zero point (the K-quants with

@@ -122,7 +122,7 @@ def _render_plan(plan: SourcePlan, out: Console) -> None:
     for summary in plan.formats():
         out.print(printable(summary.text), soft_wrap=True)
     for p in plan.problems:
-        out.print(f"{p.severity}: {printable(str(p))} (hint: {printable(p.hint)})", soft_wrap=True)
+        out.print(f"{p.severity}: {printable(str(p))} (hint: {printable(p.hint)})")  # prose: wrapped at spaces
     errors = sum(p.severity is Severity.error for p in plan.problems)
     if errors:
         out.print(f"quantize stops on {errors} problem{'s' if errors > 1 else ''} before reading a weight",

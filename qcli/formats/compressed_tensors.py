@@ -39,7 +39,7 @@ from qcli.formats.grid import ScaleGrid
 from qcli.formats.nvfp4 import two_level_e2m1
 from qcli.io.safetensors import printable
 from qcli.patterns import PatternRefused, regex_matcher
-from qcli.presets import ZERO_POINT_WHY
+from qcli.presets import REQUANTIZE_NARROW, REQUANTIZE_WIDE, ZERO_POINT_WHY
 from qcli.problem import Kind
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 
@@ -291,7 +291,7 @@ class Coded(Encoded):
 
     @property
     def offered(self) -> str:  # a preset at least as wide as the codes
-        return "q4f-b32" if self.weights.num_bits <= 4 else "q8s-b32"
+        return REQUANTIZE_NARROW if self.weights.num_bits <= 4 else REQUANTIZE_WIDE
 
     def companion(self, param: str) -> TensorInfo | None:
         return next((c for c in self.companions if c.name.endswith(f".{param}")), None)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from qcli.presets import REQUANTIZE_NARROW
 from qcli.problem import Kind
 from qcli.scheme import QuantScheme
 
@@ -64,7 +65,7 @@ class Encoded(ABC):
     kind: ClassVar[Kind] = Kind.lookup  # the problem its refusal is
     encoding: ClassVar[str] = "a codebook"  # what it is, for its refused decision's reason
     decoded_as: ClassVar[str]  # how `--requantize` decodes it, for the refusal's hint
-    offered: ClassVar[str] = "q4f-b32"  # the preset the refusal offers: its bits, over the full grid
+    offered: ClassVar[str] = REQUANTIZE_NARROW  # the preset the refusal offers
     requantizable: ClassVar[bool] = True  # whether `dequantize` is a way out: `--requantize`
 
     @property

@@ -27,7 +27,7 @@ from qcli.formats.e2m1 import mx_scales, positive_zero
 from qcli.formats.found import Encoded, Found, Load, Transcode
 from qcli.formats.nvfp4 import two_level_e2m1
 from qcli.io.gguf import BY_NAME
-from qcli.presets import ZERO_POINT_WHY
+from qcli.presets import REQUANTIZE_NARROW, REQUANTIZE_WIDE, ZERO_POINT_WHY
 from qcli.problem import Kind
 from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY, MAX_BLOCK_EXTENT, PackedU32, QuantScheme, QuantValue, ScaleDtype
 
@@ -124,14 +124,14 @@ class Refusal:
     kind: Kind
     encoding: str
     why: str
-    offered: str = "q4f-b32"
+    offered: str = REQUANTIZE_NARROW
 
 
 def _zero_point(layout: str) -> Refusal:
     return Refusal(Kind.scheme, "a format with a minimum per block", f"{layout}: {ZERO_POINT_WHY}")
 
 
-def _width(layout: str, offered: str = "q8s-b32") -> Refusal:
+def _width(layout: str, offered: str = REQUANTIZE_WIDE) -> Refusal:
     return Refusal(Kind.scheme, "a format Burn has no value type for", f"{layout}; Burn's values are 8, 4 or 2 "
                    "bits wide, integers or E4M3, E5M2, E2M1", offered)
 
@@ -148,7 +148,7 @@ REFUSALS = {
     "Q4_K": _zero_point("4-bit codes with a 6-bit scale and a 6-bit minimum per 32 values under f16 d and dmin"),
     "Q5_K": _zero_point("5-bit codes with a 6-bit scale and a 6-bit minimum per 32 values under f16 d and dmin"),
     "Q5_0": _width("5-bit codes (the fifth bit in a 32-bit mask beside the nibbles) with an f16 scale per 32"),
-    "Q3_K": _width("3-bit codes with a 6-bit scale per 16 values under an f16 super-block scale", "q4f-b32"),
+    "Q3_K": _width("3-bit codes with a 6-bit scale per 16 values under an f16 super-block scale", REQUANTIZE_NARROW),
     "Q6_K": _width("6-bit codes with an 8-bit scale per 16 values under an f16 super-block scale"),
     "TQ1_0": _width("ternary values packed five to a byte in base 3 with an f16 scale per 256", "q2s-b32"),
     "TQ2_0": Refusal(Kind.scheme, "a format qcli does not transcode", "2-bit codes of q - 1 (-1 to 2) with an f16 "

@@ -30,6 +30,7 @@ from qcli.formats.declaration import declaration
 from qcli.formats.found import Encoded, Found, Load, Transcode
 from qcli.formats.grid import ScaleGrid
 from qcli.io.safetensors import printable
+from qcli.presets import REQUANTIZE_NARROW, REQUANTIZE_WIDE
 from qcli.problem import Kind
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 
@@ -190,7 +191,7 @@ class Unheld(Encoded):
 
     @property
     def offered(self) -> str:
-        return "q8s-b32" if self.layout.config.bits > 4 else "q4f-b32"
+        return REQUANTIZE_WIDE if self.layout.config.bits > 4 else REQUANTIZE_NARROW
 
     @property
     def name(self) -> str:

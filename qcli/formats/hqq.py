@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from qcli.errors import InputError
 from qcli.formats.found import Encoded, Found, Load
 from qcli.io.safetensors import printable
+from qcli.presets import REQUANTIZE_NARROW, REQUANTIZE_WIDE
 from qcli.problem import Kind
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class Hqq(Encoded):
 
     @property
     def offered(self) -> str:
-        return "q8s-b32" if self.meta is not None and self.meta["nbits"] > 4 else "q4f-b32"
+        return REQUANTIZE_WIDE if self.meta is not None and self.meta["nbits"] > 4 else REQUANTIZE_NARROW
 
     @property
     def shape(self) -> tuple[int, ...]:

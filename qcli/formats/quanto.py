@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from qcli.formats import fp8
 from qcli.formats.found import Encoded, Found, Load
 from qcli.formats.grid import ScaleGrid
-from qcli.presets import ZERO_POINT_WHY
+from qcli.presets import REQUANTIZE_NARROW, ZERO_POINT_WHY
 from qcli.problem import Kind
 from qcli.scheme import PackedU32, QuantScheme, QuantValue
 
@@ -67,7 +67,7 @@ class Bits(Encoded):
 
     @property
     def offered(self) -> str:  # type: ignore[override]
-        return "q4f-b32" if self.bits == 4 else "q2s-b32"
+        return REQUANTIZE_NARROW if self.bits == 4 else "q2s-b32"
 
     @property
     def name(self) -> str:

@@ -126,7 +126,8 @@ def test_values_report_tensors_whose_scales_leave_the_scale_dtype_range(recipe, 
                "fine.weight": torch.randn(64, 64, generator=g)}, str(model))
     f16 = recipe('version = 1\n[[rule]]\nmatch = "*"\npreset = "q4s-b32"\n')
     assert cli("validate-scheme", f16, "--model", model).code == 0
-    doc = cli("validate-scheme", f16, "--model", model, "--values", "--json")
+    # on flex, where Q4S blocks compute (the default warnings name wgpu's failure to compute them)
+    doc = cli("validate-scheme", f16, "--model", model, "--values", "--burn-backend", "flex", "--json")
     assert doc.code == 1
     validate_json(doc.json)
     (problem,) = doc.json["problems"]

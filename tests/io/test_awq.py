@@ -109,7 +109,7 @@ def test_refused_before_any_weight_is_read(case, tmp_path, monkeypatch):
     assert problem.message.startswith(f"2 tensors (model.layers.0.mlp.down_proj.qweight, "
                                       f"model.layers.0.self_attn.q_proj.qweight) are AWQ {version.upper()} 4-bit "
                                       f"group {group}: each group's values are offset by a zero point")
-    assert "--requantize q4f-b32 (dequantized as AutoAWQ does, (code - zero) * scale" in problem.hint
+    assert "--requantize q4s-b32 (dequantized as AutoAWQ does, (code - zero) * scale" in problem.hint
     assert_user_error(cli("quantize", tmp_path / "ckpt", "--dry-run"), PlanError.exit_code)
     assert not (tmp_path / "refused.bpk").exists()
     recipe = 'version = 1\n[[rule]]\nmatch = "*.norm.weight"\nkeep = true\n'

@@ -104,7 +104,7 @@ def test_refused_before_any_weight_is_read(checkpoint, monkeypatch):
     assert nf4.message.startswith("2 tensors (model.layers.0.attn.weight, model.layers.0.mlp.weight) are "
                                   "bitsandbytes NF4: 4-bit codes into a 16-entry codebook")
     assert fp4.message.startswith("1 tensor (model.layers.1.mlp.weight) is bitsandbytes FP4")
-    assert f"{LOOKUP_WHY} ({LOOKUP_PANICS_AT})" in nf4.message and "--requantize q4f-b32" in nf4.hint
+    assert f"{LOOKUP_WHY} ({LOOKUP_PANICS_AT})" in nf4.message and "--requantize q4s-b32" in nf4.hint
     assert not path.with_suffix(".bpk").exists()
 
 
@@ -113,7 +113,7 @@ def test_the_cli_refuses_with_the_way_out(checkpoint, flags):
     path, _ = checkpoint
     lines = assert_user_error(cli("quantize", path, *flags), PlanError.exit_code)
     assert "no weight was read" in lines[0]
-    assert any(LOOKUP_WHY in line and "hint: requantize them into a Burn scheme: --requantize q4f-b32" in line
+    assert any(LOOKUP_WHY in line and "hint: requantize them into a Burn scheme: --requantize q4s-b32" in line
                for line in lines)
     result = cli("quantize", path, *flags, "--json")
     assert result.code == PlanError.exit_code
@@ -130,7 +130,8 @@ def test_validate_scheme_model_reports_the_refusal(checkpoint, tmp_path):
         "2 tensors (model.layers.0.attn.weight, model.layers.0.mlp.weight) are bitsandbytes NF4",
         "1 tensor (model.layers.1.mlp.weight) is bitsandbytes FP4"]
     # the way out the refusal offers, checked as quantize would take it: the states read, no weight
-    assert [p["kind"] for p in model_problems(recipe, path, tmp_path, "--requantize", "q4f-b32")] == ["uncovered"]
+    offered = model_problems(recipe, path, tmp_path, "--requantize", "q4s-b32", "--burn-backend", "flex")
+    assert [p["kind"] for p in offered] == ["uncovered"]
 
 
 def test_inspect_shows_the_refusal(checkpoint):

@@ -310,11 +310,11 @@ def test_zero_points_and_other_widths_are_refused_before_any_weight_is_read(refu
         "1 tensor (int3.weight_packed) is compressed-tensors pack-quantized int3 group 32"]
     asym = by_format["1 tensor (asym.weight_packed) is compressed-tensors pack-quantized int4 group 128 asymmetric"]
     assert ZERO_POINT_WHY in asym.message and asym.kind == "scheme"
-    assert "--requantize q4f-b32 (dequantized as compressed-tensors does" in asym.hint
+    assert "--requantize q4s-b32 (dequantized as compressed-tensors does" in asym.hint
     [wide] = [p for p in problems if p.tensors == ("asym_channel.weight_packed",)]
     assert "--requantize q8s-b32" in wide.hint  # a preset as wide as its codes
     width = by_format["1 tensor (int3.weight_packed) is compressed-tensors pack-quantized int3 group 32"]
-    assert "3-bit integer codes, which no Burn value holds" in width.message and "q4f-b32" in width.hint
+    assert "3-bit integer codes, which no Burn value holds" in width.message and "q4s-b32" in width.hint
     assert not (refused / "model.bpk").exists()
     lines = assert_user_error(cli("quantize", refused, "--dry-run"), PlanError.exit_code)
     assert "no weight was read" in lines[0]

@@ -260,7 +260,7 @@ def test_refused_from_the_header_with_the_way_out(refused, monkeypatch):
     assert len(problems) == len(problems) == 5  # one per type, none for keeping its codes
     q4_1 = problems["2 tensors (blk.0.ffn_down.weight, blk.0.ffn_up.weight) are GGUF Q4_1"]
     assert "an f16 minimum per 32 values (d * q + m): Burn has no zero point" in q4_1.message
-    assert q4_1.hint.startswith("requantize them into a Burn scheme: --requantize q4f-b32 (dequantized by the gguf "
+    assert q4_1.hint.startswith("requantize them into a Burn scheme: --requantize q4s-b32 (dequantized by the gguf "
                                 "package (gguf.quants.dequantize), then quantized")
     assert "5-bit codes" in problems["1 tensor (blk.0.ffn_gate.weight) is GGUF Q5_0"].message
     assert "--requantize q8s-b32" in problems["1 tensor (blk.0.attn_v.weight) is GGUF Q6_K"].hint

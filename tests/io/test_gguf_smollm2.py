@@ -58,7 +58,7 @@ def test_q4_1_is_refused_from_the_header_alone(smollm2, monkeypatch):
     assert problem.message.startswith("210 tensors (blk.0.attn_k.weight, blk.0.attn_output.weight, "
                                       "blk.0.attn_q.weight, ...) are GGUF Q4_1: 4-bit codes with an f16 scale and an "
                                       "f16 minimum per 32 values")
-    assert "--requantize q4f-b32" in problem.hint
+    assert "--requantize q4s-b32" in problem.hint
 
 
 def test_requantize_writes_what_burn_loads(requantized, tmp_path):

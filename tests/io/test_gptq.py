@@ -234,7 +234,7 @@ def assert_refused_from_the_headers(folder: Path, format: str, why: str, monkeyp
     assert problem.message.startswith(f"2 tensors (model.layers.0.mlp.down_proj.qweight, "
                                       f"model.layers.0.self_attn.q_proj.qweight) are {format}: ")
     assert why in problem.message
-    assert "--requantize q4f-b32 (dequantized as GPTQ does, in f16" in problem.hint
+    assert "--requantize q4s-b32 (dequantized as GPTQ does, in f16" in problem.hint
     lines = assert_user_error(cli("quantize", folder, "--dry-run"), PlanError.exit_code)
     assert any(why in line for line in lines)
 

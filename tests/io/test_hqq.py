@@ -63,7 +63,7 @@ def test_refused_before_any_weight_is_read(tmp_path, monkeypatch):
     assert problem.message.startswith("2 tensors (model.layers.0.mlp.down_proj.W_q, "
                                       "model.layers.0.self_attn.q_proj.W_q) are HQQ: each group's values are "
                                       "offset by a zero point")
-    assert "--requantize q4f-b32 (dequantized as HQQ does, (code - zero) * scale" in problem.hint
+    assert "--requantize q4s-b32 (dequantized as HQQ does, (code - zero) * scale" in problem.hint
     assert_user_error(cli("quantize", tmp_path / "ckpt", "--dry-run"), PlanError.exit_code)
     assert not (tmp_path / "refused.bpk").exists()
     result = cli("inspect", tmp_path / "ckpt", "--json")
