@@ -24,7 +24,7 @@ from qcli.formats.found import Encoded, Found, Load, Transcode
 if TYPE_CHECKING:
     from qcli.io.safetensors import TensorInfo
 
-# Each module's `detect(infos, quantization_config)`. A later module's finding for a weight takes the place
+# Each module's `detect(infos, declaration)`. A later module's finding for a weight takes the place
 # of an earlier one's: compressed-tensors' config says the FP8 layout fp8 infers from the scale's shape.
 FORMATS = (fp8, nvfp4, gptq, awq, hqq, bitsandbytes, quanto, compressed_tensors, gguf)
 HANDLED = frozenset().union(*(f.METHODS for f in FORMATS))  # every quant_method a module reads
@@ -33,11 +33,10 @@ HANDLED = frozenset().union(*(f.METHODS for f in FORMATS))  # every quant_method
 def detect(infos: Sequence[TensorInfo], load: Load | None = None) -> dict[str, Found]:
     """Every already-quantized weight of a checkpoint by name, from its headers (and `config.json`);
     with `load`, each `Encoded` weight's small state read too, as `--requantize` needs (no weight)."""
-    declared = declared_by(infos)
-    config = declared.raw if declared is not None and declared.file == declaration.CONFIG else {}
+    declared = declared_by(infos)  # read once, handed to every module
     found: dict[str, Found] = {}
     for format in FORMATS:
-        found.update(format.detect(infos, config))
+        found.update(format.detect(infos, declared))
     found.update(declaration.decide(infos, found, declared, HANDLED))
     if load is not None:
         found = {n: f.with_state(load) if isinstance(f, Encoded) else f for n, f in found.items()}

@@ -20,13 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from qcli.formats.declaration import declaration
 from qcli.formats.found import Encoded, Found, Load
 from qcli.problem import Kind
 
 if TYPE_CHECKING:
     import torch
 
+    from qcli.formats.declaration import Declaration
     from qcli.io.safetensors import TensorInfo
 
 METHODS = frozenset({"awq"})  # the quant_method values this module reads
@@ -99,10 +99,9 @@ def zeros_width(count: int, group: int) -> int:
     return -(-words // multiple) * multiple
 
 
-def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:
+def detect(infos: Sequence[TensorInfo], declared: Declaration | None) -> dict[str, Found]:
     """Each `qweight` with its qzeros and scales (and no GPTQ g_idx) in a checkpoint that declares AWQ: its
     refusal, or why its tensors are not the layout its version says."""
-    declared = declaration(infos[0].file.parent) if infos else None
     if declared is None or declared.method not in METHODS:
         return {}
     by_name = {i.name: i for i in infos}

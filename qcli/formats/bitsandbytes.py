@@ -37,6 +37,7 @@ from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY, PackedU32, QuantScheme, Qu
 if TYPE_CHECKING:
     import torch
 
+    from qcli.formats.declaration import Declaration
     from qcli.io.safetensors import TensorInfo
 
 METHODS = frozenset({"bitsandbytes"})  # the quant_method values this module reads
@@ -153,7 +154,7 @@ class Codebook(Encoded):
         return values.reshape(self.shape).to(getattr(torch, state["dtype"]))
 
 
-def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:
+def detect(infos: Sequence[TensorInfo], declared: Declaration | None) -> dict[str, Found]:
     """Each bitsandbytes 8-bit and 4-bit weight, by its name, from the names and dtypes alone."""
     by_name = {i.name: i for i in infos}
     found: dict[str, Found] = {}

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from qcli.errors import InputError
 from qcli.formats import fp8
+from qcli.formats.declaration import quantization_config
 from qcli.formats.e2m1 import E8M0_BIAS, e2m1_codes, mx_scales
 from qcli.formats.found import Encoded, Found, Load, Transcode
 from qcli.formats.grid import ScaleGrid
@@ -46,6 +47,7 @@ from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 if TYPE_CHECKING:
     import torch
 
+    from qcli.formats.declaration import Declaration
     from qcli.io.safetensors import TensorInfo
 
 METHOD = "compressed-tensors"  # config.json's quant_method
@@ -341,9 +343,10 @@ class Width(Coded):
         return f"{self.weights.num_bits}-bit integer codes, which no Burn value holds (it has 2, 4 and 8 bits)"
 
 
-def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:
+def detect(infos: Sequence[TensorInfo], declared: Declaration | None) -> dict[str, Found]:
     """Each weight a compressed-tensors checkpoint quantized, by its tensors' names and dtypes and the
     config group that targets its module."""
+    config = quantization_config(declared)
     if config.get("quant_method") != METHOD:
         return {}
     by_name = {i.name: i for i in infos}

@@ -82,6 +82,11 @@ class Declaration:
                 or self.method == "bitsandbytes" and bool(self.raw.get("load_in_4bit") or self.raw.get("load_in_8bit")))
 
 
+def quantization_config(declared: Declaration | None) -> dict:
+    """What `config.json`'s `quantization_config` says ({} where there is none, or a side file declares)."""
+    return declared.raw if declared is not None and declared.file == CONFIG else {}
+
+
 def declaration(folder: Path) -> Declaration | None:
     """The first declaration of `folder`: config.json's `quantization_config`, else a side file; None where
     none declares one (a file that is not JSON declares nothing, as config.json's absence)."""

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from qcli.formats.declaration import quantization_config
 from qcli.formats.found import Found, Load, Transcode
 from qcli.formats.grid import ScaleGrid
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
@@ -22,6 +23,7 @@ from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 if TYPE_CHECKING:
     import torch
 
+    from qcli.formats.declaration import Declaration
     from qcli.io.safetensors import TensorInfo
 
 # The quant_methods of the config.json that declare these: transformers' FineGrainedFP8Config (DeepSeek's
@@ -68,11 +70,11 @@ class Fp8(Transcode):
         return load(self.companions[0].name)
 
 
-def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:
+def detect(infos: Sequence[TensorInfo], declared: Declaration | None) -> dict[str, Found]:
     """Each F8 tensor with a scale companion beside it (by the names checkpoints give it): its transcode,
     or why Burn has no exact form for it."""
     by_name = {i.name: i for i in infos}
-    block = block_size(config)
+    block = block_size(quantization_config(declared))
     found: dict[str, Found] = {}
     for info in infos:
         scale = next((by_name[info.name + s] for s in SCALE_SUFFIXES if info.name + s in by_name), None)

@@ -34,6 +34,7 @@ from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY, MAX_BLOCK_EXTENT, PackedU3
 if TYPE_CHECKING:
     import torch
 
+    from qcli.formats.declaration import Declaration
     from qcli.io.safetensors import TensorInfo
 
 METHODS: frozenset[str] = frozenset()  # a GGUF file declares no quant_method: its tensor types say it all
@@ -204,7 +205,7 @@ class GgufEncoded(Encoded):
         return reference_dequantize(self.weight, load(self.weight.name))
 
 
-def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:
+def detect(infos: Sequence[TensorInfo], declared: Declaration | None) -> dict[str, Found]:
     """Each tensor of a quantized ggml type: its transcode, its refusal, or why it has neither."""
     found: dict[str, Found] = {}
     for info in infos:

@@ -22,11 +22,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qcli.errors import InputError
-from qcli.formats.declaration import declaration
 from qcli.formats.found import Encoded, Found, Load, Transcode
 from qcli.formats.grid import ScaleGrid
 from qcli.io.safetensors import printable
@@ -37,6 +35,7 @@ from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 if TYPE_CHECKING:
     import torch
 
+    from qcli.formats.declaration import Declaration
     from qcli.io.safetensors import TensorInfo
 
 METHODS = frozenset({"gptq"})  # the quant_method values this module reads
@@ -59,10 +58,9 @@ class Config:
     source: str  # the file it was read from, for messages
 
     @staticmethod
-    def of(file: Path) -> Config | str:
-        """The config the declaration beside checkpoint `file` gives (`config.json`'s `quantization_config`,
-        else `quantize_config.json`), or why there is none."""
-        declared = declaration(file.parent)
+    def of(declared: Declaration | None) -> Config | str:
+        """The config the checkpoint's declaration gives (`config.json`'s `quantization_config`, else
+        `quantize_config.json`), or why there is none."""
         if declared is None or declared.method not in METHODS:
             return "no quantize_config.json or config.json quantization_config says its bits and zero points"
         config, source = declared.raw, declared.file
@@ -235,7 +233,7 @@ def unpack(words: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     return ((stream[low] | stream[high] << 32) >> shift) & mask
 
 
-def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:
+def detect(infos: Sequence[TensorInfo], declared: Declaration | None) -> dict[str, Found]:
     """Each `qweight` with its qzeros, scales and g_idx beside it: a transcode, a refused weight, or why it
     is neither (from the headers and the declaration)."""
     by_name = {i.name: i for i in infos}
@@ -245,7 +243,7 @@ def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:
         base, dot, leaf = info.name.rpartition(".")
         companions = tuple(by_name.get(f"{base}{dot}{c}") for c in (ZEROS, SCALES, ORDER))
         if leaf == CODES and None not in companions:
-            settings = settings or Config.of(info.file)
+            settings = settings or Config.of(declared)
             found[info.name] = plan(info, companions, settings, by_name)
     return found
 

@@ -26,6 +26,7 @@ from qcli.problem import Kind
 if TYPE_CHECKING:
     import torch
 
+    from qcli.formats.declaration import Declaration
     from qcli.io.safetensors import TensorInfo
 
 METHODS = frozenset({"hqq"})  # the quant_method values this module reads
@@ -112,7 +113,7 @@ class Hqq(Encoded):
         return ((codes - load(self.companion(ZERO).name)) * load(self.companion(SCALE).name)).reshape(meta["shape"])
 
 
-def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:
+def detect(infos: Sequence[TensorInfo], declared: Declaration | None) -> dict[str, Found]:
     """Each `W_q` beside its scale, zero and meta tensors: its refusal, or why it is not a layout qcli reads."""
     by_name = {i.name: i for i in infos}
     found: dict[str, Found] = {}

@@ -24,6 +24,7 @@ from qcli.scheme import MAX_BLOCK_EXTENT, PackedU32, QuantScheme, QuantValue, Sc
 if TYPE_CHECKING:
     import torch
 
+    from qcli.formats.declaration import Declaration
     from qcli.io.safetensors import TensorInfo
 
 METHODS = frozenset({"modelopt"})  # the quant_method values this module reads
@@ -82,7 +83,7 @@ class Nvfp4(Transcode):
         return block.to(torch.float32), global_scale.to(torch.float32).reshape(())
 
 
-def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:
+def detect(infos: Sequence[TensorInfo], declared: Declaration | None) -> dict[str, Found]:
     """Each U8 weight beside an F8_E4M3 `_scale` and a `_scale_2` (modelopt's names): its transcode, or why
     Burn has no exact form for it."""
     by_name = {i.name: i for i in infos}

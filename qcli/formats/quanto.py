@@ -34,6 +34,7 @@ from qcli.scheme import PackedU32, QuantScheme, QuantValue
 if TYPE_CHECKING:
     import torch
 
+    from qcli.formats.declaration import Declaration
     from qcli.io.safetensors import TensorInfo
 
 METHODS = frozenset({"quanto"})  # the quant_method of the config.json that declares these (QuantoConfig)
@@ -103,7 +104,7 @@ class Bits(Encoded):
         return values.reshape(self.out_in)
 
 
-def detect(infos: Sequence[TensorInfo], config: dict) -> dict[str, Found]:
+def detect(infos: Sequence[TensorInfo], declared: Declaration | None) -> dict[str, Found]:
     """Each quanto weight (`m.weight._data` beside `m.weight._scale`) by the name of its codes."""
     by_name = {i.name: i for i in infos}
     qmap = weight_types(infos[0].file.parent / QMAP) if infos else {}

@@ -66,7 +66,7 @@ def checkpoint(tmp_path) -> tuple[Path, dict[str, torch.Tensor]]:
 def test_the_decoder_is_bitsandbytes_dequantize_4bit(checkpoint):
     path, want = checkpoint
     with SafetensorsSource.open(path) as source:
-        books = bitsandbytes.detect(source.infos(), {})
+        books = bitsandbytes.detect(source.infos(), None)
         assert sorted(books) == sorted(LAYOUTS)
         assert len(books["model.layers.0.mlp.weight"].companions) == 5  # absmax, maps, nested, the state
         for name, book in books.items():
@@ -89,7 +89,7 @@ def test_the_decoder_by_hand(tmp_path):
                "w.quant_state.bitsandbytes__nf4": torch.tensor(list(json.dumps(state).encode()), dtype=torch.uint8)}
     save_file(tensors, str(tmp_path / "m.safetensors"))
     with SafetensorsSource.open(tmp_path / "m.safetensors") as source:
-        [book] = bitsandbytes.detect(source.infos(), {}).values()
+        [book] = bitsandbytes.detect(source.infos(), None).values()
         got = book.with_state(source.load).dequantize(source.load)
     absmax = [0.25 * 2 + 0.5, 1.0 * 2 + 0.5]  # 1.0 for the first block, 2.5 for the second
     codes = [1, 15, 2, 0, 7, 8]

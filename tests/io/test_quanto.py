@@ -108,7 +108,7 @@ def test_qint4_and_qint2_are_refused_from_the_headers_with_the_way_out(tmp_path)
 def test_the_decoder_is_quantos_dequantize(tmp_path):
     want = write(tmp_path, BITS)
     with SafetensorsSource.open(tmp_path) as source:
-        found = quanto.detect(source.infos(), {})
+        found = quanto.detect(source.infos(), None)
         for info_name, weight in found.items():
             got = weight.dequantize(source.load)
             assert got.dtype == want[weight.name].dtype and same_bits(got, want[weight.name]), info_name
