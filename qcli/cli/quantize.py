@@ -14,12 +14,12 @@ from qcli.cli import _output
 from qcli.cli._burn import BurnBackendOption, BurnVersionOption
 from qcli.cli._formats import NamesOption, requantize_option
 from qcli.commands import quantize as command
+from qcli.commands.options import QuantizeOptions
 from qcli.errors import QcliError, UsageError
 from qcli.io.safetensors import printable
 from qcli.io.source import Names
 from qcli.presets import DEFAULT_PRESET, PRESETS
 from qcli.report import JSON_SCHEMA_VERSION, QuantizeReport
-from qcli.sizes import parse_size
 
 # The default output prints every tensor (in a narrow table) up to this many; above it, a summary: the
 # WORST tensors by SQNR after a write, the count of each decision for a dry run. --verbose: every column.
@@ -157,8 +157,10 @@ def quantize(
     try:
         if quiet and verbose:
             raise UsageError("--quiet and --verbose cannot be used together", hint="pass one of them")
-        report = _run(input, output, scheme, recipe, calibration, device, dry_run, force, verify,
-                      max_shard_size, burn_backend, burn_version, stats, requantize, names, revision)
+        report = _run(input, output, scheme=scheme, recipe=recipe, calibration=calibration, device=device,
+                      dry_run=dry_run, force=force, verify=verify, max_shard_size=max_shard_size,
+                      burn_backend=burn_backend, burn_version=burn_version, stats=stats, requantize=requantize,
+                      names=names, revision=revision)
     except QcliError as exc:
         if json_output:
             _output.print_json(error_json(exc))
@@ -181,28 +183,11 @@ def error_json(exc: QcliError) -> dict:
     }
 
 
-def _run(input, output, scheme, recipe, calibration, device, dry_run, force, verify, max_shard_size,
-         burn_backend, burn_version, stats, requantize, names, revision) -> QuantizeReport:
+def _run(input, output, **given) -> QuantizeReport:
+    options = QuantizeOptions.parse(**given)  # every value checked before anything is read
     with _output.progress_bar(_output.progress_enabled()) as hook:
-        report = command.quantize_file(
-            input,
-            output,
-            scheme=scheme,
-            recipe=recipe,
-            calibration=None if calibration is None else calibration.value,
-            device=device.value,
-            dry_run=dry_run,
-            force=force,
-            stats=stats,
-            progress=hook,
-            verify=verify,
-            max_shard_size=None if max_shard_size is None else parse_size(max_shard_size, "--max-shard-size"),
-            burn_backend=None if burn_backend is None else burn_backend.value,
-            burn_version=burn_version,
-            requantize=requantize,
-            names=names,
-            revision=revision,
-        )
+        report = command.quantize(input, output, options, hook)
+    dry_run = options.dry_run
     target = Path(report.output)
     if target.name.lower().endswith(".safetensors"):  # after the plan: refusals come first
         _output.warn(f"{target} ends in .safetensors, but {'this writes' if not dry_run else 'the run would write'}"

@@ -9,24 +9,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qcli import BURN_VERSION
-from qcli.burn_backends import BurnBackend, resolve_backend, resolve_version
+from qcli.burn_backends import BurnBackend
 from qcli.commands import collector_paused
+from qcli.commands.options import Destination, QuantizeOptions
 from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect
 from qcli.formats.found import Found
 from qcli.io.gguf import is_gguf
-from qcli.io.hf_cache import is_model_name, snapshot
 from qcli.io.safetensors import TensorInfo, printable
 from qcli.io.source import Source, open_source
 from qcli.output import (
-    MODEL_FILE,
     ModelFolder,
     Output,
     check_folder,
-    default_output,
     folder_record,
-    is_folder_output,
     metadata,
     refuse_input_as_output,
     refuse_special_output,
@@ -34,12 +31,12 @@ from qcli.output import (
 )
 from qcli.pipeline.device import Runtime
 from qcli.plan import Plan, PlanEntry, make_plan
-from qcli.presets import Preset, resolve_preset
+from qcli.presets import Preset
 from qcli.problem import Problem
 from qcli.recipe import Recipe, load_recipe
 from qcli.report import MemoryUse, Phase, QuantizeReport, SourceFile, TensorRow, Timings
 from qcli.resident import peak_resident_bytes, resident_bytes
-from qcli.scheme import Calibration, resolve_calibration
+from qcli.scheme import Calibration
 from qcli.verify import out_of_bound
 
 if TYPE_CHECKING:
@@ -72,26 +69,15 @@ def plan_by_name(infos: list[TensorInfo], recipe: Recipe | None = None, preset: 
     return make_plan(sorted(infos, key=lambda i: i.name), recipe, preset, **options)
 
 
-def quantize_file(
-    input: str | Path,
-    output: str | Path | None = None,
-    *,
-    scheme: str | None = None,
-    recipe: str | Path | None = None,
-    calibration: str | None = None,
-    device: str = "auto",
-    dry_run: bool = False,
-    force: bool = False,
-    stats: bool = True,
-    progress: ProgressHook | None = None,
-    verify: bool = True,
-    max_shard_size: int | None = None,
-    burn_backend: str | None = None,
-    burn_version: str | None = None,
-    requantize: str | None = None,
-    names: str = "file",
-    revision: str | None = None,
-) -> QuantizeReport:
+def quantize_file(input: str | Path, output: str | Path | None = None, *, progress: ProgressHook | None = None,
+                  **options) -> QuantizeReport:
+    """`quantize` from options named as a user writes them (`QuantizeOptions.parse`: `scheme="q4s-b32"`,
+    `calibration="mse"`, `dry_run=True`, ...): the Python API."""
+    return quantize(input, output, QuantizeOptions.parse(**options), progress)
+
+
+def quantize(input: str | Path, output: str | Path | None, options: QuantizeOptions,
+             progress: ProgressHook | None = None) -> QuantizeReport:
     """Quantize a safetensors checkpoint or a GGUF file into a burnpack file (or, with `dry_run`, only plan it).
 
     The plan is made from the headers and checked in full before any weight is read. Tensors are then
@@ -103,100 +89,70 @@ def quantize_file(
     complete files back before the rename, checking them against the plan and the hashes of the bytes
     written (`qcli.verify`); a file that fails never reaches `output`. With `max_shard_size`, the output
     is split into `NAME-00001-of-0000N.bpk` files of at most that many bytes each. With `burn_backend`,
-    every tensor that Burn backend cannot load stops the plan (`qcli.burn_backends`); `burn_version` is
-    the Burn release to write for (default: the newest stable one, `qcli.BURN_VERSION`). `calibration`
-    (`minmax`, `absmean`, `mse`, any case) replaces the presets' calibration and covers every recipe rule
-    that names none. `requantize` (a preset name): tensors no Burn scheme holds (`qcli.formats.Encoded`:
-    bitsandbytes NF4, FP4; GPTQ with zero points, activation order or 3 bits) are dequantized as their
-    format does and quantized into it; their `--stats` error is against the dequantized values. `names`
-    (`qcli.io.source.Names`): a GGUF file's tensor names as in the file, or `hf`, Hugging Face's.
-
-    `input` may also name a model `ORG/NAME` in the local Hugging Face cache (`qcli.io.hf_cache`; at
-    `revision`, default main) where no such path exists. An `output` ending in `/`, or an existing
-    directory, is a model folder: the weights as `model.bpk` (or its shards and index), the source
-    folder's config and tokenizer files copied unchanged, and a record of the run (`qcli.output`); a
-    cache name without `output` writes the folder `NAME/` here.
+    every tensor that Burn backend cannot load stops the plan (`qcli.burn_backends`). `requantize`: tensors
+    no Burn scheme holds (`qcli.formats.Encoded`: bitsandbytes NF4, FP4; GPTQ with zero points, activation
+    order or 3 bits) are dequantized as their format does and quantized into it; their `--stats` error is
+    against the dequantized values. Where the run reads and writes is `Destination.of(input, output)`: a
+    model in the Hugging Face cache, a model folder.
     """
-    given = str(input)
-    input, model = _located(input, revision)
-    folder = None
-    if output is None and model is not None:
-        folder = Path(model.split("/")[1])
-    elif output is not None and is_folder_output(output):
-        folder = Path(output)
-    preset = resolve_preset(scheme)
-    backend = resolve_backend(burn_backend)
-    version = resolve_version(burn_version)
-    loaded_recipe = load_recipe(recipe) if recipe is not None else None
-    chosen = None if calibration is None else resolve_calibration(calibration)
-    requantized = None if requantize is None else resolve_preset(requantize)
-    target = folder / MODEL_FILE if folder else Path(output) if output is not None else default_output(input)
+    where = Destination.of(input, output, options.revision)
+    input, target, folder = where.input, where.target, where.folder
+    force, dry_run = options.force, options.dry_run
+    loaded_recipe = load_recipe(options.recipe) if options.recipe is not None else None
     folder_warnings = [] if folder is None else check_folder(folder, force, dry_run)
     refuse_special_output(target)  # a dry run refuses what the run would (docs/cli.md)
     if target.exists() and not (force or dry_run):  # a dry run warns of it instead (Output.prepare)
         raise UsageError(
             printable(f"{target} already exists"), hint="pass --force to replace it, or -o to write somewhere else"
         )
-    runtime = None if dry_run else Runtime(device)  # torch and CUDA load while the headers are read
-    with collector_paused() as resume, open_source(input, names) as source:
+    runtime = None if dry_run else Runtime(options.device)  # torch and CUDA load while the headers are read
+    with collector_paused() as resume, open_source(input, options.names) as source:
         inputs = [(input, "the input"), *((f, "the input") for f in source.files)]
         if source.index is not None:
             inputs.append((source.index, "the input's index"))
-        if recipe is not None:
-            inputs.append((Path(recipe), "the recipe"))
+        if options.recipe is not None:
+            inputs.append((options.recipe, "the recipe"))
         refuse_input_as_output(target, inputs)
-        found = detect(source.infos(), None if requantized is None else source.load)
-        plan = make_checked_plan(source.infos(), loaded_recipe, preset, split=max_shard_size is not None,
-                                 backend=backend, burn_version=version, calibration=chosen,
-                                 requantize=requantized, found=found)
+        found = detect(source.infos(), None if options.requantize is None else source.load)
+        plan = make_checked_plan(source.infos(), loaded_recipe, options.preset,
+                                 split=options.max_shard_size is not None, backend=options.burn_backend,
+                                 burn_version=options.burn_version, calibration=options.calibration,
+                                 requantize=options.requantize, found=found)
         copies = [] if folder is None or is_gguf(input) else side_files(input if input.is_dir() else input.parent)
         inputs += [(path, "a file the model folder copies") for path in copies]
         report = QuantizeReport(
-            input=given,
+            input=where.given,
             output=str(target),
             device=None,
             dry_run=dry_run,
-            preset=preset.name,
-            burn_backend=None if backend is None else backend.value,
-            burn_version=version,
-            recipe=None if recipe is None else str(recipe),
+            preset=options.preset.name,
+            burn_backend=None if options.burn_backend is None else options.burn_backend.value,
+            burn_version=options.burn_version,
+            recipe=None if options.recipe is None else str(options.recipe),
             recipe_sha256=None if loaded_recipe is None else loaded_recipe.sha256,
             source_files=[SourceFile(f.name, f.stat().st_size) for f in source.files],
             tensors=[TensorRow.of(e) for e in plan.entries],
             totals=plan.totals(),
             warnings=plan.warnings(),
         )
+        stats, verify = options.stats, options.verify
         if runtime is not None:
             runtime.warm(plan, measure=stats or verify)
-        options = {"calibration": calibration, "requantize": requantize, "names": str(names),
-                   "max_shard_size": max_shard_size}
-        model_folder = None if folder is None else ModelFolder(folder, copies, folder_record(report, input, options))
-        outputs = Output(plan, target, max_shard_size, metadata(report), model_folder)
+        record = folder_record(report, input, options.record())
+        model_folder = None if folder is None else ModelFolder(folder, copies, record)
+        outputs = Output(plan, target, options.max_shard_size, metadata(report), model_folder)
         report.outputs = [str(path) for path in outputs.paths]
         report.warnings += folder_warnings + outputs.prepare(inputs, force=force, dry_run=dry_run)
         if dry_run:
             return report
         resume()
         requantizing = any(e.decision.requantize is not None for e in plan.entries)
+        device = options.device
         report.device, run = runtime.select("cpu" if requantizing and device == "auto" else device)
         resident = _warm_runtime()
         report.tensors, report.timings = _write(plan, source, run, outputs, stats, progress, verify, report.warnings)
         report.memory = MemoryUse(resident, peak_resident_bytes())
     return report
-
-
-def _located(input: str | Path, revision: str | None) -> tuple[Path, str | None]:
-    """The path to read, and the model name when `input` named one in the Hugging Face cache: a path that
-    exists always wins, and a name with a checkpoint's suffix is a path."""
-    path = Path(input)
-    named = str(input)
-    if path.exists() or not is_model_name(named) or named.lower().endswith((".safetensors", ".gguf", ".json")):
-        if revision is not None:
-            raise UsageError(printable(f"--revision picks a revision of a model in the Hugging Face cache; "
-                                       f"{named} is a path"),
-                             hint="drop --revision, or give the model's ORG/NAME")
-        return path, None
-    return snapshot(named, revision), named
 
 
 def _warm_runtime() -> int:

@@ -428,7 +428,7 @@ def test_unexpected_errors_exit_70_and_qcli_debug_reraises(monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(quantize, "quantize_file", boom)
+    monkeypatch.setattr(quantize, "quantize", boom)
     lines = assert_user_error(cli("quantize", SINGLE), 70)
     assert lines[0] == "error: internal error: RuntimeError: boom"
     assert "QCLI_DEBUG=1" in lines[-1]

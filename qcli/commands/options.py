@@ -1,0 +1,134 @@
+"""`QuantizeOptions`: what a quantize run was asked, resolved once (from the command line or the Python API)
+and carried through as typed values; and `Destination`, where the run writes, worked out in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from qcli import BURN_VERSION
+from qcli.burn_backends import BurnBackend, resolve_backend, resolve_version
+from qcli.errors import UsageError
+from qcli.io.hf_cache import is_model_name, snapshot
+from qcli.io.safetensors import printable
+from qcli.io.source import Names
+from qcli.output import MODEL_FILE, default_output, is_folder_output
+from qcli.pipeline.device import DEVICES
+from qcli.presets import Preset, resolve_preset
+from qcli.scheme import Calibration, resolve_calibration
+from qcli.sizes import parse_size
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    """A quantize run's options (`qcli.commands.quantize.quantize`; docs/cli.md says what each does).
+
+    `preset`: the default scheme; `calibration`: replaces the presets' and covers every recipe rule that
+    names none (None: the presets'); `requantize`: the preset for weights no Burn scheme holds;
+    `max_shard_size`: bytes per output file, None for one file; `burn_backend` and `burn_version`: the Burn
+    the file is for (None: the common backends); `names`: a GGUF file's tensor names; `revision`: for a model
+    in the Hugging Face cache."""
+
+    preset: Preset
+    recipe: Path | None = None
+    calibration: Calibration | None = None
+    requantize: Preset | None = None
+    device: str = "auto"
+    dry_run: bool = False
+    force: bool = False
+    stats: bool = True
+    verify: bool = True
+    max_shard_size: int | None = None
+    burn_backend: BurnBackend | None = None
+    burn_version: str = BURN_VERSION
+    names: Names = Names.file
+    revision: str | None = None
+
+    @classmethod
+    def parse(
+        cls,
+        *,
+        scheme: str | None = None,
+        recipe: str | Path | None = None,
+        calibration: str | Calibration | None = None,
+        requantize: str | None = None,
+        device: str = "auto",
+        max_shard_size: int | str | None = None,
+        burn_backend: str | BurnBackend | None = None,
+        burn_version: str | None = None,
+        names: str | Names = Names.file,
+        **flags: bool | str | None,
+    ) -> QuantizeOptions:
+        """The options from their names as a user writes them (`scheme="q4s-b32"`, `calibration="mse"`,
+        `max_shard_size="500MiB"`); each unknown name is a UsageError, raised before anything is read."""
+        unknown = set(flags) - {"dry_run", "force", "stats", "verify", "revision"}
+        if unknown:
+            known = ", ".join(f.name for f in fields(cls) if f.name != "preset")
+            raise UsageError(f"unknown quantize option {sorted(unknown)[0]!r}", hint=f"the options are scheme, {known}")
+        if device not in DEVICES:
+            raise UsageError(f"unknown device {device!r}", hint="use --device auto, cpu or cuda")
+        try:
+            names = Names(str(names).lower())
+        except ValueError:
+            raise UsageError(f"unknown tensor names {str(names)!r}", hint="use --names file or hf") from None
+        if isinstance(max_shard_size, str):
+            max_shard_size = parse_size(max_shard_size, "--max-shard-size")
+        return cls(
+            preset=resolve_preset(scheme),
+            recipe=None if recipe is None else Path(recipe),
+            calibration=None if calibration is None else resolve_calibration(str(calibration)),
+            requantize=None if requantize is None else resolve_preset(requantize),
+            device=device,
+            max_shard_size=max_shard_size,
+            burn_backend=resolve_backend(None if burn_backend is None else str(burn_backend)),
+            burn_version=resolve_version(burn_version),
+            names=names,
+            **flags,
+        )
+
+    def record(self) -> dict[str, object]:
+        """The options that shaped the plan, as a model folder's record states them (`qcli.output`)."""
+        return {"calibration": None if self.calibration is None else self.calibration.name.lower(),
+                "requantize": None if self.requantize is None else self.requantize.name,
+                "names": str(self.names), "max_shard_size": self.max_shard_size}
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where a run reads and writes: `given`, the input as the user named it; `input`, the path read (a
+    cache snapshot for a model name); `model`, the `ORG/NAME` it names, if any; `target`, the .bpk (or
+    the shards' name); `folder`, the model folder around it, if one is written."""
+
+    given: str
+    input: Path
+    model: str | None
+    target: Path
+    folder: Path | None
+
+    @classmethod
+    def of(cls, input: str | Path, output: str | Path | None, revision: str | None = None) -> Destination:
+        """`input` as a path, or a model `ORG/NAME` in the Hugging Face cache (at `revision`) where no such
+        path exists; `output` a file, `DIR/` or an existing directory (a model folder), or None: beside the
+        input, or for a model name the folder `NAME/` here."""
+        path, model = _located(input, revision)
+        folder = None
+        if output is None and model is not None:
+            folder = Path(model.split("/")[1])
+        elif output is not None and is_folder_output(output):
+            folder = Path(output)
+        target = folder / MODEL_FILE if folder else Path(output) if output is not None else default_output(path)
+        return cls(str(input), path, model, target, folder)
+
+
+def _located(input: str | Path, revision: str | None) -> tuple[Path, str | None]:
+    """The path to read, and the model name when `input` named one in the Hugging Face cache: a path that
+    exists always wins, and a name with a checkpoint's suffix is a path."""
+    path = Path(input)
+    named = str(input)
+    if path.exists() or not is_model_name(named) or named.lower().endswith((".safetensors", ".gguf", ".json")):
+        if revision is not None:
+            raise UsageError(printable(f"--revision picks a revision of a model in the Hugging Face cache; "
+                                       f"{named} is a path"),
+                             hint="drop --revision, or give the model's ORG/NAME")
+        return path, None
+    return snapshot(named, revision), named
