@@ -140,7 +140,10 @@ def bound_of(
     whole: TensorRange | None,
 ) -> torch.Tensor:
     """`error_bound` from each block's largest |x| (`peak`, grid-shaped) and, for AbsMean, its mean |x|
-    (`mean`, float64); for a per-tensor or two-level scheme, `whole` is the tensor's."""
+    (`mean`, float64); for a per-tensor or two-level scheme, `whole` is the tensor's. GPTQ moves each
+    weight by the error it carries from the columns before, so no bound holds but finiteness (infinity)."""
+    if calibration is Calibration.Gptq:
+        return torch.full_like(peak, math.inf, dtype=torch.float64)
     value, dtype = scheme.value, scheme.scale_dtype()
     peak = peak.to(torch.float64)
     alpha = _alpha(peak, mean, scheme, calibration, whole)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from qcli import BURN_VERSION, layout
@@ -293,7 +293,7 @@ def make_plan(
     infos: Iterable[TensorInfo], recipe: Recipe | None = None, preset: Preset | None = None,
     *, split: bool = False, backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
     calibration: Calibration | None = None, requantize: Preset | None = None,
-    found: Mapping[str, Found] | None = None,
+    found: Mapping[str, Found] | None = None, calibrated: Collection[str] = (),
 ) -> Plan:
     """One decision per tensor and every problem found from the headers (see the module docstring).
 
@@ -305,16 +305,19 @@ def make_plan(
     (`--requantize`): the preset the tensors no Burn scheme holds (`qcli.formats.Encoded`: bitsandbytes NF4,
     FP4) are quantized into once dequantized; without it they are refused. `found`: the checkpoint's
     already-quantized weights (`qcli.formats.detect`), the encoded ones' states read for `requantize`.
+    `calibrated`: the tensors a calibration run reaches (the Linear weights in the model's blocks): GPTQ
+    applies to them only, every other tensor takes its preset's calibration instead, its reason says so.
     """
     return _Planner(list(infos), recipe, preset or PRESETS[DEFAULT_PRESET], split, backend, burn_version,
-                    calibration, requantize, found).plan()
+                    calibration, requantize, found, calibrated).plan()
 
 
 class _Planner:
     def __init__(self, infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False,
                  backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
                  calibration: Calibration | None = None, requantize: Preset | None = None,
-                 found: Mapping[str, Found] | None = None) -> None:
+                 found: Mapping[str, Found] | None = None, calibrated: Collection[str] = ()) -> None:
+        self.calibrated = frozenset(calibrated)
         self.found = dict(found) if found is not None else detect(infos)
         self.requantize = requantize
         self.refused: dict[str, list[Encoded]] = {}  # format -> its weights, refused without --requantize
@@ -441,7 +444,9 @@ class _Planner:
         not divide the row; None when the shape takes neither. `why` replaces the reason's start (kept short:
         the reason is a column of quantize's table)."""
         reason = f"{why or f'default: {info.dtype} tensor of rank {len(info.shape)}'} -> {preset.name}"
-        scheme, calibration = preset.scheme, self.calibration or preset.calibration
+        scheme = preset.scheme
+        calibration, unreached = self.reached(info, self.calibration or preset.calibration, preset.calibration)
+        reason += unreached
         if shape_problem(scheme, info.shape) is not None:
             smaller = smaller_block(scheme, info.shape, calibration)
             if smaller is None:
@@ -479,7 +484,8 @@ class _Planner:
                 return self.kept(info, f"{where}: keep, {refused}", rule, transpose)
         if why_not is None:
             asked = rule.preset or str(rule.scheme)
-            return Decision(rule.scheme, calibration, transpose, f"{where} -> {asked}", rule)
+            calibration, unreached = self.reached(info, calibration, Calibration.MinMax)
+            return Decision(rule.scheme, calibration, transpose, f"{where} -> {asked}{unreached}", rule)
         if self.recipe is not None and self.recipe.on_indivisible is OnIndivisible.error:
             self.problem(
                 Kind.shape, f"{info.name} {list(info.shape)}{' transposed' if transpose else ''} cannot take "
@@ -491,6 +497,13 @@ class _Planner:
             f"{info.name} {list(info.shape)}{' transposed' if transpose else ''}: {why_not}")
         reason = f"{where}: keep, cannot take the scheme: {why_not}"
         return self.kept(info, reason, rule, transpose, calibration)
+
+    def reached(self, info: TensorInfo, calibration: Calibration, fallback: Calibration) -> tuple[Calibration, str]:
+        """`calibration`, or for a tensor GPTQ cannot reach (not in `calibrated`), `fallback` and what the
+        reason adds to say so."""
+        if calibration is not Calibration.Gptq or info.name in self.calibrated:
+            return calibration, ""
+        return fallback, f" ({fallback.name}: not a Linear in the model's blocks, which GPTQ calibrates)"
 
     def calibration_refused(self, info: TensorInfo, rule: Rule) -> str | None:
         """Why `--calibration` cannot apply to the scheme of `rule` (reported once per rule, as an error),

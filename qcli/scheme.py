@@ -269,6 +269,9 @@ class Calibration(StrEnum):
     MinMax = "MinMax"
     AbsMean = "AbsMean"
     Mse = "Mse"  # qcli's own: MinMax's range, then each block's scale searched (qcli.codec.search)
+    # GPTQ on calibration activations: each Linear's weights rounded in order, the error carried onto the
+    # columns not yet rounded (qcli.calibrate.gptq); only a calibration run produces it, never the codec
+    Gptq = "Gptq"
 
 
 def resolve_calibration(name: str) -> Calibration:

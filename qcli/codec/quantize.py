@@ -150,6 +150,8 @@ def _prepare(
     """The work tensor, its chunks, its scales, the block ranges they were taken from, and the chunks'
     workspace."""
     check_accepted(scheme, calibration)
+    if calibration is Calibration.Gptq:
+        raise ValueError(f"{name}: GPTQ needs calibration activations (qcli.calibrate.gptq), not the codec")
     if not x.dtype.is_floating_point:
         raise NotFloatTensor(name, x.dtype)
     grid = layout.BlockGrid.of(scheme, x.shape)

@@ -120,7 +120,7 @@ def block_alpha(reduced: torch.Tensor, grid: BlockGrid, calibration: Calibration
 
 
 REDUCE_DTYPE = {Calibration.MinMax: torch.float32, Calibration.AbsMean: torch.float64,
-                Calibration.Mse: torch.float32}
+                Calibration.Mse: torch.float32, Calibration.Gptq: torch.float32}
 
 
 @dataclass(frozen=True)

@@ -4,18 +4,15 @@ burnpack output."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qcli import BURN_VERSION
-from qcli.burn_backends import BurnBackend
 from qcli.commands import collector_paused
 from qcli.commands.options import Destination, QuantizeOptions
 from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect
-from qcli.formats.found import Found
 from qcli.io.gguf import is_gguf
 from qcli.io.safetensors import TensorInfo, printable
 from qcli.io.source import Source, open_source
@@ -36,7 +33,6 @@ from qcli.problem import Problem
 from qcli.recipe import Recipe, load_recipe
 from qcli.report import MemoryUse, Phase, QuantizeReport, SourceFile, TensorRow, Timings
 from qcli.resident import peak_resident_bytes, resident_bytes
-from qcli.scheme import Calibration
 from qcli.verify import out_of_bound
 
 if TYPE_CHECKING:
@@ -47,17 +43,10 @@ if TYPE_CHECKING:
 ProgressHook = Callable[[str | None, int, int], None]
 
 
-def make_checked_plan(infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False,
-                      backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
-                      calibration: Calibration | None = None, requantize: Preset | None = None,
-                      found: Mapping[str, Found] | None = None) -> Plan:
-    """The plan for `infos` in name order (so shards and one file give the same output); every error is
-    raised together as one PlanError. `split`: the output will be cut into several files; `backend` and
-    `burn_version`: the Burn backend and release the file must load on; `calibration`: the one for every
-    quantized tensor whose rule names none; `requantize` and `found`: the preset tensors no Burn scheme
-    holds are requantized into, and the checkpoint's already-quantized weights (`make_plan`)."""
-    plan = plan_by_name(infos, recipe, preset, split=split, backend=backend, burn_version=burn_version,
-                        calibration=calibration, requantize=requantize, found=found)
+def make_checked_plan(infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, **options) -> Plan:
+    """The plan for `infos` in name order (so shards and one file give the same output), `make_plan`'s
+    `options` given; every error is raised together as one PlanError."""
+    plan = plan_by_name(infos, recipe, preset, **options)
     plan.raise_if_errors()
     return plan
 
