@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from qcli.plan import PlanEntry, Totals
     from qcli.scheme import QuantScheme
 
-JSON_SCHEMA_VERSION = 2
+JSON_SCHEMA_VERSION = 3
 
 
 def _finite(x: float | None) -> float | None:
@@ -52,13 +52,14 @@ class TensorRow:
     bits_per_weight: float
     error: ErrorStats | None = None
     transcoded: bool = False  # an already-quantized tensor's codes written as they are (`qcli.formats`)
+    output_error: float | None = None  # relative ||XW^T - XŴ^T|| on the calibration tokens, when calibrated
 
     @property
     def decision(self) -> str:
         return "keep" if self.scheme is None else "transcode" if self.transcoded else "quantize"
 
     @staticmethod
-    def of(entry: PlanEntry, error: ErrorStats | None = None) -> TensorRow:
+    def of(entry: PlanEntry, error: ErrorStats | None = None, output_error: float | None = None) -> TensorRow:
         info, decision = entry.info, entry.decision
         return TensorRow(
             name=entry.name,
@@ -73,6 +74,7 @@ class TensorRow:
             bits_per_weight=float(entry.bits_per_weight),
             error=error,
             transcoded=decision.transcode is not None,
+            output_error=output_error,
         )
 
     def to_json(self) -> dict:
@@ -90,6 +92,7 @@ class TensorRow:
             "bytes_out": self.bytes_out,
             "bits_per_weight": self.bits_per_weight,
             **error_json(self.error),
+            "output_error": self.output_error,
         }
 
 
@@ -136,6 +139,7 @@ class Timings:
     stats: Phase = field(default_factory=Phase)
     write: Phase = field(default_factory=Phase)
     verify: Phase | None = None
+    calibrate: Phase | None = None  # the calibration run (`qcli.calibrate`), its bytes the weights it read
     total_seconds: float = 0.0
 
     def to_json(self) -> dict:
@@ -145,6 +149,7 @@ class Timings:
             "stats": self.stats.to_json(),
             "write": self.write.to_json(),
             "verify": None if self.verify is None else self.verify.to_json(),
+            "calibrate": None if self.calibrate is None else self.calibrate.to_json(),
             "total_seconds": self.total_seconds,
         }
 
@@ -164,6 +169,27 @@ class MemoryUse:
     def to_json(self) -> dict:
         return {"runtime_bytes": self.runtime_bytes, "peak_bytes": self.peak_bytes,
                 "tensors_bytes": self.tensors_bytes}
+
+
+@dataclass
+class CalibrationRecord:
+    """What a calibrated run measured its activations on: the text file (`file`, its `sha256`), the
+    `samples` windows of `seq_len` tokens drawn with `seed` from the `tokens` it holds, or an importance
+    matrix file (`imatrix`); the device memory the dry run estimates for one block, and the peak measured."""
+
+    method: str
+    file: str | None
+    sha256: str | None
+    samples: int | None = None
+    seq_len: int | None = None
+    seed: int | None = None
+    tokens: int | None = None
+    blocks: int | None = None
+    memory_estimate_bytes: int | None = None
+    peak_device_bytes: int | None = None
+
+    def to_json(self) -> dict:
+        return dict(vars(self))
 
 
 @dataclass(frozen=True)
@@ -196,6 +222,7 @@ class QuantizeReport:
     memory: MemoryUse | None = None  # a real run's
     # the files written: `output`, or its shards (and a model folder's other files)
     outputs: list[str] = field(default_factory=list)
+    calibration: CalibrationRecord | None = None
 
     def to_json(self) -> dict:
         return {
@@ -218,6 +245,7 @@ class QuantizeReport:
             "totals": totals_json(self.totals),
             "timings": None if self.timings is None else self.timings.to_json(),
             "memory": None if self.memory is None else self.memory.to_json(),
+            "calibration": None if self.calibration is None else self.calibration.to_json(),
         }
 
 
