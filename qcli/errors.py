@@ -120,6 +120,14 @@ class OutputError(QcliError):
     meaning = "the output could not be written (disk full, permissions), and the target is left untouched"
 
 
+class DeviceMemoryError(QcliError):
+    """The device ran out of memory for a calibration run; the message gives the estimate, the hint the
+    windows that would fit."""
+
+    exit_code = 5
+    meaning = "the device ran out of memory during calibration; the hint names --samples and --seq-len that fit"
+
+
 class InternalError(QcliError):
     """Anything else that escaped a command: a bug in qcli."""
 

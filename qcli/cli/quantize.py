@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from qcli.calibrate import SAMPLES, SEED, SEQ_LEN
 from qcli.cli import _output
 from qcli.cli._burn import BurnBackendOption, BurnVersionOption
 from qcli.cli._formats import NamesOption, requantize_option
@@ -37,6 +38,7 @@ class CalibrationChoice(StrEnum):
     minmax = "minmax"
     absmean = "absmean"
     mse = "mse"
+    gptq = "gptq"
 
 
 def quantize(
@@ -86,11 +88,45 @@ def quantize(
         CalibrationChoice | None,
         typer.Option(
             "--calibration",
-            metavar="minmax|absmean|mse",
+            metavar="minmax|absmean|mse|gptq",
             case_sensitive=False,
             help="How each scale is chosen, for every quantized tensor whose recipe rule names none: minmax"
-            " (the preset's: the largest value on the range's end), absmean, or mse (a search for the scale"
-            " whose decode errs least: better at 4 bits and below, slower; docs/arithmetic.md).",
+            " (the preset's: the largest value on the range's end), absmean, mse (a search for the scale"
+            " whose decode errs least: better at 4 bits and below, slower; with --calibration-data or"
+            " --imatrix, each input channel's error weighed by its activations), or gptq (each Linear's"
+            " weights rounded in order on the activations of --calibration-data, the error carried onto"
+            " those not yet rounded; docs/arithmetic.md).",
+        ),
+    ] = None,
+    calibration_data: Annotated[
+        Path | None,
+        typer.Option(
+            "--calibration-data",
+            metavar="FILE",
+            help="Text the model runs on for --calibration gptq or mse: plain UTF-8, or JSON lines with a"
+            " \"text\" field; tokenized with the checkpoint's own tokenizer, the model built from its"
+            " config.json (needs qcli[calibrate]).",
+        ),
+    ] = None,
+    samples: Annotated[
+        int | None,
+        typer.Option("--samples", metavar="N", help=f"Windows of calibration tokens. Default: {SAMPLES}."),
+    ] = None,
+    seq_len: Annotated[
+        int | None,
+        typer.Option("--seq-len", metavar="L", help=f"Tokens in each window. Default: {SEQ_LEN}."),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option("--seed", metavar="S", help=f"Seed placing the windows in the text. Default: {SEED}."),
+    ] = None,
+    imatrix: Annotated[
+        Path | None,
+        typer.Option(
+            "--imatrix",
+            metavar="FILE",
+            help="A llama.cpp importance matrix (imatrix.gguf, or the older .dat) weighing --calibration"
+            " mse's search, in place of --calibration-data; `qcli imatrix` writes one.",
         ),
     ] = None,
     device: Annotated[
@@ -160,7 +196,8 @@ def quantize(
         report = _run(input, output, scheme=scheme, recipe=recipe, calibration=calibration, device=device,
                       dry_run=dry_run, force=force, verify=verify, max_shard_size=max_shard_size,
                       burn_backend=burn_backend, burn_version=burn_version, stats=stats, requantize=requantize,
-                      names=names, revision=revision)
+                      names=names, revision=revision, calibration_data=calibration_data, samples=samples,
+                      seq_len=seq_len, seed=seed, imatrix=imatrix)
     except QcliError as exc:
         if json_output:
             _output.print_json(error_json(exc))

@@ -3,11 +3,13 @@ and carried through as typed values; and `Destination`, where the run writes, wo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import inspect
+from dataclasses import dataclass
 from pathlib import Path
 
 from qcli import BURN_VERSION
 from qcli.burn_backends import BurnBackend, resolve_backend, resolve_version
+from qcli.calibrate import SAMPLES, SEED, SEQ_LEN
 from qcli.errors import UsageError
 from qcli.io.hf_cache import is_model_name, snapshot
 from qcli.io.safetensors import printable
@@ -17,6 +19,40 @@ from qcli.pipeline.device import DEVICES
 from qcli.presets import Preset, resolve_preset
 from qcli.scheme import Calibration, resolve_calibration
 from qcli.sizes import parse_size
+
+
+@dataclass(frozen=True)
+class CalibrationInput:
+    """What a calibrated run measures activations on: `data`, a text file (plain, or JSON lines with a
+    `text` field) cut into `samples` windows of `seq_len` tokens placed by `seed`; or `imatrix`, a
+    llama.cpp importance matrix file (which the mse search alone can use)."""
+
+    data: Path | None = None
+    samples: int = SAMPLES
+    seq_len: int = SEQ_LEN
+    seed: int = SEED
+    imatrix: Path | None = None
+
+    def check(self, calibration: Calibration | None) -> None:
+        """UsageError for a combination that cannot work: GPTQ without text, or with only an importance
+        matrix (it needs each layer's whole XᵀX); importance for a calibration that does not search; both
+        files at once."""
+        if self.data is not None and self.imatrix is not None:
+            raise UsageError("--calibration-data and --imatrix both give the importance of each input channel",
+                             hint="pass one of them")
+        if calibration is Calibration.Gptq and self.data is None:
+            raise UsageError("--calibration gptq needs calibration text to run the model on",
+                             hint="pass --calibration-data FILE (plain text, or JSON lines with a \"text\" field)"
+                             + ("; an importance matrix holds only XᵀX's diagonal, which GPTQ cannot use"
+                                if self.imatrix is not None else ""))
+        given = "--calibration-data" if self.data is not None else "--imatrix" if self.imatrix is not None else None
+        if given is not None and calibration not in (Calibration.Gptq, Calibration.Mse):
+            raise UsageError(f"{given} weighs the scale search of --calibration mse, or feeds --calibration gptq",
+                             hint=f"add --calibration mse or --calibration gptq, or drop {given}")
+        for name, value in (("--samples", self.samples), ("--seq-len", self.seq_len)):
+            if value < 1:
+                raise UsageError(f"{name} must be at least 1, not {value}", hint=f"the default is {name} "
+                                 f"{SAMPLES if name == '--samples' else SEQ_LEN}")
 
 
 @dataclass(frozen=True)
@@ -43,6 +79,7 @@ class QuantizeOptions:
     burn_version: str = BURN_VERSION
     names: Names = Names.file
     revision: str | None = None
+    calibrating: CalibrationInput = CalibrationInput()
 
     @classmethod
     def parse(
@@ -57,14 +94,20 @@ class QuantizeOptions:
         burn_backend: str | BurnBackend | None = None,
         burn_version: str | None = None,
         names: str | Names = Names.file,
+        calibration_data: str | Path | None = None,
+        samples: int | None = None,
+        seq_len: int | None = None,
+        seed: int | None = None,
+        imatrix: str | Path | None = None,
         **flags: bool | str | None,
     ) -> QuantizeOptions:
         """The options from their names as a user writes them (`scheme="q4s-b32"`, `calibration="mse"`,
         `max_shard_size="500MiB"`); each unknown name is a UsageError, raised before anything is read."""
-        unknown = set(flags) - {"dry_run", "force", "stats", "verify", "revision"}
+        unknown = set(flags) - set(_FLAGS)
         if unknown:
-            known = ", ".join(f.name for f in fields(cls) if f.name != "preset")
-            raise UsageError(f"unknown quantize option {sorted(unknown)[0]!r}", hint=f"the options are scheme, {known}")
+            known = [*(p for p in inspect.signature(cls.parse).parameters if p != "flags"), *_FLAGS]
+            raise UsageError(f"unknown quantize option {sorted(unknown)[0]!r}",
+                             hint=f"the options are {', '.join(known)}")
         if device not in DEVICES:
             raise UsageError(f"unknown device {device!r}", hint="use --device auto, cpu or cuda")
         try:
@@ -73,16 +116,23 @@ class QuantizeOptions:
             raise UsageError(f"unknown tensor names {str(names)!r}", hint="use --names file or hf") from None
         if isinstance(max_shard_size, str):
             max_shard_size = parse_size(max_shard_size, "--max-shard-size")
+        chosen = None if calibration is None else resolve_calibration(str(calibration))
+        calibrating = CalibrationInput(
+            data=None if calibration_data is None else Path(calibration_data),
+            samples=SAMPLES if samples is None else samples, seq_len=SEQ_LEN if seq_len is None else seq_len,
+            seed=SEED if seed is None else seed, imatrix=None if imatrix is None else Path(imatrix))
+        calibrating.check(chosen)
         return cls(
             preset=resolve_preset(scheme),
             recipe=None if recipe is None else Path(recipe),
-            calibration=None if calibration is None else resolve_calibration(str(calibration)),
+            calibration=chosen,
             requantize=None if requantize is None else resolve_preset(requantize),
             device=device,
             max_shard_size=max_shard_size,
             burn_backend=resolve_backend(None if burn_backend is None else str(burn_backend)),
             burn_version=resolve_version(burn_version),
             names=names,
+            calibrating=calibrating,
             **flags,
         )
 
@@ -91,6 +141,9 @@ class QuantizeOptions:
         return {"calibration": None if self.calibration is None else self.calibration.name.lower(),
                 "requantize": None if self.requantize is None else self.requantize.name,
                 "names": str(self.names), "max_shard_size": self.max_shard_size}
+
+
+_FLAGS = ("dry_run", "force", "stats", "verify", "revision")  # taken by `parse` as they are
 
 
 @dataclass(frozen=True)
