@@ -1,0 +1,160 @@
+"""A quantize run's calibration: the model run block by block on the calibration text (`runner`), GPTQ for
+each Linear the plan gives `Calibration.Gptq` (`gptq`), and each input channel's importance for the Linears
+whose scales the mse search chooses, from the same run or from a llama.cpp importance matrix (`imatrix`).
+
+GPTQ's tensors leave here quantized (`Calibrated.parts`), for the pipeline to pack and write as they are;
+the importance goes to the pipeline's search (`Calibrated.importance`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from qcli.calibrate.data import calibration_tokens, read_calibration_text
+from qcli.calibrate.gptq import gptq
+from qcli.calibrate.model import load_tokenizer, open_model
+from qcli.calibrate.runner import BlockDone, LinearStats, block_linears, estimate_memory, run_blocks
+from qcli.errors import DeviceMemoryError
+from qcli.problem import Kind, Problem, Severity
+from qcli.report import CalibrationRecord
+from qcli.resident import peak_resident_bytes
+from qcli.scheme import Calibration
+
+if TYPE_CHECKING:
+    from qcli.codec.quantize import QuantizedParts
+    from qcli.commands.options import CalibrationInput
+    from qcli.io.source import Source
+    from qcli.plan import Plan, PlanEntry
+
+BlockProgress = Callable[[BlockDone], None]
+
+
+@dataclass
+class Calibrated:
+    """What calibration gives the write: GPTQ's tensors quantized (`parts`, by entry name, as written),
+    each calibrated Linear's output error, the importance of each input channel (float64 [in], by name),
+    the run's record and warnings, and the time it took and the bytes of weights it read."""
+
+    parts: dict[str, QuantizedParts] = field(default_factory=dict)
+    errors: dict[str, float] = field(default_factory=dict)
+    importance: dict[str, torch.Tensor] = field(default_factory=dict)
+    record: CalibrationRecord | None = None
+    warnings: list[Problem] = field(default_factory=list)
+    seconds: float = 0.0
+    bytes: int = 0
+
+
+def model_folder(input: Path) -> Path:
+    """The folder whose config.json and tokenizer describe the checkpoint at `input`."""
+    return input if input.is_dir() else input.parent
+
+
+def reachable(folder: Path, source: Source) -> frozenset[str]:
+    """The checkpoint names of the Linear weights in the model's repeated blocks: what GPTQ calibrates
+    (the model built on the meta device from `folder`'s config.json; no weight is read)."""
+    return frozenset(block_linears(open_model(folder, [i.name for i in source.infos()], source.load)))
+
+
+def searched(plan: Plan) -> list[PlanEntry]:
+    """The quantized entries whose scales the mse search chooses: those importance can weigh."""
+    return [e for e in plan.entries if e.decision.scheme is not None and e.decision.calibration is Calibration.Mse
+            and e.decision.transcode is None and e.decision.requantize is None]
+
+
+def gptq_entries(plan: Plan) -> dict[str, PlanEntry]:
+    """The entries GPTQ quantizes, by checkpoint name."""
+    return {e.info.name: e for e in plan.entries if e.decision.calibration is Calibration.Gptq
+            and e.decision.scheme is not None}
+
+
+def estimate(folder: Path, calibrating: CalibrationInput) -> int:
+    """The device memory one block and the cached activations take (`runner.estimate_memory`)."""
+    from qcli.calibrate.model import load_config
+
+    return estimate_memory(load_config(folder), calibrating.samples, calibrating.seq_len)
+
+
+def calibrate(plan: Plan, source: Source, folder: Path, calibrating: CalibrationInput, device: str,
+              progress: BlockProgress | None = None) -> Calibrated | None:
+    """Run the calibration the plan needs (None when it needs none) on `device` (`cpu` or `cuda`)."""
+    quantized, weighed = gptq_entries(plan), searched(plan)
+    if not quantized and not (weighed and (calibrating.data or calibrating.imatrix)):
+        return None
+    started = time.perf_counter()
+    if calibrating.imatrix is not None:
+        from qcli.calibrate.imatrix import importance_by_name
+
+        found = importance_by_name(calibrating.imatrix, folder, [e.info.name for e in weighed])
+        done = Calibrated(importance=found.importance, warnings=found.warnings)
+        done.record = CalibrationRecord("mse", str(calibrating.imatrix), found.sha256)
+        done.seconds = time.perf_counter() - started
+        return done
+    text = read_calibration_text(calibrating.data)
+    model = open_model(folder, [i.name for i in source.infos()], source.load)
+    tokens = calibration_tokens(text, load_tokenizer(folder), calibrating.samples, calibrating.seq_len,
+                                calibrating.seed)
+    done = Calibrated()
+    if tokens.shortfall is not None:
+        done.warnings.append(Problem(Kind.calibration, tokens.shortfall, "give more text with --calibration-data, "
+                                     "or fewer --samples or a shorter --seq-len", Severity.warning))
+
+    def on_linear(name: str, weight: torch.Tensor, stats: LinearStats) -> torch.Tensor | None:
+        done.importance[name] = stats.importance
+        done.bytes += weight.numel() * weight.element_size()
+        entry = quantized.get(name)
+        if entry is None:
+            return None
+        decision = entry.decision
+        result = gptq(weight, stats.hessian, decision.scheme, transpose=decision.transpose, name=name)
+        done.parts[entry.name] = _on_cpu(result.parts)
+        done.errors[entry.name] = result.error
+        return result.dequantized.to(weight.dtype)
+
+    target = torch.device(device)
+    estimate_bytes = estimate_memory(model.module.config, calibrating.samples, calibrating.seq_len)
+    if target.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(target)
+    try:
+        run = run_blocks(model, tokens, set(quantized) | {e.info.name for e in weighed}, on_linear, target,
+                         progress=progress)
+    except torch.OutOfMemoryError as exc:
+        raise _out_of_memory(target, estimate_bytes, calibrating) from exc
+    peak = torch.cuda.max_memory_allocated(target) if target.type == "cuda" else peak_resident_bytes()
+    if run.outside or run.not_linear:
+        left = [*run.outside, *run.not_linear]
+        done.warnings.append(Problem(
+            Kind.calibration, f"{len(left)} tensors are not Linears in the model's repeated blocks and are not "
+            f"calibrated: {', '.join(left[:3])}{', ...' if len(left) > 3 else ''}",
+            "their scales are the data-free ones; a recipe rule can keep them", Severity.warning, tensors=tuple(left)))
+    done.record = CalibrationRecord(
+        "gptq" if quantized else "mse", text.name, text.sha256, samples=int(tokens.tokens.shape[0]),
+        seq_len=int(tokens.tokens.shape[1]), seed=calibrating.seed, tokens=tokens.available,
+        blocks=run.blocks, memory_estimate_bytes=estimate_bytes, peak_device_bytes=int(peak))
+    done.seconds = time.perf_counter() - started
+    return done
+
+
+def _on_cpu(parts: QuantizedParts) -> QuantizedParts:
+    from qcli.codec.quantize import QuantizedParts
+
+    return QuantizedParts(parts.fields.cpu(), parts.scales.cpu(), parts.global_scale)
+
+
+def _out_of_memory(device: torch.device, estimate_bytes: int, calibrating: CalibrationInput) -> DeviceMemoryError:
+    """The error for a device that ran out: the estimate beside what the device has, and the windows that
+    fit (activations grow with samples × seq_len)."""
+    total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
+    share = total / estimate_bytes if total and estimate_bytes else 0.5
+    samples = max(1, math.floor(calibrating.samples * min(share, 1.0) * 0.8))
+    return DeviceMemoryError(
+        f"{device} ran out of memory calibrating {calibrating.samples} windows of {calibrating.seq_len} tokens "
+        f"(estimated {estimate_bytes / 2**30:.1f} GiB for one block and the activations"
+        + (f", beside the device's {total / 2**30:.1f} GiB)" if total else ")"),
+        hint=f"pass --samples {samples} (or a shorter --seq-len), or --device cpu")
