@@ -1,0 +1,1 @@
+"""Calibrated quantization: scales and values chosen from a layer's activations, not its weights alone."""
