@@ -302,8 +302,8 @@ def write_imatrix(imatrix: Imatrix, path: Path | str) -> None:
         experts = entry.counts.size
         shape = (experts, -1) if experts > 1 else (-1,)  # ggml's dimensions: no trailing axis of 1
         writer.add_tensor(name + SUM2, _float32(name, entry.sum_of_squares).reshape(shape))
-        writer.add_tensor(name + COUNTS, entry.counts.astype(np.float32).reshape(shape[0], 1) if experts > 1
-                          else entry.counts.astype(np.float32))
+        counts = entry.counts.astype(np.float32)
+        writer.add_tensor(name + COUNTS, counts.reshape(experts, 1) if experts > 1 else counts)
         if entry.sums is not None:
             writer.add_tensor(name + SUM, _float32(name, entry.sums).reshape(shape))
     try:
