@@ -14,9 +14,14 @@ blocks, so codes and their scales move together and the tensor stays exactly wha
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from qcli.errors import UsageError
 from qcli.io.gguf import GgufSource
 from qcli.io.safetensors import printable
+
+if TYPE_CHECKING:
+    import gguf
 
 # The architectures whose Hugging Face layout is known here, and whether llama.cpp's converter permuted
 # their Q and K rows (convert_hf_to_gguf.py: LlamaModel does, Qwen2Model does not). Not qwen3: the first
@@ -37,17 +42,12 @@ def hf_names(source: GgufSource) -> GgufSource:
     if arch not in ARCHITECTURES:
         raise UsageError(printable(f"{path}: --names hf maps the names of {', '.join(ARCHITECTURES)} models; this "
                                    f"file's general.architecture is {arch!r}"), hint=_HINT)
-    blocks = _count(source, f"{arch}.block_count")
-    model_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
-    table = gguf.get_tensor_name_map(model_arch, blocks)
-    hf: dict[str, str] = {}  # GGUF base name -> the first Hugging Face name the table gives for it
-    for key, (_, name) in table.mapping.items():
-        if key.startswith(HF_PREFIXES):
-            hf.setdefault(name, key)
+    table = name_table(arch, _count(source, f"{arch}.block_count"))
+    hf = hf_bases(table)
     names, rows = {}, {}
     permuted = (gguf.MODEL_TENSOR.ATTN_Q, gguf.MODEL_TENSOR.ATTN_K) if ARCHITECTURES[arch] else ()
     for info in source.infos():
-        base, suffix = _split(info.name)
+        base, suffix = split_suffix(info.name)
         if base not in hf:
             continue
         names[info.name] = hf[base] + suffix
@@ -75,7 +75,26 @@ def hf_rows(rows: int, heads: int, name: str, path: object) -> tuple[int, ...]:
     return tuple(h * size + 2 * i + j for h in range(heads) for j in range(2) for i in range(size // 2))
 
 
-def _split(name: str) -> tuple[str, str]:
+def name_table(arch: str, blocks: int) -> gguf.TensorNameMap:
+    """The gguf package's name table of `arch` (a `general.architecture` value) for `blocks` blocks."""
+    import gguf
+
+    model_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
+    return gguf.get_tensor_name_map(model_arch, blocks)
+
+
+def hf_bases(table: gguf.TensorNameMap) -> dict[str, str]:
+    """GGUF base name (`blk.0.attn_q`) -> the first Hugging Face name the table gives it
+    (`model.layers.0.self_attn.q_proj`): the table lists every family's names, transformers' among them."""
+    hf: dict[str, str] = {}
+    for key, (_, name) in table.mapping.items():
+        if key.startswith(HF_PREFIXES):
+            hf.setdefault(name, key)
+    return hf
+
+
+def split_suffix(name: str) -> tuple[str, str]:
+    """`blk.0.attn_q.weight` -> (`blk.0.attn_q`, `.weight`); a name with none of SUFFIXES -> (name, "")."""
     for suffix in SUFFIXES:
         if name.endswith(suffix):
             return name[: -len(suffix)], suffix

@@ -1,0 +1,376 @@
+"""llama.cpp's importance matrix (imatrix): the sum of each weight's squared input activations over a
+calibration text, per input column, which llama-quantize weights its rounding error with.
+
+llama-imatrix (tools/imatrix/imatrix.cpp) writes two forms. The GGUF form (`save_imatrix`) holds no
+`general.architecture`; its metadata is `general.type` = "imatrix", `imatrix.datasets` (an array of
+strings: the calibration files), `imatrix.chunk_count` and `imatrix.chunk_size` (u32: chunks of that many
+tokens each). Each weight `W` (llama.cpp's name, `blk.0.attn_q.weight`) has, all F32:
+
+```
+W.in_sum2   ne = [n_in] (a dense weight)  or  [n_in, n_expert] (a MoE weight of n_expert experts)
+W.counts    ne = [1]                      or  [1, n_expert]   tokens seen (by each expert), as floats
+W.in_sum    optional, like in_sum2: the plain sums of the activations, which newer versions add
+```
+
+in the names' sorted order, a trailing axis of 1 dropped as ggml writes every tensor (`ggml_n_dims`). The
+legacy `.dat` form (`save_imatrix_legacy`) is little-endian with no magic:
+
+```
+i32 n_entries, then n_entries times:
+    i32 name length, the name's bytes, i32 ncall (chunks), i32 nval, f32 values[nval]
+optional trailer: i32 chunk count, i32 dataset length, the dataset's bytes
+```
+
+where each value is the mean squared activation times ncall, every expert's columns one after another
+under the one ncall. Both say the same per column: llama-quantize's importance is the mean of the squared
+activations, in_sum2 / counts (values / ncall in the legacy form), and 1 for an expert no token reached.
+A legacy file is read as llama-imatrix itself reads one to merge it, each chunk taken as `chunk_size`
+tokens (its default context, 512): sums values * chunk_size over counts ncall * chunk_size, the same
+importance. Its MoE entries stay flat, [n_expert * n_in] under one count, as the file has them.
+
+Names map between llama.cpp's and Hugging Face's with the gguf package's tables (`qcli.io.gguf_names`). An
+imatrix is per input column, and llama.cpp's converter permutes only the output rows of Q and K, so the
+columns are the same on both sides.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from qcli.errors import InputError, OutputError, UsageError
+from qcli.io.burnpack import temporary_name
+from qcli.io.gguf_names import ARCHITECTURES, HF_PREFIXES, hf_bases, name_table, split_suffix
+from qcli.io.safetensors import NOT_REGULAR_HINT, NotRegularFile, open_regular, printable, quoted, shown
+
+if TYPE_CHECKING:
+    import gguf
+
+MAGIC = b"GGUF"
+IMATRIX_TYPE = "imatrix"  # general.type
+DATASETS, CHUNK_COUNT, CHUNK_SIZE = "imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size"
+SUM2, SUM, COUNTS = ".in_sum2", ".in_sum", ".counts"
+LEGACY_CHUNK_SIZE = 512  # llama-imatrix's default context, the tokens a legacy file's chunk is taken as
+MAX_U32 = (1 << 32) - 1
+MAX_BLOCKS = 1024  # blocks the name tables are built for at most (their cost grows with the count)
+_HINT = "the file is damaged or is not an importance matrix; compute it again with llama-imatrix"
+_BLOCK = re.compile(r"(?:^|\.)(\d{1,9})\.")  # a block's number: the first of a name's parts that is one, both sides
+
+
+@dataclass(frozen=True, eq=False)  # arrays have no one truth value to compare by
+class ImatrixEntry:
+    """One weight's statistics: `sum_of_squares` [n_in] for a dense weight or [n_expert, n_in] for a MoE
+    one (float64), `counts` the tokens seen, [1] or [n_expert] (int64), and `sums` the plain sums of the
+    activations where the file has them (newer llama-imatrix), of sum_of_squares' shape. Arrays or CPU torch
+    tensors are taken and kept as numpy arrays."""
+
+    sum_of_squares: np.ndarray
+    counts: np.ndarray
+    sums: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        squares = np.asarray(self.sum_of_squares, dtype=np.float64)
+        counts = np.asarray(self.counts)
+        rows = 1 if squares.ndim == 1 else squares.shape[0]
+        if squares.ndim not in (1, 2) or squares.size == 0 or counts.shape != (rows,):
+            raise ValueError(f"sum_of_squares {squares.shape} needs counts of shape ({rows},), not {counts.shape}")
+        if not np.all(np.isfinite(squares)) or np.any(squares < 0):
+            raise ValueError("sum_of_squares holds negative or non-finite values")
+        if not np.array_equal(counts, np.round(counts)) or np.any(counts < 0) or not np.any(counts > 0):
+            raise ValueError(f"counts must be whole token counts, not all zero: {counts}")
+        object.__setattr__(self, "sum_of_squares", squares)
+        object.__setattr__(self, "counts", counts.astype(np.int64))
+        if self.sums is not None:
+            sums = np.asarray(self.sums, dtype=np.float64)
+            if sums.shape != squares.shape or not np.all(np.isfinite(sums)):
+                raise ValueError(f"sums {sums.shape} must be finite, of sum_of_squares' shape {squares.shape}")
+            object.__setattr__(self, "sums", sums)
+
+    @property
+    def importance(self) -> np.ndarray:
+        """The mean squared activation per input column, of sum_of_squares' shape (float64); 1 in every column
+        of an expert no token reached, as llama-quantize takes it (no column preferred)."""
+        counts = self.counts[:, None] if self.sum_of_squares.ndim == 2 else self.counts
+        return np.where(counts > 0, self.sum_of_squares / np.maximum(counts, 1), 1.0)
+
+
+@dataclass(frozen=True)
+class Imatrix:
+    """An importance matrix: its entries by llama.cpp's tensor name, the calibration files it was computed
+    on, and how many chunks of how many tokens (0: not recorded)."""
+
+    entries: dict[str, ImatrixEntry]
+    datasets: tuple[str, ...]
+    chunk_count: int
+    chunk_size: int
+
+
+def read_imatrix(path: Path | str, legacy_chunk_size: int = LEGACY_CHUNK_SIZE) -> Imatrix:
+    """The imatrix at `path`, GGUF (by its magic) or legacy `.dat`; InputError for a file that cannot be read,
+    is not an imatrix, is cut short or holds counts of zero, NaN or negative sums of squares."""
+    if legacy_chunk_size < 1:
+        raise ValueError(f"legacy_chunk_size must be positive, not {legacy_chunk_size}")
+    path = Path(path)
+    try:
+        with open_regular(path) as file:
+            head = file.read(len(MAGIC))
+            data = None if head == MAGIC else head + file.read()
+    except NotRegularFile as exc:
+        raise InputError(printable(f"cannot read {path}: {exc}"), hint=NOT_REGULAR_HINT) from exc
+    except OSError as exc:
+        raise InputError(printable(f"cannot read {path}: {exc.strerror or exc}"),
+                         hint="check the path and its permissions") from exc
+    return _read_gguf(path) if data is None else _Legacy(path, data).read(legacy_chunk_size)
+
+
+def _fail(path: Path, message: str, hint: str = _HINT) -> InputError:
+    return InputError(printable(f"{path}: {message}"), hint=hint)
+
+
+def _checked(path: Path, name: str, squares: np.ndarray, counts: np.ndarray,
+             sums: np.ndarray | None = None) -> ImatrixEntry:
+    """An entry of values read from the file, after the checks that make them a user's error, not qcli's."""
+    if not np.all(np.isfinite(squares)) or np.any(squares < 0):
+        raise _fail(path, f"the sums of squares of {quoted(name)} hold NaN, Inf or negative values")
+    if sums is not None and not np.all(np.isfinite(sums)):
+        raise _fail(path, f"the sums of {quoted(name)} hold NaN or Inf")
+    if not np.all(np.isfinite(counts)) or np.any(counts < 0):
+        raise _fail(path, f"the counts of {quoted(name)} hold NaN, Inf or negative values")
+    counts = np.round(counts)  # llama.cpp stores them as floats and rounds them back (lround)
+    if not np.any(counts > 0):
+        raise _fail(path, f"{quoted(name)} has a count of zero: no calibration token reached it",
+                    hint="compute the imatrix again on a calibration text that reaches every layer")
+    return ImatrixEntry(squares, counts, sums)
+
+
+def _read_gguf(path: Path) -> Imatrix:
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, KeyError, IndexError, OverflowError) as exc:  # what it raises on a bad or short file
+        raise _fail(path, f"not a readable GGUF file ({shown(str(exc))})") from exc
+    except OSError as exc:
+        raise InputError(printable(f"cannot read {path}: {exc.strerror or exc}"),
+                         hint="check the path and its permissions") from exc
+    kind = _field(path, reader, "general.type", gguf.GGUFValueType.STRING, required=False)
+    if kind is not None and kind != IMATRIX_TYPE:
+        raise _fail(path, f"a GGUF file of general.type {shown(kind)}, not an importance matrix",
+                    hint="give the imatrix file llama-imatrix wrote (imatrix.gguf), not a model")
+    datasets = _field(path, reader, DATASETS, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)
+    chunk_count = _field(path, reader, CHUNK_COUNT, gguf.GGUFValueType.UINT32)
+    chunk_size = _field(path, reader, CHUNK_SIZE, gguf.GGUFValueType.UINT32)
+    parts: dict[str, dict[str, gguf.ReaderTensor]] = {}
+    for tensor in reader.tensors:
+        for suffix in (SUM2, SUM, COUNTS):
+            if tensor.name.endswith(suffix):
+                parts.setdefault(tensor.name[: -len(suffix)], {})[suffix] = tensor
+    if not parts:
+        raise _fail(path, f"holds no {SUM2} and {COUNTS} tensors, so no importance")
+    entries = {name: _gguf_entry(path, name, parts[name]) for name in sorted(parts)}
+    return Imatrix(entries, tuple(datasets), chunk_count, chunk_size)
+
+
+def _field(path: Path, reader: gguf.GGUFReader, key: str, kind: gguf.GGUFValueType,
+           item: gguf.GGUFValueType | None = None, required: bool = True) -> object:
+    """A metadata value of the type llama.cpp writes it in (it reads no other)."""
+    field = reader.fields.get(key)
+    if field is None:
+        if required:
+            raise _fail(path, f"lacks {key}, which llama-quantize needs of an imatrix")
+        return None
+    if field.types[:1] != [kind] or (item is not None and field.types[-1:] != [item]):
+        raise _fail(path, f"{key} is {'/'.join(t.name for t in field.types)}, not {kind.name}")
+    try:
+        return field.contents()
+    except UnicodeDecodeError as exc:
+        raise _fail(path, f"{key} is not UTF-8 text") from exc
+
+
+def _gguf_entry(path: Path, name: str, parts: dict[str, gguf.ReaderTensor]) -> ImatrixEntry:
+    import gguf
+
+    if SUM2 not in parts or COUNTS not in parts:
+        missing = SUM2 if SUM2 not in parts else COUNTS
+        raise _fail(path, f"{quoted(name)} has no {missing} tensor beside its {' and '.join(parts)}")
+    for tensor in parts.values():
+        if tensor.tensor_type != gguf.GGMLQuantizationType.F32:
+            raise _fail(path, f"{quoted(tensor.name)} is {tensor.tensor_type.name}, not F32")
+    counts = np.array(parts[COUNTS].data, dtype=np.float64).reshape(-1)
+    squares = np.array(parts[SUM2].data, dtype=np.float64).reshape(-1)
+    if counts.size == 0 or squares.size == 0 or squares.size % counts.size:
+        raise _fail(path, f"{quoted(name)} has {squares.size} sums of squares, not a whole number of columns for "
+                    f"each of its {counts.size} counts")
+    shape = (counts.size, -1) if counts.size > 1 else (-1,)
+    sums = None
+    if SUM in parts:
+        sums = np.array(parts[SUM].data, dtype=np.float64).reshape(-1)
+        if sums.size != squares.size:
+            raise _fail(path, f"{quoted(name)} has {sums.size} sums but {squares.size} sums of squares")
+        sums = sums.reshape(shape)
+    return _checked(path, name, squares.reshape(shape), counts, sums)
+
+
+class _Legacy:
+    """The legacy `.dat` form, read by hand: no library reads it (the gguf package reads only GGUF, and
+    llama.cpp's own reader is C++), and every length in it is checked against the bytes that are left, so
+    a damaged or foreign file is an InputError, never a huge allocation or a read past the end."""
+
+    def __init__(self, path: Path, data: bytes) -> None:
+        self.path, self.data, self.at = path, data, 0
+
+    def take(self, size: int, what: str) -> bytes:
+        if size > len(self.data) - self.at:
+            raise _fail(self.path, f"cut short while reading {what} (byte {self.at} of {len(self.data)})")
+        self.at += size
+        return self.data[self.at - size : self.at]
+
+    def i32(self, what: str) -> int:
+        return struct.unpack("<i", self.take(4, what))[0]
+
+    def text(self, size: int, what: str) -> str:
+        try:
+            return self.take(size, what).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _fail(self.path, f"{what} is not UTF-8 text") from exc
+
+    def read(self, chunk_size: int) -> Imatrix:
+        n_entries = self.i32("the entry count")
+        if n_entries < 1:
+            raise _fail(self.path, f"neither GGUF nor a legacy imatrix: its entry count is {n_entries}")
+        raw: dict[str, tuple[int, np.ndarray]] = {}
+        for index in range(n_entries):  # each entry takes at least 13 bytes, so a false count soon runs out
+            length = self.i32(f"the name length of entry {index}")
+            if length < 1:
+                raise _fail(self.path, f"entry {index} has a name of {length} bytes")
+            name = self.text(length, f"the name of entry {index}")
+            ncall, nval = self.i32(f"the chunk count of {quoted(name)}"), self.i32(f"the size of {quoted(name)}")
+            if nval < 1:
+                raise _fail(self.path, f"{quoted(name)} has {nval} values")
+            values = np.frombuffer(self.take(4 * nval, f"the values of {quoted(name)}"), dtype="<f4")
+            if name in raw:
+                raise _fail(self.path, f"{quoted(name)} is there twice")
+            raw[name] = ncall, values.astype(np.float64)
+        datasets: tuple[str, ...] = ()
+        chunk_count = max(ncall for ncall, _ in raw.values())
+        if self.at < len(self.data):  # the trailer that later versions write
+            chunk_count = self.i32("the chunk count")
+            length = self.i32("the dataset name's length")
+            if chunk_count < 0 or length < 0:
+                raise _fail(self.path, f"its trailer holds a chunk count of {chunk_count} and a dataset name of "
+                            f"{length} bytes")
+            datasets = (self.text(length, "the dataset name"),) if length else ()
+            if self.at != len(self.data):
+                raise _fail(self.path, f"{len(self.data) - self.at} bytes follow the last record")
+        entries = {name: _checked(self.path, name, values * chunk_size, np.array([float(ncall) * chunk_size]))
+                   for name, (ncall, values) in sorted(raw.items())}
+        return Imatrix(entries, datasets, chunk_count, chunk_size)
+
+
+def write_imatrix(imatrix: Imatrix, path: Path | str) -> None:
+    """`imatrix` as llama-imatrix writes its GGUF form (the module's docstring), with the gguf package's
+    GGUFWriter, under a temporary name beside `path` renamed onto it when complete: `path` is replaced whole
+    or left as it was. OutputError when it cannot be written."""
+    import gguf
+
+    path = Path(path)
+    if not imatrix.entries:
+        raise UsageError("an importance matrix needs at least one entry", hint="collect the statistics first")
+    if not imatrix.datasets:  # the GGUF writer writes no empty array, and llama-quantize needs the key
+        raise UsageError("an importance matrix needs the name of the calibration text it was computed on",
+                         hint="name the dataset the statistics came from")
+    if not (0 <= imatrix.chunk_count <= MAX_U32 and 0 <= imatrix.chunk_size <= MAX_U32):
+        raise UsageError(f"the chunk count {imatrix.chunk_count} and size {imatrix.chunk_size} must fit in 32 bits",
+                         hint="count chunks of a few hundred or thousand tokens")
+
+    tmp = path.with_name(temporary_name(path.name, 0))
+    # GGUFWriter writes no empty string, so an empty arch leaves out general.architecture, as llama.cpp does
+    writer = gguf.GGUFWriter(tmp, arch="")
+    writer.add_type(IMATRIX_TYPE)
+    writer.add_array(DATASETS, list(imatrix.datasets))
+    writer.add_uint32(CHUNK_COUNT, imatrix.chunk_count)
+    writer.add_uint32(CHUNK_SIZE, imatrix.chunk_size)
+    for name in sorted(imatrix.entries):
+        entry = imatrix.entries[name]
+        experts = entry.counts.size
+        shape = (experts, -1) if experts > 1 else (-1,)  # ggml's dimensions: no trailing axis of 1
+        writer.add_tensor(name + SUM2, _float32(name, entry.sum_of_squares).reshape(shape))
+        counts = entry.counts.astype(np.float32)
+        writer.add_tensor(name + COUNTS, counts.reshape(experts, 1) if experts > 1 else counts)
+        if entry.sums is not None:
+            writer.add_tensor(name + SUM, _float32(name, entry.sums).reshape(shape))
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        with open(tmp, "rb") as file:
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise OutputError(printable(f"cannot write {path}: {exc.strerror or exc}"),
+                              hint=f"check that {path.parent} is writable and has room; nothing was written") from None
+        raise
+
+
+def _float32(name: str, values: np.ndarray) -> np.ndarray:
+    if np.any(np.abs(values) > np.finfo(np.float32).max):
+        raise UsageError(printable(f"the statistics of {quoted(name)} pass float32's range, which the file keeps"),
+                         hint="collect them over fewer tokens")
+    return values.astype(np.float32)
+
+
+def gguf_to_hf_names(names: Iterable[str], arch: str) -> dict[str, str]:
+    """Each of `names` in llama.cpp's naming (`blk.3.ffn_down.weight`) that the gguf package's table of `arch`
+    knows -> its Hugging Face name (`model.layers.3.mlp.down_proj.weight`); the others are left out."""
+    names = list(names)
+    hf = hf_bases(_table(names, arch))
+    return _one_to_one({name: hf[base] + suffix for name in names
+                        for base, suffix in [split_suffix(name)] if base in hf})
+
+
+def hf_to_gguf_names(names: Iterable[str], arch: str) -> dict[str, str]:
+    """Each of `names` in Hugging Face's naming (`model.layers.3.mlp.down_proj.weight`, any name the gguf
+    package's table of `arch` gives under `model.` or `lm_head`) -> llama.cpp's (`blk.3.ffn_down.weight`); the
+    others are left out."""
+    names = list(names)
+    table = _table(names, arch)
+    mapped = {}
+    for name in names:
+        base, suffix = split_suffix(name)
+        found = table.get_name(base) if base.startswith(HF_PREFIXES) else None
+        if found is not None:
+            mapped[name] = found + suffix
+    return _one_to_one(mapped)
+
+
+def _table(names: list[str], arch: str) -> gguf.TensorNameMap:
+    if arch not in ARCHITECTURES:
+        raise UsageError(printable(f"qcli maps the tensor names of {', '.join(ARCHITECTURES)} models, not {arch!r}"),
+                         hint="keep llama.cpp's names, or name the architecture the model is of")
+    numbers = [int(found[1]) for name in names if (found := _BLOCK.search(name))]
+    blocks = max(numbers, default=-1) + 1
+    if blocks > MAX_BLOCKS:
+        raise InputError(f"a tensor name gives block {blocks - 1}, past the {MAX_BLOCKS} blocks qcli maps names of",
+                         hint="check the names: no model has that many blocks")
+    return name_table(arch, blocks)
+
+
+def _one_to_one(mapped: dict[str, str]) -> dict[str, str]:
+    taken: dict[str, str] = {}
+    for old, new in mapped.items():
+        if new in taken:
+            raise InputError(printable(f"{taken[new]} and {old} both map to the one name {new}"),
+                             hint="give the tensors of one model, named in one family's way")
+        taken[new] = old
+    return mapped
