@@ -40,6 +40,7 @@ class Kind(StrEnum):
     leftover = "leftover"
     output_exists = "output-exists"
     scale_range = "scale-range"
+    calibration = "calibration"
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ the importance goes to the pipeline's search (`Calibrated.importance`).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable
@@ -21,7 +22,8 @@ from qcli.calibrate.data import calibration_tokens, read_calibration_text
 from qcli.calibrate.gptq import gptq
 from qcli.calibrate.model import load_tokenizer, open_model
 from qcli.calibrate.runner import BlockDone, LinearStats, block_linears, estimate_memory, run_blocks
-from qcli.errors import DeviceMemoryError
+from qcli.errors import DeviceMemoryError, InputError
+from qcli.io.safetensors import quoted
 from qcli.problem import Kind, Problem, Severity
 from qcli.report import CalibrationRecord
 from qcli.resident import peak_resident_bytes
@@ -89,11 +91,7 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
         return None
     started = time.perf_counter()
     if calibrating.imatrix is not None:
-        from qcli.calibrate.imatrix import importance_by_name
-
-        found = importance_by_name(calibrating.imatrix, folder, [e.info.name for e in weighed])
-        done = Calibrated(importance=found.importance, warnings=found.warnings)
-        done.record = CalibrationRecord("mse", str(calibrating.imatrix), found.sha256)
+        done = _from_imatrix(calibrating.imatrix, folder, weighed)
         done.seconds = time.perf_counter() - started
         return done
     text = read_calibration_text(calibrating.data)
@@ -139,6 +137,42 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
         blocks=run.blocks, memory_estimate_bytes=estimate_bytes, peak_device_bytes=int(peak))
     done.seconds = time.perf_counter() - started
     return done
+
+
+def _from_imatrix(path: Path, folder: Path, weighed: list[PlanEntry]) -> Calibrated:
+    """The importance of each searched tensor's input channels from a llama.cpp importance matrix, its names
+    mapped from the model's (config.json's `model_type`); a tensor it lacks is searched unweighted, said in
+    a warning."""
+    from qcli.calibrate.imatrix import hf_to_gguf_names, read_imatrix
+    from qcli.calibrate.model import load_config
+
+    imatrix = read_imatrix(path)
+    names = hf_to_gguf_names([e.info.name for e in weighed], load_config(folder).model_type)
+    done = Calibrated(record=CalibrationRecord("mse", str(path), _sha256(path)))
+    missing = []
+    for entry in weighed:
+        found = imatrix.entries.get(names.get(entry.info.name, ""))
+        if found is None or found.importance.ndim != 1:
+            missing.append(entry.info.name)
+            continue
+        columns = entry.info.shape[-1]
+        if found.importance.shape[0] != columns:
+            raise InputError(f"{path}: the importance of {quoted(entry.info.name)} has {found.importance.shape[0]} "
+                             f"input channels; the tensor has {columns}",
+                             hint="use the importance matrix computed for this model")
+        done.importance[entry.info.name] = torch.from_numpy(found.importance.astype("float64"))
+    if missing:
+        done.warnings.append(Problem(
+            Kind.calibration, f"{path} holds no importance for {len(missing)} of the tensors the mse search "
+            f"weighs: {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}",
+            "they are searched unweighted; compute the matrix on this model (qcli imatrix)", Severity.warning,
+            tensors=tuple(missing)))
+    return done
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _on_cpu(parts: QuantizedParts) -> QuantizedParts:

@@ -27,15 +27,18 @@ from qcli.output import (
     side_files,
 )
 from qcli.pipeline.device import Runtime
+from qcli.pipeline.prepared import rest_of, with_prepared
 from qcli.plan import Plan, PlanEntry, make_plan
 from qcli.presets import Preset
 from qcli.problem import Problem
 from qcli.recipe import Recipe, load_recipe
-from qcli.report import MemoryUse, Phase, QuantizeReport, SourceFile, TensorRow, Timings
+from qcli.report import CalibrationRecord, MemoryUse, Phase, QuantizeReport, SourceFile, TensorRow, Timings
 from qcli.resident import peak_resident_bytes, resident_bytes
+from qcli.scheme import Calibration
 from qcli.verify import out_of_bound
 
 if TYPE_CHECKING:
+    from qcli.calibrate.session import BlockProgress, Calibrated
     from qcli.measure import Measurement
     from qcli.pipeline import Payload, Pipeline
 
@@ -66,7 +69,7 @@ def quantize_file(input: str | Path, output: str | Path | None = None, *, progre
 
 
 def quantize(input: str | Path, output: str | Path | None, options: QuantizeOptions,
-             progress: ProgressHook | None = None) -> QuantizeReport:
+             progress: ProgressHook | None = None, blocks: BlockProgress | None = None) -> QuantizeReport:
     """Quantize a safetensors checkpoint or a GGUF file into a burnpack file (or, with `dry_run`, only plan it).
 
     The plan is made from the headers and checked in full before any weight is read. Tensors are then
@@ -82,7 +85,10 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
     no Burn scheme holds (`qcli.formats.Encoded`: bitsandbytes NF4, FP4; GPTQ with zero points, activation
     order or 3 bits) are dequantized as their format does and quantized into it; their `--stats` error is
     against the dequantized values. Where the run reads and writes is `Destination.of(input, output)`: a
-    model in the Hugging Face cache, a model folder.
+    model in the Hugging Face cache, a model folder. With calibration data (`options.calibrating`), the
+    model runs on it block by block before the write (`qcli.calibrate.session`; `blocks` hears of each
+    block done): GPTQ's tensors are quantized there, and the mse search weighs each input channel by its
+    activations.
     """
     where = Destination.of(input, output, options.revision)
     input, target, folder = where.input, where.target, where.folder
@@ -103,10 +109,12 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
             inputs.append((options.recipe, "the recipe"))
         refuse_input_as_output(target, inputs)
         found = detect(source.infos(), None if options.requantize is None else source.load)
+        gptq = Calibration.Gptq in (options.calibration, *_rule_calibrations(loaded_recipe))
         plan = make_checked_plan(source.infos(), loaded_recipe, options.preset,
                                  split=options.max_shard_size is not None, backend=options.burn_backend,
                                  burn_version=options.burn_version, calibration=options.calibration,
-                                 requantize=options.requantize, found=found)
+                                 requantize=options.requantize, found=found,
+                                 calibrated=_reachable(input, source) if gptq else ())
         copies = [] if folder is None or is_gguf(input) else side_files(input if input.is_dir() else input.parent)
         inputs += [(path, "a file the model folder copies") for path in copies]
         report = QuantizeReport(
@@ -123,10 +131,11 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
             tensors=[TensorRow.of(e) for e in plan.entries],
             totals=plan.totals(),
             warnings=plan.warnings(),
+            calibration=_calibration_record(plan, input, options),
         )
         stats, verify = options.stats, options.verify
         if runtime is not None:
-            runtime.warm(plan, measure=stats or verify)
+            runtime.warm(rest_of(plan, gptq_names(plan)), measure=stats or verify)
         record = folder_record(report, input, options.record())
         model_folder = None if folder is None else ModelFolder(folder, copies, record)
         outputs = Output(plan, target, options.max_shard_size, metadata(report), model_folder)
@@ -139,9 +148,52 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
         device = options.device
         report.device, run = runtime.select("cpu" if requantizing and device == "auto" else device)
         resident = _warm_runtime()
-        report.tensors, report.timings = _write(plan, source, run, outputs, stats, progress, verify, report.warnings)
+        calibrated = None
+        if report.calibration is not None:
+            from qcli.calibrate.session import calibrate, model_folder
+
+            calibrated = calibrate(plan, source, model_folder(input), options.calibrating,
+                                   "cpu" if report.device == "cpu" else "cuda", blocks)
+            report.calibration, report.warnings = calibrated.record, report.warnings + calibrated.warnings
+            run = with_prepared(run, calibrated.parts, **({"importance": calibrated.importance}
+                                                        if calibrated.importance else {}))
+        report.tensors, report.timings = _write(plan, source, run, outputs, stats, progress, verify, report.warnings,
+                                                calibrated)
         report.memory = MemoryUse(resident, peak_resident_bytes())
     return report
+
+
+def _rule_calibrations(recipe: Recipe | None) -> list[Calibration]:
+    return [] if recipe is None else [r.calibration for r in recipe.rules if r.calibration is not None]
+
+
+def _reachable(input: Path, source: Source) -> frozenset[str]:
+    """The tensors GPTQ can reach, from the model config.json describes (importing transformers)."""
+    from qcli.calibrate.session import model_folder, reachable
+
+    return reachable(model_folder(input), source)
+
+
+def gptq_names(plan: Plan) -> frozenset[str]:
+    """The entries GPTQ quantizes: the calibration run's, not the pipeline's."""
+    return frozenset(e.name for e in plan.entries if e.decision.calibration is Calibration.Gptq
+                     and e.decision.scheme is not None)
+
+
+def _calibration_record(plan: Plan, input: Path, options: QuantizeOptions) -> CalibrationRecord | None:
+    """What the run will calibrate on, with the dry run's memory estimate; None when nothing is calibrated."""
+    given = options.calibrating
+    weighed = given.data is not None or given.imatrix is not None
+    mse = weighed and any(e.decision.calibration is Calibration.Mse for e in plan.entries)
+    if not gptq_names(plan) and not mse:
+        return None
+    if given.data is None:
+        return CalibrationRecord("mse", str(given.imatrix), None)
+    from qcli.calibrate.session import estimate, model_folder
+
+    return CalibrationRecord("gptq" if gptq_names(plan) else "mse", str(given.data), None, samples=given.samples,
+                             seq_len=given.seq_len, seed=given.seed,
+                             memory_estimate_bytes=estimate(model_folder(input), given))
 
 
 def _warm_runtime() -> int:
@@ -162,16 +214,20 @@ def _write(
     progress: ProgressHook | None,
     verify: bool,
     warnings: list[Problem],
+    calibrated: Calibrated | None = None,
 ) -> tuple[list[TensorRow], Timings]:
     """Stream the pipeline's payloads into the output files, time each phase, and report each quantized
     tensor's measurement by the pipeline (its error with `stats`, its bound check with `verify`, and into
     `warnings` the blocks whose scale left its dtype's range).
 
     With `verify`, the complete files are then read back (`qcli.verify.read_back`) before they are
-    renamed into place.
+    renamed into place. `calibrated`: the calibration run before, its time and each tensor's output error.
     """
     total = sum(e.info.nbytes for e in plan.entries)
     timings, rows, done = Timings(verify=Phase() if verify else None), [], 0
+    output_errors = {} if calibrated is None else calibrated.errors
+    if calibrated is not None:
+        timings.calibrate = Phase(calibrated.seconds, calibrated.bytes)
     started = time.perf_counter()
     if progress:
         progress(plan.entries[0].name if plan.entries else None, 0, total)
@@ -191,7 +247,7 @@ def _write(
             timings.write.bytes += entry.out_nbytes
 
             error = _reported(entry, measured, target, stats, timings, warnings) if measured is not None else None
-            rows.append(TensorRow.of(entry, error))
+            rows.append(TensorRow.of(entry, error, output_errors.get(entry.name)))
             del payload
 
             done += entry.info.nbytes
@@ -209,7 +265,7 @@ def _write(
         tick = time.perf_counter()
         out.commit()
         timings.write.seconds += time.perf_counter() - tick
-    timings.total_seconds = time.perf_counter() - started
+    timings.total_seconds = time.perf_counter() - started + (0.0 if calibrated is None else calibrated.seconds)
     return rows, timings
 
 
