@@ -1,6 +1,6 @@
 """The scale search weighed by importance (llama.cpp's importance matrix): against a brute force in float64
 over the candidates of the documented rule, the unweighted search it must equal under uniform importance,
-and the output error of a Linear it exists to lower."""
+the output error of a Linear it exists to lower, and the CPU pipeline's orientation of a transposed tensor."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from qcli.codec.search import importance_weights
 from qcli.errors import InputError, UsageError
 from qcli.presets import PRESETS
 from qcli.scheme import Calibration, QuantScheme, QuantValue, ScaleDtype
+from tests.kernel_support import fixed_plan
 from tests.qfloat_reference import RANGE, f32, round_up
 
 Mse = Calibration.Mse
@@ -168,3 +169,67 @@ def test_importance_that_does_not_fit_the_tensor_or_the_calibration_is_refused()
         encode(x, scheme, Mse, importance=torch.tensor([math.nan] + [1.0] * 63))
     with pytest.raises(UsageError, match="Mse only"):
         encode(x, scheme, Calibration.MinMax, importance=torch.ones(64))
+
+
+# ---- the CPU pipeline -----------------------------------------------------------------------------
+
+
+def linear_checkpoint(tmp_path):
+    """Linear weights [out, in] with one importance per input channel; two written transposed, under schemes
+    whose blocks span several input channels there (two rows, or the whole tensor), so the orientation
+    shows in the bytes."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(9)
+    tensors = {
+        "mlp.up.weight": torch.randn(48, 96, generator=g) * 0.02,
+        "lm_head.weight": (torch.randn(96, 64, generator=g) * 0.02).to(torch.bfloat16),
+        "attn.o.weight": torch.randn(40, 64, generator=g) * 0.02,
+        "attn.q.weight": torch.randn(40, 64, generator=g) * 0.02,
+        "norm.weight": torch.ones(96),
+    }
+    path = tmp_path / "model.safetensors"
+    save_file(tensors, str(path))
+    rows = QuantScheme().with_value(QuantValue.Q4S).per_block([2, 16], ScaleDtype.F16)
+    decisions = {
+        "mlp.up.weight": (PRESETS["q4s-b32"].scheme, Mse, False),
+        "lm_head.weight": (rows, Mse, True),
+        "attn.o.weight": (PRESETS["q8s"].scheme, Mse, True),
+        "attn.q.weight": (PRESETS["q4s-b32"].scheme, Calibration.MinMax, False),  # no search: no importance
+        "norm.weight": (None, Calibration.MinMax, False),
+    }
+    importance = {name: torch.exp(torch.randn(t.shape[-1], generator=g) * 2) for name, t in tensors.items()}
+    return path, decisions, tensors, importance
+
+
+def test_the_cpu_pipeline_weighs_each_element_by_its_input_channel_transposed_or_not(tmp_path):
+    """Expected: `encode` of the tensor written with each element's own weight, the importance of its
+    column in the source [out, in], as a full tensor transposed along with the weight."""
+    from qcli.pipeline import cpu
+
+    path, decisions, tensors, importance = linear_checkpoint(tmp_path)
+    plan, source = fixed_plan(path, decisions)
+    with source:
+        got = {p.entry.info.name: bytes(p.data.numpy()) for p in cpu.run(plan, source, importance=importance)}
+        plain = {p.entry.info.name: bytes(p.data.numpy()) for p in cpu.run(plan, source)}
+    for name, (scheme, calibration, transpose) in decisions.items():
+        if scheme is None or calibration is not Mse:
+            assert got[name] == plain[name], name
+            continue
+        w = tensors[name]
+        each = importance[name].expand(w.shape)  # element [o, i] weighs importance[i]
+        if transpose:
+            w, each = w.t(), each.t()
+        want = bytes(encode(w, scheme, Mse, importance=each).numpy())
+        assert got[name] == want, name
+        assert got[name] != plain[name], name  # the importance took effect
+
+
+def test_the_cpu_pipeline_refuses_an_importance_of_another_length(tmp_path):
+    from qcli.pipeline import cpu
+
+    path, decisions, _, importance = linear_checkpoint(tmp_path)
+    plan, source = fixed_plan(path, decisions)
+    importance["lm_head.weight"] = torch.ones(96)  # its output channels, not its 64 input channels
+    with source, pytest.raises(InputError, match=r"'lm_head.weight' has shape \[96\], not \[64\]"):
+        list(cpu.run(plan, source, importance=importance))
