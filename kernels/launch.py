@@ -33,7 +33,7 @@ from qcli import layout
 from qcli.codec.blocks import counts
 from qcli.codec.pack import pack_global, pack_scales
 from qcli.codec.scales import Scales
-from qcli.codec.search import Search
+from qcli.codec.search import Search, check_importance
 from qcli.errors import NonFiniteTensor, NotFloatTensor, NotKernelFloat, UsageError
 from qcli.kernels import _quantize as K
 from qcli.kernels._arith import RESCALE_DOWN, RESCALE_UP, SAFE_HIGH, SAFE_LOW
@@ -253,13 +253,17 @@ def tensor_range(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration,
 
 
 def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out: torch.Tensor,
-            bad: torch.Tensor, whole: TensorRange | None = None, searched: Scales | None = None) -> None:
+            bad: torch.Tensor, whole: TensorRange | None = None, searched: Scales | None = None, *,
+            importance: torch.Tensor | None = None, name: str = "tensor") -> None:
     """Write the payload of `x` into `out` (uint8, 1-D) on the current stream; set `bad[0]` on NaN or inf.
 
     `whole` is the range of the whole tensor when `x` is one row chunk of it (per-tensor and two-level
     schemes); other schemes need only the chunk, whose blocks must not straddle chunks. `searched`: under
     `Calibration.Mse`, a per-tensor scheme's scale searched over every chunk (`qcli.codec.search.Search`).
+    `importance` (broadcastable to `x`, best on the host) weighs the search of Mse, as `qcli.codec.encode`'s
+    does; an error about it names the tensor `name`.
     """
+    check_importance(importance, calibration)
     shape = tuple(x.shape)
     if calibration is not Calibration.Mse:
         fused = _fused_launch(scheme, shape, x.dtype, calibration)
@@ -280,14 +284,14 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
     scales = out[value_bytes:]
     if scheme.block is None:
         if calibration is Calibration.Mse:
-            s_eff, r_eff = _searched(x, scheme, grid, scales, bad, whole, searched)
+            s_eff, r_eff = _searched(x, scheme, grid, scales, bad, whole, searched, importance, name)
             _tensor_launch(scheme, shape, from_range=False)(x, values, None, None, s_eff, r_eff)
         else:
             alpha = _tensor_alpha(whole or tensor_range(x, scheme, calibration, bad), scheme, calibration)
             _tensor_launch(scheme, shape, from_range=True)(x, values, alpha, scales, None, None)
         return
     if calibration is Calibration.Mse:
-        s_eff, r_eff = _searched(x, scheme, grid, scales, bad, whole, searched)
+        s_eff, r_eff = _searched(x, scheme, grid, scales, bad, whole, searched, importance, name)
     else:
         s_eff, r_eff = _scales(x, scheme, calibration, grid, scales, bad, whole)
     _blocks_launch(scheme, shape)(x, values, s_eff, r_eff, _row_base(grid, x.device))
@@ -389,18 +393,20 @@ def _scales_launch(scheme: QuantScheme, n: int) -> _Launch:
 
 
 def _searched(x, scheme: QuantScheme, grid: layout.BlockGrid, scales, bad, whole: TensorRange | None,
-              searched: Scales | None) -> tuple[torch.Tensor, torch.Tensor]:
+              searched: Scales | None, importance: torch.Tensor | None, name: str
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """`Calibration.Mse`: the codec's search (`qcli.codec.search`), in torch on x's device, whose every
-    operation rounds as on the CPU, so it picks the same scales; the stored ones (and the global) into
-    `scales`, and the effective scales with their reciprocals as `_scales_kernel` gives them. The ranges
-    are MinMax's, from the range kernel."""
+    operation rounds as on the CPU, so it picks the same scales (weighed by `importance` as there: its
+    integer weights are made on the host); the stored ones (and the global) into `scales`, and the
+    effective scales with their reciprocals as `_scales_kernel` gives them. The ranges are MinMax's, from
+    the range kernel."""
     if searched is None:
         if scheme.block is None:
             alpha = (whole or tensor_range(x, scheme, Calibration.MinMax, bad)).peak
         else:
             alpha = _block_alpha(x, grid, Calibration.MinMax, bad)
         peak = whole.peak.reshape(()) if whole is not None and scheme.is_two_level() else None
-        search = Search(alpha.reshape(grid.grid), scheme, grid.shape, peak)
+        search = Search(alpha.reshape(grid.grid), scheme, grid.shape, peak, importance=importance, name=name)
         search.add(x.to(torch.float32), slice(None))
         searched = search.scales()
     stored_bytes = layout.scale_bytes(scheme, grid.shape)
@@ -474,13 +480,14 @@ def _row_base(grid: layout.BlockGrid, device) -> torch.Tensor:
 
 
 def encode(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration = Calibration.MinMax,
-           *, name: str = "tensor") -> torch.Tensor:
-    """The payload of `x` (uint8, 1-D, `quantized_data_len` bytes) on x's device, as `qcli.codec.encode`."""
+           *, name: str = "tensor", importance: torch.Tensor | None = None) -> torch.Tensor:
+    """The payload of `x` (uint8, 1-D, `quantized_data_len` bytes) on x's device, as `qcli.codec.encode`
+    (`importance` as there)."""
     check_accepted(scheme, calibration)
     _check_tensor(x, name)
     out = torch.empty(layout.quantized_data_len(scheme, tuple(x.shape)), dtype=torch.uint8, device=x.device)
     bad = torch.zeros(1, dtype=torch.int32, device=x.device)
-    enqueue(x, scheme, calibration, out, bad)
+    enqueue(x, scheme, calibration, out, bad, importance=importance, name=name)
     if bad.item():
         raise NonFiniteTensor(name, beyond_float32=False)  # float32, float16 or bfloat16 (`_check_tensor`)
     return out

@@ -71,6 +71,13 @@ class BlockGrid:
         """The grid's shape viewed to broadcast over `blocked_shape`."""
         return self._view([1] * len(self.block))
 
+    def blocked_shape_of(self, extents: Sequence[int]) -> list[int]:
+        """`blocked_shape` for a tensor of `extents`, broadcastable to `shape` and of its rank: an axis of
+        extent 1 stays 1 in both its parts (`qcli.codec.blocks.broadcast_to_blocks`)."""
+        whole = [e != 1 for e in extents]
+        parts = zip(self.grid, self.block, whole, self._splits, strict=True)
+        return [n if w else 1 for g, b, w, split in parts for n in ((g, b) if split else (g,))]
+
     @property
     def block_axes(self) -> tuple[int, ...]:
         """The axes of `blocked_shape` that run inside one block."""

@@ -25,6 +25,17 @@ def from_blocks(xb: torch.Tensor, grid: BlockGrid) -> torch.Tensor:
     return x
 
 
+def broadcast_to_blocks(w: torch.Tensor, grid: BlockGrid) -> torch.Tensor:
+    """`w`, of `grid.shape`'s rank and broadcastable to it, viewed to broadcast over `to_blocks`' result:
+    zero-padded to whole blocks along its axes that are not 1, which stay 1 (never expanded to the tensor)."""
+    padded = [p if e != 1 else 1 for p, e in zip(grid.padded, w.shape, strict=True)]
+    if list(w.shape) != padded:
+        grown = w.new_zeros(padded)
+        grown[tuple(slice(0, e) for e in w.shape)] = w
+        w = grown
+    return w.reshape(grid.blocked_shape_of(w.shape))
+
+
 def per_block(scales: torch.Tensor, grid: BlockGrid) -> torch.Tensor:
     """A grid-shaped tensor viewed to broadcast over `to_blocks`' result."""
     return scales.reshape(grid.scales_shape)

@@ -16,7 +16,7 @@ import torch
 from qcli import layout
 from qcli.codec.pack import pack_fields, pack_global, pack_scales
 from qcli.codec.scales import REDUCE_DTYPE, Scales, block_alpha, block_reduce, scales_in_pieces
-from qcli.codec.search import search_scales
+from qcli.codec.search import check_importance, search_scales
 from qcli.codec.values import to_fields
 from qcli.errors import NonFiniteTensor, NotFloatTensor
 from qcli.scheme import Calibration, QuantScheme, check_accepted
@@ -74,14 +74,17 @@ def encode(
     *,
     name: str = "tensor",
     observer: EncodeObserver | None = None,
+    importance: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The QFloat payload of `x`: uint8, 1-D, exactly `layout.quantized_data_len(scheme, x.shape)` bytes.
 
     f16 and bf16 inputs are widened to f32; NaN or Inf raises `NonFiniteTensor` naming the tensor. The scales
     are written first, then the values a chunk at a time; an `observer` sees each chunk's bytes as soon
-    as they are packed, while the chunk is in cache.
+    as they are packed, while the chunk is in cache. `importance` (float, broadcastable to `x`: one weight
+    per input channel, [in] for a Linear's [out, in] weight, [in, 1] for it transposed) weighs each
+    element's error in `Calibration.Mse`'s search (`qcli.codec.search`), which alone takes it.
     """
-    work, chunks, scales, reduced, workspace = _prepare(x, scheme, calibration, name)
+    work, chunks, scales, reduced, workspace = _prepare(x, scheme, calibration, name, importance)
     out = torch.empty(layout.quantized_data_len(scheme, x.shape), dtype=torch.uint8)
     offset = layout.value_bytes(scheme, x.shape)
     for region in _scale_regions(scales.stored, scales.global_scale, scheme):
@@ -145,13 +148,15 @@ class _Workspace:
 
 
 def _prepare(
-    x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, name: str
+    x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, name: str,
+    importance: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[tuple[slice, slice]], Scales, torch.Tensor, _Workspace]:
     """The work tensor, its chunks, its scales, the block ranges they were taken from, and the chunks'
     workspace."""
     check_accepted(scheme, calibration)
     if calibration is Calibration.Gptq:
         raise ValueError(f"{name}: GPTQ needs calibration activations (qcli.calibrate.gptq), not the codec")
+    check_importance(importance, calibration)
     if not x.dtype.is_floating_point:
         raise NotFloatTensor(name, x.dtype)
     grid = layout.BlockGrid.of(scheme, x.shape)
@@ -172,8 +177,9 @@ def _prepare(
     if not bool(torch.isfinite(alpha).all()):
         raise NonFiniteTensor(name, x.dtype == torch.float64 and bool(torch.isfinite(x).all()))
     if calibration is Calibration.Mse:
-        pieces = ((_f32_rows(work, rows), grid_rows) for rows, grid_rows in chunks)
-        return work, chunks, search_scales(pieces, alpha, scheme, grid.shape), reduced, workspace
+        pieces = ((_f32_rows(work, rows), grid_rows, rows.start) for rows, grid_rows in chunks)
+        searched = search_scales(pieces, alpha, scheme, grid.shape, importance=importance, name=name)
+        return work, chunks, searched, reduced, workspace
     return work, chunks, scales_in_pieces(alpha, scheme), reduced, workspace
 
 

@@ -14,6 +14,11 @@ A candidate's error is integer arithmetic on f32 operations that round the same 
 `d = x - q * s` in f32 and `e` the exponent of the block's amax, each element adds `RN(d * 2^(J - e))^2`
 to a sum that stays an integer below 2^53. An exact sum does not depend on its order, so a GPU's
 reduction picks what the CPU picks; of equal errors the first candidate wins.
+
+With `importance` (llama.cpp's importance matrix: per input channel of a Linear, the mean squared
+activation it sees), each element's term is weighed by its channel's importance as a small integer
+(`importance_weights`), so a block keeps the scale that errs least where the layer's output feels it; the
+sum stays an exact integer (`error_bits`, `importance_bits`).
 """
 
 from __future__ import annotations
@@ -23,21 +28,61 @@ from collections.abc import Iterable
 
 import torch
 
-from qcli.codec.blocks import from_blocks, per_block, to_blocks
+from qcli.codec.blocks import broadcast_to_blocks, from_blocks, per_block, to_blocks
 from qcli.codec.scales import Scales, divided, nearest, scales_from_alpha
 from qcli.codec.values import dequantize, to_fields
+from qcli.errors import InputError, UsageError
 from qcli.layout import BlockGrid
-from qcli.scheme import QuantScheme, QuantValue
+from qcli.scheme import Calibration, QuantScheme, QuantValue
 
 # Clip factors k/32: exact in f32, so `c * raw` rounds once, the same in every implementation.
 CLIPS = tuple((32 - k) / 32 for k in range(1, 10))  # 31/32 down to 23/32 (0.72)
 ERROR_BITS = 20  # J at most: the fixed-point bits of |d| / 2^e
+IMPORTANCE_BITS = 12  # K at most: an importance weight is an integer in [1, 2^K]
 
 
-def error_bits(block_elements: int) -> int:
-    """J for blocks of `block_elements`: |d| stays below the block's amax < 2^(e + 1), so each term is
-    below 2^(2J + 2) and a block's sum below 2^53, exact in an int64 and in a float64 alike."""
-    return min(ERROR_BITS, (51 - max(block_elements, 1).bit_length()) // 2)
+def error_bits(block_elements: int, weight_bits: int = 0) -> int:
+    """J for blocks of n = `block_elements` whose terms are weighed by integers of at most 2^K, K =
+    `weight_bits` (`importance_bits`; 0 unweighted): |d| stays below the block's amax < 2^(e + 1), so
+    each term is at most 2^(2J + 2 + K) and a block's sum below 2^(bit_length(n) + 2J + 2 + K) <= 2^53,
+    exact in an int64 and in a float64 alike."""
+    return min(ERROR_BITS, (51 - weight_bits - max(block_elements, 1).bit_length()) // 2)
+
+
+def importance_bits(block_elements: int) -> int:
+    """K for blocks of `block_elements`: a third of the 51 - bit_length(n) bits that a block's terms share
+    (`error_bits`), at most IMPORTANCE_BITS, so the errors keep the rest. Blocks of 16 to 4096 elements
+    take K = 12, J = 17 to 13 (20 to 19 unweighted); a per-tensor scheme over 2^24 elements K = 8, J = 9
+    (13 unweighted)."""
+    return min(IMPORTANCE_BITS, (51 - max(block_elements, 1).bit_length()) // 3)
+
+
+def importance_weights(importance: torch.Tensor, shape: tuple[int, ...], bits: int, name: str = "tensor"
+                       ) -> torch.Tensor | None:
+    """Integer weights in [1, 2^`bits`] from `importance` (finite, >= 0, broadcastable to `shape`): each
+    value over the largest, times 2^bits, rounded to nearest (ties to even), at least 1; the largest
+    weighs exactly 2^bits. Computed once, in float64 on the host, so every device weighs alike; float64
+    of `shape`'s rank. None where all are equal (or all zero): weights alike scale every error alike, and
+    the unweighted search, finer by its larger J, then picks its own bytes."""
+    try:
+        fits = importance.dim() <= len(shape) and torch.broadcast_shapes(importance.shape, shape) == tuple(shape)
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise InputError(f"the importance of tensor {name!r} has shape {list(importance.shape)}, which does not "
+                         f"broadcast to the tensor's {list(shape)}",
+                         hint="give one weight per input channel: the source tensor's last axis (the written "
+                              "tensor's first, where it is transposed)")
+    values = importance.detach().to(device="cpu", dtype=torch.float64)
+    if not bool((torch.isfinite(values) & (values >= 0)).all()):
+        raise InputError(f"the importance of tensor {name!r} holds negative or non-finite values",
+                         hint="an importance is a mean squared activation: finite and >= 0; compute it again")
+    if values.numel() == 0 or not bool(values.max() > 0):
+        return None
+    weights = (values / values.max() * 2.0**bits).round_().clamp_(1, 2**bits)
+    if bool((weights == weights.max()).all()):
+        return None
+    return weights.reshape((1,) * (len(shape) - weights.dim()) + tuple(weights.shape))
 
 
 def candidates(alpha: torch.Tensor, scheme: QuantScheme, peak: torch.Tensor | None = None) -> list[Scales]:
@@ -70,11 +115,20 @@ def fixed_point_unit(alpha: torch.Tensor, bits: int) -> torch.Tensor:
     return (field << 23).view(torch.float32)
 
 
+def check_importance(importance: torch.Tensor | None, calibration: Calibration) -> None:
+    """`UsageError` for an importance under a calibration other than Mse, which alone searches."""
+    if importance is not None and calibration is not Calibration.Mse:
+        raise UsageError(f"an importance weighs the scale search of Mse only, not {calibration.value}",
+                         hint="quantize with --calibration mse, or without the importance")
+
+
 def block_errors(blocks: torch.Tensor, effective: torch.Tensor, unit: torch.Tensor, grid: BlockGrid,
-                 value: QuantValue, work: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
-    """Σ RN((x - q * s) * unit)^2 per block, for `blocks` (`to_blocks` of f32 x) at the grid-shaped
-    scales `effective`, as float64 integers: each term and partial sum is an integer below 2^53
-    (`error_bits`), so the sum is exact. `work` (f32) and `wide` (f64), shaped like `blocks`, are scratch."""
+                 value: QuantValue, work: torch.Tensor, wide: torch.Tensor, weights: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+    """Σ w * RN((x - q * s) * unit)^2 per block, for `blocks` (`to_blocks` of f32 x) at the grid-shaped
+    scales `effective`, as float64 integers, w each element's integer weight (`weights`, f64 broadcasting
+    over `blocks`; 1 where None): each term and partial sum is an integer below 2^53 (`error_bits`), so
+    the sum is exact. `work` (f32) and `wide` (f64), shaped like `blocks`, are scratch."""
     scales = per_block(effective, grid)
     if value.is_minifloat():
         x = from_blocks(blocks, grid)
@@ -86,32 +140,50 @@ def block_errors(blocks: torch.Tensor, effective: torch.Tensor, unit: torch.Tens
         work.clamp_(*value.range()).round_().mul_(scales)
     torch.sub(blocks, work, out=work).mul_(per_block(unit, grid)).round_()
     wide.copy_(work)
-    return wide.mul_(wide).sum(dim=grid.block_axes)
+    wide.mul_(wide)
+    if weights is not None:
+        wide.mul_(weights)
+    return wide.sum(dim=grid.block_axes)
 
 
 class Search:
     """The search over one tensor of `shape` whose blocks' amax is `alpha`, fed its rows in whole blocks
-    (`add`, any order; a per-tensor scheme's one block sums over all of them) until `scales` picks."""
+    (`add`, any order; a per-tensor scheme's one block sums over all of them) until `scales` picks.
+
+    `importance` (float, broadcastable to `shape`: per input channel, [in] for a Linear's [out, in] weight,
+    [in, 1] for it transposed) weighs each element's error (`importance_weights`); `name` is the tensor's,
+    for the errors it raises."""
 
     def __init__(self, alpha: torch.Tensor, scheme: QuantScheme, shape: tuple[int, ...],
-                 peak: torch.Tensor | None = None) -> None:
+                 peak: torch.Tensor | None = None, *, importance: torch.Tensor | None = None,
+                 name: str = "tensor") -> None:
         self.scheme, self.found = scheme, candidates(alpha, scheme, peak)
-        self.unit = fixed_point_unit(alpha, error_bits(math.prod(BlockGrid.of(scheme, shape).block)))
+        elements = math.prod(BlockGrid.of(scheme, shape).block)
+        bits = importance_bits(elements)
+        weights = None if importance is None else importance_weights(importance, tuple(shape), bits, name)
+        self.weights = None if weights is None else weights.to(alpha.device)
+        self.unit = fixed_point_unit(alpha, error_bits(elements, 0 if weights is None else bits))
         self.per_tensor = scheme.block is None
         self.least = torch.full(alpha.shape, math.inf, dtype=torch.float64, device=alpha.device)
         self.totals = torch.zeros(len(self.found), dtype=torch.float64, device=alpha.device)
         self.choice = torch.zeros(alpha.shape, dtype=torch.int64, device=alpha.device)
 
-    def add(self, piece: torch.Tensor, grid_rows: slice) -> None:
-        """f32 rows of the tensor in whole blocks, covering `grid_rows` of its block grid."""
+    def add(self, piece: torch.Tensor, grid_rows: slice, first_row: int = 0) -> None:
+        """f32 rows of the tensor in whole blocks, covering `grid_rows` of its block grid, from its row
+        `first_row` (which only an importance along the first axis reads)."""
         grid = BlockGrid.of(self.scheme, piece.shape)
         rows = slice(None) if self.per_tensor else grid_rows
         blocks = to_blocks(piece, grid)
+        weights = self.weights
+        if weights is not None:
+            if weights.shape[0] != 1:
+                weights = weights[first_row : first_row + grid.shape[0]]
+            weights = broadcast_to_blocks(weights, grid)
         work, wide = torch.empty_like(blocks), torch.empty(blocks.shape, dtype=torch.float64, device=blocks.device)
         least, choice = self.least[rows], self.choice[rows]
         for k, candidate in enumerate(self.found):
             errors = block_errors(blocks, candidate.effective[rows], self.unit[rows], grid, self.scheme.value,
-                                  work, wide)
+                                  work, wide, weights)
             if self.per_tensor:
                 self.totals[k] += errors.sum()
                 continue
@@ -132,10 +204,12 @@ class Search:
         return Scales(stored, effective, first.global_scale)
 
 
-def search_scales(pieces: Iterable[tuple[torch.Tensor, slice]], alpha: torch.Tensor, scheme: QuantScheme,
-                  shape: tuple[int, ...]) -> Scales:
-    """The searched scales of a whole tensor, from its `pieces` (`Search.add`'s arguments)."""
-    search = Search(alpha, scheme, shape)
-    for piece, grid_rows in pieces:
-        search.add(piece, grid_rows)
+def search_scales(pieces: Iterable[tuple[torch.Tensor, slice, int]], alpha: torch.Tensor, scheme: QuantScheme,
+                  shape: tuple[int, ...], *, importance: torch.Tensor | None = None, name: str = "tensor"
+                  ) -> Scales:
+    """The searched scales of a whole tensor, from its `pieces` (`Search.add`'s arguments), each element's
+    error weighed by `importance` (`Search`)."""
+    search = Search(alpha, scheme, shape, importance=importance, name=name)
+    for piece in pieces:
+        search.add(*piece)
     return search.scales()

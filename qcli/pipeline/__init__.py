@@ -32,8 +32,11 @@ class Payload(NamedTuple):
 
 
 class Pipeline(Protocol):
-    def __call__(self, plan: Plan, source: Source, measure: bool = False) -> Iterator[Payload]:
-        """Every plan entry once, in order; a payload is valid until the generator is resumed twice more."""
+    def __call__(self, plan: Plan, source: Source, measure: bool = False, *,
+                 importance: Mapping[str, torch.Tensor] | None = None) -> Iterator[Payload]:
+        """Every plan entry once, in order; a payload is valid until the generator is resumed twice more.
+        `importance` maps tensor names to their input channels' importance, which weighs the scale search
+        of their Mse schemes (`qcli.pipeline.cpu.entry_importance`)."""
         ...
 
 

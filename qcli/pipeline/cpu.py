@@ -11,7 +11,7 @@ import ctypes
 import functools
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,15 +21,18 @@ from qcli.errors import InputError
 from qcli.io.dtypes import torch_dtype
 from qcli.measure import Measurement
 from qcli.pipeline import Payload
+from qcli.scheme import Calibration
 
 if TYPE_CHECKING:
     from qcli.io.source import Source
     from qcli.plan import Plan, PlanEntry
 
 
-def run(plan: Plan, source: Source, measure: bool = False) -> Iterator[Payload]:
+def run(plan: Plan, source: Source, measure: bool = False, *,
+        importance: Mapping[str, torch.Tensor] | None = None) -> Iterator[Payload]:
     """Every plan entry once, in order, as a `Payload` (`qcli.pipeline`); its measurement is None for a
-    kept tensor.
+    kept tensor. `importance` maps a tensor's name to its input channels' importance, which weighs its
+    scale search under Mse (`entry_importance`).
 
     A kept tensor's payload is its source bytes, unchanged, or its values cast (`cast_kept`) when the
     decision says so; a quantized one is `qcli.codec.encode`'s. Either is transposed first when the
@@ -54,7 +57,8 @@ def run(plan: Plan, source: Source, measure: bool = False) -> Iterator[Payload]:
         else:
             measured = Measurement.on(x.device) if measure else None
             chunks = measured.measuring(x, scheme, calibration) if measured else None
-            payload = codec.encode(x, scheme, calibration, name=entry.info.name, observer=chunks)
+            payload = codec.encode(x, scheme, calibration, name=entry.info.name, observer=chunks,
+                                   importance=entry_importance(entry, importance))
             if chunks is not None:
                 chunks.finish()
         del x
@@ -89,6 +93,26 @@ def source_tensor(entry: PlanEntry, source: Source) -> torch.Tensor:
     companions loaded here), which both pipelines quantize."""
     requantize = entry.decision.requantize
     return source.load(entry.info.name) if requantize is None else requantize.dequantize(source.load)
+
+
+def entry_importance(entry: PlanEntry, importance: Mapping[str, torch.Tensor] | None) -> torch.Tensor | None:
+    """The importance an entry's scale search takes, from the mapping's vector under the name it is written
+    under (`PlanEntry.name`: GPTQ's `m.qweight` is `m.weight`): float, one value per element of its
+    source's last axis (a Linear's input channels), as it is, or as a column where the tensor is written
+    transposed, its input channels then along the first axis. None where the mapping has none for it, or
+    its decision searches no scale (only Mse does); both pipelines take it from here. `InputError` for a
+    vector of another length."""
+    decision = entry.decision
+    searched = decision.scheme is not None and decision.transcode is None and decision.calibration is Calibration.Mse
+    vector = importance.get(entry.name) if importance is not None and searched else None
+    if vector is None:
+        return None
+    channels = entry.shape[-1] if entry.shape else 1
+    if tuple(vector.shape) != (channels,):
+        raise InputError(f"the importance of tensor {entry.name!r} has shape {list(vector.shape)}, not "
+                         f"[{channels}]: one value per input channel (the last axis of its shape "
+                         f"{list(entry.shape)})", hint="compute the importance on this model's tensors")
+    return vector.reshape(-1, 1) if decision.transpose else vector
 
 
 def transcoded(entry: PlanEntry, codes: torch.Tensor, source: Source) -> torch.Tensor:

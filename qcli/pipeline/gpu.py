@@ -39,7 +39,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
@@ -60,7 +60,7 @@ from qcli.kernels.launch import interpreted
 from qcli.layout import BlockGrid
 from qcli.measure import BYTES_PER_VALUE, SLICE_VALUES, Measurement, whole_range
 from qcli.pipeline import GpuSettings, Payload
-from qcli.pipeline.cpu import cast_kept, transcoded
+from qcli.pipeline.cpu import cast_kept, entry_importance, transcoded
 from qcli.scheme import Calibration, check_accepted
 from qcli.tensor_range import TensorRange
 
@@ -101,12 +101,13 @@ class _Piece:
 
 
 def run(plan: Plan, source: Source, measure: bool = False, *,
-        settings: GpuSettings, ahead: threading.Event | None = None) -> Iterator[Payload]:
+        settings: GpuSettings, ahead: threading.Event | None = None,
+        importance: Mapping[str, torch.Tensor] | None = None) -> Iterator[Payload]:
     """Every plan entry once, in order, as a `Payload` (`qcli.pipeline`): the same bytes and measures as
     the CPU pipeline. A payload is pinned host memory, valid until the generator is resumed twice more; a
     measurement is on the device. Its `read_seconds` is 0: the reads here overlap the kernels, so they
     take no time of their own. `ahead`, when given, is set once `compile_ahead` is done: the first launch
-    waits for it, the reads do not."""
+    waits for it, the reads do not. `importance` weighs the scale searches as the CPU pipeline's does."""
     device = _device()
     for entry in plan.entries:
         if entry.decision.requantize is not None:  # its source is decoded from several tensors, on the host
@@ -114,13 +115,14 @@ def run(plan: Plan, source: Source, measure: bool = False, *,
                              "does", hint="use --device cpu (or auto), without QCLI_KERNELS=triton")
         if entry.decision.scheme is not None:
             check_accepted(entry.decision.scheme, entry.decision.calibration)
+    weights = {i: w for i, entry in enumerate(plan.entries) if (w := entry_importance(entry, importance)) is not None}
     pieces = [piece for i, entry in enumerate(plan.entries) for piece in _pieces(i, entry, settings, measure)]
     if not pieces:
         return
     stage = _Stage(device, max(p.nbytes for p in pieces), max(e.out_nbytes for e in plan.entries))
     reader = _Reader(pieces, stage, settings.read_slice)
     try:
-        yield from _quantize(pieces, reader, stage, measure, source, ahead)
+        yield from _quantize(pieces, reader, stage, measure, source, ahead, weights)
     finally:
         reader.stop()
 
@@ -319,6 +321,7 @@ class _Tensor:
     chunk: torch.Tensor | None = None
     whole: TensorRange | None = None
     measure_whole: TensorRange | None = None  # the bound's, from the first pass of a chunked tensor
+    importance: torch.Tensor | None = None  # what weighs its Mse search (`entry_importance`), on the host
     search: Search | None = None  # a chunked per-tensor Mse scheme's, fed in the search pass
     searched: Scales | None = None  # what it picked
     done = None                 # event after the last copy into `out`
@@ -326,7 +329,7 @@ class _Tensor:
 
 
 def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: bool, source: Source,
-              ahead: threading.Event | None) -> Iterator[Payload]:
+              ahead: threading.Event | None, importance: dict[int, torch.Tensor]) -> Iterator[Payload]:
     pending: list[_Tensor] = []
     current: _Tensor | None = None
     for _ in pieces:
@@ -346,7 +349,7 @@ def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: boo
             with _on(stage.compute):  # zeroed on the stream whose kernels raise it (and measure into it)
                 bad = torch.zeros(1, dtype=torch.int32, device=stage.device)
                 measured = Measurement.on(stage.device) if measure and quantized else None
-            current = _Tensor(piece, out, bad, measured)
+            current = _Tensor(piece, out, bad, measured, importance=importance.get(piece.index))
         host = in_row_order(stage.staging[slot][: piece.nbytes], entry.info)
         if entry.decision.transcode is not None:
             current.out.copy_(transcoded(entry, host, source))
@@ -453,9 +456,10 @@ def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
         x = tensor.chunk.t().contiguous() if decision.transpose else tensor.chunk
         if piece.purpose is Pass.search:
             if tensor.search is None:
-                shape = tuple(entry.info.shape)
-                tensor.search = Search(tensor.whole.peak.reshape(BlockGrid.of(scheme, shape).grid), scheme, shape)
-            tensor.search.add(x.to(torch.float32), slice(None))
+                shape = tuple(entry.out_shape)
+                tensor.search = Search(tensor.whole.peak.reshape(BlockGrid.of(scheme, shape).grid), scheme, shape,
+                                       importance=tensor.importance, name=entry.info.name)
+            tensor.search.add(x.to(torch.float32), slice(None), piece.chunk_start)
             return
         if piece.purpose is Pass.range:
             part = tensor_range(x, scheme, decision.calibration, tensor.bad)
@@ -471,7 +475,7 @@ def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
             if tensor.search is not None and tensor.searched is None:
                 tensor.searched = tensor.search.scales()
             enqueue(x, scheme, decision.calibration, payload, tensor.bad, whole=tensor.whole,
-                    searched=tensor.searched)
+                    searched=tensor.searched, importance=tensor.importance, name=entry.info.name)
     if stage.d2h is not None:
         stage.d2h.wait_stream(stage.compute)
         payload.record_stream(stage.d2h)

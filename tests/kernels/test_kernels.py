@@ -432,6 +432,47 @@ def test_repeated_launches_match_codec_on_gpu(kernels, case):
         assert int(out[n if offset == 0 else 0]) == POISON  # nothing written outside the payload
 
 
+# ---- the scale search weighed by importance --------------------------------------------------------
+
+
+MSE_CASES = [c for c in CASES if c[1] is Calibration.Mse]
+
+
+def channel_importance(shape: tuple[int, ...], seed: int, along_rows: bool) -> torch.Tensor:
+    """Importance over orders of magnitude, one value per input channel: along the last axis, or (a
+    transposed weight's) along the first, as a column."""
+    n = shape[0] if along_rows else shape[-1]
+    importance = torch.exp(torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 2)
+    return importance.reshape(n, *([1] * (len(shape) - 1))) if along_rows else importance
+
+
+def assert_weighted_matches_codec(kernels, device: str, x: torch.Tensor, scheme: QuantScheme, seed: int) -> None:
+    for along_rows in (False, True):
+        importance = channel_importance(tuple(x.shape), seed, along_rows)
+        got = kernels.encode(x.to(device), scheme, Calibration.Mse, importance=importance)
+        want = codec_encode(x, scheme, Calibration.Mse, importance=importance)
+        assert_same(got.cpu().numpy().tobytes(), want.numpy().tobytes())
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("case", MSE_CASES, ids=[case_id(c) for c in MSE_CASES])
+def test_weighted_search_matches_codec(kernels, device, case):
+    scheme, _, shape = case
+    for seed, dtype in enumerate((torch.float32, torch.bfloat16)):
+        assert_weighted_matches_codec(kernels, device, wide(shape, 400 + seed).to(dtype), scheme, seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", MSE_CASES, ids=[case_id(c) for c in MSE_CASES])
+def test_large_weighted_search_matches_codec_on_gpu(kernels, case):
+    scheme, _, small = case
+    for i, (rows, cols) in enumerate(GPU_SHAPES):
+        lead = (2,) * (len(small) - 2)
+        shape = (*lead, max(1, rows >> len(lead)), cols)
+        x = wide(shape, 500 + i).to(torch.bfloat16 if i % 2 else torch.float32)
+        assert_weighted_matches_codec(kernels, "cuda", x, scheme, i)
+
+
 def test_a_compiled_launch_is_reused_only_for_pointers_of_its_dtypes_and_alignment(monkeypatch):
     """The memoized launch goes through the JIT (which compiles) for every new combination of pointer
     dtypes and 16-byte alignments, and straight to the compiled kernel only for one seen before."""
@@ -524,6 +565,33 @@ def test_pipeline_yields_the_cpu_pipelines_bytes(tmp_path, settings, searched):
     assert [n for n, _ in got] == [n for n, _ in want]
     for (name, g), (_, w) in zip(got, want, strict=True):
         assert g == w, name
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("settings", [GpuSettings(read_slice=1000), GpuSettings(budget=6 << 10, piece_bytes=1000)],
+                         ids=["whole", "chunked"])
+def test_pipeline_weighs_the_search_as_the_cpu_pipeline_does(tmp_path, settings):
+    # Every quantized tensor under Mse, each with an importance per input channel (the transposed lm_head's
+    # along its written first axis), none on the channel of its largest value, whose clipping then costs
+    # nothing, so that even a per-tensor scale moves; chunked, that one's search takes a pass of its own.
+    from qcli.pipeline import cpu, gpu
+
+    path, decisions = checkpoint(tmp_path)
+    decisions = {name: (scheme, Calibration.Mse if scheme else calibration, transpose)
+                 for name, (scheme, calibration, transpose) in decisions.items()}
+    plan, source = fixed_plan(path, decisions)
+    with source:
+        importance = {}
+        for i, entry in enumerate(plan.entries):
+            x = source.load(entry.info.name).float()
+            importance[entry.info.name] = channel_importance(tuple(x.shape), i, False)
+            importance[entry.info.name][int(x.abs().reshape(-1, x.shape[-1]).amax(0).argmax())] = 0.0
+        plain = [bytes(p.data.numpy()) for p in cpu.run(plan, source)]
+        want = [bytes(p.data.numpy()) for p in cpu.run(plan, source, importance=importance)]
+        got = [bytes(p.data.numpy()) for p in gpu.run(plan, source, settings=settings, importance=importance)]
+    assert got == want
+    moved = {e.info.name for e, w, p in zip(plan.entries, want, plain, strict=True) if w != p}
+    assert {"layers.0.attn.q.weight", "layers.0.mlp.up.weight", "embed.weight"} <= moved  # it reached the search
 
 
 @pytest.mark.interpreter
