@@ -22,7 +22,7 @@ from qcli.calibrate.data import calibration_tokens, read_calibration_text
 from qcli.calibrate.gptq import gptq
 from qcli.calibrate.model import load_tokenizer, open_model
 from qcli.calibrate.runner import BlockDone, LinearStats, block_linears, estimate_memory, run_blocks
-from qcli.errors import DeviceMemoryError, InputError
+from qcli.errors import DeviceMemoryError, InputError, UsageError
 from qcli.io.safetensors import quoted
 from qcli.problem import Kind, Problem, Severity
 from qcli.report import CalibrationRecord
@@ -30,6 +30,7 @@ from qcli.resident import peak_resident_bytes
 from qcli.scheme import Calibration
 
 if TYPE_CHECKING:
+    from qcli.calibrate.imatrix import Imatrix
     from qcli.codec.quantize import QuantizedParts
     from qcli.commands.options import CalibrationInput
     from qcli.io.source import Source
@@ -137,6 +138,41 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
         blocks=run.blocks, memory_estimate_bytes=estimate_bytes, peak_device_bytes=int(peak))
     done.seconds = time.perf_counter() - started
     return done
+
+
+@dataclass(frozen=True)
+class MeasuredImportance:
+    """`qcli imatrix`'s result: the importance matrix in llama.cpp's names, and the windows it was measured on."""
+
+    imatrix: Imatrix
+    samples: int
+    seq_len: int
+    tokens: int
+    device: str
+
+
+def measure_importance(source: Source, input: Path, calibrating: CalibrationInput, device: str,
+                       progress: BlockProgress | None = None) -> MeasuredImportance:
+    """Every Linear in the model's blocks run float on the calibration text (`device`: auto, cpu or cuda),
+    each one's sum of squares per input channel and token count, named as llama.cpp names them."""
+    from qcli.calibrate.imatrix import Imatrix, ImatrixEntry, hf_to_gguf_names
+
+    folder = model_folder(input)
+    model = open_model(folder, [i.name for i in source.infos()], source.load)
+    text = read_calibration_text(calibrating.data)
+    tokens = calibration_tokens(text, load_tokenizer(folder), calibrating.samples, calibrating.seq_len,
+                                calibrating.seed)
+    chosen = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
+    run = run_blocks(model, tokens, block_linears(model), lambda *_: None, chosen, progress=progress)
+    names = hf_to_gguf_names(run.stats, model.module.config.model_type)
+    unnamed = sorted(set(run.stats) - set(names))
+    if unnamed:
+        raise UsageError(f"llama.cpp has no name for {len(unnamed)} of the model's Linears: {', '.join(unnamed[:3])}",
+                         hint="qcli names llama.cpp's tensors for the llama and qwen2 architectures")
+    entries = {names[name]: ImatrixEntry(stats.importance * stats.tokens, [stats.tokens])
+               for name, stats in run.stats.items()}
+    imatrix = Imatrix(entries, (Path(text.name).name,), int(tokens.tokens.shape[0]), int(tokens.tokens.shape[1]))
+    return MeasuredImportance(imatrix, imatrix.chunk_count, imatrix.chunk_size, tokens.available, chosen)
 
 
 def _from_imatrix(path: Path, folder: Path, weighed: list[PlanEntry]) -> Calibrated:

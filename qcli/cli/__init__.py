@@ -1,4 +1,4 @@
-"""The `qcli` command line: quantize, inspect, validate-scheme.
+"""The `qcli` command line: quantize, inspect, validate-scheme, imatrix.
 
 Each command parses its arguments, calls one `qcli.commands` function and renders the report; `main()` maps
 errors to exit codes (`_errors`). Importing this package loads neither torch nor triton, so `qcli --help`
@@ -15,6 +15,7 @@ import typer
 
 from qcli import __version__
 from qcli.cli import _errors
+from qcli.cli.imatrix import imatrix
 from qcli.cli.inspect import inspect
 from qcli.cli.quantize import quantize
 from qcli.cli.validate_scheme import validate_scheme
@@ -52,6 +53,7 @@ def _root(
 app.command("quantize")(quantize)
 app.command("inspect")(inspect)
 app.command("validate-scheme")(validate_scheme)
+app.command("imatrix")(imatrix)
 
 
 def _paths_shown_as_paths(group) -> None:

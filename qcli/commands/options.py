@@ -49,6 +49,10 @@ class CalibrationInput:
         if given is not None and calibration not in (Calibration.Gptq, Calibration.Mse):
             raise UsageError(f"{given} weighs the scale search of --calibration mse, or feeds --calibration gptq",
                              hint=f"add --calibration mse or --calibration gptq, or drop {given}")
+        self.check_windows()
+
+    def check_windows(self) -> None:
+        """UsageError for windows that hold nothing."""
         for name, value in (("--samples", self.samples), ("--seq-len", self.seq_len)):
             if value < 1:
                 raise UsageError(f"{name} must be at least 1, not {value}", hint=f"the default is {name} "

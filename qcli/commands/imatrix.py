@@ -1,0 +1,68 @@
+"""`imatrix_file`: run a checkpoint on calibration text and write each Linear's importance matrix in llama.cpp's
+GGUF layout and names, so that llama.cpp's quantizer (`llama-quantize --imatrix`) and `qcli quantize
+--imatrix` both read it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from qcli.commands.options import CalibrationInput
+from qcli.errors import UsageError
+from qcli.io.safetensors import printable
+from qcli.io.source import open_source
+from qcli.pipeline.device import DEVICES
+
+
+@dataclass(frozen=True)
+class ImatrixReport:
+    """What `imatrix_file` wrote: `output`, the tensors it holds (llama.cpp's names), the windows of the
+    calibration text they were measured on, and the time it took."""
+
+    input: str
+    output: str
+    tensors: list[str]
+    samples: int
+    seq_len: int
+    tokens: int
+    seconds: float
+    device: str
+
+
+def default_output(input: Path) -> Path:
+    """`x.safetensors` or a folder `x` -> `x.imatrix.gguf` beside it."""
+    base = input.resolve()
+    return base.parent / f"{base.name if base.is_dir() else base.stem}.imatrix.gguf"
+
+
+def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibration_data: str | Path,
+                 samples: int | None = None, seq_len: int | None = None, seed: int | None = None,
+                 device: str = "auto", force: bool = False, progress=None) -> ImatrixReport:
+    """Run the model of `input` (its folder's config.json and tokenizer) block by block on `calibration_data`
+    and write, for every Linear in its repeated blocks, the sum of squares of each input channel over the
+    tokens and their count (`qcli.calibrate.imatrix`), to `output` (default `default_output(input)`); the
+    file is renamed into place only once complete."""
+    from qcli.calibrate import SAMPLES, SEED, SEQ_LEN
+
+    given = CalibrationInput(Path(calibration_data), SAMPLES if samples is None else samples,
+                             SEQ_LEN if seq_len is None else seq_len, SEED if seed is None else seed)
+    given.check_windows()
+    if device not in DEVICES:
+        raise UsageError(f"unknown device {device!r}", hint="use --device auto, cpu or cuda")
+    input = Path(input)
+    target = Path(output) if output is not None else default_output(input)
+    if target.exists() and not force:
+        raise UsageError(printable(f"{target} already exists"),
+                         hint="pass --force to replace it, or -o to write somewhere else")
+    started = time.perf_counter()
+    with open_source(input) as source:
+        from qcli.calibrate.session import measure_importance
+
+        measured = measure_importance(source, input, given, device, progress)
+    from qcli.calibrate.imatrix import write_imatrix
+
+    write_imatrix(measured.imatrix, target)
+    return ImatrixReport(str(input), str(target), sorted(measured.imatrix.entries), measured.samples,
+                         measured.seq_len, measured.tokens, time.perf_counter() - started, measured.device)
+
