@@ -1,0 +1,154 @@
+"""The calibration text and the token windows cut from it, which the model runs on to show each layer's inputs.
+
+A text file is one document; JSON lines (every non-empty line an object with a string `text`) are one document
+a line. The documents are tokenized with the checkpoint's own tokenizer and laid end to end, the tokenizer's
+end-of-sequence (or separator) token between them, and `samples` windows of `seq_len` tokens are cut from
+that stream at offsets drawn from a generator seeded with `seed`, as GPTQ and llm-compressor sample theirs:
+the same text, tokenizer and seed give the same windows on every machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from qcli.calibrate import SAMPLES, SEED, SEQ_LEN
+from qcli.errors import InputError, UsageError
+from qcli.io.safetensors import NOT_REGULAR_HINT, not_regular_problem, printable
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+MIN_WINDOWS = 2  # fewer whole windows than this in the text is an error, not a warning
+
+TEXT_HINT = 'pass a UTF-8 text file, or JSON lines each with a "text" field'
+
+
+@dataclass(frozen=True)
+class CalibrationText:
+    """The documents of a calibration file, with the file's name and the sha256 of its bytes (for reports)."""
+
+    documents: list[str]
+    name: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class CalibrationSet:
+    """The windows the model runs on: `tokens` (int64 [windows, seq_len]); `available`, the tokens the text
+    gave; `shortfall`, the warning to show when the text holds fewer tokens than the windows asked for
+    (None when it holds enough); and the file's `name` and `sha256`."""
+
+    tokens: torch.Tensor
+    available: int
+    name: str
+    sha256: str
+    shortfall: str | None = None
+
+    @property
+    def used(self) -> int:
+        """Tokens the windows hold (those that overlap counted in each)."""
+        return self.tokens.numel()
+
+
+def read_calibration_text(path: Path | str) -> CalibrationText:
+    """The documents of the calibration file at `path`: JSON lines with a string `text` each, else the whole
+    file as one text."""
+    path = Path(path)
+    kind = not_regular_problem(path)
+    if kind is not None:
+        raise UsageError(printable(f"cannot read calibration text {path}: not a regular file ({kind})"),
+                         hint=NOT_REGULAR_HINT)
+    if not path.is_file():
+        raise UsageError(printable(f"cannot read calibration text {path}: no such file"), hint=TEXT_HINT)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise InputError(printable(f"cannot read calibration text {path}: {err.strerror}"), hint=TEXT_HINT) from err
+    text = _decoded(path, data)
+    lines = [(number, line) for number, line in enumerate(text.split("\n"), 1) if line.strip()]
+    objects = _json_objects(lines)
+    documents = [text] if objects is None else _texts(path, objects)
+    if not any(document.strip() for document in documents):
+        raise InputError(printable(f"calibration text {path} is empty"), hint=TEXT_HINT)
+    return CalibrationText(documents, path.name, hashlib.sha256(data).hexdigest())
+
+
+def _decoded(path: Path, data: bytes) -> str:
+    if b"\0" in data:
+        raise InputError(printable(f"calibration text {path} is binary: a NUL byte at offset {data.index(0)}"),
+                         hint=TEXT_HINT)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise InputError(printable(f"calibration text {path} is not UTF-8: byte {err.start} cannot be decoded"),
+                         hint=TEXT_HINT) from err
+
+
+def _json_objects(lines: list[tuple[int, str]]) -> list[tuple[int, dict]] | None:
+    """`(line number, object)` for each line, where every line is a JSON object; else None (plain text)."""
+    objects = []
+    for number, line in lines:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(value, dict):
+            return None
+        objects.append((number, value))
+    return objects
+
+
+def _texts(path: Path, objects: list[tuple[int, dict]]) -> list[str]:
+    for number, value in objects:
+        if not isinstance(value.get("text"), str):
+            raise InputError(printable(f"{path}:{number}: a JSON line without a string \"text\" field"),
+                             hint='give every line a "text" field, or pass plain text')
+    return [value["text"] for _, value in objects]
+
+
+def calibration_tokens(text: CalibrationText, tokenizer: PreTrainedTokenizerBase, samples: int = SAMPLES,
+                       seq_len: int = SEQ_LEN, seed: int = SEED) -> CalibrationSet:
+    """`samples` windows of `seq_len` tokens from `text`'s documents, tokenized by `tokenizer` and laid end
+    to end with its end-of-sequence token (or, without one, its separator) between them, each window at an
+    offset drawn uniformly by a generator seeded with `seed` (windows may overlap, as GPTQ's do).
+
+    A text too short for them gives fewer windows, laid end to end from its first token, and says so in
+    `shortfall`; one shorter than `MIN_WINDOWS` windows is an error."""
+    if samples < 1 or seq_len < 1:
+        raise UsageError(f"calibration needs at least one window of one token, not {samples} of {seq_len}",
+                         hint=f"the defaults are {SAMPLES} windows of {SEQ_LEN} tokens")
+    stream = torch.tensor(_stream(text.documents, tokenizer), dtype=torch.int64)
+    available = stream.numel()
+    whole = available // seq_len
+    if whole < MIN_WINDOWS:
+        raise InputError(printable(f"calibration text {text.name} gives {available:,} tokens, fewer than "
+                                   f"{MIN_WINDOWS} windows of {seq_len}"),
+                         hint="give a longer text, or shorter windows")
+    if available < samples * seq_len:
+        shortfall = (f"calibration text {text.name} gives {available:,} tokens, fewer than {samples} windows of "
+                     f"{seq_len} hold ({samples * seq_len:,}): calibrating on {whole} windows, laid end to end")
+        return CalibrationSet(stream[: whole * seq_len].view(whole, seq_len), available, text.name, text.sha256,
+                              printable(shortfall))
+    generator = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, available - seq_len + 1, (samples,), generator=generator)
+    windows = stream[starts[:, None] + torch.arange(seq_len)]
+    return CalibrationSet(windows, available, text.name, text.sha256)
+
+
+def _stream(documents: list[str], tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The token ids of `documents`, without the special tokens the tokenizer adds to a sequence (BOS,
+    [CLS]), one document after another with the separator between them."""
+    encoded = tokenizer(documents, add_special_tokens=False, verbose=False)["input_ids"]
+    separator = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+    stream: list[int] = []
+    for ids in filter(None, encoded):  # a document of no tokens (an empty JSON line's) adds no separator
+        if stream and separator is not None:
+            stream.append(separator)
+        stream.extend(ids)
+    return stream
