@@ -1,0 +1,314 @@
+"""The calibration run: the model's repeated blocks one at a time, each Linear's inputs summed into its Hessian.
+
+As GPTQ and llm-compressor's sequential pipeline do, the embeddings (whatever runs before the first block)
+run once for every window, and the first block's inputs are caught there, its keyword arguments (mask,
+positions, rotary embeddings) with them; then each block in turn is loaded from the checkpoint, run on
+every window with its float weights while a hook on each Linear to calibrate sums H = sum x x^T over the
+tokens of its input (float64), handed to `on_linear` Linear by Linear, which may put a quantized weight in
+its place; run again where one did, so that the next block sees what the quantized block gives; and put
+back on the meta device. Memory holds one block's weights and Hessians and the activations of every window
+twice (a block's inputs and outputs), never the whole model.
+
+The first block's keyword arguments are every block's, so models whose layers differ in kind (sliding-window
+attention beside global attention, each with its own mask) are refused. Only `nn.Linear` layers are
+calibrated: the Linears outside the blocks (an LM head, BERT's pooler) run float and are returned apart,
+as are names that are no Linear's weight (GPT-2's Conv1D, fused experts).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from qcli.calibrate.data import CalibrationSet
+from qcli.calibrate.model import CalibrationModel, build_model
+from qcli.errors import InputError, InternalError, UsageError
+from qcli.io.safetensors import quoted
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+
+@dataclass
+class LinearStats:
+    """What calibration saw of one Linear's input: `name`, the checkpoint name of its weight; `tokens`, the
+    tokens it took (every window's, or fewer for an expert that routing skips); `importance` (float64 [in],
+    on the CPU), diag(H) / tokens, the mean square of each input channel (llama.cpp's imatrix quantity);
+    `hessian` (float64 [in, in], on the run's device), H = sum of x x^T over those tokens, held only while
+    `on_linear` runs (None in `run_blocks`' result: a large model's would not fit in memory together)."""
+
+    name: str
+    tokens: int
+    importance: torch.Tensor
+    hessian: torch.Tensor | None = None
+
+
+# on_linear(name, weight, stats): the float weight ([out, in], the run's dtype and device) and its stats;
+# returns the weight to put in its place (quantized then dequantized), or None to leave it float.
+OnLinear = Callable[[str, torch.Tensor, LinearStats], "torch.Tensor | None"]
+
+
+@dataclass(frozen=True)
+class BlockDone:
+    """A block done: `index` of `count`, `tokens` run through it, in `seconds` (its load, both passes and
+    the Linears' callbacks)."""
+
+    index: int
+    count: int
+    tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class CalibrationRun:
+    """`stats` of each calibrated Linear by its weight's checkpoint name; the names asked for that were not
+    calibrated: `outside`, the weights of Linears outside the repeated blocks, and `not_linear`, names that
+    are no nn.Linear's weight in the model; and the count of `blocks` run."""
+
+    stats: dict[str, LinearStats]
+    outside: list[str]
+    not_linear: list[str]
+    blocks: int
+
+
+def repeated_blocks(module: nn.Module) -> tuple[str, nn.ModuleList]:
+    """The model's repeated blocks and their path: the nn.ModuleList holding the most parameters (the
+    layers, not the experts inside one of them)."""
+    lists = [(name, sub) for name, sub in module.named_modules() if isinstance(sub, nn.ModuleList) and len(sub)]
+    if not lists:
+        raise UsageError(f"{type(module).__name__} has no repeated blocks (an nn.ModuleList of layers) to "
+                         "calibrate one at a time", hint="quantize without calibration")
+    return max(lists, key=lambda item: sum(p.numel() for p in item[1].parameters()))
+
+
+def block_linears(model: CalibrationModel) -> list[str]:
+    """The checkpoint names of the weights of the nn.Linear layers in the model's repeated blocks, block by
+    block in the order they run: what `run_blocks` can calibrate (no weight is read)."""
+    return [name for block in _linears_by_block(model, *repeated_blocks(model.module)) for _, name in block]
+
+
+def _linears_by_block(model: CalibrationModel, path: str, blocks: nn.ModuleList) -> list[list[tuple[nn.Linear, str]]]:
+    """Each block's nn.Linear layers with the checkpoint names of their weights, in the order they run."""
+    return [[(sub, model.names[f"{name}.weight"]) for name, sub in block.named_modules(prefix=f"{path}.{index}")
+             if isinstance(sub, nn.Linear) and f"{name}.weight" in model.names]
+            for index, block in enumerate(blocks)]
+
+
+def run_blocks(model: CalibrationModel, tokens: CalibrationSet, linears: Collection[str], on_linear: OnLinear,
+               device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+               progress: Callable[[BlockDone], None] | None = None) -> CalibrationRun:
+    """Run `tokens`' windows through `model` block by block on `device`, computing in `dtype`; for each
+    nn.Linear whose weight's checkpoint name is in `linears`, in the order of the block's modules, call
+    `on_linear` with the stats of its input and put in place the weight it returns. `progress` hears of
+    each block done. The model's buffers are left on `device`."""
+    device = torch.device(device)
+    module = model.module
+    path, blocks = repeated_blocks(module)
+    _check_alike(module)
+    wanted = set(linears)
+    asked = [[(sub, name) for sub, name in block if name in wanted] for block in _linears_by_block(model, path, blocks)]
+    for sub in module.modules():  # small, and needed where the blocks run
+        sub._buffers.update({name: b.to(device) for name, b in sub._buffers.items() if b is not None})
+    stats: dict[str, LinearStats] = {}
+    with torch.no_grad():
+        hidden, extras = _block_inputs(model, blocks, tokens.tokens, device, dtype)
+        spare = torch.empty_like(hidden)
+        for index, block in enumerate(blocks):
+            start = time.perf_counter()
+            with _checkpoint_weights(model, device, dtype) as load:
+                for name, sub in block.named_modules(prefix=f"{path}.{index}"):
+                    load(sub, name)
+                stats |= _calibrated(block, asked[index], hidden, extras, spare, on_linear)
+            hidden, spare = spare, hidden
+            if progress is not None:
+                progress(BlockDone(index, len(blocks), tokens.used, time.perf_counter() - start))
+    every = {model.names.get(f"{name}.weight") for name, sub in module.named_modules() if isinstance(sub, nn.Linear)}
+    return CalibrationRun(stats, sorted((wanted & every) - stats.keys()), sorted(wanted - every), len(blocks))
+
+
+def _calibrated(block: nn.Module, linears: list[tuple[nn.Linear, str]], hidden: torch.Tensor,
+                extras: list[tuple[tuple, dict]], out: torch.Tensor, on_linear: OnLinear) -> dict[str, LinearStats]:
+    """The stats of `block`'s `linears` (with their checkpoint names) over every window of `hidden`, run with
+    the block's float weights, each handed to `on_linear` in turn; `out` left holding the block's outputs,
+    with the weights on_linear gave back (run again where it gave any)."""
+    sums = [_HessianSum(linear, name) for linear, name in linears]
+    hooks = [linear.register_forward_hook(total) for (linear, _), total in zip(linears, sums, strict=True)]
+    try:
+        _run(block, hidden, extras, out)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    stats, changed = {}, False
+    for (linear, name), total in zip(linears, sums, strict=True):
+        found = total.stats()
+        changed |= _replace(linear, name, on_linear(name, linear.weight.detach(), found))
+        found.hessian = total.hessian = None  # freed before the next Linear's turn
+        stats[name] = found
+    if changed:
+        _run(block, hidden, extras, out)
+    return stats
+
+
+def _check_alike(module: nn.Module) -> None:
+    config = getattr(module, "config", None)
+    kinds = sorted(set(getattr(config.get_text_config(), "layer_types", None) or ())) if config else []
+    if len(kinds) > 1:
+        raise UsageError(f"the model's layers are of {len(kinds)} kinds ({', '.join(kinds)}), each with its own "
+                         "attention mask; calibration runs models whose layers are all alike",
+                         hint="quantize without calibration")
+
+
+class _Stop(Exception):
+    """Raised by the hook on the first block once it has its inputs: nothing after it needs to run."""
+
+
+def _block_inputs(model: CalibrationModel, blocks: nn.ModuleList, ids: torch.Tensor, device: torch.device,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, list[tuple[tuple, dict]]]:
+    """The first block's input for every window ([windows, seq_len, hidden]) and the other arguments it
+    takes with it (positional, keyword), each window's; what every window gets alike is kept once. Only the
+    modules that run before the first block are loaded, as they run."""
+    module = model.module
+    hidden: torch.Tensor | None = None
+    extras: list[tuple[tuple, dict]] = []
+
+    def catch(_block: nn.Module, args: tuple, kwargs: dict) -> None:
+        nonlocal hidden
+        first, args = (args[0], args[1:]) if args else (kwargs.pop("hidden_states"), args)
+        if hidden is None:
+            hidden = first.new_empty((ids.shape[0], *first.shape[1:]))
+        hidden[len(extras)] = first[0]
+        extras.append(_shared((args, kwargs), extras[0] if extras else None))
+        raise _Stop
+
+    inside = {id(sub) for sub in blocks.modules()}
+    owners = [(name, sub) for name, sub in module.named_modules()
+              if id(sub) not in inside and any(p is not None for p in sub._parameters.values())]
+    options = {"use_cache": False} if "use_cache" in inspect.signature(module.forward).parameters else {}
+    with _checkpoint_weights(model, device, dtype) as load:
+        hooks = [sub.register_forward_pre_hook(lambda sub, _args, name=name: load(sub, name)) for name, sub in owners]
+        hooks.append(blocks[0].register_forward_pre_hook(catch, with_kwargs=True))
+        try:
+            for row in ids:
+                try:
+                    module(input_ids=row[None].to(device), **options)
+                except _Stop:
+                    continue
+                raise InternalError(f"{type(module).__name__} ran to its end without reaching its first block")
+        finally:
+            for hook in hooks:
+                hook.remove()
+    return hidden, extras
+
+
+def _shared(value, first):
+    """`value`, with each tensor equal to `first`'s in its place replaced by `first`'s: an attention mask or
+    position embeddings that every window gets alike are kept once, not once a window."""
+    if isinstance(value, torch.Tensor):
+        same = (isinstance(first, torch.Tensor) and first.shape == value.shape and first.dtype == value.dtype
+                and torch.equal(first, value))
+        return first if same else value
+    if isinstance(value, tuple | list) and type(first) is type(value) and len(first) == len(value):
+        return type(value)(_shared(v, f) for v, f in zip(value, first, strict=True))
+    if isinstance(value, dict) and isinstance(first, dict):
+        return {key: _shared(v, first.get(key)) for key, v in value.items()}
+    return value
+
+
+@contextmanager
+def _checkpoint_weights(model: CalibrationModel, device: torch.device, dtype: torch.dtype
+                        ) -> Iterator[Callable[[nn.Module, str], None]]:
+    """`load(owner, path)` puts the checkpoint's tensors in place of the meta parameters that `owner` (at
+    `path` in the model) holds itself, float ones in `dtype`, on `device`; on leaving, the meta parameters
+    are put back and the loaded ones freed."""
+    loaded: list[tuple[nn.Module, str, nn.Parameter]] = []
+
+    def load(owner: nn.Module, path: str) -> None:
+        for name, meta in list(owner._parameters.items()):
+            if meta is None or meta.device.type != "meta":
+                continue
+            value = model.parameter(f"{path}.{name}" if path else name, meta)
+            value = value.to(device, dtype) if value.is_floating_point() else value.to(device)
+            owner._parameters[name] = nn.Parameter(value, requires_grad=False)
+            loaded.append((owner, name, meta))
+
+    try:
+        yield load
+    finally:
+        for owner, name, meta in reversed(loaded):
+            owner._parameters[name] = meta
+
+
+class _HessianSum:
+    """A forward hook summing the input of one Linear into H = sum x x^T (float64) and counting its tokens."""
+
+    def __init__(self, linear: nn.Linear, name: str) -> None:
+        self.name = name
+        self.hessian = torch.zeros(linear.in_features, linear.in_features, dtype=torch.float64,
+                                   device=linear.weight.device)
+        self.tokens = 0
+
+    def __call__(self, _linear: nn.Module, args: tuple, _output: torch.Tensor) -> None:
+        x = args[0].reshape(-1, args[0].shape[-1]).to(torch.float64)
+        self.hessian.addmm_(x.T, x)
+        self.tokens += x.shape[0]
+
+    def stats(self) -> LinearStats:
+        """The stats of the sum; an input error where the inputs held NaN or Inf, which every diagonal
+        element of H, a sum of squares, shows in its own channel (checked once, not at every window)."""
+        diagonal = self.hessian.diagonal()
+        if not torch.isfinite(diagonal).all():
+            raise InputError(f"the calibration activations into {quoted(self.name)} hold NaN or Inf values",
+                             hint="the checkpoint's weights before it may hold them, or the activations overflow "
+                                  "the dtype computed in: calibrate in float32")
+        return LinearStats(self.name, self.tokens, (diagonal / max(self.tokens, 1)).cpu(), self.hessian)
+
+
+def _run(block: nn.Module, hidden: torch.Tensor, extras: list[tuple[tuple, dict]], out: torch.Tensor) -> None:
+    """`block` on each window of `hidden`, one at a time, its output written to `out`."""
+    for index, (args, kwargs) in enumerate(extras):
+        result = block(hidden[index : index + 1], *args, **kwargs)
+        out[index] = (result if isinstance(result, torch.Tensor) else result[0])[0]
+
+
+def _replace(linear: nn.Linear, name: str, weight: torch.Tensor | None) -> bool:
+    """Put `weight` (on_linear's answer) in place of `linear`'s; whether there was one."""
+    if weight is None:
+        return False
+    if tuple(weight.shape) != tuple(linear.weight.shape):
+        raise InternalError(f"the weight computed for {quoted(name)} has shape {list(weight.shape)}, "
+                            f"not {list(linear.weight.shape)}")
+    linear.weight.copy_(weight)
+    return True
+
+
+def estimate_memory(config: PretrainedConfig, samples: int, seq_len: int, dtype: torch.dtype = torch.float32
+                    ) -> int:
+    """Bytes a calibration run of `samples` windows of `seq_len` tokens holds on its device at most, computing
+    in `dtype`: the activations of every window twice, with the larger of the embeddings (loaded while the
+    first block's inputs are caught) and one block's weights and float64 Hessians, and what one window takes
+    through a block (its widest activations, the float64 copy of a Linear's input, the attention scores).
+    The quantizer's own work on a Hessian (on_linear's) comes on top."""
+    module = build_model(config)
+    _, blocks = repeated_blocks(module)
+    size = dtype.itemsize
+    embeddings = module.get_input_embeddings()
+    hidden = embeddings.embedding_dim
+    linears = [sub for sub in blocks[0].modules() if isinstance(sub, nn.Linear)]
+    weights = sum(p.numel() for p in blocks[0].parameters()) * size
+    hessians = sum(linear.in_features**2 for linear in linears) * 8
+    widest = max((max(linear.in_features, linear.out_features) for linear in linears), default=hidden)
+    heads = getattr(config.get_text_config(), "num_attention_heads", 1)
+    window = seq_len * widest * (4 * size + 8) + heads * seq_len**2 * size
+    activations = 2 * samples * seq_len * hidden * size
+    return activations + max(weights + hessians, embeddings.weight.numel() * size) + window

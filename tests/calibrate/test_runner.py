@@ -1,0 +1,316 @@
+"""The block-by-block run held to transformers' own model: each Linear's Hessian against X^T X of the inputs a
+plain forward of the whole model (from_pretrained, forward hooks, no qcli code) gives it, each block's output
+against that model's, and a quantized block's effect on the next against the same model with those weights;
+for a Llama and a BERT. Then the model's building: names mapped, tied heads, and the errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from qcli.calibrate.data import CalibrationSet, CalibrationText, calibration_tokens
+from qcli.calibrate.model import CALIBRATE_HINT, CalibrationModel, build_model, load_tokenizer, open_model
+from qcli.calibrate.runner import block_linears, estimate_memory, run_blocks
+from qcli.errors import InputError, UsageError
+from qcli.io.source import open_source
+from tests.calibrate_support import TEXT, tiny_bert, tiny_llama
+
+SAMPLES, SEQ_LEN = 4, 32
+STEP = 0.02  # the "quantizer": weights rounded to multiples of this (the weights are drawn with std 0.02)
+BLOCKS = {"llama": "model.layers", "bert": "encoder.layer"}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    return {"llama": tiny_llama(tmp_path_factory.mktemp("llama")),
+            "bert": tiny_bert(tmp_path_factory.mktemp("bert")),
+            "bert-head": tiny_bert(tmp_path_factory.mktemp("bert-head"), seed=1, head=True)}
+
+
+def windows(folder: Path) -> CalibrationSet:
+    text = CalibrationText(TEXT.split("\n\n"), "text", "")
+    return calibration_tokens(text, load_tokenizer(folder), samples=SAMPLES, seq_len=SEQ_LEN, seed=0)
+
+
+def opened(folder: Path, tensor=None) -> CalibrationModel:
+    source = open_source(folder)
+    return open_model(folder, [info.name for info in source.infos()], tensor or source.load)
+
+
+def run(folder: Path, on_linear, device: str = "cpu", linears=None, **options):
+    """The run on `folder`'s checkpoint and windows, every tensor of the checkpoint asked for unless `linears`."""
+    model = opened(folder)
+    asked = linears if linears is not None else set(model.names.values())
+    return run_blocks(model, windows(folder), asked, on_linear, device=device, **options), model
+
+
+def rounded(weight: torch.Tensor) -> torch.Tensor:
+    return torch.round(weight / STEP) * STEP
+
+
+def reference(folder: Path, tokens: torch.Tensor, cls_name: str = "AutoModel", quantized_block: int | None = None
+              ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """X^T X (float64) of every Linear's input by its weight's checkpoint name, and each repeated block's
+    output, from transformers' model of `folder` run whole on `tokens`; with `quantized_block`, that block's
+    Linear weights rounded first."""
+    import transformers
+
+    config = json.loads((folder / "config.json").read_text())
+    causal = any(a.endswith("ForCausalLM") for a in config["architectures"])
+    cls = transformers.AutoModelForCausalLM if causal else getattr(transformers, cls_name)
+    model = cls.from_pretrained(folder, local_files_only=True).eval()
+    layers = next(m for name, m in model.named_modules() if name.endswith(("model.layers", "encoder.layer")))
+    inputs: dict[str, list[torch.Tensor]] = {}
+    outputs: list[list[torch.Tensor]] = [[] for _ in layers]
+    hooks = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            hooks.append(module.register_forward_hook(
+                lambda _m, args, _out, name=name: inputs.setdefault(f"{name}.weight", []).append(args[0])))
+    for index, layer in enumerate(layers):
+        hooks.append(layer.register_forward_hook(
+            lambda _m, _args, out, index=index: outputs[index].append(out if torch.is_tensor(out) else out[0])))
+    with torch.no_grad():
+        if quantized_block is not None:
+            for module in layers[quantized_block].modules():
+                if isinstance(module, nn.Linear):
+                    module.weight.copy_(rounded(module.weight))
+        model(input_ids=tokens)
+    for hook in hooks:
+        hook.remove()
+    hessians = {}
+    for name, seen in inputs.items():
+        x = torch.cat(seen).reshape(-1, seen[0].shape[-1]).double()
+        hessians[name] = x.T @ x
+    return hessians, [torch.cat(out) for out in outputs]
+
+
+def recording(answer):
+    """An on_linear that keeps each call's name, Hessian (a copy) and tokens, and answers `answer(weight)`."""
+    calls: dict[str, tuple[torch.Tensor, int]] = {}
+
+    def on_linear(name, weight, stats):
+        assert stats.name == name and stats.hessian.dtype == torch.float64
+        calls[name] = (stats.hessian.cpu().clone(), stats.tokens)
+        return answer(weight)
+
+    return calls, on_linear
+
+
+def assert_hessians(found: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    for name, hessian in found.items():
+        scale = expected[name].abs().max()
+        torch.testing.assert_close(hessian, expected[name], rtol=1e-4, atol=1e-5 * scale, msg=name)
+
+
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+def test_hessians_are_x_transpose_x_of_the_whole_models_activations(folders, arch, device):
+    calls, on_linear = recording(lambda weight: None)
+    result, _ = run(folders[arch], on_linear, device)
+    hessians, _ = reference(folders[arch], windows(folders[arch]).tokens)
+    blocks = {name for name in hessians if name.startswith(BLOCKS[arch])}
+    assert set(calls) == blocks == set(result.stats)
+    assert_hessians({name: h for name, (h, _) in calls.items()}, hessians)
+    for name, stats in result.stats.items():
+        assert stats.tokens == SAMPLES * SEQ_LEN and stats.hessian is None
+        torch.testing.assert_close(stats.importance, hessians[name].diagonal() / (SAMPLES * SEQ_LEN), rtol=1e-4,
+                                   atol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+def test_each_blocks_output_is_the_whole_models(folders, arch, device):
+    _, on_linear = recording(lambda weight: weight.clone())  # a weight given back: the block runs again
+    model = opened(folders[arch])
+    blocks = model.module.get_submodule(BLOCKS[arch])
+    outputs: list[list[torch.Tensor]] = [[] for _ in blocks]
+    for index, block in enumerate(blocks):
+        block.register_forward_hook(
+            lambda _m, _args, out, index=index: outputs[index].append(out if torch.is_tensor(out) else out[0]))
+    tokens = windows(folders[arch])
+    run_blocks(model, tokens, set(model.names.values()), on_linear, device=device)
+    _, expected = reference(folders[arch], tokens.tokens)
+    for index, found in enumerate(outputs):
+        assert len(found) == 2 * SAMPLES  # the float pass and the pass with the weights given back
+        torch.testing.assert_close(torch.cat(found[SAMPLES:]).cpu(), expected[index], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+def test_a_quantized_block_changes_the_next_blocks_hessians_as_the_whole_model_with_those_weights(folders, arch,
+                                                                                                device):
+    first = f"{BLOCKS[arch]}.0."
+    calls, on_linear = recording(lambda weight: None)
+
+    def quantize_first_block(name, weight, stats):
+        on_linear(name, weight, stats)
+        return rounded(weight) if name.startswith(first) else None
+
+    run(folders[arch], quantize_first_block, device)
+    tokens = windows(folders[arch]).tokens
+    float_hessians, _ = reference(folders[arch], tokens)
+    quantized_hessians, _ = reference(folders[arch], tokens, quantized_block=0)
+    found = {name: h for name, (h, _) in calls.items()}
+    assert_hessians({n: h for n, h in found.items() if n.startswith(first)}, float_hessians)  # its own: float
+    second = {n: h for n, h in found.items() if n.startswith(f"{BLOCKS[arch]}.1.")}
+    assert_hessians(second, quantized_hessians)
+    for name, hessian in second.items():
+        assert (hessian - float_hessians[name]).abs().max() > 1e-2 * float_hessians[name].abs().max(), name
+
+
+def test_on_linear_is_called_in_the_blocks_order_for_the_linears_asked_for(folders):
+    order = []
+    asked = {"model.layers.1.mlp.down_proj.weight", "model.layers.0.self_attn.v_proj.weight",
+             "model.layers.0.mlp.gate_proj.weight", "model.layers.0.self_attn.q_proj.weight", "lm_head.weight",
+             "model.norm.weight", "model.embed_tokens.weight", "no.such.tensor"}
+    result, _ = run(folders["llama"], lambda name, weight, stats: order.append(name), linears=asked)
+    assert order == ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.v_proj.weight",
+                     "model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.down_proj.weight"]
+    assert list(result.stats) == order
+    assert result.outside == ["lm_head.weight"]
+    assert result.not_linear == ["model.embed_tokens.weight", "model.norm.weight", "no.such.tensor"]
+
+
+def test_block_linears_are_the_linears_of_the_layers_in_the_order_they_run(folders):
+    llama = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+             "mlp.up_proj", "mlp.down_proj"]
+    bert = ["attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+            "intermediate.dense", "output.dense"]
+    for folder, layers, linears in (("llama", "model.layers", llama), ("bert-head", "bert.encoder.layer", bert)):
+        expected = [f"{layers}.{index}.{linear}.weight" for index in range(2) for linear in linears]
+        assert block_linears(opened(folders[folder])) == expected
+
+
+def test_berts_pooler_is_outside_the_blocks(folders):
+    result, _ = run(folders["bert"], lambda name, weight, stats: None)
+    assert result.outside == ["pooler.dense.weight"]
+    assert len(result.stats) == 2 * 6  # query, key, value, attention output, intermediate, output
+
+
+def test_progress_hears_of_every_block(folders):
+    heard = []
+    result, _ = run(folders["llama"], lambda name, weight, stats: None, progress=heard.append)
+    assert result.blocks == 2
+    assert [(done.index, done.count, done.tokens) for done in heard] == [(0, 2, 128), (1, 2, 128)]
+    assert all(done.seconds > 0 and done.tokens_per_s == done.tokens / done.seconds for done in heard)
+
+
+def test_a_head_checkpoint_with_legacy_names_runs_under_the_base_model(folders, tmp_path):
+    """A BertForMaskedLM checkpoint (names under `bert.`) with LayerNorm.gamma and .beta, as old BERT
+    checkpoints have them: built as a BertModel, its parameters found under the checkpoint's names."""
+    folder = folders["bert-head"]
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (legacy / name).write_bytes((folder / name).read_bytes())
+    tensors = load_file(folder / "model.safetensors")
+    renamed = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+               for k, v in tensors.items()}
+    assert renamed.keys() != tensors.keys()
+    save_file(renamed, legacy / "model.safetensors", metadata={"format": "pt"})
+    calls, on_linear = recording(lambda weight: None)
+    result, model = run(legacy, on_linear)
+    assert type(model.module).__name__ == "BertModel"
+    assert model.names["embeddings.LayerNorm.weight"] == "bert.embeddings.LayerNorm.gamma"
+    hessians, _ = reference(folder, windows(folder).tokens, cls_name="BertForMaskedLM")
+    assert set(calls) == {name for name in hessians if name.startswith("bert.encoder.layer.")}
+    assert_hessians({name: h for name, (h, _) in calls.items()}, hessians)
+
+
+def test_a_tied_head_reads_the_embeddings_and_is_never_loaded(tmp_path):
+    folder = tiny_llama(tmp_path, tie=True)
+    model = opened(folder)
+    assert model.names["lm_head.weight"] == model.names["model.embed_tokens.weight"] == "model.embed_tokens.weight"
+    read = []
+
+    def tensor(name):
+        read.append(name)
+        return open_source(folder).load(name)
+
+    model = opened(folder, tensor)
+    run_blocks(model, windows(folder), set(), lambda name, weight, stats: None)
+    assert read.count("model.embed_tokens.weight") == 1 and "model.norm.weight" not in read
+
+
+def test_nan_activations_are_an_input_error_naming_the_linear(folders):
+    folder = folders["llama"]
+    source = open_source(folder)
+
+    def tensor(name):
+        value = source.load(name)
+        return value.fill_(float("nan")) if name == "model.layers.1.input_layernorm.weight" else value
+
+    model = opened(folder, tensor)
+    with pytest.raises(InputError, match="into 'model.layers.1.self_attn.q_proj.weight' hold NaN or Inf"):
+        run_blocks(model, windows(folder), set(model.names.values()), lambda name, weight, stats: None)
+
+
+def test_a_tensor_missing_or_of_another_shape_is_an_input_error(folders):
+    folder = folders["llama"]
+    source = open_source(folder)
+    names = [info.name for info in source.infos()]
+    missing = open_model(folder, [n for n in names if n != "model.layers.1.mlp.up_proj.weight"], source.load)
+    with pytest.raises(InputError, match="no tensor for the model's parameter 'model.layers.1.mlp.up_proj.weight'"):
+        run_blocks(missing, windows(folder), names, lambda name, weight, stats: None)
+
+    def tensor(name):
+        return source.load(name)[:, :-1] if name == "model.layers.0.mlp.down_proj.weight" else source.load(name)
+
+    with pytest.raises(InputError, match=r"'model.layers.0.mlp.down_proj.weight' has shape \[64, 127\]; the model"):
+        run_blocks(open_model(folder, names, tensor), windows(folder), names, lambda name, weight, stats: None)
+
+
+def test_a_folder_without_config_or_tokenizer_is_a_usage_error(folders, tmp_path):
+    with pytest.raises(UsageError, match="has no config.json"):
+        open_model(tmp_path, [], lambda name: None)
+    (tmp_path / "config.json").write_bytes((folders["llama"] / "config.json").read_bytes())
+    with pytest.raises(UsageError, match=r"has no tokenizer \(tokenizer.json, "):
+        load_tokenizer(tmp_path)
+
+
+def test_a_model_type_transformers_does_not_know_is_a_usage_error(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-model", "architectures": ["X"]}))
+    with pytest.raises(UsageError, match="cannot build the model of") as caught:
+        open_model(tmp_path, [], lambda name: None)
+    assert "upgrade transformers" in caught.value.hint
+
+
+def test_without_transformers_the_hint_says_how_to_install_it(folders, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+    with pytest.raises(UsageError, match="transformers, which is not installed") as caught:
+        open_model(folders["llama"], [], lambda name: None)
+    assert caught.value.hint == CALIBRATE_HINT == "pip install 'qcli[calibrate]'"
+
+
+def test_layers_of_different_kinds_are_refused():
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=300, architectures=["Qwen2ForCausalLM"],
+                         layer_types=["sliding_attention", "full_attention"], use_sliding_window=True)
+    model = CalibrationModel(build_model(config), {}, lambda name: None)
+    with pytest.raises(UsageError, match=r"2 kinds \(full_attention, sliding_attention\)"):
+        run_blocks(model, CalibrationSet(torch.zeros(2, 4, dtype=torch.int64), 8, "x", ""), set(), print)
+
+
+@pytest.mark.gpu
+def test_the_memory_estimate_bounds_what_the_run_takes_on_the_gpu(tmp_path):
+    """The allocator's peak over a run (every Linear quantized: both passes) is within the estimate, which
+    is not wasteful either; the sizes large enough that the allocator's rounding is small beside them."""
+    folder = tiny_llama(tmp_path, hidden_size=512, intermediate_size=1536, num_attention_heads=8,
+                        num_key_value_heads=8)
+    samples, seq_len = 8, 128
+    tokens = calibration_tokens(CalibrationText([TEXT] * 4, "text", ""), load_tokenizer(folder), samples, seq_len)
+    assert tokens.shortfall is None
+    model = opened(folder)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    run_blocks(model, tokens, block_linears(model), lambda name, weight, stats: rounded(weight), device="cuda")
+    peak = torch.cuda.max_memory_allocated() - before
+    estimate = estimate_memory(model.module.config, samples, seq_len)
+    assert peak <= estimate <= 2 * peak, (peak, estimate)
