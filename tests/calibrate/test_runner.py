@@ -16,7 +16,7 @@ from torch import nn
 
 from qcli.calibrate.data import CalibrationSet, CalibrationText, calibration_tokens
 from qcli.calibrate.model import CALIBRATE_HINT, CalibrationModel, build_model, load_tokenizer, open_model
-from qcli.calibrate.runner import block_linears, estimate_memory, run_blocks
+from qcli.calibrate.runner import SLACK, block_linears, estimate_memory, run_blocks
 from qcli.errors import InputError, UsageError
 from qcli.io.source import open_source
 from tests.calibrate_support import TEXT, tiny_bert, tiny_llama
@@ -299,18 +299,20 @@ def test_layers_of_different_kinds_are_refused():
 
 @pytest.mark.gpu
 def test_the_memory_estimate_bounds_what_the_run_takes_on_the_gpu(tmp_path):
-    """The allocator's peak over a run (every Linear quantized: both passes) is within the estimate, which
-    is not wasteful either; the sizes large enough that the allocator's rounding is small beside them."""
+    """The allocator's peak over a run (every Linear given back: both passes, with an on_linear that
+    allocates nothing, as the estimate leaves that out) is within the estimate, which is not wasteful
+    either; the sizes large enough that the allocator's rounding is small beside them."""
     folder = tiny_llama(tmp_path, hidden_size=512, intermediate_size=1536, num_attention_heads=8,
                         num_key_value_heads=8)
     samples, seq_len = 8, 128
     tokens = calibration_tokens(CalibrationText([TEXT] * 4, "text", ""), load_tokenizer(folder), samples, seq_len)
     assert tokens.shortfall is None
     model = opened(folder)
+    torch.ones(8, 8, device="cuda") @ torch.ones(8, 8, device="cuda")  # cuBLAS's workspace taken before
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    run_blocks(model, tokens, block_linears(model), lambda name, weight, stats: rounded(weight), device="cuda")
+    run_blocks(model, tokens, block_linears(model), lambda name, weight, stats: weight, device="cuda")
     peak = torch.cuda.max_memory_allocated() - before
     estimate = estimate_memory(model.module.config, samples, seq_len)
-    assert peak <= estimate <= 2 * peak, (peak, estimate)
+    assert peak <= estimate <= 1.25 * peak + SLACK, (peak, estimate)
