@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from qcli.calibrate.data import CalibrationSet
+from qcli.calibrate.gptq import Hessian
 from qcli.calibrate.model import CalibrationModel, build_model
 from qcli.errors import InputError, InternalError, UsageError
 from qcli.io.safetensors import quoted
@@ -156,7 +157,7 @@ def _calibrated(block: nn.Module, linears: list[tuple[nn.Linear, str]], hidden: 
     for (linear, name), total in zip(linears, sums, strict=True):
         found = total.stats()
         changed |= _replace(linear, name, on_linear(name, linear.weight.detach(), found))
-        found.hessian = total.hessian = None  # freed before the next Linear's turn
+        found.hessian = total.sum = None  # freed before the next Linear's turn
         stats[name] = found
     if changed:
         _run(block, hidden, extras, out)
@@ -253,28 +254,25 @@ def _checkpoint_weights(model: CalibrationModel, device: torch.device, dtype: to
 
 
 class _HessianSum:
-    """A forward hook summing the input of one Linear into H = sum x x^T (float64) and counting its tokens."""
+    """A forward hook summing the input of one Linear into its `Hessian` (H = sum x x^T, float64)."""
 
     def __init__(self, linear: nn.Linear, name: str) -> None:
         self.name = name
-        self.hessian = torch.zeros(linear.in_features, linear.in_features, dtype=torch.float64,
-                                   device=linear.weight.device)
-        self.tokens = 0
+        self.sum = Hessian(linear.in_features, linear.weight.device)
 
     def __call__(self, _linear: nn.Module, args: tuple, _output: torch.Tensor) -> None:
-        x = args[0].reshape(-1, args[0].shape[-1]).to(torch.float64)
-        self.hessian.addmm_(x.T, x)
-        self.tokens += x.shape[0]
+        self.sum.add(args[0])
 
     def stats(self) -> LinearStats:
         """The stats of the sum; an input error where the inputs held NaN or Inf, which every diagonal
         element of H, a sum of squares, shows in its own channel (checked once, not at every window)."""
-        diagonal = self.hessian.diagonal()
+        hessian, tokens = self.sum.matrix, self.sum.tokens
+        diagonal = hessian.diagonal()
         if not torch.isfinite(diagonal).all():
             raise InputError(f"the calibration activations into {quoted(self.name)} hold NaN or Inf values",
                              hint="the checkpoint's weights before it may hold them, or the activations overflow "
                                   "the dtype computed in: calibrate in float32")
-        return LinearStats(self.name, self.tokens, (diagonal / max(self.tokens, 1)).cpu(), self.hessian)
+        return LinearStats(self.name, tokens, (diagonal / max(tokens, 1)).cpu(), hessian)
 
 
 def _run(block: nn.Module, hidden: torch.Tensor, extras: list[tuple[tuple, dict]], out: torch.Tensor) -> None:
