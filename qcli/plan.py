@@ -31,7 +31,7 @@ from qcli.formats.found import Encoded, Found, Transcode
 from qcli.formats.fp8 import SCALE_SUFFIXES
 from qcli.io.burnpack import MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, align
 from qcli.io.dtypes import DType, Plain, burn_dtype
-from qcli.io.safetensors import TensorInfo
+from qcli.io.source import TensorInfo
 from qcli.presets import DEFAULT_PRESET, PRESETS, Preset
 from qcli.problem import Kind, Problem, Severity
 from qcli.recipe import OnIndivisible, Recipe, Rule

@@ -20,8 +20,8 @@ from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER, TensorEntry, metadata_json
 from qcli.io.burnpack_index import BurnpackSet, standing_index
 from qcli.io.dtypes import TORCH_DTYPE_NAMES, Bool, BoolStore, DType, Plain, QFloat, torch_dtype
 from qcli.io.gguf import GgufSource
-from qcli.io.safetensors import TensorInfo
-from qcli.io.source import Source, open_source
+from qcli.io.readers import open_source
+from qcli.io.source import Source, TensorInfo
 from qcli.plan import FLOAT_DTYPES, PlanEntry
 from qcli.report import (
     CompareReport,

@@ -14,8 +14,9 @@ from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect
 from qcli.io.gguf import is_gguf
-from qcli.io.safetensors import TensorInfo, printable
-from qcli.io.source import Source, open_source
+from qcli.io.readers import open_source
+from qcli.io.safetensors import printable
+from qcli.io.source import Source, TensorInfo
 from qcli.output import (
     ModelFolder,
     Output,

@@ -22,7 +22,7 @@ from qcli.formats import awq, bitsandbytes, compressed_tensors, declaration, fp8
 from qcli.formats.found import Encoded, Found, Load, Transcode
 
 if TYPE_CHECKING:
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 # Each module's `detect(infos, declaration)`. A later module's finding for a weight takes the place
 # of an earlier one's: compressed-tensors' config says the FP8 layout fp8 infers from the scale's shape.

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     import torch
 
     from qcli.formats.declaration import Declaration
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 METHODS = frozenset({"bitsandbytes"})  # the quant_method values this module reads
 STATE_INFIX = ".quant_state.bitsandbytes__"

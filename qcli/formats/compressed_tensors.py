@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     import torch
 
     from qcli.formats.declaration import Declaration
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 METHOD = "compressed-tensors"  # config.json's quant_method
 METHODS = frozenset({METHOD})  # the quant_method values this module reads

@@ -26,7 +26,7 @@ from qcli.problem import Kind
 if TYPE_CHECKING:
     import torch
 
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 CONFIG = "config.json"
 MAX_BYTES = 64 << 20  # a declaration is a few kB; a larger file is not one

@@ -21,7 +21,7 @@ from qcli.io.safetensors import printable
 if TYPE_CHECKING:
     import torch
 
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 NEGATIVE_ZERO = 8  # E2M1's code for -0: sign bit 3 over a zero exponent and mantissa
 E8M0_BIAS = 127

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from qcli.formats.declaration import Declaration
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 # The quant_methods of the config.json that declare these: transformers' FineGrainedFP8Config (DeepSeek's
 # blocks), FbgemmFp8Config (`weight` E4M3 with `weight_scale` [out, 1] F32 per row, and an activation

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import torch
 
     from qcli.formats.declaration import Declaration
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 METHODS: frozenset[str] = frozenset()  # a GGUF file declares no quant_method: its tensor types say it all
 BLOCK = 32  # values per Q8_0, Q4_0 and MXFP4 block

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import torch
 
     from qcli.formats.declaration import Declaration
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 METHODS = frozenset({"gptq"})  # the quant_method values this module reads
 CODES, ZEROS, SCALES, ORDER = "qweight", "qzeros", "scales", "g_idx"

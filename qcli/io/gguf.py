@@ -31,13 +31,13 @@ from qcli.io.dtypes import torch_dtype
 from qcli.io.safetensors import (
     NOT_REGULAR_HINT,
     NotRegularFile,
-    TensorInfo,
     open_regular,
     printable,
     quoted,
     read_into,
     shown,
 )
+from qcli.io.source import TensorInfo, in_row_order
 
 if TYPE_CHECKING:
     import torch
@@ -173,14 +173,6 @@ class GgufSource:
         if info.dtype in PLAIN_TYPES:
             return data.view(torch_dtype(info.dtype)).reshape(info.shape)
         return data.reshape(*info.shape[:-1], -1) if info.shape else data
-
-
-def in_row_order(data: torch.Tensor, info: TensorInfo) -> torch.Tensor:
-    """A tensor's stored bytes (1-D uint8) with its rows in `info.rows` order (unchanged when None): both
-    pipelines read a reordered tensor so."""
-    if info.rows is None:
-        return data
-    return data.view(len(info.rows), -1)[list(info.rows)].reshape(-1)
 
 
 class _Header:

@@ -23,17 +23,17 @@ import struct
 import sys
 import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from qcli.errors import InputError
 from qcli.io.dtypes import SAFETENSORS_BITS, SAFETENSORS_TORCH_NAMES, torch_dtype
+from qcli.io.source import TensorInfo
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["NotRegularFile", "SafetensorsSource", "TensorInfo", "open_regular", "printable", "shown"]
+__all__ = ["NotRegularFile", "SafetensorsSource", "open_regular", "printable", "shown"]
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -131,21 +131,6 @@ def not_regular_problem(path: Path) -> str | None:
     except (OSError, ValueError):
         return None
     return None if stat.S_ISREG(mode) else file_kind(mode)
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """One tensor as its header describes it; reading this costs no weight bytes."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    nbytes: int
-    file: Path
-    offset: int = 0  # where its bytes start in `file`
-    # The stored row (slice along the first axis) each row of the tensor is read from, where the source
-    # reorders them (a GGUF file's Q and K rows under `--names hf`); None: rows as stored.
-    rows: tuple[int, ...] | None = None
 
 
 class SafetensorsSource:

@@ -54,7 +54,7 @@ from qcli.codec.scales import Scales
 from qcli.codec.search import Search
 from qcli.errors import InputError, NonFiniteTensor, NotKernelFloat, UsageError
 from qcli.io.dtypes import torch_dtype
-from qcli.io.gguf import in_row_order
+from qcli.io.source import in_row_order
 from qcli.kernels import enqueue, tensor_range
 from qcli.kernels.launch import interpreted
 from qcli.layout import BlockGrid

@@ -19,7 +19,8 @@ from safetensors.torch import save_file
 
 from qcli.errors import InputError
 from qcli.io.dtypes import burn_dtype
-from qcli.io.safetensors import SafetensorsSource, TensorInfo
+from qcli.io.safetensors import SafetensorsSource
+from qcli.io.source import TensorInfo
 from tests.cli_support import ROOT
 
 

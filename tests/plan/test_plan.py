@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from qcli.errors import PlanError
-from qcli.io.safetensors import TensorInfo
+from qcli.io.source import TensorInfo
 from qcli.plan import CHUNK_WORKING_BYTES, make_plan, shape_problem
 from qcli.presets import PRESETS
 from qcli.recipe import load_recipe
