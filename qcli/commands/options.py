@@ -10,13 +10,13 @@ from qcli import BURN_VERSION
 from qcli.burn_backends import BurnBackend, resolve_backend, resolve_version
 from qcli.errors import UsageError
 from qcli.io.hf_cache import is_model_name, snapshot
-from qcli.io.safetensors import printable
 from qcli.io.source import Names
 from qcli.output import MODEL_FILE, default_output, is_folder_output
 from qcli.pipeline.device import DEVICES
 from qcli.presets import Preset, resolve_preset
 from qcli.scheme import Calibration, resolve_calibration
 from qcli.sizes import parse_size
+from qcli.text import printable
 
 
 @dataclass(frozen=True)

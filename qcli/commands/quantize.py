@@ -15,7 +15,6 @@ from qcli.errors import InputError, UsageError
 from qcli.formats import detect
 from qcli.io.gguf import is_gguf
 from qcli.io.readers import open_source
-from qcli.io.safetensors import printable
 from qcli.io.source import Source, TensorInfo
 from qcli.output import (
     ModelFolder,
@@ -34,6 +33,7 @@ from qcli.problem import Problem
 from qcli.recipe import Recipe, load_recipe
 from qcli.report import MemoryUse, Phase, QuantizeReport, SourceFile, TensorRow, Timings
 from qcli.resident import peak_resident_bytes, resident_bytes
+from qcli.text import printable
 from qcli.verify import out_of_bound
 
 if TYPE_CHECKING:

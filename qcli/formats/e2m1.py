@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from qcli.errors import InputError
-from qcli.io.safetensors import printable
+from qcli.text import printable
 
 if TYPE_CHECKING:
     import torch

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 from qcli.errors import InputError
 from qcli.formats.found import Encoded, Found, Load
-from qcli.io.safetensors import printable
 from qcli.presets import REQUANTIZE_NARROW, REQUANTIZE_WIDE
 from qcli.problem import Kind
+from qcli.text import printable
 
 if TYPE_CHECKING:
     import torch

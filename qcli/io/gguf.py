@@ -28,16 +28,9 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from qcli.errors import InputError
 from qcli.io.dtypes import torch_dtype
-from qcli.io.safetensors import (
-    NOT_REGULAR_HINT,
-    NotRegularFile,
-    open_regular,
-    printable,
-    quoted,
-    read_into,
-    shown,
-)
+from qcli.io.safetensors import NOT_REGULAR_HINT, NotRegularFile, open_regular, read_into
 from qcli.io.source import TensorInfo, in_row_order
+from qcli.text import printable, quoted, shown
 
 if TYPE_CHECKING:
     import torch

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from qcli.errors import UsageError
 from qcli.io.gguf import GgufSource
-from qcli.io.safetensors import printable
+from qcli.text import printable
 
 # The architectures whose Hugging Face layout is known here, and whether llama.cpp's converter permuted
 # their Q and K rows (convert_hf_to_gguf.py: LlamaModel does, Qwen2Model does not). Not qwen3: the first

@@ -370,7 +370,7 @@ def test_hostile_headers_give_one_short_line(tmp_path: Path, blob: bytes, messag
 
 
 def test_printable_escapes_what_breaks_a_line_or_drives_a_terminal() -> None:
-    from qcli.io.safetensors import printable
+    from qcli.text import printable
 
     assert printable("model.layers.0.weight é ü 中") == "model.layers.0.weight é ü 中"
     assert printable("a\x1b[31mb\nc\td\re\x7f\x85\u2028\u202e\x00") == (
