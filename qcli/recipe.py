@@ -23,7 +23,7 @@ from enum import Enum, StrEnum
 from pathlib import Path
 
 from qcli.errors import RecipeError, SchemeError
-from qcli.io.safetensors import NOT_REGULAR_HINT, NotRegularFile, open_regular
+from qcli.io.files import NOT_REGULAR_HINT, NotRegularFile, open_regular
 from qcli.patterns import PatternRefused, name_matcher
 from qcli.presets import (
     DEFAULT_PRESET,

@@ -23,8 +23,8 @@ from qcli.burn_backends import BurnBackend, load_problem, loads_instead, resolve
 from qcli.errors import UsageError
 from qcli.formats import detect
 from qcli.formats.found import Found
+from qcli.io.files import NOT_REGULAR_HINT, not_regular_problem
 from qcli.io.readers import open_source
-from qcli.io.safetensors import NOT_REGULAR_HINT, not_regular_problem
 from qcli.io.source import Source, TensorInfo
 from qcli.plan import Plan, count_and_first, make_plan, preset_or_scheme, rule_refusal
 from qcli.presets import Preset, resolve_preset

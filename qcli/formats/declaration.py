@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from qcli.formats.found import Encoded, Found, Load, Transcode
-from qcli.io.safetensors import open_regular
+from qcli.io.files import open_regular
 from qcli.problem import Kind
 from qcli.text import printable
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from qcli.errors import InputError
 from qcli.io.dtypes import torch_dtype
-from qcli.io.safetensors import NOT_REGULAR_HINT, NotRegularFile, open_regular, read_into
+from qcli.io.files import open_regular, read_into, unreadable
 from qcli.io.source import TensorInfo, in_row_order
 from qcli.text import printable, quoted, shown
 
@@ -117,11 +117,8 @@ class GgufSource:
             with open_regular(path) as file:
                 size = os.fstat(file.fileno()).st_size
                 version, metadata, infos = _Header(path, file, size).read()
-        except NotRegularFile as exc:
-            raise InputError(printable(f"cannot read {path}: {exc}"), hint=NOT_REGULAR_HINT) from exc
         except OSError as exc:
-            raise InputError(printable(f"cannot read {path}: {exc.strerror or exc}"),
-                             hint="check the path and its permissions") from exc
+            raise unreadable(path, exc) from exc
         return GgufSource(path, infos, metadata, version)
 
     def __enter__(self) -> GgufSource:

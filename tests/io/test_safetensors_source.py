@@ -302,7 +302,7 @@ def _kinds(folder: Path) -> dict[str, Path]:
 
 
 def test_open_regular_refuses_every_other_kind_without_blocking(tmp_path: Path) -> None:
-    from qcli.io.safetensors import NotRegularFile, open_regular
+    from qcli.io.files import NotRegularFile, open_regular
 
     for kind, path in _kinds(tmp_path).items():
         with pytest.raises(NotRegularFile, match=f"not a regular file \\({kind}\\)"):
