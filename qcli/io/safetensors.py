@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 from qcli.errors import InputError
 from qcli.io.dtypes import SAFETENSORS_BITS, SAFETENSORS_TORCH_NAMES, torch_dtype
-from qcli.io.files import NOT_REGULAR_HINT, not_regular_problem, open_regular, read_into, read_json, unreadable
+from qcli.io.files import open_regular, read_into, read_json, unreadable
+from qcli.io.hf_index import CORRUPT_HINT, check_weight_map, read_weight_map
 from qcli.io.source import TensorInfo
 from qcli.text import printable, quoted, shown
 
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 MAX_HEADER_SIZE = 100_000_000  # the safetensors library refuses larger headers
-_CORRUPT_HINT = "the file is damaged or was not written as safetensors; download or export it again"
-_INDEX_HINT = "the index and its shards do not belong together; download or export the checkpoint again"
 
 
 class SafetensorsSource:
@@ -116,7 +115,7 @@ def _open_files(files: list[Path]) -> SafetensorsSource:
     return SafetensorsSource(files, [info for file in files for info in read_header(file)])
 
 
-def _fail(path: Path, message: str, hint: str = _CORRUPT_HINT) -> InputError:
+def _fail(path: Path, message: str, hint: str = CORRUPT_HINT) -> InputError:
     return InputError(printable(f"{path}: {message}"), hint=hint)
 
 
@@ -138,7 +137,7 @@ def read_header(path: Path) -> list[TensorInfo]:
                             hint="the file is cut short or is not safetensors; download or export it again")
             if header_size > MAX_HEADER_SIZE:
                 raise _fail(path, f"the header length {header_size} exceeds the maximum of {MAX_HEADER_SIZE}")
-            header = read_json(path, file.read(header_size), _CORRUPT_HINT)
+            header = read_json(path, file.read(header_size), CORRUPT_HINT)
     except OSError as exc:
         raise unreadable(path, exc) from exc
     if not isinstance(header, dict):
@@ -207,45 +206,3 @@ def _open_index(index: Path) -> SafetensorsSource:
     source.index = index
     check_weight_map(index, weight_map, [(info.name, info.file) for info in source.infos()])
     return source
-
-
-def read_weight_map(index: Path, format: str) -> dict[str, Path]:
-    """The tensor-to-shard map of a sharded checkpoint's index (Hugging Face's `weight_map`, which qcli
-    writes for sharded burnpack output too), each shard a regular file beside the index."""
-    try:
-        with open_regular(index) as file:
-            if os.fstat(file.fileno()).st_size > MAX_HEADER_SIZE:
-                raise _fail(index, f"the index is larger than {MAX_HEADER_SIZE} bytes")
-            data = file.read(MAX_HEADER_SIZE + 1)
-        document = read_json(index, data, _CORRUPT_HINT)
-    except OSError as exc:
-        raise unreadable(index, exc) from exc
-    weight_map = document.get("weight_map") if isinstance(document, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise _fail(index, "no 'weight_map' of tensor names to shard files",
-                    hint=f"a sharded checkpoint's index maps each tensor name to its .{format} shard")
-    for shard in sorted(set(weight_map.values())):
-        if Path(shard).name != shard or shard in ("", ".", ".."):
-            raise _fail(index, f"shard {quoted(shard)} is not a file name beside the index", _INDEX_HINT)
-        kind = not_regular_problem(index.parent / shard)
-        if kind is not None:
-            raise _fail(index, f"shard {quoted(shard)} is not a regular file ({kind})", NOT_REGULAR_HINT)
-        if not (index.parent / shard).is_file():
-            raise _fail(index, f"shard {quoted(shard)} is missing", hint="download every shard the index lists")
-    return {name: index.parent / shard for name, shard in weight_map.items()}
-
-
-def check_weight_map(index: Path, weight_map: dict[str, Path], held: list[tuple[str, Path]]) -> None:
-    """Every tensor the shards hold (`held`: name and shard) is in exactly the shard the index names."""
-    where: dict[str, Path] = {}
-    for name, file in held:
-        if name in where:
-            raise _fail(index, f"tensor {quoted(name)} is in both {where[name].name} and {file.name}", _INDEX_HINT)
-        where[name] = file
-    for name, shard in weight_map.items():
-        if where.get(name) != shard:
-            raise _fail(index, f"tensor {quoted(name)} is listed in {shard.name} but that file does not hold it",
-                        _INDEX_HINT)
-    for name, file in where.items():
-        if name not in weight_map:
-            raise _fail(index, f"tensor {quoted(name)} in {file.name} is not listed in the index", _INDEX_HINT)
