@@ -24,7 +24,7 @@ import os
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, ClassVar
 
 from qcli.errors import InputError
 from qcli.io.dtypes import torch_dtype
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import torch
 
 MAGIC = b"GGUF"
+SUFFIX = ".gguf"
 VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
@@ -89,7 +90,7 @@ class Array:
 
 def is_gguf(path: Path) -> bool:
     """Whether `path` names a GGUF file: by its suffix, or by the magic at its start."""
-    if path.suffix.lower() == ".gguf":
+    if path.suffix.lower() == SUFFIX:
         return True
     try:
         with open_regular(path) as file:
@@ -100,6 +101,8 @@ def is_gguf(path: Path) -> bool:
 
 class GgufSource:
     """A GGUF file's header, checked on `open`, and its tensors, loaded one at a time by `load`."""
+
+    format: ClassVar[str] = "gguf"
 
     def __init__(self, path: Path, infos: list[TensorInfo], metadata: dict[str, object], version: int) -> None:
         self.files = [path]

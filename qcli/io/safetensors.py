@@ -18,7 +18,7 @@ import math
 import os
 import struct
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from qcli.errors import InputError
 from qcli.io.dtypes import SAFETENSORS_BITS, SAFETENSORS_TORCH_NAMES, torch_dtype
@@ -37,6 +37,8 @@ MAX_HEADER_SIZE = 100_000_000  # the safetensors library refuses larger headers
 
 class SafetensorsSource:
     """A checkpoint's headers, checked on `open`, and its tensors, loaded one at a time by `load`."""
+
+    format: ClassVar[str] = "safetensors"
 
     def __init__(self, files: list[Path], infos: list[TensorInfo], index: Path | None = None) -> None:
         self.files = files

@@ -1,5 +1,5 @@
 """What the commands and pipelines read a checkpoint through: `TensorInfo`, one tensor as its header
-describes it, and the `Source` protocol every reader gives (`qcli.io.readers` picks the reader)."""
+describes it, and the `Source` protocol every reader gives (`qcli.io.readers` holds the readers)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ class Source(Protocol):
     one tensor on the CPU in memory of its own. A tensor's bytes are `info.nbytes` at `info.offset` of
     `info.file`, as stored (the GPU pipeline reads them there), its rows in `info.rows` order when set."""
 
+    format: str  # its reader's name (`qcli.io.readers.READERS`): "safetensors", "gguf"
     files: list[Path]
     index: Path | None  # the index of a sharded checkpoint
 
