@@ -18,10 +18,10 @@ from qcli.formats import detect, verdict
 from qcli.formats.found import Encoded, Found, Transcode
 from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER, TensorEntry, metadata_json
 from qcli.io.burnpack_index import BurnpackSet, standing_index
-from qcli.io.dtypes import TORCH_DTYPE_NAMES, Bool, BoolStore, DType, Plain, QFloat, torch_dtype
+from qcli.io.dtypes import FLOAT_DTYPES, TORCH_DTYPE_NAMES, Bool, BoolStore, DType, Plain, QFloat, torch_dtype
 from qcli.io.readers import open_source
 from qcli.io.source import Source, TensorInfo
-from qcli.plan import FLOAT_DTYPES, PlanEntry
+from qcli.plan import PlanEntry
 from qcli.report import (
     CompareReport,
     CompareRow,

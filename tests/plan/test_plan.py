@@ -523,6 +523,7 @@ def test_a_rule_keeps_its_block_no_fallback(tmp_path: Path) -> None:
         ("transformer.wte.weight", "token embedding"),
         ("wte", "token embedding"),
         ("tok_embeddings.weight", "token embedding"),
+        ("token_embd.weight", "token embedding"),  # llama.cpp's (qcli.formats.gguf)
         ("lm_head.weight", "output head"),
         ("output.weight", "output head"),
     ],
