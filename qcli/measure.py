@@ -32,10 +32,10 @@ from qcli.codec.blocks import counts, to_blocks
 from qcli.codec.decode import block_scales
 from qcli.codec.search import CLIPS
 from qcli.codec.stats import ErrorSums
-from qcli.io.safetensors import quoted
 from qcli.problem import Kind, Problem, Severity
 from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme, ScaleDtype, accept_problems
 from qcli.tensor_range import TensorRange
+from qcli.text import quoted
 
 if TYPE_CHECKING:
     from qcli.error_stats import ErrorStats

@@ -29,10 +29,11 @@ from qcli.io.burnpack import (
     split,
 )
 from qcli.io.burnpack_index import IndexWriter, index_path
-from qcli.io.safetensors import not_regular_problem, printable
+from qcli.io.files import not_regular_problem
 from qcli.io.staged import StagedFile
 from qcli.plan import Plan
 from qcli.problem import Kind, Problem, Severity
+from qcli.text import printable
 from qcli.verify import Verified, read_back
 
 if TYPE_CHECKING:

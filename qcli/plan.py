@@ -26,12 +26,11 @@ from qcli.burn_backends import (
     qfloat,
 )
 from qcli.errors import PlanError
-from qcli.formats import consumed, detect
+from qcli.formats import FORMAT_EMBEDDINGS, consumed, detect, scale_owners
 from qcli.formats.found import Encoded, Found, Transcode
-from qcli.formats.fp8 import SCALE_SUFFIXES
 from qcli.io.burnpack import MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, align
-from qcli.io.dtypes import DType, Plain, burn_dtype
-from qcli.io.safetensors import TensorInfo
+from qcli.io.dtypes import FLOAT_DTYPES, DType, Plain, burn_dtype, is_quantized
+from qcli.io.source import TensorInfo
 from qcli.presets import DEFAULT_PRESET, PRESETS, Preset
 from qcli.problem import Kind, Problem, Severity
 from qcli.recipe import OnIndivisible, Recipe, Rule
@@ -43,11 +42,6 @@ from qcli.scheme import (
     accept_problems,
 )
 
-FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
-# Already quantized by another tool: 8-bit integers and the sub-16-bit float formats (F8_E4M3, F8_E5M2,
-# F8_E8M0, F6_*, F4) of newer safetensors.
-QUANTIZED_DTYPES = ("I8", "U8")
-QUANTIZED_PREFIXES = ("F8_", "F6_", "F4")
 FIRST_NAMES = 3
 # What quantizing holds beside a tensor's source and payload (`PlanEntry.peak_bytes`): six f32 grids of
 # a value per block at most, and a chunk's temporaries, about 24 bytes per value of a chunk of 2^18
@@ -55,9 +49,9 @@ FIRST_NAMES = 3
 GRID_BYTES_PER_BLOCK = 24
 CHUNK_WORKING_BYTES = 24 * (1 << 18) * (os.cpu_count() or 1)
 # The token embedding and the output head, by the module names common checkpoints give them (Llama and
-# most Hugging Face models, GPT-2, Meta's Llama, BERT, GPT-NeoX, llama.cpp's GGUF files): quantized at
-# `WIDE_PRESET` by default when the preset is narrower than 8 bits.
-EMBEDDING_MODULES = ("embed_tokens", "wte", "tok_embeddings", "word_embeddings", "embed_in", "token_embd")
+# most Hugging Face models, GPT-2, Meta's Llama, BERT, GPT-NeoX; a format's own, as llama.cpp's GGUF files,
+# from `qcli.formats`): quantized at `WIDE_PRESET` by default when the preset is narrower than 8 bits.
+EMBEDDING_MODULES = ("embed_tokens", "wte", "tok_embeddings", "word_embeddings", "embed_in", *FORMAT_EMBEDDINGS)
 HEAD_MODULES = ("lm_head", "embed_out")
 HEAD_NAMES = ("output.weight",)  # Meta's Llama: a top-level `output` module
 WIDE_PRESET = "q8s-b32"
@@ -224,11 +218,6 @@ class Plan:
         )
 
 
-def is_quantized(dtype: str) -> bool:
-    """Whether a safetensors dtype holds values another tool already quantized."""
-    return dtype in QUANTIZED_DTYPES or dtype.startswith(QUANTIZED_PREFIXES)
-
-
 def shape_problem(scheme: QuantScheme, shape: Sequence[int]) -> str | None:
     """Why a tensor of `shape` cannot take `scheme` in any Burn backend, or None when it can."""
     return _shape_problem(scheme, tuple(shape))
@@ -331,10 +320,7 @@ class _Planner:
         self.recipe = recipe
         self.preset = preset
         self.problems: list[Problem] = []
-        self.quantized_sources = {i.name for i in infos if is_quantized(i.dtype)}
-        self.quantized_modules: dict[str, str] = {}
-        for name in sorted(self.quantized_sources):
-            self.quantized_modules.setdefault(name.rpartition(".")[0], name)
+        self.scale_owners = scale_owners(infos)
         self.not_2d: dict[int, list[str]] = {}  # id(rule) -> tensors it asks to transpose that are not 2-D
         self.not_float: dict[int, list[str]] = {}  # id(rule) -> tensors it asks to cast that are not floating
         self.unquantized: dict[int, list[str]] = {}  # id(rule) -> its tensors that cannot take its scheme, why
@@ -397,7 +383,7 @@ class _Planner:
                             transcode=transcode)
         if is_quantized(info.dtype):
             return keep(f"already quantized ({info.dtype})")
-        companion = self.scale_companion_of(info.name)
+        companion = self.scale_owners.of(info.name)
         if companion is not None:
             return keep(f"scale of the already-quantized tensor {companion}")
         if info.dtype not in FLOAT_DTYPES:
@@ -523,15 +509,6 @@ class _Planner:
         if info.dtype not in FLOAT_DTYPES:
             return f"{info.dtype} is not a floating dtype"
         return shape_problem(scheme, shape)
-
-    def scale_companion_of(self, name: str) -> str | None:
-        """The already-quantized tensor `name` holds the scale of (`w_scale`, `w_scale_inv`, `w.scale`,
-        `m.weight_scale`, `m.input_scale`), or None."""
-        for suffix in SCALE_SUFFIXES:
-            if name.endswith(suffix) and name[: -len(suffix)] in self.quantized_sources:
-                return name[: -len(suffix)]
-        module, _, leaf = name.rpartition(".")
-        return self.quantized_modules.get(module) if "scale" in leaf else None
 
     def rule_problems(self, rule: Rule, names: list[str], entries: Sequence[PlanEntry]) -> None:
         refused = rule_refusal(rule, names)

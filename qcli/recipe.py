@@ -23,7 +23,7 @@ from enum import Enum, StrEnum
 from pathlib import Path
 
 from qcli.errors import RecipeError, SchemeError
-from qcli.io.safetensors import NOT_REGULAR_HINT, NotRegularFile, open_regular, printable, shown
+from qcli.io.files import NOT_REGULAR_HINT, NotRegularFile, open_regular
 from qcli.patterns import PatternRefused, name_matcher
 from qcli.presets import (
     DEFAULT_PRESET,
@@ -51,6 +51,7 @@ from qcli.scheme import (
     accept_problems,
     same_width_instead,
 )
+from qcli.text import printable, shown
 
 RECIPE_VERSION = 1
 TOP_KEYS = ("version", "defaults", "rule")

@@ -465,7 +465,7 @@ class InspectReport:
     """The result of `qcli.commands.inspect.inspect_file`."""
 
     path: str
-    format: str  # "safetensors" | "gguf" | "burnpack"
+    format: str  # a source's reader (`qcli.io.readers.READERS`: "safetensors", "gguf"), or "burnpack"
     files: list[SourceFile]
     tensors: list[ListedTensor]
     version: int | None = None

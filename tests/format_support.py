@@ -17,8 +17,8 @@ from qcli.errors import PlanError
 from qcli.io.burnpack import BurnpackReader
 from qcli.io.dtypes import QFloat
 from qcli.io.gguf import GgufSource
+from qcli.io.readers import open_source
 from qcli.io.safetensors import SafetensorsSource
-from qcli.io.source import open_source
 from qcli.pipeline import GpuSettings
 from qcli.plan import Plan, make_plan
 from qcli.problem import Problem

@@ -21,6 +21,17 @@ PACKAGE_ROOTS = {"qcli": ROOT / "qcli", "qcli.kernels": ROOT / "kernels"}
 # which imports neither.
 COMMAND_LINE = ("qcli.__main__", "qcli.cli")
 COMMANDS = "qcli.commands"
+# The vocabulary every reader and command shares, each name in its one home: no reader is imported for it.
+HOMES = {
+    "qcli.io.source": ("TensorInfo", "Source", "Names", "in_row_order"),
+    "qcli.io.readers": ("READERS", "Reader", "open_source"),
+    "qcli.io.files": ("open_regular", "read_into", "FileEnded", "NotRegularFile", "not_regular_problem",
+                      "NOT_REGULAR_HINT", "unreadable", "read_json"),
+    "qcli.io.hf_index": ("read_weight_map", "check_weight_map"),
+    "qcli.text": ("printable", "shown", "quoted"),
+}
+# Each reader's module, and the one module that imports it: the readers' registry (`qcli.io.readers`).
+READERS = {"qcli.io.safetensors": "qcli.io.readers"}
 
 
 def modules() -> dict[str, Path]:
@@ -130,3 +141,30 @@ def test_no_module_imports_another_projects_private_module() -> None:
                 for module in names:
                     if module.split(".")[0] not in ("qcli", "__future__"):
                         assert not any(part.startswith("_") for part in module.split(".")), (path, module)
+
+
+def test_the_shared_vocabulary_is_imported_from_its_home() -> None:
+    """`TensorInfo`, the text helpers, the file helpers: from where they are defined, never through a reader (which
+    re-exports none of them)."""
+    home = {name: module for module, names in HOMES.items() for name in names}
+    for module, names in HOMES.items():
+        defined = importlib.import_module(module)
+        for name in names:
+            value = getattr(defined, name)
+            assert getattr(value, "__module__", module) == module, (module, name)
+    for folder in (ROOT / "qcli", ROOT / "kernels", ROOT / "tests", ROOT / "bench"):
+        for path in folder.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("qcli"):
+                    wrong = [a.name for a in node.names if home.get(a.name, node.module) != node.module]
+                    assert not wrong, (path, node.module, wrong)
+
+
+def test_only_the_registry_imports_a_reader_of_qcli() -> None:
+    """A reader is picked by its row in `qcli.io.readers`; no other module of qcli imports the safetensors
+    reader (the tests and benchmarks that read safetensors files may)."""
+    known = modules()
+    for name, path in known.items():
+        for reader, registry in READERS.items():
+            if name not in (reader, registry):
+                assert reader not in imports(name, path, known), (name, reader)

@@ -19,7 +19,8 @@ import torch
 
 from qcli.calibrate import SAMPLES, SEED, SEQ_LEN
 from qcli.errors import InputError, UsageError
-from qcli.io.safetensors import NOT_REGULAR_HINT, not_regular_problem, printable
+from qcli.io.files import NOT_REGULAR_HINT, not_regular_problem
+from qcli.text import printable
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -47,8 +47,9 @@ import numpy as np
 
 from qcli.errors import InputError, OutputError, UsageError
 from qcli.io.burnpack import temporary_name
+from qcli.io.files import NOT_REGULAR_HINT, NotRegularFile, open_regular
 from qcli.io.gguf_names import ARCHITECTURES, HF_PREFIXES, hf_bases, name_table, split_suffix
-from qcli.io.safetensors import NOT_REGULAR_HINT, NotRegularFile, open_regular, printable, quoted, shown
+from qcli.text import printable, quoted, shown
 
 if TYPE_CHECKING:
     import gguf

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from qcli.errors import InputError, UsageError
-from qcli.io.safetensors import printable, quoted
+from qcli.text import printable, quoted
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase

@@ -31,7 +31,7 @@ from qcli.calibrate.data import CalibrationSet
 from qcli.calibrate.gptq import Hessian
 from qcli.calibrate.model import CalibrationModel, build_model
 from qcli.errors import InputError, InternalError, UsageError
-from qcli.io.safetensors import quoted
+from qcli.text import quoted
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

@@ -23,11 +23,11 @@ from qcli.calibrate.gptq import gptq
 from qcli.calibrate.model import load_tokenizer, open_model
 from qcli.calibrate.runner import BlockDone, LinearStats, block_linears, estimate_memory, run_blocks
 from qcli.errors import DeviceMemoryError, InputError, UsageError
-from qcli.io.safetensors import quoted
 from qcli.problem import Kind, Problem, Severity
 from qcli.report import CalibrationRecord
 from qcli.resident import peak_resident_bytes
 from qcli.scheme import Calibration
+from qcli.text import quoted
 
 if TYPE_CHECKING:
     from qcli.calibrate.imatrix import Imatrix

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from types import FrameType
 
 from qcli.errors import InternalError, Interrupted, PlanError, QcliError, UsageError
-from qcli.io.safetensors import printable
+from qcli.text import printable
 
 
 def debug() -> bool:

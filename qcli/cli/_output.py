@@ -24,7 +24,7 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
-from qcli.io.safetensors import printable
+from qcli.text import printable
 
 if TYPE_CHECKING:
     from qcli.commands.quantize import ProgressHook

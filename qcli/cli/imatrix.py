@@ -10,7 +10,7 @@ import typer
 from qcli.calibrate import SAMPLES, SEED, SEQ_LEN
 from qcli.cli import _output
 from qcli.commands import imatrix as command
-from qcli.io.safetensors import printable
+from qcli.text import printable
 
 
 def imatrix(

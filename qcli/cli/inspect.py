@@ -15,10 +15,10 @@ from qcli.cli._formats import NamesOption
 from qcli.cli.quantize import short_decision
 from qcli.commands import inspect as command
 from qcli.errors import CheckFailed
-from qcli.io.safetensors import printable
 from qcli.io.source import Names
 from qcli.problem import Severity
 from qcli.report import InspectReport, SourcePlan
+from qcli.text import printable
 
 
 def inspect(

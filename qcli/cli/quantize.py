@@ -17,10 +17,10 @@ from qcli.cli._formats import NamesOption, requantize_option
 from qcli.commands import quantize as command
 from qcli.commands.options import QuantizeOptions
 from qcli.errors import QcliError, UsageError
-from qcli.io.safetensors import printable
 from qcli.io.source import Names
 from qcli.presets import DEFAULT_PRESET, PRESETS
 from qcli.report import JSON_SCHEMA_VERSION, QuantizeReport
+from qcli.text import printable
 
 # The default output prints every tensor (in a narrow table) up to this many; above it, a summary: the
 # WORST tensors by SQNR after a write, the count of each decision for a dry run. --verbose: every column.

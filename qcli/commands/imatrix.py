@@ -10,9 +10,9 @@ from pathlib import Path
 
 from qcli.commands.options import CalibrationInput
 from qcli.errors import UsageError
-from qcli.io.safetensors import printable
-from qcli.io.source import open_source
+from qcli.io.readers import open_source
 from qcli.pipeline.device import DEVICES
+from qcli.text import printable
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,10 @@ from qcli.formats import detect, verdict
 from qcli.formats.found import Encoded, Found, Transcode
 from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER, TensorEntry, metadata_json
 from qcli.io.burnpack_index import BurnpackSet, standing_index
-from qcli.io.dtypes import TORCH_DTYPE_NAMES, Bool, BoolStore, DType, Plain, QFloat, torch_dtype
-from qcli.io.gguf import GgufSource
-from qcli.io.safetensors import TensorInfo
-from qcli.io.source import Source, open_source
-from qcli.plan import FLOAT_DTYPES, PlanEntry
+from qcli.io.dtypes import FLOAT_DTYPES, TORCH_DTYPE_NAMES, Bool, BoolStore, DType, Plain, QFloat, torch_dtype
+from qcli.io.readers import open_source
+from qcli.io.source import Source, TensorInfo
+from qcli.plan import PlanEntry
 from qcli.report import (
     CompareReport,
     CompareRow,
@@ -125,7 +124,7 @@ def inspect_file(
         infos = source.infos()
         report = InspectReport(
             path=str(path),
-            format="gguf" if isinstance(source, GgufSource) else "safetensors",
+            format=source.format,
             files=[SourceFile(f.name, f.stat().st_size) for f in source.files],
             tensors=[ListedTensor(i.name, i.dtype, i.dtype, tuple(i.shape), i.nbytes) for i in infos],
             plan=_default_plan(infos),

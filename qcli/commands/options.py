@@ -12,13 +12,14 @@ from qcli.burn_backends import BurnBackend, resolve_backend, resolve_version
 from qcli.calibrate import SAMPLES, SEED, SEQ_LEN
 from qcli.errors import UsageError
 from qcli.io.hf_cache import is_model_name, snapshot
-from qcli.io.safetensors import printable
+from qcli.io.readers import SUFFIXES
 from qcli.io.source import Names
 from qcli.output import MODEL_FILE, default_output, is_folder_output
 from qcli.pipeline.device import DEVICES
 from qcli.presets import Preset, resolve_preset
 from qcli.scheme import Calibration, resolve_calibration
 from qcli.sizes import parse_size
+from qcli.text import printable
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,7 @@ def _located(input: str | Path, revision: str | None) -> tuple[Path, str | None]
     exists always wins, and a name with a checkpoint's suffix is a path."""
     path = Path(input)
     named = str(input)
-    if path.exists() or not is_model_name(named) or named.lower().endswith((".safetensors", ".gguf", ".json")):
+    if path.exists() or not is_model_name(named) or named.lower().endswith(SUFFIXES):
         if revision is not None:
             raise UsageError(printable(f"--revision picks a revision of a model in the Hugging Face cache; "
                                        f"{named} is a path"),

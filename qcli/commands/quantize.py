@@ -14,8 +14,8 @@ from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect
 from qcli.io.gguf import is_gguf
-from qcli.io.safetensors import TensorInfo, printable
-from qcli.io.source import Source, open_source
+from qcli.io.readers import open_source
+from qcli.io.source import Source, TensorInfo
 from qcli.output import (
     ModelFolder,
     Output,
@@ -35,6 +35,7 @@ from qcli.recipe import Recipe, load_recipe
 from qcli.report import CalibrationRecord, MemoryUse, Phase, QuantizeReport, SourceFile, TensorRow, Timings
 from qcli.resident import peak_resident_bytes, resident_bytes
 from qcli.scheme import Calibration
+from qcli.text import printable
 from qcli.verify import out_of_bound
 
 if TYPE_CHECKING:

@@ -23,13 +23,15 @@ from qcli.burn_backends import BurnBackend, load_problem, loads_instead, resolve
 from qcli.errors import UsageError
 from qcli.formats import detect
 from qcli.formats.found import Found
-from qcli.io.safetensors import NOT_REGULAR_HINT, TensorInfo, not_regular_problem, printable
-from qcli.io.source import Source, open_source
+from qcli.io.files import NOT_REGULAR_HINT, not_regular_problem
+from qcli.io.readers import open_source
+from qcli.io.source import Source, TensorInfo
 from qcli.plan import Plan, count_and_first, make_plan, preset_or_scheme, rule_refusal
 from qcli.presets import Preset, resolve_preset
 from qcli.problem import Kind, Problem, Severity
 from qcli.recipe import Rule, read_recipe
 from qcli.report import ValidateReport
+from qcli.text import printable
 
 # Warnings of `make_plan` that are errors here: a rule that decides nothing is a mistake in the recipe.
 RULE_KINDS = (Kind.unmatched_rule, Kind.unquantized_rule)

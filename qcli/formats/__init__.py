@@ -20,14 +20,18 @@ from typing import TYPE_CHECKING
 
 from qcli.formats import awq, bitsandbytes, compressed_tensors, declaration, fp8, gguf, gptq, hqq, nvfp4, quanto
 from qcli.formats.found import Encoded, Found, Load, Transcode
+from qcli.io.dtypes import is_quantized
 
 if TYPE_CHECKING:
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 # Each module's `detect(infos, declaration)`. A later module's finding for a weight takes the place
 # of an earlier one's: compressed-tensors' config says the FP8 layout fp8 infers from the scale's shape.
 FORMATS = (fp8, nvfp4, gptq, awq, hqq, bitsandbytes, quanto, compressed_tensors, gguf)
 HANDLED = frozenset().union(*(f.METHODS for f in FORMATS))  # every quant_method a module reads
+# The token embedding's module in the formats that name tensors their own way (llama.cpp's), beside the names
+# common checkpoints give it, which the plan knows (`qcli.plan.EMBEDDING_MODULES`).
+FORMAT_EMBEDDINGS = gguf.EMBEDDING_MODULES
 
 
 def detect(infos: Sequence[TensorInfo], load: Load | None = None) -> dict[str, Found]:
@@ -58,3 +62,9 @@ def consumed(found: dict[str, Found], requantized: bool) -> set[str]:
     weights' companions, which are not written at all): no plan entry of their own."""
     return {c.name for f in found.values()
             if isinstance(f, Transcode) or requantized and isinstance(f, Encoded) for c in f.companions}
+
+
+def scale_owners(infos: Sequence[TensorInfo]) -> fp8.ScaleOwners:
+    """Whose scale each tensor is, by name, among the tensors of `infos` another tool already quantized (by
+    their dtype): the default policy keeps such a scale, saying whose it is."""
+    return fp8.ScaleOwners(i.name for i in infos if is_quantized(i.dtype))

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import torch
 
     from qcli.formats.declaration import Declaration
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 METHODS = frozenset({"awq"})  # the quant_method values this module reads
 CODES, ZEROS, SCALES = "qweight", "qzeros", "scales"

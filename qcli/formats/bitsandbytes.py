@@ -31,14 +31,14 @@ from qcli.errors import InputError
 from qcli.formats.found import Encoded, Found, Load
 from qcli.formats.fp8 import Fp8
 from qcli.formats.grid import ScaleGrid
-from qcli.io.safetensors import printable
 from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY, PackedU32, QuantScheme, QuantValue
+from qcli.text import printable
 
 if TYPE_CHECKING:
     import torch
 
     from qcli.formats.declaration import Declaration
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 METHODS = frozenset({"bitsandbytes"})  # the quant_method values this module reads
 STATE_INFIX = ".quant_state.bitsandbytes__"

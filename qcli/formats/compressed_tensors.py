@@ -38,17 +38,17 @@ from qcli.formats.e2m1 import E8M0_BIAS, e2m1_codes, mx_scales
 from qcli.formats.found import Encoded, Found, Load, Transcode
 from qcli.formats.grid import ScaleGrid
 from qcli.formats.nvfp4 import two_level_e2m1
-from qcli.io.safetensors import printable
 from qcli.patterns import PatternRefused, regex_matcher
 from qcli.presets import REQUANTIZE_NARROW, REQUANTIZE_WIDE, ZERO_POINT_WHY
 from qcli.problem import Kind
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
+from qcli.text import printable
 
 if TYPE_CHECKING:
     import torch
 
     from qcli.formats.declaration import Declaration
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 METHOD = "compressed-tensors"  # config.json's quant_method
 METHODS = frozenset({METHOD})  # the quant_method values this module reads

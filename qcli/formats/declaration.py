@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from qcli.formats.found import Encoded, Found, Load, Transcode
-from qcli.io.safetensors import open_regular, printable
+from qcli.io.files import open_regular
 from qcli.problem import Kind
+from qcli.text import printable
 
 if TYPE_CHECKING:
     import torch
 
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 CONFIG = "config.json"
 MAX_BYTES = 64 << 20  # a declaration is a few kB; a larger file is not one

@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from qcli.errors import InputError
-from qcli.io.safetensors import printable
+from qcli.text import printable
 
 if TYPE_CHECKING:
     import torch
 
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 NEGATIVE_ZERO = 8  # E2M1's code for -0: sign bit 3 over a zero exponent and mantissa
 E8M0_BIAS = 127

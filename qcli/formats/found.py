@@ -15,7 +15,7 @@ from qcli.scheme import QuantScheme
 if TYPE_CHECKING:
     import torch
 
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 Load = Callable[[str], "torch.Tensor"]  # a source tensor by name, as the checkpoint stores it
 

@@ -11,7 +11,7 @@ Detection reads headers (and a folder's `config.json`) only.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from qcli.formats.declaration import Declaration
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 # The quant_methods of the config.json that declare these: transformers' FineGrainedFP8Config (DeepSeek's
 # blocks), FbgemmFp8Config (`weight` E4M3 with `weight_scale` [out, 1] F32 per row, and an activation
@@ -68,6 +68,27 @@ class Fp8(Transcode):
     def scales(self, load: Load) -> torch.Tensor:
         """The checkpoint's scales, in its order: its scale companion as stored."""
         return load(self.companions[0].name)
+
+
+class ScaleOwners:
+    """Whose scale a tensor is, by its name alone, among a checkpoint's already-quantized tensors: `W_scale`,
+    `W_scale_inv` and `W.scale` are `W`'s (`SCALE_SUFFIXES`), a `…scale…` leaf of a module that holds one
+    (`m.input_scale`) that one's (the first by name)."""
+
+    def __init__(self, quantized: Iterable[str]) -> None:
+        self.quantized = set(quantized)
+        self.modules: dict[str, str] = {}
+        for name in sorted(self.quantized):
+            self.modules.setdefault(name.rpartition(".")[0], name)
+
+    def of(self, name: str) -> str | None:
+        """The already-quantized tensor `name` holds the scale of (`w_scale`, `w_scale_inv`, `w.scale`,
+        `m.weight_scale`, `m.input_scale`), or None."""
+        for suffix in SCALE_SUFFIXES:
+            if name.endswith(suffix) and name[: -len(suffix)] in self.quantized:
+                return name[: -len(suffix)]
+        module, _, leaf = name.rpartition(".")
+        return self.modules.get(module) if "scale" in leaf else None
 
 
 def detect(infos: Sequence[TensorInfo], declared: Declaration | None) -> dict[str, Found]:

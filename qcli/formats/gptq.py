@@ -27,16 +27,16 @@ from typing import TYPE_CHECKING
 from qcli.errors import InputError
 from qcli.formats.found import Encoded, Found, Load, Transcode
 from qcli.formats.grid import ScaleGrid
-from qcli.io.safetensors import printable
 from qcli.presets import REQUANTIZE_NARROW, REQUANTIZE_WIDE
 from qcli.problem import Kind
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
+from qcli.text import printable
 
 if TYPE_CHECKING:
     import torch
 
     from qcli.formats.declaration import Declaration
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 METHODS = frozenset({"gptq"})  # the quant_method values this module reads
 CODES, ZEROS, SCALES, ORDER = "qweight", "qzeros", "scales", "g_idx"

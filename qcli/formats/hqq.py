@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING
 
 from qcli.errors import InputError
 from qcli.formats.found import Encoded, Found, Load
-from qcli.io.safetensors import printable
 from qcli.presets import REQUANTIZE_NARROW, REQUANTIZE_WIDE
 from qcli.problem import Kind
+from qcli.text import printable
 
 if TYPE_CHECKING:
     import torch
 
     from qcli.formats.declaration import Declaration
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 METHODS = frozenset({"hqq"})  # the quant_method values this module reads
 CODES = "W_q"

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
 
     from qcli.formats.declaration import Declaration
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 METHODS = frozenset({"modelopt"})  # the quant_method values this module reads
 SCALE, GLOBAL = "_scale", "_scale_2"  # `m.weight_scale`, `m.weight_scale_2`

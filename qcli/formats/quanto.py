@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import torch
 
     from qcli.formats.declaration import Declaration
-    from qcli.io.safetensors import TensorInfo
+    from qcli.io.source import TensorInfo
 
 METHODS = frozenset({"quanto"})  # the quant_method of the config.json that declares these (QuantoConfig)
 QMAP = "quanto_qmap.json"

@@ -1,4 +1,5 @@
-"""Files in and out: the lazy safetensors source and the burnpack container.
+"""Files in and out: the readers of checkpoints (`readers`, each a row there) and what they share (`source`,
+`files`, `hf_index`), and the burnpack container.
 
-Neither module imports torch at import time; tensors are touched only when one is loaded or written.
+No module imports torch at import time; tensors are touched only when one is loaded or written.
 """

@@ -33,8 +33,9 @@ import cbor2
 from qcli.errors import InputError, OutputError
 from qcli.io.digest import digest
 from qcli.io.dtypes import DType, QFloat, dtype_from_serde
-from qcli.io.safetensors import NOT_REGULAR_HINT, NotRegularFile, open_regular, printable, shown
+from qcli.io.files import NOT_REGULAR_HINT, NotRegularFile, open_regular
 from qcli.io.writeback import Writeback
+from qcli.text import printable, shown
 
 __all__ = ["BurnpackReader", "BurnpackWriter", "TensorEntry"]
 

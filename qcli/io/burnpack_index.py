@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from qcli.io.burnpack import EXTENSION, BurnpackReader, TensorEntry
-from qcli.io.safetensors import check_weight_map, read_weight_map
+from qcli.io.hf_index import check_weight_map, read_weight_map
 from qcli.io.staged import StagedFile
 
 INDEX_SUFFIX = ".index.json"

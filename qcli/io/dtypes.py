@@ -141,6 +141,12 @@ SAFETENSORS_BITS = {
     "F64": 64, "I64": 64, "U64": 64,
     "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
 }
+# The floating dtypes, which the default policy quantizes and a cast converts between.
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+# Already quantized by another tool: 8-bit integers and the sub-16-bit float formats (F8_E4M3, F8_E5M2,
+# F8_E8M0, F6_*, F4) of newer safetensors.
+QUANTIZED_DTYPES = ("I8", "U8")
+QUANTIZED_PREFIXES = ("F8_", "F6_", "F4")
 # torch's name for each plain dtype (safetensors' spelling; `BOOL` a byte per element).
 TORCH_DTYPE_NAMES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
@@ -168,3 +174,8 @@ def torch_dtype(safetensors_dtype: str) -> torch.dtype:
 def burn_dtype(safetensors_dtype: str) -> DType | None:
     """Burn's DType for a safetensors dtype, or None where Burn has none (F8_E4M3, F4, C64, ...)."""
     return _SAFETENSORS_TO_BURN.get(safetensors_dtype)
+
+
+def is_quantized(dtype: str) -> bool:
+    """Whether a safetensors dtype holds values another tool already quantized."""
+    return dtype in QUANTIZED_DTYPES or dtype.startswith(QUANTIZED_PREFIXES)

@@ -24,25 +24,19 @@ import os
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, ClassVar
 
 from qcli.errors import InputError
 from qcli.io.dtypes import torch_dtype
-from qcli.io.safetensors import (
-    NOT_REGULAR_HINT,
-    NotRegularFile,
-    TensorInfo,
-    open_regular,
-    printable,
-    quoted,
-    read_into,
-    shown,
-)
+from qcli.io.files import open_regular, read_into, unreadable
+from qcli.io.source import TensorInfo, in_row_order
+from qcli.text import printable, quoted, shown
 
 if TYPE_CHECKING:
     import torch
 
 MAGIC = b"GGUF"
+SUFFIX = ".gguf"
 VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
@@ -96,7 +90,7 @@ class Array:
 
 def is_gguf(path: Path) -> bool:
     """Whether `path` names a GGUF file: by its suffix, or by the magic at its start."""
-    if path.suffix.lower() == ".gguf":
+    if path.suffix.lower() == SUFFIX:
         return True
     try:
         with open_regular(path) as file:
@@ -107,6 +101,8 @@ def is_gguf(path: Path) -> bool:
 
 class GgufSource:
     """A GGUF file's header, checked on `open`, and its tensors, loaded one at a time by `load`."""
+
+    format: ClassVar[str] = "gguf"
 
     def __init__(self, path: Path, infos: list[TensorInfo], metadata: dict[str, object], version: int) -> None:
         self.files = [path]
@@ -124,11 +120,8 @@ class GgufSource:
             with open_regular(path) as file:
                 size = os.fstat(file.fileno()).st_size
                 version, metadata, infos = _Header(path, file, size).read()
-        except NotRegularFile as exc:
-            raise InputError(printable(f"cannot read {path}: {exc}"), hint=NOT_REGULAR_HINT) from exc
         except OSError as exc:
-            raise InputError(printable(f"cannot read {path}: {exc.strerror or exc}"),
-                             hint="check the path and its permissions") from exc
+            raise unreadable(path, exc) from exc
         return GgufSource(path, infos, metadata, version)
 
     def __enter__(self) -> GgufSource:
@@ -173,14 +166,6 @@ class GgufSource:
         if info.dtype in PLAIN_TYPES:
             return data.view(torch_dtype(info.dtype)).reshape(info.shape)
         return data.reshape(*info.shape[:-1], -1) if info.shape else data
-
-
-def in_row_order(data: torch.Tensor, info: TensorInfo) -> torch.Tensor:
-    """A tensor's stored bytes (1-D uint8) with its rows in `info.rows` order (unchanged when None): both
-    pipelines read a reordered tensor so."""
-    if info.rows is None:
-        return data
-    return data.view(len(info.rows), -1)[list(info.rows)].reshape(-1)
 
 
 class _Header:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from qcli.errors import UsageError
 from qcli.io.gguf import GgufSource
-from qcli.io.safetensors import printable
+from qcli.text import printable
 
 if TYPE_CHECKING:
     import gguf

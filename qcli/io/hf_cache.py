@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from qcli.errors import InputError, UsageError
-from qcli.io.safetensors import printable
+from qcli.text import printable
 
 DEFAULT_REVISION = "main"
 # A Hub repository id: an owner and a name of letters, digits, `-`, `_` and `.` (huggingface_hub's

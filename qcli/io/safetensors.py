@@ -14,142 +14,31 @@ it exactly, in offset order, with nothing left over, so qcli refuses gaps and tr
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import reprlib
-import stat
 import struct
-import sys
-import unicodedata
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, ClassVar
 
 from qcli.errors import InputError
 from qcli.io.dtypes import SAFETENSORS_BITS, SAFETENSORS_TORCH_NAMES, torch_dtype
+from qcli.io.files import open_regular, read_into, read_json, unreadable
+from qcli.io.hf_index import CORRUPT_HINT, check_weight_map, read_weight_map
+from qcli.io.source import TensorInfo
+from qcli.text import printable, quoted, shown
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["NotRegularFile", "SafetensorsSource", "TensorInfo", "open_regular", "printable", "shown"]
-
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-READ_MAX = 1 << 30  # bytes per read call (Linux reads at most 2 GiB - 4 KiB at once)
 MAX_HEADER_SIZE = 100_000_000  # the safetensors library refuses larger headers
-_CORRUPT_HINT = "the file is damaged or was not written as safetensors; download or export it again"
-_INDEX_HINT = "the index and its shards do not belong together; download or export the checkpoint again"
-NOT_REGULAR_HINT = "qcli reads regular files only, not pipes, devices or sockets; save the data to a file first"
-
-
-# -- hostile text and files ------------------------------------------------------------------------
-
-# Characters that would break a one-line message or drive the terminal: C0 and C1 controls (ESC among
-# them) and DEL, the line and paragraph separators (str.splitlines() breaks on them), and the bidi
-# controls that reorder what a terminal shows.
-_BIDI = {0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
-
-
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escaped(ch: str) -> str:
-    code = ord(ch)
-    if unicodedata.category(ch) in ("Cc", "Zl", "Zp") or code in _BIDI:
-        return _NAMED.get(ch) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
-    return ch
-
-
-def printable(text: object) -> str:
-    """`text` with every control character escaped (`\\x1b`, `\\n`, `\\u2028`), safe on one terminal line."""
-    text = str(text)
-    if text.isprintable():  # the common case: nothing to escape (spaces and non-ASCII letters pass)
-        return text
-    return "".join(_escaped(ch) for ch in text)
-
-
-_SHORT = reprlib.Repr()
-_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxdict = 3, 6, 6, 4
-_SHORT.maxstring, _SHORT.maxlong, _SHORT.maxother = 60, 40, 60
-
-
-def shown(value: object) -> str:
-    """A bounded repr of a value read from a hostile file: nesting, lengths and long numbers cut short, so
-    a message stays one short line (and a shared or deep structure is never walked in full)."""
-    try:
-        return printable(_SHORT.repr(value))
-    except (ValueError, RecursionError):  # an int over Python's digit limit, a structure too deep
-        return f"<{type(value).__name__}>"
-
-
-class NotRegularFile(OSError):
-    """The path names a FIFO, a device, a socket or a directory where a regular file is read."""
-
-    def __init__(self, kind: str) -> None:
-        super().__init__(f"not a regular file ({kind})")
-        self.kind = kind
-
-
-def file_kind(mode: int) -> str:
-    """What a non-regular `st_mode` is, in words."""
-    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISDIR, "a directory")):
-        if test(mode):
-            return kind
-    return "not a file"
-
-
-def open_regular(path: Path | str) -> BinaryIO:
-    """`path` opened for reading, only if it is a regular file (after symbolic links).
-
-    A FIFO, a device or a socket raises `NotRegularFile` (an `OSError`) without being opened: opening a
-    FIFO blocks until a writer comes, and a device like /dev/zero never ends. The check is made again on
-    the open descriptor (opened non-blocking), so a FIFO swapped in between cannot block either.
-    """
-    mode = os.stat(path).st_mode
-    if not stat.S_ISREG(mode):
-        raise NotRegularFile(file_kind(mode))
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotRegularFile(file_kind(mode))
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def not_regular_problem(path: Path) -> str | None:
-    """None when `path` is missing or a regular file (after links), else what it is (`a FIFO`, ...)."""
-    try:
-        mode = os.stat(path).st_mode
-    except (OSError, ValueError):
-        return None
-    return None if stat.S_ISREG(mode) else file_kind(mode)
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """One tensor as its header describes it; reading this costs no weight bytes."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    nbytes: int
-    file: Path
-    offset: int = 0  # where its bytes start in `file`
-    # The stored row (slice along the first axis) each row of the tensor is read from, where the source
-    # reorders them (a GGUF file's Q and K rows under `--names hf`); None: rows as stored.
-    rows: tuple[int, ...] | None = None
 
 
 class SafetensorsSource:
     """A checkpoint's headers, checked on `open`, and its tensors, loaded one at a time by `load`."""
+
+    format: ClassVar[str] = "safetensors"
 
     def __init__(self, files: list[Path], infos: list[TensorInfo], index: Path | None = None) -> None:
         self.files = files
@@ -224,68 +113,12 @@ class SafetensorsSource:
         return self._fds[path]
 
 
-def read_into(fd: int, into: memoryview, offset: int) -> None:
-    """Fill `into` from `fd` at `offset`; OSError when the file ends first."""
-    done = 0
-    while done < into.nbytes:
-        count = os.preadv(fd, [into[done : done + READ_MAX]], offset + done)
-        if count == 0:
-            raise OSError(f"the file ends {into.nbytes - done} bytes before the tensor does")
-        done += count
-
-
 def _open_files(files: list[Path]) -> SafetensorsSource:
     return SafetensorsSource(files, [info for file in files for info in read_header(file)])
 
 
-def _fail(path: Path, message: str, hint: str = _CORRUPT_HINT) -> InputError:
+def _fail(path: Path, message: str, hint: str = CORRUPT_HINT) -> InputError:
     return InputError(printable(f"{path}: {message}"), hint=hint)
-
-
-def _unreadable(path: Path, exc: OSError) -> InputError:
-    if isinstance(exc, NotRegularFile):
-        return InputError(printable(f"cannot read {path}: {exc}"), hint=NOT_REGULAR_HINT)
-    return InputError(printable(f"cannot read {path}: {exc.strerror or exc}"),
-                      hint="check the path and its permissions")
-
-
-MAX_NAME_SHOWN = 200  # characters of a tensor name a message shows
-
-
-def quoted(name: str) -> str:
-    """A tensor name for a message, quoted; a very long one is cut in the middle."""
-    if len(name) > MAX_NAME_SHOWN:
-        name = f"{name[:MAX_NAME_SHOWN // 2]}...({len(name)} characters)...{name[-MAX_NAME_SHOWN // 4:]}"
-    return f"'{name}'"
-
-
-def _unique_keys(path: Path) -> Callable[[list[tuple[str, object]]], dict[str, object]]:
-    """A JSON `object_pairs_hook` that refuses a key given twice (json keeps the last silently)."""
-
-    def hook(pairs: list[tuple[str, object]]) -> dict[str, object]:
-        result = dict(pairs)  # built in C: a header's 200k objects are checked in a blink
-        if len(result) != len(pairs):
-            seen: set[str] = set()
-            twice = next(key for key, _ in pairs if key in seen or seen.add(key))
-            raise _fail(path, f"{quoted(twice)} appears twice in the JSON")
-        return result
-
-    return hook
-
-
-def _read_json(path: Path, data: bytes) -> object:
-    try:
-        return json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys(path))
-    except UnicodeDecodeError as exc:
-        raise _fail(path, f"the JSON header is not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise _fail(path, f"the JSON header does not parse: {exc}") from None
-    except RecursionError:  # `[[[[...` deeper than the interpreter's stack; a real header nests 3 deep
-        raise _fail(path, "the JSON header is nested too deeply (arrays or objects inside each other "
-                    "past Python's recursion limit)") from None
-    except ValueError:  # json's only other ValueError: an integer past int's digit limit
-        raise _fail(path, f"the JSON header holds an integer of more than {sys.get_int_max_str_digits()} "
-                    "digits") from None
 
 
 def _is_count(value: object) -> bool:
@@ -306,9 +139,9 @@ def read_header(path: Path) -> list[TensorInfo]:
                             hint="the file is cut short or is not safetensors; download or export it again")
             if header_size > MAX_HEADER_SIZE:
                 raise _fail(path, f"the header length {header_size} exceeds the maximum of {MAX_HEADER_SIZE}")
-            header = _read_json(path, file.read(header_size))
+            header = read_json(path, file.read(header_size), CORRUPT_HINT)
     except OSError as exc:
-        raise _unreadable(path, exc) from exc
+        raise unreadable(path, exc) from exc
     if not isinstance(header, dict):
         raise _fail(path, "the JSON header is not an object")
     metadata = header.pop("__metadata__", {})
@@ -375,45 +208,3 @@ def _open_index(index: Path) -> SafetensorsSource:
     source.index = index
     check_weight_map(index, weight_map, [(info.name, info.file) for info in source.infos()])
     return source
-
-
-def read_weight_map(index: Path, format: str) -> dict[str, Path]:
-    """The tensor-to-shard map of a sharded checkpoint's index (Hugging Face's `weight_map`, which qcli
-    writes for sharded burnpack output too), each shard a regular file beside the index."""
-    try:
-        with open_regular(index) as file:
-            if os.fstat(file.fileno()).st_size > MAX_HEADER_SIZE:
-                raise _fail(index, f"the index is larger than {MAX_HEADER_SIZE} bytes")
-            data = file.read(MAX_HEADER_SIZE + 1)
-        document = _read_json(index, data)
-    except OSError as exc:
-        raise _unreadable(index, exc) from exc
-    weight_map = document.get("weight_map") if isinstance(document, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise _fail(index, "no 'weight_map' of tensor names to shard files",
-                    hint=f"a sharded checkpoint's index maps each tensor name to its .{format} shard")
-    for shard in sorted(set(weight_map.values())):
-        if Path(shard).name != shard or shard in ("", ".", ".."):
-            raise _fail(index, f"shard {quoted(shard)} is not a file name beside the index", _INDEX_HINT)
-        kind = not_regular_problem(index.parent / shard)
-        if kind is not None:
-            raise _fail(index, f"shard {quoted(shard)} is not a regular file ({kind})", NOT_REGULAR_HINT)
-        if not (index.parent / shard).is_file():
-            raise _fail(index, f"shard {quoted(shard)} is missing", hint="download every shard the index lists")
-    return {name: index.parent / shard for name, shard in weight_map.items()}
-
-
-def check_weight_map(index: Path, weight_map: dict[str, Path], held: list[tuple[str, Path]]) -> None:
-    """Every tensor the shards hold (`held`: name and shard) is in exactly the shard the index names."""
-    where: dict[str, Path] = {}
-    for name, file in held:
-        if name in where:
-            raise _fail(index, f"tensor {quoted(name)} is in both {where[name].name} and {file.name}", _INDEX_HINT)
-        where[name] = file
-    for name, shard in weight_map.items():
-        if where.get(name) != shard:
-            raise _fail(index, f"tensor {quoted(name)} is listed in {shard.name} but that file does not hold it",
-                        _INDEX_HINT)
-    for name, file in where.items():
-        if name not in weight_map:
-            raise _fail(index, f"tensor {quoted(name)} in {file.name} is not listed in the index", _INDEX_HINT)

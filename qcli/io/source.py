@@ -1,18 +1,38 @@
-"""What the commands and pipelines read a checkpoint through (`Source`), and `open_source`, which picks the
-reader: a GGUF file (`qcli.io.gguf`) or safetensors (`qcli.io.safetensors`)."""
+"""What the commands and pipelines read a checkpoint through: `TensorInfo`, one tensor as its header
+describes it, and the `Source` protocol every reader gives (`qcli.io.readers` holds the readers)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from qcli.errors import UsageError
-from qcli.io.gguf import GgufSource, is_gguf
-from qcli.io.safetensors import SafetensorsSource, TensorInfo
-
 if TYPE_CHECKING:
     import torch
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as its header describes it; reading this costs no weight bytes."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    file: Path
+    offset: int = 0  # where its bytes start in `file`
+    # The stored row (slice along the first axis) each row of the tensor is read from, where the source
+    # reorders them (a GGUF file's Q and K rows under `--names hf`); None: rows as stored.
+    rows: tuple[int, ...] | None = None
+
+
+def in_row_order(data: torch.Tensor, info: TensorInfo) -> torch.Tensor:
+    """A tensor's stored bytes (1-D uint8) with its rows in `info.rows` order (unchanged when None): both
+    pipelines read a reordered tensor so."""
+    if info.rows is None:
+        return data
+    return data.view(len(info.rows), -1)[list(info.rows)].reshape(-1)
 
 
 class Source(Protocol):
@@ -20,6 +40,7 @@ class Source(Protocol):
     one tensor on the CPU in memory of its own. A tensor's bytes are `info.nbytes` at `info.offset` of
     `info.file`, as stored (the GPU pipeline reads them there), its rows in `info.rows` order when set."""
 
+    format: str  # its reader's name (`qcli.io.readers.READERS`): "safetensors", "gguf"
     files: list[Path]
     index: Path | None  # the index of a sharded checkpoint
 
@@ -39,20 +60,3 @@ class Names(StrEnum):
 
     file = "file"  # as the file has them
     hf = "hf"  # a GGUF file's llama.cpp names as Hugging Face's (`qcli.io.gguf_names`)
-
-
-def open_source(path: Path | str, names: Names | str = Names.file) -> Source:
-    """The checkpoint at `path`: a GGUF file (by its `.gguf` suffix or its magic), else safetensors (a
-    file, a folder or an index); with `names` hf a GGUF file's tensors under Hugging Face's names."""
-    path, names = Path(path), Names(names)
-    if is_gguf(path):
-        source = GgufSource.open(path)
-        if names is Names.hf:
-            from qcli.io.gguf_names import hf_names
-
-            source = hf_names(source)
-        return source
-    if names is Names.hf:
-        raise UsageError("--names hf maps the llama.cpp names of a GGUF file; this input is safetensors",
-                         hint="drop --names: a safetensors checkpoint's names are kept as they are")
-    return SafetensorsSource.open(path)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from qcli.errors import OutputError
 from qcli.io.burnpack import temporary_name
-from qcli.io.safetensors import open_regular, printable
+from qcli.io.files import open_regular
+from qcli.text import printable
 
 
 class StagedFile:

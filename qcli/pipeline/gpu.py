@@ -54,7 +54,8 @@ from qcli.codec.scales import Scales
 from qcli.codec.search import Search
 from qcli.errors import InputError, NonFiniteTensor, NotKernelFloat, UsageError
 from qcli.io.dtypes import torch_dtype
-from qcli.io.gguf import in_row_order
+from qcli.io.files import FileEnded, read_into
+from qcli.io.source import in_row_order
 from qcli.kernels import enqueue, tensor_range
 from qcli.kernels.launch import interpreted
 from qcli.layout import BlockGrid
@@ -287,27 +288,20 @@ class _Reader:
         fd = self._fds.get(piece.file)
         if fd is None:
             fd = self._fds[piece.file] = os.open(piece.file, os.O_RDONLY)
-        step = self._read_slice
-        return [self._pool.submit(_pread, fd, buffer[s : min(s + step, piece.nbytes)], piece.offset + s)
+        step, view = self._read_slice, memoryview(buffer)
+        return [self._pool.submit(read_into, fd, view[s : min(s + step, piece.nbytes)], piece.offset + s)
                 for s in range(0, piece.nbytes, step)]
 
     @staticmethod
     def wait(piece: _Piece, reads: list) -> None:
         for read in reads:
-            if not read.result():
-                raise InputError(f"{piece.file}: cut short while reading tensor '{piece.entry.info.name}'",
-                                 hint="the file changed since it was opened; run again on a complete file")
-
-
-def _pread(fd: int, view, offset: int) -> bool:
-    """Fill `view` from the file at `offset`; False when the file ends first."""
-    view = memoryview(view).cast("B")
-    while view.nbytes:
-        n = os.preadv(fd, [view], offset)
-        if n == 0:
-            return False
-        view, offset = view[n:], offset + n
-    return True
+            try:
+                read.result()
+            except FileEnded:
+                raise InputError(
+                    f"{piece.file}: cut short while reading tensor '{piece.entry.info.name}'",
+                    hint="the file changed since it was opened; run again on a complete file",
+                ) from None
 
 
 @dataclass

@@ -8,8 +8,10 @@ import struct
 import numpy as np
 import pytest
 
+from qcli.io.readers import READERS
 from tests.burn_facts import BURN_FIXTURES
 from tests.cli_support import (
+    SCHEMA,
     SHARDED,
     SINGLE,
     assert_user_error,
@@ -46,6 +48,12 @@ def test_lists_a_safetensors_file(monkeypatch):
     assert doc["totals"]["params"] == sum(len(v) // 2 for v in raw.values())  # all bf16
     lm_head = next(t for t in doc["tensors"] if t["name"] == "lm_head.weight")
     assert lm_head["dtype"] == "BF16" and lm_head["shape"] == [1000, 128]
+
+
+def test_the_json_schema_names_every_reader_and_burnpack():
+    """inspect's `format` is its source's reader's name, or burnpack's."""
+    formats = SCHEMA["$defs"]["inspect"]["properties"]["format"]["enum"]
+    assert sorted(formats) == sorted([*(reader.name for reader in READERS), "burnpack"])
 
 
 def test_lists_a_sharded_checkpoint():

@@ -56,3 +56,9 @@ def test_the_output_is_worked_out_in_one_place(tmp_path):
     assert (folder.folder, folder.target) == (Path(f"{tmp_path}/dir"), tmp_path / "dir" / "model.bpk")
     with pytest.raises(UsageError, match="--revision"):
         Destination.of(model, None, revision="main")
+
+
+@pytest.mark.parametrize("name", ["org/model.safetensors", "org/model.GGUF", "org/model.safetensors.index.json"])
+def test_a_missing_path_with_a_checkpoints_suffix_is_a_path_not_a_model_name(name):
+    where = Destination.of(name, None)
+    assert where.model is None and where.input == Path(name)

@@ -14,7 +14,7 @@ import torch
 
 from qcli.errors import UsageError
 from qcli.io.burnpack import BurnpackReader
-from qcli.io.source import open_source
+from qcli.io.readers import open_source
 from tests.burn_harness import same_bits
 from tests.cli_support import assert_user_error, cli
 from tests.gguf_support import T, dequantized, gguf, write_gguf

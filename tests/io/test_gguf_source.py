@@ -13,8 +13,8 @@ import torch
 from qcli.errors import InputError
 from qcli.io import gguf as reader
 from qcli.io.gguf import BY_NAME, GGML_TYPES, GgufSource
+from qcli.io.readers import open_source
 from qcli.io.safetensors import SafetensorsSource
-from qcli.io.source import open_source
 from tests.gguf_support import T, gguf, gstr, header, tensor, write_gguf
 
 RNG = np.random.default_rng(0)

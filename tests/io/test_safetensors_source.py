@@ -19,7 +19,8 @@ from safetensors.torch import save_file
 
 from qcli.errors import InputError
 from qcli.io.dtypes import burn_dtype
-from qcli.io.safetensors import SafetensorsSource, TensorInfo
+from qcli.io.safetensors import SafetensorsSource
+from qcli.io.source import TensorInfo
 from tests.cli_support import ROOT
 
 
@@ -301,7 +302,7 @@ def _kinds(folder: Path) -> dict[str, Path]:
 
 
 def test_open_regular_refuses_every_other_kind_without_blocking(tmp_path: Path) -> None:
-    from qcli.io.safetensors import NotRegularFile, open_regular
+    from qcli.io.files import NotRegularFile, open_regular
 
     for kind, path in _kinds(tmp_path).items():
         with pytest.raises(NotRegularFile, match=f"not a regular file \\({kind}\\)"):
@@ -369,7 +370,7 @@ def test_hostile_headers_give_one_short_line(tmp_path: Path, blob: bytes, messag
 
 
 def test_printable_escapes_what_breaks_a_line_or_drives_a_terminal() -> None:
-    from qcli.io.safetensors import printable
+    from qcli.text import printable
 
     assert printable("model.layers.0.weight é ü 中") == "model.layers.0.weight é ü 中"
     assert printable("a\x1b[31mb\nc\td\re\x7f\x85\u2028\u202e\x00") == (

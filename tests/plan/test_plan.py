@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from qcli.errors import PlanError
-from qcli.io.safetensors import TensorInfo
+from qcli.io.source import TensorInfo
 from qcli.plan import CHUNK_WORKING_BYTES, make_plan, shape_problem
 from qcli.presets import PRESETS
 from qcli.recipe import load_recipe
@@ -523,6 +523,7 @@ def test_a_rule_keeps_its_block_no_fallback(tmp_path: Path) -> None:
         ("transformer.wte.weight", "token embedding"),
         ("wte", "token embedding"),
         ("tok_embeddings.weight", "token embedding"),
+        ("token_embd.weight", "token embedding"),  # llama.cpp's (qcli.formats.gguf)
         ("lm_head.weight", "output head"),
         ("output.weight", "output head"),
     ],

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qcli.errors import RecipeError
-from qcli.io.safetensors import TensorInfo
+from qcli.io.source import TensorInfo
 from qcli.patterns import regex_matcher
 from qcli.plan import make_plan
 from qcli.recipe import RULE_KEYS, load_recipe, parse_recipe, read_recipe

@@ -9,7 +9,7 @@ import pytest
 
 from qcli.commands.validate_scheme import recipe_problems
 from qcli.errors import RecipeError
-from qcli.io.safetensors import TensorInfo
+from qcli.io.source import TensorInfo
 from tests.plan.test_plan import own_problems
 
 MODEL = [

@@ -1,0 +1,55 @@
+"""The readers of checkpoints, as rows in the order `open_source` tries them (`READERS`): each one's format
+name (`Source.format`, which inspect reports), the suffixes its files have, whether a path is its own, how it
+opens one, and, for a GGUF file, its names as Hugging Face's (`--names hf`).
+
+A new input format is its reader module beside these and its row here (docs/design.md, "Adding an input
+format"); nothing else picks a reader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from qcli.errors import UsageError
+from qcli.io.gguf import SUFFIX, GgufSource, is_gguf
+from qcli.io.gguf_names import hf_names
+from qcli.io.safetensors import SafetensorsSource
+from qcli.io.source import Names, Source
+
+
+@dataclass(frozen=True)
+class Reader:
+    """One input format's reader."""
+
+    name: str  # the format, as its sources' `format` gives it
+    suffixes: tuple[str, ...]  # what its files' names end with: such an input is a path, never a model ORG/NAME
+    sniff: Callable[[Path], bool]  # whether a path is this format's, asked after the readers before it declined
+    open: Callable[[Path], Source]  # the source, every header checked (InputError naming the file and tensor)
+    hf_names: Callable[[Source], Source] | None = None  # `--names hf`; None: the format's names are kept
+
+
+def _the_rest(path: Path) -> bool:
+    """The last reader's: safetensors takes every path the readers before it declined (a file, a folder, an
+    index), and says what is wrong with one that holds no checkpoint."""
+    return True
+
+
+READERS = (
+    Reader(GgufSource.format, (SUFFIX,), is_gguf, GgufSource.open, hf_names),
+    Reader(SafetensorsSource.format, (".safetensors", ".json"), _the_rest, SafetensorsSource.open),
+)
+SUFFIXES = tuple(suffix for reader in READERS for suffix in reader.suffixes)
+
+
+def open_source(path: Path | str, names: Names | str = Names.file) -> Source:
+    """The checkpoint at `path`, by the first reader in `READERS` that takes it; with `names` hf a GGUF file's
+    tensors under Hugging Face's names."""
+    path, names = Path(path), Names(names)
+    reader = next(reader for reader in READERS if reader.sniff(path))
+    if names is Names.hf and reader.hf_names is None:
+        raise UsageError(f"--names hf maps the llama.cpp names of a GGUF file; this input is {reader.name}",
+                         hint=f"drop --names: a {reader.name} checkpoint's names are kept as they are")
+    source = reader.open(path)
+    return reader.hf_names(source) if names is Names.hf else source
