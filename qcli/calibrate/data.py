@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from qcli.calibrate import SAMPLES, SEED, SEQ_LEN
+from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN
 from qcli.errors import InputError, UsageError
 from qcli.io.files import NOT_REGULAR_HINT, not_regular_problem
 from qcli.text import printable

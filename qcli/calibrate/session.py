@@ -31,8 +31,8 @@ from qcli.text import quoted
 
 if TYPE_CHECKING:
     from qcli.calibrate.imatrix import Imatrix
+    from qcli.calibrate.inputs import CalibrationInput
     from qcli.codec.quantize import QuantizedParts
-    from qcli.commands.options import CalibrationInput
     from qcli.io.source import Source
     from qcli.plan import Plan, PlanEntry
 

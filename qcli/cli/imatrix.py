@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from qcli.calibrate import SAMPLES, SEED, SEQ_LEN
+from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN
 from qcli.cli import _output
 from qcli.commands import imatrix as command
 from qcli.text import printable

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from qcli.calibrate import SAMPLES, SEED, SEQ_LEN
+from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN
 from qcli.cli import _output
 from qcli.cli._burn import BurnBackendOption, BurnVersionOption
 from qcli.cli._formats import NamesOption, requantize_option

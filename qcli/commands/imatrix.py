@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from qcli.commands.options import CalibrationInput
+from qcli.calibrate.inputs import CalibrationInput
 from qcli.errors import UsageError
 from qcli.io.readers import open_source
 from qcli.pipeline.device import DEVICES
@@ -43,7 +43,7 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
     and write, for every Linear in its repeated blocks, the sum of squares of each input channel over the
     tokens and their count (`qcli.calibrate.imatrix`), to `output` (default `default_output(input)`); the
     file is renamed into place only once complete."""
-    from qcli.calibrate import SAMPLES, SEED, SEQ_LEN
+    from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN
 
     given = CalibrationInput(Path(calibration_data), SAMPLES if samples is None else samples,
                              SEQ_LEN if seq_len is None else seq_len, SEED if seed is None else seed)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from qcli import BURN_VERSION
 from qcli.burn_backends import BurnBackend, resolve_backend, resolve_version
-from qcli.calibrate import SAMPLES, SEED, SEQ_LEN
+from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN, CalibrationInput
 from qcli.errors import UsageError
 from qcli.io.hf_cache import is_model_name, snapshot
 from qcli.io.readers import SUFFIXES
@@ -20,44 +20,6 @@ from qcli.presets import Preset, resolve_preset
 from qcli.scheme import Calibration, resolve_calibration
 from qcli.sizes import parse_size
 from qcli.text import printable
-
-
-@dataclass(frozen=True)
-class CalibrationInput:
-    """What a calibrated run measures activations on: `data`, a text file (plain, or JSON lines with a
-    `text` field) cut into `samples` windows of `seq_len` tokens placed by `seed`; or `imatrix`, a
-    llama.cpp importance matrix file (which the mse search alone can use)."""
-
-    data: Path | None = None
-    samples: int = SAMPLES
-    seq_len: int = SEQ_LEN
-    seed: int = SEED
-    imatrix: Path | None = None
-
-    def check(self, calibration: Calibration | None) -> None:
-        """UsageError for a combination that cannot work: GPTQ without text, or with only an importance
-        matrix (it needs each layer's whole XᵀX); importance for a calibration that does not search; both
-        files at once."""
-        if self.data is not None and self.imatrix is not None:
-            raise UsageError("--calibration-data and --imatrix both give the importance of each input channel",
-                             hint="pass one of them")
-        if calibration is Calibration.Gptq and self.data is None:
-            raise UsageError("--calibration gptq needs calibration text to run the model on",
-                             hint="pass --calibration-data FILE (plain text, or JSON lines with a \"text\" field)"
-                             + ("; an importance matrix holds only XᵀX's diagonal, which GPTQ cannot use"
-                                if self.imatrix is not None else ""))
-        given = "--calibration-data" if self.data is not None else "--imatrix" if self.imatrix is not None else None
-        if given is not None and calibration not in (Calibration.Gptq, Calibration.Mse):
-            raise UsageError(f"{given} weighs the scale search of --calibration mse, or feeds --calibration gptq",
-                             hint=f"add --calibration mse or --calibration gptq, or drop {given}")
-        self.check_windows()
-
-    def check_windows(self) -> None:
-        """UsageError for windows that hold nothing."""
-        for name, value in (("--samples", self.samples), ("--seq-len", self.seq_len)):
-            if value < 1:
-                raise UsageError(f"{name} must be at least 1, not {value}", hint=f"the default is {name} "
-                                 f"{SAMPLES if name == '--samples' else SEQ_LEN}")
 
 
 @dataclass(frozen=True)

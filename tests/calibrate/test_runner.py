@@ -18,7 +18,7 @@ from qcli.calibrate.data import CalibrationSet, CalibrationText, calibration_tok
 from qcli.calibrate.model import CALIBRATE_HINT, CalibrationModel, build_model, load_tokenizer, open_model
 from qcli.calibrate.runner import SLACK, block_linears, estimate_memory, run_blocks
 from qcli.errors import InputError, UsageError
-from qcli.io.source import open_source
+from qcli.io.readers import open_source
 from tests.calibrate_support import TEXT, tiny_bert, tiny_llama
 
 SAMPLES, SEQ_LEN = 4, 32
