@@ -25,7 +25,7 @@ from qcli.calibrate.runner import BlockDone, LinearStats, block_linears, estimat
 from qcli.errors import DeviceMemoryError, InputError, UsageError
 from qcli.problem import Kind, Problem, Severity
 from qcli.report import CalibrationRecord
-from qcli.resident import peak_resident_bytes
+from qcli.resident import peak_resident_bytes, resident_bytes
 from qcli.scheme import Calibration
 from qcli.text import quoted
 
@@ -120,12 +120,14 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
     estimate_bytes = estimate_memory(model.module.config, calibrating.samples, calibrating.seq_len)
     if target.type == "cuda":
         torch.cuda.reset_peak_memory_stats(target)
+    before = resident_bytes()
     try:
         run = run_blocks(model, tokens, set(quantized) | {e.info.name for e in weighed}, on_linear, target,
                          progress=progress)
     except torch.OutOfMemoryError as exc:
         raise _out_of_memory(target, estimate_bytes, calibrating) from exc
-    peak = torch.cuda.max_memory_allocated(target) if target.type == "cuda" else peak_resident_bytes()
+    # on the CPU, what the process grew by: its peak resident bytes over those before the run
+    peak = torch.cuda.max_memory_allocated(target) if target.type == "cuda" else peak_resident_bytes() - before
     if run.outside or run.not_linear:
         left = [*run.outside, *run.not_linear]
         done.warnings.append(Problem(

@@ -6,7 +6,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
+    MofNCompleteColumn,
     Progress,
     TextColumn,
     TimeRemainingColumn,
@@ -27,6 +28,7 @@ from rich.text import Text
 from qcli.text import printable
 
 if TYPE_CHECKING:
+    from qcli.calibrate.runner import BlockDone
     from qcli.commands.quantize import ProgressHook
 
 # The width of output that goes to no terminal, and of a COLUMNS that is no usable width (0, 1, garbage):
@@ -171,6 +173,24 @@ def progress_bar(enabled: bool) -> Iterator[ProgressHook | None]:
 
         def hook(current: str | None, done: int, total: int) -> None:
             progress.update(task, description=current or "committing", completed=done, total=total)
+
+        yield hook
+
+
+@contextmanager
+def blocks_bar(enabled: bool) -> Iterator[Callable[[BlockDone], None] | None]:
+    """A hook drawing a calibration run's blocks done, tokens per second and ETA on stderr, or None."""
+    if not enabled:
+        yield None
+        return
+    columns = (TextColumn("{task.description}", style="cyan", markup=False), BarColumn(),
+               MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=stderr(), transient=True) as progress:
+        task = progress.add_task("calibrating", total=None)
+
+        def hook(done: BlockDone) -> None:
+            progress.update(task, description=f"calibrating, {done.tokens_per_s:,.0f} tokens/s",
+                            completed=done.index + 1, total=done.count)
 
         yield hook
 

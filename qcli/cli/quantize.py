@@ -222,8 +222,9 @@ def error_json(exc: QcliError) -> dict:
 
 def _run(input, output, **given) -> QuantizeReport:
     options = QuantizeOptions.parse(**given)  # every value checked before anything is read
-    with _output.progress_bar(_output.progress_enabled()) as hook:
-        report = command.quantize(input, output, options, hook)
+    shown = _output.progress_enabled()
+    with _output.blocks_bar(shown) as blocks, _output.progress_bar(shown) as hook:
+        report = command.quantize(input, output, options, hook, blocks)
     dry_run = options.dry_run
     target = Path(report.output)
     if target.name.lower().endswith(".safetensors"):  # after the plan: refusals come first
@@ -290,12 +291,14 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
         f" ({totals.ratio:.2f}× smaller, {totals.bits_per_weight:.2f} bits/weight over all tensors)"
     )
     out.print(f"the tensors need {_output.human_bytes(totals.peak_bytes)} of memory at most")
+    if report.calibration is not None:
+        out.print(calibration_line(report), soft_wrap=True)
     if report.timings is None:
         out.print(f"would write {printable(', '.join(report.outputs))}", soft_wrap=True)
         return
     timings = report.timings
     phases = []
-    for name in ("read", "quantize", "stats", "write", "verify"):
+    for name in ("calibrate", "read", "quantize", "stats", "write", "verify"):
         phase = getattr(timings, name)
         if phase is not None:
             rate = f", {phase.gb_per_s:.3g} GB/s" if phase.gb_per_s is not None else ""
@@ -306,6 +309,20 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
               f" {_output.human_bytes(memory.tensors_bytes)} beside the runtime's"
               f" {_output.human_bytes(memory.runtime_bytes)}")
     out.print(f"wrote {printable(', '.join(report.outputs))}", soft_wrap=True)
+
+
+def calibration_line(report: QuantizeReport) -> str:
+    """What the calibration ran on (a dry run: what it will run on, and its memory estimate)."""
+    record = report.calibration
+    if record.samples is None:
+        return f"calibration: {record.method}, weighed by the importance matrix {printable(record.file)}"
+    windows = f"{record.samples} × {record.seq_len} tokens of {printable(record.file)}"
+    estimate = _output.human_bytes(record.memory_estimate_bytes or 0)
+    if report.dry_run:
+        return (f"calibration: {record.method} on {windows} (seed {record.seed}); one block and the activations"
+                f" take about {estimate} on the device")
+    return (f"calibrated: {record.method} on {windows} ({record.tokens:,} in the text), {record.blocks} blocks;"
+            f" peak {_output.human_bytes(record.peak_device_bytes or 0)} (estimated {estimate})")
 
 
 def _table(out, rows, title: str | None, written: bool, wide: bool) -> None:
@@ -319,9 +336,11 @@ def _table(out, rows, title: str | None, written: bool, wide: bool) -> None:
     columns += [("decision", "left")] + ([("reason" if wide else "why", "left" if wide else "right")] if reason else [])
     columns += [("in", "right"), ("out", "right")] if wide else []
     columns += [("bits/w", "right")]
+    calibrated = written and any(t.output_error is not None for t in rows)
     if written:
         columns += [("rel rms", "right")] if wide else []
         columns += [("SQNR dB", "right")]
+        columns += [("out err", "right")] if calibrated else []
     reasons = _output.Footnotes("why")
     cells = []
     for t in rows:
@@ -339,6 +358,7 @@ def _table(out, rows, title: str | None, written: bool, wide: bool) -> None:
             err = t.error
             row += [_output.number(err and err.rel_rms, ".2e")] if wide else []
             row += [_output.number(err and err.sqnr_db, ".1f")]
+            row += [_output.number(t.output_error, ".2e")] if calibrated else []
         cells.append(row)
     table = _output.tensor_table(columns, cells, None if wide else out.width)
     (_output.wide(columns, cells) if wide else out).print(table)
