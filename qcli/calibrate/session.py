@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+import qcli.codec
 from qcli.calibrate.data import calibration_tokens, read_calibration_text
-from qcli.calibrate.gptq import gptq
+from qcli.calibrate.gptq import gptq, output_error
 from qcli.calibrate.model import load_tokenizer, open_model
 from qcli.calibrate.runner import BlockDone, LinearStats, block_linears, estimate_memory, run_blocks
 from qcli.errors import DeviceMemoryError, InputError, UsageError
@@ -41,11 +42,12 @@ BlockProgress = Callable[[BlockDone], None]
 
 @dataclass
 class Calibrated:
-    """What calibration gives the write: GPTQ's tensors quantized (`parts`, by entry name, as written),
-    each calibrated Linear's output error, the importance of each input channel (float64 [in], by name),
-    the run's record and warnings, and the time it took and the bytes of weights it read."""
+    """What calibration gives the write: the payloads of the tensors it quantized (GPTQ's, and the mse
+    search's weighed by the run's activations), by entry name; their output errors; the importance of each
+    input channel (float64 [in], by name, for the pipeline's search when it comes from an importance
+    matrix); the run's record and warnings, and the time it took and the bytes of weights it read."""
 
-    parts: dict[str, QuantizedParts] = field(default_factory=dict)
+    payloads: dict[str, torch.Tensor] = field(default_factory=dict)
     errors: dict[str, float] = field(default_factory=dict)
     importance: dict[str, torch.Tensor] = field(default_factory=dict)
     record: CalibrationRecord | None = None
@@ -88,6 +90,7 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
               progress: BlockProgress | None = None) -> Calibrated | None:
     """Run the calibration the plan needs (None when it needs none) on `device` (`cpu` or `cuda`)."""
     quantized, weighed = gptq_entries(plan), searched(plan)
+    weighed_by_name = {e.info.name: e for e in weighed}
     if not quantized and not (weighed and (calibrating.data or calibrating.imatrix)):
         return None
     started = time.perf_counter()
@@ -107,14 +110,25 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
     def on_linear(name: str, weight: torch.Tensor, stats: LinearStats) -> torch.Tensor | None:
         done.importance[name] = stats.importance
         done.bytes += weight.numel() * weight.element_size()
-        entry = quantized.get(name)
+        entry = quantized.get(name) or weighed_by_name.get(name)
         if entry is None:
             return None
-        decision = entry.decision
-        result = gptq(weight, stats.hessian, decision.scheme, transpose=decision.transpose, name=name)
-        done.parts[entry.name] = _on_cpu(result.parts)
-        done.errors[entry.name] = result.error
-        return result.dequantized.to(weight.dtype)
+        decision, shape = entry.decision, tuple(entry.out_shape)
+        if decision.calibration is Calibration.Gptq:
+            result = gptq(weight, stats.hessian, decision.scheme, transpose=decision.transpose, name=name)
+            payload = qcli.codec.pack(_on_cpu(result.parts), decision.scheme, shape)
+            dequantized, error = result.dequantized, result.error
+        else:  # the mse search, each input channel weighed by its mean square: the pipeline's bytes
+            written = weight.t() if decision.transpose else weight
+            importance = stats.importance[:, None] if decision.transpose else stats.importance
+            payload = qcli.codec.encode(written.cpu(), decision.scheme, Calibration.Mse, name=name,
+                                        importance=importance)
+            dequantized = qcli.codec.decode(payload, decision.scheme, shape)
+            dequantized = dequantized.t() if decision.transpose else dequantized
+            error = output_error(weight, dequantized, stats.hessian)
+        done.payloads[entry.name], done.errors[entry.name] = payload, error
+        # GPTQ's blocks after this one see what the quantized weights give; the mse search leaves them float
+        return dequantized.to(weight.device, weight.dtype) if decision.calibration is Calibration.Gptq else None
 
     target = torch.device(device)
     estimate_bytes = estimate_memory(model.module.config, calibrating.samples, calibrating.seq_len)

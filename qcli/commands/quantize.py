@@ -156,8 +156,7 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
             calibrated = calibrate(plan, source, model_folder(input), options.calibrating,
                                    "cpu" if report.device == "cpu" else "cuda", blocks)
             report.calibration, report.warnings = calibrated.record, report.warnings + calibrated.warnings
-            run = with_prepared(run, calibrated.parts, **({"importance": calibrated.importance}
-                                                        if calibrated.importance else {}))
+            run = with_prepared(run, calibrated.payloads, importance=calibrated.importance)
         report.tensors, report.timings = _write(plan, source, run, outputs, stats, progress, verify, report.warnings,
                                                 calibrated)
         report.memory = MemoryUse(resident, peak_resident_bytes())
