@@ -38,10 +38,12 @@ class CalibrationInput:
                              hint="pass --calibration-data FILE (plain text, or JSON lines with a \"text\" field)"
                              + ("; an importance matrix holds only XᵀX's diagonal, which GPTQ cannot use"
                                 if self.imatrix is not None else ""))
-        given = "--calibration-data" if self.data is not None else "--imatrix" if self.imatrix is not None else None
-        if given is not None and calibration not in (Calibration.Gptq, Calibration.Mse):
-            raise UsageError(f"{given} weighs the scale search of --calibration mse, or feeds --calibration gptq",
-                             hint=f"add --calibration mse or --calibration gptq, or drop {given}")
+        if self.imatrix is not None and calibration is not Calibration.Mse:
+            raise UsageError("--imatrix weighs the scale search of --calibration mse",
+                             hint="add --calibration mse, or drop --imatrix")
+        if self.data is not None and calibration not in (Calibration.Gptq, Calibration.Mse):
+            raise UsageError("--calibration-data feeds --calibration gptq, or weighs the search of --calibration mse",
+                             hint="add --calibration gptq or --calibration mse, or drop --calibration-data")
         self.check_windows()
 
     def check_windows(self) -> None:
