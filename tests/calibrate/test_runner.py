@@ -158,8 +158,9 @@ def test_a_quantized_block_changes_the_next_blocks_hessians_as_the_whole_model_w
     assert_hessians({n: h for n, h in found.items() if n.startswith(first)}, float_hessians)  # its own: float
     second = {n: h for n, h in found.items() if n.startswith(f"{BLOCKS[arch]}.1.")}
     assert_hessians(second, quantized_hessians)
-    for name, hessian in second.items():
-        assert (hessian - float_hessians[name]).abs().max() > 1e-2 * float_hessians[name].abs().max(), name
+    for name, hessian in second.items():  # apart by ten times the tolerance of the equalities (BERT's LayerNorm
+        # after each block narrows the difference to about 1 %)
+        assert (hessian - float_hessians[name]).abs().max() > 1e-3 * float_hessians[name].abs().max(), name
 
 
 def test_on_linear_is_called_in_the_blocks_order_for_the_linears_asked_for(folders):
