@@ -101,8 +101,8 @@ def load_tokenizer(folder: Path | str) -> PreTrainedTokenizerBase:
         return transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError, KeyError) as err:
         raise InputError(printable(f"cannot load the tokenizer of {folder}: {_first_line(err)}"),
-                         hint="the tokenizer's files may need a package transformers converts them with "
-                              "(sentencepiece, tiktoken); with tokenizer.json none is needed") from err
+                         hint="check the tokenizer's files; without a tokenizer.json, transformers may need "
+                              "sentencepiece or tiktoken to convert them") from err
 
 
 def build_model(config: PretrainedConfig) -> nn.Module:

@@ -300,6 +300,16 @@ def test_a_folder_without_config_or_tokenizer_is_a_usage_error(folders, tmp_path
         load_tokenizer(tmp_path)
 
 
+def test_a_corrupt_config_or_tokenizer_is_an_input_error(folders, tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(InputError, match="cannot read .*config.json"):
+        open_model(tmp_path, [], lambda name: None)
+    (tmp_path / "config.json").write_bytes((folders["llama"] / "config.json").read_bytes())
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(InputError, match="cannot load the tokenizer of"):
+        load_tokenizer(tmp_path)
+
+
 def test_a_model_type_transformers_does_not_know_is_a_usage_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-model", "architectures": ["X"]}))
     with pytest.raises(UsageError, match="cannot build the model of") as caught:
