@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,15 +35,22 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 @dataclass(frozen=True)
 class CalibrationModel:
     """A model built from config.json (`module`, its parameters on the meta device), the checkpoint tensor
-    each of its parameters is (`names`: parameter name -> checkpoint name) and how to read one (`tensor`:
-    checkpoint name -> the tensor on the CPU)."""
+    each of its parameters is (`names`: parameter name -> checkpoint name), how to read one (`tensor`:
+    checkpoint name -> the tensor on the CPU), and the parameters transformers makes from several of the
+    checkpoint's tensors (`assembled`: parameter name -> their names), which calibration does not do."""
 
     module: nn.Module
     names: dict[str, str]
     tensor: Callable[[str], torch.Tensor]
+    assembled: dict[str, list[str]] = field(default_factory=dict)
 
     def parameter(self, name: str, like: torch.Tensor) -> torch.Tensor:
         """The checkpoint's tensor for the model's parameter `name`, checked against its meta tensor `like`."""
+        if name in self.assembled:
+            sources = self.assembled[name]
+            raise UsageError(f"transformers makes the model's parameter {quoted(name)} from {len(sources)} of the "
+                             f"checkpoint's tensors ({quoted(sources[0])}, ...), which calibration does not do",
+                             hint="quantize without calibration (fused experts are no nn.Linear to calibrate)")
         if name not in self.names:
             raise InputError(f"the checkpoint has no tensor for the model's parameter {quoted(name)}",
                              hint="calibrate the checkpoint that config.json describes, unquantized")
@@ -94,8 +101,8 @@ def load_tokenizer(folder: Path | str) -> PreTrainedTokenizerBase:
         return transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError, KeyError) as err:
         raise InputError(printable(f"cannot load the tokenizer of {folder}: {_first_line(err)}"),
-                         hint="the tokenizer's files may need a package transformers converts them with "
-                              "(sentencepiece, tiktoken); with tokenizer.json none is needed") from err
+                         hint="check the tokenizer's files; without a tokenizer.json, transformers may need "
+                              "sentencepiece or tiktoken to convert them") from err
 
 
 def build_model(config: PretrainedConfig) -> nn.Module:
@@ -139,31 +146,40 @@ def open_model(folder: Path | str, checkpoint: Iterable[str], tensor: Callable[[
     """The model of `folder`'s config.json, its parameters mapped to the names of the checkpoint's tensors
     (`checkpoint`), read through `tensor` as the runner needs them."""
     module = build_model(load_config(folder))
-    return CalibrationModel(module, parameter_names(module, checkpoint), tensor)
+    names, assembled = parameter_names(module, checkpoint)
+    return CalibrationModel(module, names, tensor, assembled)
 
 
-def parameter_names(module: nn.Module, checkpoint: Iterable[str]) -> dict[str, str]:
+def parameter_names(module: nn.Module, checkpoint: Iterable[str]) -> tuple[dict[str, str], dict[str, list[str]]]:
     """The checkpoint name of each parameter of `module` that the checkpoint holds: by transformers' own
     renaming of the checkpoint's names, with the base-model prefix added or dropped where only that
     differs; a parameter tied to another (the same tensor under two names) takes the other's tensor where
-    the checkpoint holds only one of them. A parameter missing from the result is missing from the
-    checkpoint (or made from several of its tensors, which calibration does not assemble)."""
+    the checkpoint holds only one of them. Then the parameters that transformers' conversions make from
+    checkpoint tensors (merged, split or permuted: experts fused into one), with those tensors' names."""
     renamed: dict[str, str] = {}
+    converted: dict[str, list[str]] = {}
     rename = _renaming(module)
     for name in checkpoint:
-        target = rename(name)
-        if target is not None:
+        target, assembled = rename(name)
+        if assembled:
+            converted.setdefault(target, []).append(name)
+        else:
             renamed.setdefault(target, name)
     prefix = getattr(module, "base_model_prefix", "") + "."
+
+    def lookup(table: dict, name: str):
+        return next((table[c] for c in _spellings(name, prefix) if c in table), None)
+
     tied: dict[int, list[str]] = {}
     for name, param in module.named_parameters(remove_duplicate=False):
         tied.setdefault(id(param), []).append(name)
     names = {}
     for group in tied.values():
-        own = {name: next((renamed[c] for c in _spellings(name, prefix) if c in renamed), None) for name in group}
+        own = {name: lookup(renamed, name) for name in group}
         shared = next((found for found in own.values() if found is not None), None)
         names.update({name: found or shared for name, found in own.items() if (found or shared) is not None})
-    return names
+    parameters = [name for group in tied.values() for name in group if name not in names]
+    return names, {name: lookup(converted, name) for name in parameters if lookup(converted, name) is not None}
 
 
 def _spellings(name: str, prefix: str) -> list[str]:
@@ -173,21 +189,21 @@ def _spellings(name: str, prefix: str) -> list[str]:
     return [name, name.removeprefix(prefix) if name.startswith(prefix) else prefix + name]
 
 
-def _renaming(module: nn.Module) -> Callable[[str], str | None]:
-    """transformers' renaming of a checkpoint name to the model's on loading; None for a name that its
-    conversions make into another tensor (merged, split, permuted), which a tensor read as it is cannot be."""
+def _renaming(module: nn.Module) -> Callable[[str], tuple[str, bool]]:
+    """transformers' renaming of a checkpoint name to the model's on loading, and whether its conversions
+    make the tensor into another (merged, split, permuted), which a tensor read as it is cannot be."""
     try:  # transformers 5: the model's conversion mapping
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightConverter, rename_source_key
     except ImportError:  # transformers 4: the legacy names only
-        return lambda name: module._fix_state_dict_key_on_load(name)[0]
+        return lambda name: (module._fix_state_dict_key_on_load(name)[0], False)
     transforms = get_model_conversion_mapping(module)
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
     renamings = [t for t in transforms if not isinstance(t, WeightConverter)]
 
-    def rename(name: str) -> str | None:
+    def rename(name: str) -> tuple[str, bool]:
         target, converted = rename_source_key(name, renamings, converters)
-        return None if converted is not None else target
+        return target, converted is not None
 
     return rename
 

@@ -19,7 +19,7 @@ from qcli.calibrate.model import CALIBRATE_HINT, CalibrationModel, build_model, 
 from qcli.calibrate.runner import SLACK, block_linears, estimate_memory, run_blocks
 from qcli.errors import InputError, UsageError
 from qcli.io.readers import open_source
-from tests.calibrate_support import TEXT, tiny_bert, tiny_llama
+from tests.calibrate_support import TEXT, VOCAB, llama_tokenizer, tiny_bert, tiny_llama
 
 SAMPLES, SEQ_LEN = 4, 32
 STEP = 0.02  # the "quantizer": weights rounded to multiples of this (the weights are drawn with std 0.02)
@@ -158,8 +158,9 @@ def test_a_quantized_block_changes_the_next_blocks_hessians_as_the_whole_model_w
     assert_hessians({n: h for n, h in found.items() if n.startswith(first)}, float_hessians)  # its own: float
     second = {n: h for n, h in found.items() if n.startswith(f"{BLOCKS[arch]}.1.")}
     assert_hessians(second, quantized_hessians)
-    for name, hessian in second.items():
-        assert (hessian - float_hessians[name]).abs().max() > 1e-2 * float_hessians[name].abs().max(), name
+    for name, hessian in second.items():  # apart by ten times the tolerance of the equalities (BERT's LayerNorm
+        # after each block narrows the difference to about 1 %)
+        assert (hessian - float_hessians[name]).abs().max() > 1e-3 * float_hessians[name].abs().max(), name
 
 
 def test_on_linear_is_called_in_the_blocks_order_for_the_linears_asked_for(folders):
@@ -236,6 +237,33 @@ def test_a_tied_head_reads_the_embeddings_and_is_never_loaded(tmp_path):
     assert read.count("model.embed_tokens.weight") == 1 and "model.norm.weight" not in read
 
 
+def test_experts_are_linears_calibrated_on_their_routed_tokens_or_fused_and_refused(tmp_path):
+    """A Mixtral of 4 experts, 2 a token: transformers 4 builds each expert of nn.Linear layers, which take
+    only the tokens routed to them (twice the windows' tokens over the 4); transformers 5 fuses the experts'
+    checkpoint tensors into one parameter, which calibration does not assemble: a usage error naming it."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=VOCAB, num_local_experts=4, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    MixtralForCausalLM(config).save_pretrained(tmp_path)
+    llama_tokenizer(tmp_path)
+    model = opened(tmp_path)
+    names = [info.name for info in open_source(tmp_path).infos()]
+    if model.assembled:
+        fused = "model.layers.0.mlp.experts.gate_up_proj"
+        assert model.assembled[fused] == [f"model.layers.0.block_sparse_moe.experts.{e}.{w}.weight"
+                                          for e in range(4) for w in ("w1", "w3")]
+        with pytest.raises(UsageError, match=f"parameter '{fused}' from 8 of the checkpoint's tensors"):
+            run_blocks(model, windows(tmp_path), names, lambda name, weight, stats: None)
+        return
+    result = run_blocks(model, windows(tmp_path), names, lambda name, weight, stats: None)
+    for layer in range(2):
+        experts = [result.stats[f"model.layers.{layer}.block_sparse_moe.experts.{e}.w1.weight"].tokens
+                   for e in range(4)]
+        assert sum(experts) == 2 * SAMPLES * SEQ_LEN and all(0 < n < SAMPLES * SEQ_LEN for n in experts)
+
+
 def test_nan_activations_are_an_input_error_naming_the_linear(folders):
     folder = folders["llama"]
     source = open_source(folder)
@@ -269,6 +297,16 @@ def test_a_folder_without_config_or_tokenizer_is_a_usage_error(folders, tmp_path
         open_model(tmp_path, [], lambda name: None)
     (tmp_path / "config.json").write_bytes((folders["llama"] / "config.json").read_bytes())
     with pytest.raises(UsageError, match=r"has no tokenizer \(tokenizer.json, "):
+        load_tokenizer(tmp_path)
+
+
+def test_a_corrupt_config_or_tokenizer_is_an_input_error(folders, tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(InputError, match="cannot read .*config.json"):
+        open_model(tmp_path, [], lambda name: None)
+    (tmp_path / "config.json").write_bytes((folders["llama"] / "config.json").read_bytes())
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(InputError, match="cannot load the tokenizer of"):
         load_tokenizer(tmp_path)
 
 
