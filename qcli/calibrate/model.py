@@ -195,8 +195,11 @@ def _renaming(module: nn.Module) -> Callable[[str], tuple[str, bool]]:
     try:  # transformers 5: the model's conversion mapping
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightConverter, rename_source_key
-    except ImportError:  # transformers 4: the legacy names only
-        return lambda name: (module._fix_state_dict_key_on_load(name)[0], False)
+    except ImportError:  # transformers 4: the legacy names only, by its loader's own method where it has it
+        legacy = getattr(module, "_fix_state_dict_key_on_load", None)
+        if legacy is None:  # neither: the checkpoint's names are taken as the model's
+            return lambda name: (name, False)
+        return lambda name: (legacy(name)[0], False)
     transforms = get_model_conversion_mapping(module)
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
     renamings = [t for t in transforms if not isinstance(t, WeightConverter)]

@@ -354,3 +354,22 @@ def test_the_memory_estimate_bounds_what_the_run_takes_on_the_gpu(tmp_path):
     peak = torch.cuda.max_memory_allocated() - before
     estimate = estimate_memory(model.module.config, samples, seq_len)
     assert peak <= estimate <= 1.25 * peak + SLACK, (peak, estimate)
+
+
+def test_without_transformers_renaming_api_the_checkpoints_names_are_the_models(folders, monkeypatch):
+    """The names transformers renames on loading come from its loader's internals (5.x: its conversion
+    mapping; 4.x: a method of the model); where neither is there, a checkpoint whose names are the model's
+    own still maps every parameter."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def without_conversions(name, *args, **kwargs):
+        if name in ("transformers.conversion_mapping", "transformers.core_model_loading"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    expected = opened(folders["llama"]).names
+    monkeypatch.setattr(builtins, "__import__", without_conversions)
+    monkeypatch.delattr("transformers.PreTrainedModel._fix_state_dict_key_on_load", raising=False)
+    assert opened(folders["llama"]).names == expected
