@@ -1,0 +1,90 @@
+"""`qcli imatrix` writes llama.cpp's importance matrix, read here by the gguf package's own reader and held to
+the activations transformers' model gives (no qcli code); `quantize --imatrix` weighs the search with it as
+the same run's activations do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from tests.calibrate.test_calibrated_quantize import SEQ_LEN, TEXT, windows
+from tests.calibrate_support import tiny_llama
+from tests.cli_support import assert_user_error, cli
+
+WINDOWS = ("--samples", "1000", "--seq-len", str(SEQ_LEN))
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    folder = tiny_llama(tmp_path_factory.mktemp("llama"))
+    (folder / "calibration.txt").write_text(TEXT)
+    return folder
+
+
+def squares_by_input(folder: Path) -> dict[str, tuple[np.ndarray, int]]:
+    """Σ x² per input channel and the token count of every Linear in the blocks, float model, on the windows."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    found: dict[str, list] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.startswith("model.layers."):
+            def keep(_m, args, _out, name=name):
+                x = args[0].reshape(-1, args[0].shape[-1]).double()
+                sums, count = found.get(name, (0.0, 0))
+                found[name] = (sums + (x * x).sum(0), count + x.shape[0])
+            module.register_forward_hook(keep)
+    with torch.no_grad():
+        for window in windows(folder):
+            model(input_ids=window[None])
+    return {name: (sums.numpy(), count) for name, (sums, count) in found.items()}
+
+
+def test_the_imatrix_is_llama_cpps_layout_and_the_models_activations(llama, tmp_path):
+    out = tmp_path / "imatrix.gguf"
+    result = cli("imatrix", llama, "--calibration-data", llama / "calibration.txt", "-o", out, "--device", "cpu",
+                 *WINDOWS)
+    assert result.code == 0, result.err
+    reader = gguf.GGUFReader(out)
+    fields = {f.name: f.contents() for f in reader.fields.values() if not f.name.startswith("GGUF.")}
+    count = len(windows(llama))
+    assert fields == {"general.type": "imatrix", "imatrix.datasets": ["calibration.txt"],
+                      "imatrix.chunk_count": count, "imatrix.chunk_size": SEQ_LEN}
+    tensors = {t.name: t for t in reader.tensors}
+    expected = squares_by_input(llama)
+    hf_to_llama = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                   "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                   "mlp.down_proj": "ffn_down"}  # llama.cpp's names (its convert script's tensor map)
+    assert len(tensors) == 2 * len(expected)
+    for name, (sums, tokens) in expected.items():
+        block, module = name.removeprefix("model.layers.").split(".", 1)
+        stem = f"blk.{block}.{hf_to_llama[module]}.weight"
+        squares, counts = tensors[f"{stem}.in_sum2"], tensors[f"{stem}.counts"]
+        assert squares.tensor_type == counts.tensor_type == gguf.GGMLQuantizationType.F32
+        assert counts.data.tolist() == [tokens] and tokens == count * SEQ_LEN
+        np.testing.assert_allclose(squares.data, sums, rtol=1e-5)
+
+
+def test_quantize_with_the_imatrix_searches_as_with_the_same_runs_activations(llama, tmp_path):
+    imatrix = tmp_path / "imatrix.gguf"
+    data = ("--calibration-data", llama / "calibration.txt")
+    assert cli("imatrix", llama, *data, "-o", imatrix, *WINDOWS).code == 0
+    weighed = ("quantize", llama, "--calibration", "mse", "--scheme", "q4s-b32", "--device", "cpu")
+    assert cli(*weighed, "-o", tmp_path / "file.bpk", "--imatrix", imatrix).code == 0
+    assert cli(*weighed, "-o", tmp_path / "run.bpk", *data, *WINDOWS).code == 0
+    assert cli(*weighed, "-o", tmp_path / "plain.bpk").code == 0
+    assert (tmp_path / "file.bpk").read_bytes() == (tmp_path / "run.bpk").read_bytes()
+    assert (tmp_path / "file.bpk").read_bytes() != (tmp_path / "plain.bpk").read_bytes()
+
+
+def test_imatrix_refuses_an_existing_output_and_a_bad_text(llama, tmp_path):
+    out = tmp_path / "imatrix.gguf"
+    out.write_bytes(b"keep")
+    lines = assert_user_error(cli("imatrix", llama, "--calibration-data", llama / "calibration.txt", "-o", out), 2)
+    assert "already exists" in lines[0] and out.read_bytes() == b"keep"
+    lines = assert_user_error(cli("imatrix", llama, "--calibration-data", tmp_path / "none.txt", "-o", tmp_path / "x"), 2)
+    assert "cannot read calibration text" in lines[0] and not (tmp_path / "x").exists()
