@@ -107,6 +107,11 @@ def metadata(report: QuantizeReport) -> dict[str, str]:
     }
     if report.recipe_sha256 is not None:
         meta["recipe_sha256"] = report.recipe_sha256
+    calibration = report.calibration
+    if calibration is not None:  # what it is asked to run on: the windows a short text gives are fewer
+        meta["calibration"] = json.dumps({"method": calibration.method, "file": Path(calibration.file).name,
+                                          "sha256": calibration.sha256, "samples": calibration.samples,
+                                          "seq_len": calibration.seq_len, "seed": calibration.seed})
     return meta
 
 

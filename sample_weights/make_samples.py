@@ -1,5 +1,7 @@
 """Make the tiny Llama-shaped sample checkpoint: one file and the same tensors in two shards with an index,
-beside a Hugging Face `config.json` that describes those shapes (as a model folder on the Hub has one).
+beside a Hugging Face `config.json` that describes those shapes and a tokenizer (as a model folder on the
+Hub has them): a word-level one over the words of `calibration.txt`, written as the tokenizers package's
+JSON, so that calibration (`--calibration gptq`) runs on the sample.
 
 Deterministic (fixed seed, fixed order), so running it again gives byte-identical files; a test checks that.
 Usage: `python3 sample_weights/make_samples.py [OUT_DIR]` (default: this folder).
@@ -8,6 +10,7 @@ Usage: `python3 sample_weights/make_samples.py [OUT_DIR]` (default: this folder)
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -25,6 +28,8 @@ HEAD_DIM = HIDDEN // HEADS
 INIT_STD = 0.02
 METADATA = {"format": "pt"}
 SINGLE = "tiny-llama.safetensors"
+TEXT = Path(__file__).with_name("calibration.txt")
+SPECIAL = ("<unk>", "<s>", "</s>")
 SHARDED = "tiny-llama-sharded"
 
 
@@ -81,6 +86,24 @@ def make_tensors() -> dict[str, torch.Tensor]:
     return tensors
 
 
+def tokenizer() -> dict:
+    """A word-level tokenizer (lowercased, split on whitespace and punctuation) over TEXT's words, in order
+    of first appearance after the special tokens, as `tokenizer.json`."""
+    words = re.findall(r"\w+|[^\w\s]+", TEXT.read_text().lower())
+    vocab = {token: i for i, token in enumerate(dict.fromkeys([*SPECIAL, *words]))}
+    assert len(vocab) <= VOCAB, len(vocab)
+    added = [{"id": vocab[t], "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for t in SPECIAL]
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": {"type": "Lowercase"}, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None,
+            "decoder": None, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}}
+
+
+def tokenizer_config() -> dict:
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "bos_token": "<s>",
+            "eos_token": "</s>", "model_max_length": 256}
+
+
 def write(out: Path) -> None:
     tensors = make_tensors()
     save_file(tensors, out / SINGLE, metadata=METADATA)
@@ -101,6 +124,8 @@ def write(out: Path) -> None:
     }
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     (folder / "config.json").write_text(json.dumps(config(), indent=2) + "\n")
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer(), indent=2) + "\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ the importance goes to the pipeline's search (`Calibrated.importance`).
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from qcli.calibrate.gptq import gptq, output_error
 from qcli.calibrate.model import load_tokenizer, open_model
 from qcli.calibrate.runner import BlockDone, LinearStats, block_linears, estimate_memory, run_blocks
 from qcli.errors import DeviceMemoryError, InputError, UsageError
+from qcli.io.files import file_sha256
 from qcli.problem import Kind, Problem, Severity
 from qcli.report import CalibrationRecord
 from qcli.resident import peak_resident_bytes, resident_bytes
@@ -200,7 +200,7 @@ def _from_imatrix(path: Path, folder: Path, weighed: list[PlanEntry]) -> Calibra
 
     imatrix = read_imatrix(path)
     names = hf_to_gguf_names([e.info.name for e in weighed], load_config(folder).model_type)
-    done = Calibrated(record=CalibrationRecord("mse", str(path), _sha256(path)))
+    done = Calibrated(record=CalibrationRecord("mse", str(path), file_sha256(path)))
     missing = []
     for entry in weighed:
         found = imatrix.entries.get(names.get(entry.info.name, ""))
@@ -220,11 +220,6 @@ def _from_imatrix(path: Path, folder: Path, weighed: list[PlanEntry]) -> Calibra
             "they are searched unweighted; compute the matrix on this model (qcli imatrix)", Severity.warning,
             tensors=tuple(missing)))
     return done
-
-
-def _sha256(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _on_cpu(parts: QuantizedParts) -> QuantizedParts:

@@ -13,6 +13,7 @@ from qcli.commands.options import Destination, QuantizeOptions
 from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect
+from qcli.io.files import file_sha256
 from qcli.io.gguf import is_gguf
 from qcli.io.readers import open_source
 from qcli.io.source import Source, TensorInfo
@@ -188,11 +189,16 @@ def _calibration_record(plan: Plan, input: Path, options: QuantizeOptions) -> Ca
     if not gptq_names(plan) and not mse:
         return None
     if given.data is None:
-        return CalibrationRecord("mse", str(given.imatrix), None)
+        from qcli.calibrate.imatrix import read_imatrix
+
+        read_imatrix(given.imatrix)  # its faults refused here, a dry run's too
+        return CalibrationRecord("mse", str(given.imatrix), file_sha256(given.imatrix))
+    from qcli.calibrate.data import read_calibration_text
     from qcli.calibrate.session import estimate, model_folder
 
-    return CalibrationRecord("gptq" if gptq_names(plan) else "mse", str(given.data), None, samples=given.samples,
-                             seq_len=given.seq_len, seed=given.seed,
+    text = read_calibration_text(given.data)  # its faults refused here, a dry run's too
+    return CalibrationRecord("gptq" if gptq_names(plan) else "mse", str(given.data), text.sha256,
+                             samples=given.samples, seq_len=given.seq_len, seed=given.seed,
                              memory_estimate_bytes=estimate(model_folder(input), given))
 
 

@@ -4,6 +4,7 @@ and JSON parsed with duplicate keys, nesting past the stack and oversized intege
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -81,6 +82,12 @@ def read_into(fd: int, into: memoryview, offset: int) -> None:
         if count == 0:
             raise FileEnded(f"the file ends {into.nbytes - done} bytes before the tensor does")
         done += count
+
+
+def file_sha256(path: Path | str) -> str:
+    """The sha256 of the regular file at `path` (`open_regular`'s refusals for anything else)."""
+    with open_regular(path) as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def unreadable(path: Path, exc: OSError) -> InputError:

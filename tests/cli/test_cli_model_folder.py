@@ -34,10 +34,10 @@ def validate_record(doc: dict) -> None:
 
 @pytest.fixture
 def source(tmp_path):
-    """The sharded sample in a folder with a config, a tokenizer and a file qcli does not copy."""
+    """The sharded sample's weights in a folder with a config, a tokenizer and a file qcli does not copy."""
     folder = tmp_path / "src"
     folder.mkdir()
-    for path in SHARDED.iterdir():
+    for path in [*SHARDED.glob("*.safetensors"), SHARDED / "model.safetensors.index.json"]:
         (folder / path.name).write_bytes(path.read_bytes())
     for name, data in SIDE.items():
         (folder / name).write_bytes(data)
