@@ -115,10 +115,10 @@ def build_model(config: PretrainedConfig) -> nn.Module:
     try:
         with _parameters_on_meta():
             model = auto.from_config(config)
-    except (ValueError, KeyError) as err:
+    except Exception as err:  # whatever a model's constructor raises on a config it cannot take
         raise UsageError(printable(f"transformers {transformers.__version__} cannot build a {auto.__name__} "
-                                   f"for model_type {config.model_type!r}: {_first_line(err)}"),
-                         hint="upgrade transformers, or quantize without calibration") from err
+                                   f"for model_type {config.model_type!r}: {type(err).__name__}: {_first_line(err)}"),
+                         hint="check config.json, upgrade transformers, or quantize without calibration") from err
     return model.eval()
 
 
