@@ -86,7 +86,7 @@ def agreement(cpu: Path, cuda: Path) -> dict:
     from qcli.io.burnpack import BurnpackReader
     from qcli.io.dtypes import QFloat
 
-    a, b = BurnpackReader(cpu), BurnpackReader(cuda)
+    a, b = BurnpackReader.open(cpu), BurnpackReader.open(cuda)
     same = total = 0
     for entry in a.entries():
         if not isinstance(entry.dtype, QFloat):
