@@ -118,6 +118,13 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, scheme: QuantScheme, *, tr
     return GptqResult(parts, dequantized, output_error(original, dequantized, hessian), used)
 
 
+def workspace_bytes(out_features: int, in_features: int) -> int:
+    """Device bytes `gptq` holds at most beside its inputs: the Hessian's copy, its dampened copy, its
+    Cholesky factor and inverse (float64 [in, in] each), and the weight's working copy, original, fields and
+    decode (4 bytes each, [out, in])."""
+    return 4 * in_features**2 * 8 + 4 * out_features * in_features * 4
+
+
 def output_error(weight: torch.Tensor, dequantized: torch.Tensor, hessian: torch.Tensor) -> float:
     """The relative error ||X Wᵀ - X Ŵᵀ|| / ||X Wᵀ|| (Frobenius, over the calibration tokens X whose
     Σ x xᵀ is `hessian`) = sqrt(tr(ΔW H ΔWᵀ) / tr(W H Wᵀ)), in float64; 0 where nothing errs."""

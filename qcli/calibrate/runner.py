@@ -295,15 +295,16 @@ def _replace(linear: nn.Linear, name: str, weight: torch.Tensor | None) -> bool:
     return True
 
 
-def estimate_memory(config: PretrainedConfig, samples: int, seq_len: int, dtype: torch.dtype = torch.float32
-                    ) -> int:
+def estimate_memory(config: PretrainedConfig, samples: int, seq_len: int, dtype: torch.dtype = torch.float32,
+                    on_linear_bytes: Callable[[nn.Linear], int] | None = None) -> int:
     """Bytes a calibration run of `samples` windows of `seq_len` tokens holds on its device at most, computing
     in `dtype`: the activations of every window twice, with the larger of the embeddings (loaded while the
     first block's inputs are caught) and one block's weights and float64 Hessians, and what one window takes
     through a block (its widest activations, the float64 copy of a Linear's input, the attention scores),
-    and `SLACK` for the libraries' workspaces and the allocator's rounding. What on_linear allocates (the
-    quantizer's work on a Hessian) comes on top. On an H200, Llamas of hidden size 512 to 4096 run on 8 x 128
-    to 128 x 512 windows, their weights rounded by on_linear, peaked within 3 % of the estimate less its slack."""
+    `SLACK` for the libraries' workspaces and the allocator's rounding, and what on_linear allocates (the
+    quantizer's work on a Hessian): `on_linear_bytes(linear)` for the Linear that takes most. On an H200,
+    Llamas of hidden size 512 to 4096 run on 8 x 128 to 128 x 512 windows, their weights rounded by
+    on_linear, peaked within 3 % of the estimate less its slack."""
     module = build_model(config)
     _, blocks = repeated_blocks(module)
     size = dtype.itemsize
@@ -316,4 +317,5 @@ def estimate_memory(config: PretrainedConfig, samples: int, seq_len: int, dtype:
     heads = getattr(config.get_text_config(), "num_attention_heads", 1)
     window = seq_len * widest * (4 * size + 8) + heads * seq_len**2 * size
     activations = 2 * samples * seq_len * hidden * size
-    return activations + max(weights + hessians, embeddings.weight.numel() * size) + window + SLACK
+    quantizer = max((on_linear_bytes(linear) for linear in linears), default=0) if on_linear_bytes else 0
+    return activations + max(weights + hessians, embeddings.weight.numel() * size) + window + quantizer + SLACK

@@ -19,7 +19,7 @@ import torch
 
 import qcli.codec
 from qcli.calibrate.data import calibration_tokens, read_calibration_text
-from qcli.calibrate.gptq import gptq, output_error
+from qcli.calibrate.gptq import gptq, output_error, workspace_bytes
 from qcli.calibrate.model import load_tokenizer, open_model
 from qcli.calibrate.runner import BlockDone, LinearStats, block_linears, estimate_memory, run_blocks
 from qcli.errors import DeviceMemoryError, InputError, UsageError
@@ -79,11 +79,17 @@ def gptq_entries(plan: Plan) -> dict[str, PlanEntry]:
             and e.decision.scheme is not None}
 
 
-def estimate(folder: Path, calibrating: CalibrationInput) -> int:
-    """The device memory one block and the cached activations take (`runner.estimate_memory`)."""
+def estimate(folder: Path, calibrating: CalibrationInput, gptq_run: bool) -> int:
+    """The device memory one block and the cached activations take (`runner.estimate_memory`), with GPTQ's
+    work on the widest Linear for `gptq_run`."""
     from qcli.calibrate.model import load_config
 
-    return estimate_memory(load_config(folder), calibrating.samples, calibrating.seq_len)
+    return estimate_memory(load_config(folder), calibrating.samples, calibrating.seq_len,
+                           on_linear_bytes=_gptq_bytes if gptq_run else None)
+
+
+def _gptq_bytes(linear: torch.nn.Linear) -> int:
+    return workspace_bytes(linear.out_features, linear.in_features)
 
 
 def calibrate(plan: Plan, source: Source, folder: Path, calibrating: CalibrationInput, device: str,
@@ -131,7 +137,8 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
         return dequantized.to(weight.device, weight.dtype) if decision.calibration is Calibration.Gptq else None
 
     target = torch.device(device)
-    estimate_bytes = estimate_memory(model.module.config, calibrating.samples, calibrating.seq_len)
+    estimate_bytes = estimate_memory(model.module.config, calibrating.samples, calibrating.seq_len,
+                                     on_linear_bytes=_gptq_bytes if quantized else None)
     if target.type == "cuda":
         torch.cuda.reset_peak_memory_stats(target)
     before = resident_bytes()

@@ -199,7 +199,7 @@ def _calibration_record(plan: Plan, input: Path, options: QuantizeOptions) -> Ca
     text = read_calibration_text(given.data)  # its faults refused here, a dry run's too
     return CalibrationRecord("gptq" if gptq_names(plan) else "mse", str(given.data), text.sha256,
                              samples=given.samples, seq_len=given.seq_len, seed=given.seed,
-                             memory_estimate_bytes=estimate(model_folder(input), given))
+                             memory_estimate_bytes=estimate(model_folder(input), given, bool(gptq_names(plan))))
 
 
 def _warm_runtime() -> int:
