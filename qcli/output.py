@@ -19,18 +19,11 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from qcli import __version__
 from qcli.errors import Interrupted, OutputError, PlanError, UsageError
-from qcli.io.burnpack import (
-    MAX_FILE_SIZE,
-    BurnpackWriter,
-    TensorEntry,
-    left_by_killed_run,
-    leftover_temporaries,
-    size_bound,
-    split,
-)
+from qcli.io.burnpack import MAX_FILE_SIZE, BurnpackWriter, TensorEntry, size_bound, split
 from qcli.io.burnpack_index import IndexWriter, index_path
 from qcli.io.files import not_regular_problem
 from qcli.io.staged import StagedFile
+from qcli.io.temporary import left_by_killed_run, leftover_temporaries
 from qcli.plan import Plan
 from qcli.problem import Kind, Problem, Severity
 from qcli.text import printable

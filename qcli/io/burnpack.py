@@ -14,9 +14,6 @@ integers and floats (§3). The container never interprets a payload: a QFloat te
 from __future__ import annotations
 
 import functools
-import glob
-import hashlib
-import itertools
 import json
 import os
 import re
@@ -34,6 +31,7 @@ from qcli.errors import InputError, OutputError
 from qcli.io.digest import digest
 from qcli.io.dtypes import DType, QFloat, dtype_from_serde
 from qcli.io.files import NOT_REGULAR_HINT, NotRegularFile, open_regular
+from qcli.io.temporary import TemporaryFile, sync
 from qcli.io.writeback import Writeback
 from qcli.text import printable, shown
 
@@ -57,8 +55,6 @@ MAX_METADATA_JSON_DEPTH = 32
 MAX_METADATA_JSON_SIZE = 16 * 1024**2
 
 _HEADER = struct.Struct("<IHI")
-_temp_serial = itertools.count()  # two writers of one process never share a temporary file
-NAME_MAX = 255  # bytes of one file name on Linux, macOS and Windows filesystems
 
 
 @dataclass(frozen=True)
@@ -254,55 +250,6 @@ def _byte_view(data: object) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-def leftover_temporaries(target: Path) -> list[tuple[Path, int]]:
-    """The temporary files (and their writers' process ids) that writers to `target` left behind when
-    they were killed: `temporary_name`s of `target` whose process no longer runs. A running process's
-    file, another run writing the same target now, is not one."""
-    own = temporary_name(target.name, 0)
-    prefix = own[: -len(f".{os.getpid()}-0.tmp")]
-    pattern = re.compile(re.escape(prefix) + r"\.(\d+)-\d+\.tmp")
-    leftovers = []
-    for path in target.parent.glob(glob.escape(prefix) + ".*.tmp"):
-        match = pattern.fullmatch(path.name)
-        if match is not None and not _process_runs(int(match.group(1))):
-            leftovers.append((path, int(match.group(1))))
-    return sorted(leftovers)
-
-
-def left_by_killed_run(path: Path) -> bool:
-    """Whether `path` is a `temporary_name` (of any target) whose writer no longer runs."""
-    match = re.fullmatch(r"\..+\.(\d+)-\d+\.tmp", path.name)
-    return match is not None and not _process_runs(int(match.group(1)))
-
-
-def _process_runs(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def temporary_name(name: str, serial: int) -> str:
-    """`.NAME.PID-N.tmp`, the writer's temporary file beside a target called `name`.
-
-    A name too long for that to fit in NAME_MAX bytes keeps its start, then `~` and 8 hex digits of the
-    sha256 of the whole name: `.NAME-START~1a2b3c4d.PID-N.tmp`, still recognisable and distinct.
-    """
-    suffix = f".{os.getpid()}-{serial}.tmp"
-    whole = f".{name}{suffix}"
-    if len(os.fsencode(whole)) <= NAME_MAX:
-        return whole
-    tag = "~" + hashlib.sha256(os.fsencode(name)).hexdigest()[:8]
-    room = NAME_MAX - len(os.fsencode(f".{tag}{suffix}"))
-    start = name
-    while len(os.fsencode(start)) > room:  # cut whole characters (never split a UTF-8 sequence)
-        start = start[: max(len(start) - max(len(os.fsencode(start)) - room, 1), 0)]
-    return f".{start}{tag}{suffix}"
-
-
 class BurnpackWriter:
     """Streams a burnpack to a temporary file beside `target` and renames it into place on `commit()`.
 
@@ -342,18 +289,17 @@ class BurnpackWriter:
             raise ValueError(f"{len(self._metadata_blob)} bytes of metadata do not fit the u32 header field")
         self.data_start = data_section_start(len(self._metadata_blob))
         self.file_size = self.data_start + max((end for _, end in self._offsets), default=0)
-        self._tmp = self.target.with_name(temporary_name(self.target.name, next(_temp_serial)))
-        self._file = None
+        self._temporary = TemporaryFile(self.target)
+        self._file: BinaryIO | None = None
         self._writeback: Writeback | None = None
         self._next = 0
         self._position = 0
         self._finished = False
-        self._committed = False
 
     def __enter__(self) -> BurnpackWriter:
         try:
             with self._output_errors():
-                self._file = open(self._tmp, "wb")  # noqa: SIM115 - closed by commit() or __exit__
+                self._file = self._temporary.create()
                 prefix = header_bytes(len(self._metadata_blob)) + self._metadata_blob
                 self._file.write(prefix + bytes(self.data_start - len(prefix)))
                 self._writeback = Writeback(self._file.fileno())
@@ -377,8 +323,7 @@ class BurnpackWriter:
         except OSError:
             pass  # closing flushes the buffer, which fails again after a write error; the file is discarded
         finally:
-            if not self._committed:
-                self._tmp.unlink(missing_ok=True)
+            self._temporary.discard()
 
     def write(self, name: str, data: object) -> None:
         """Append the next tensor's bytes; `name` must be the next entry and `data` exactly its `nbytes`."""
@@ -419,30 +364,20 @@ class BurnpackWriter:
         with self._output_errors():
             try:
                 writeback.close()
-                file.flush()
-                os.fsync(file.fileno())
+                sync(file)
             finally:
                 file.close()
         self._finished = True
-        return self._tmp
+        return self._temporary.path
 
     def commit(self) -> None:
         """`finish()` if not done yet, rename the file onto the target, fsync the directory."""
         if not self._finished:
             self.finish()
-        elif self._committed:
+        elif self._temporary.committed:
             raise ValueError("BurnpackWriter.commit() twice")
         with self._output_errors():
-            os.replace(self._tmp, self.target)
-        self._committed = True
-        try:
-            directory = os.open(self.target.parent, os.O_RDONLY)
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
-        except OSError:
-            pass  # some filesystems refuse to fsync a directory; the rename itself has happened
+            self._temporary.commit()
 
     @contextmanager
     def _output_errors(self) -> Iterator[None]:

@@ -608,7 +608,7 @@ def test_metadata_messages_stay_short(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["m" * 250 + ".bpk", "é" * 125 + ".bpk", "中" * 83 + ".bpk", "x.bpk"])
 def test_temporary_names_fit_the_name_limit(tmp_path: Path, name: str) -> None:
-    from qcli.io.burnpack import temporary_name
+    from qcli.io.temporary import temporary_name
 
     temporary = temporary_name(name, 12345)
     assert len(os.fsencode(temporary)) <= 255 and temporary.startswith(".") and temporary.endswith("-12345.tmp")
