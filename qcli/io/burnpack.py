@@ -42,12 +42,14 @@ FORMAT_VERSION = 1
 HEADER_SIZE = 10
 ALIGNMENT = 256
 EXTENSION = ".bpk"
+GIB = 1024**3
 # Burn's reader limits (burn-pack `base.rs`): it refuses anything larger, as a defence against hostile files.
-MAX_FILE_SIZE = 100 * 1024**3
+# Named here alone: the plan, the output and the reader take them, and their words, from here (`gib`).
+MAX_FILE_SIZE = 100 * GIB
 MAX_METADATA_SIZE = 100 * 1024**2
 MAX_CBOR_RECURSION_DEPTH = 128
 MAX_TENSOR_COUNT = 100_000
-MAX_TENSOR_SIZE = 10 * 1024**3
+MAX_TENSOR_SIZE = 10 * GIB
 U64_MAX = 2**64 - 1
 # qcli's own limits on JSON that a metadata value holds (`metadata_json`): what qcli writes there (a list of
 # names) nests 1 deep; json recurses once a level, and a long value is read whole.
@@ -66,6 +68,11 @@ class TensorEntry:
     shape: tuple[int, ...]
     nbytes: int
     param_id: int | None = None
+
+
+def gib(limit: int) -> str:
+    """A size limit as messages name it: `10 GiB` for MAX_TENSOR_SIZE."""
+    return f"{limit // GIB} GiB"
 
 
 def align(offset: int) -> int:
@@ -133,33 +140,12 @@ def _descriptor(entry: TensorEntry, span: tuple[int, int]) -> dict[str, object]:
 
 
 def size_bound(entries: Sequence[TensorEntry], metadata: Mapping[str, str] | None = None) -> int:
-    """An upper bound on the size of the pack of `entries`, without encoding it (`split` sums these)."""
-    return _fixed_bound(metadata) + sum(_entry_bound(entry) for entry in entries)
+    """An upper bound on the size of the pack of `entries`, without encoding it: `fixed_bound` and each
+    entry's `entry_bound` (which the output sums to cut shards, `qcli.output.split`)."""
+    return fixed_bound(metadata) + sum(entry_bound(entry) for entry in entries)
 
 
-def split(
-    entries: Sequence[TensorEntry], max_size: int, metadata: Mapping[str, str] | None = None
-) -> list[list[TensorEntry]]:
-    """The entries, in order, cut into consecutive packs of at most `max_size` bytes and Burn's tensor count.
-
-    ValueError names a tensor too large to fit a pack of its own.
-    """
-    packs: list[list[TensorEntry]] = [[]]
-    size = fixed = _fixed_bound(metadata)
-    for entry in entries:
-        cost = _entry_bound(entry)
-        if fixed + cost > max_size:
-            raise ValueError(f"tensor '{entry.name}' takes {entry.nbytes} bytes, more than fits a file of "
-                             f"{max_size} bytes")
-        if (size + cost > max_size and packs[-1]) or len(packs[-1]) == MAX_TENSOR_COUNT:
-            packs.append([])
-            size = fixed
-        packs[-1].append(entry)
-        size += cost
-    return packs
-
-
-def _entry_bound(entry: TensorEntry) -> int:
+def entry_bound(entry: TensorEntry) -> int:
     """Its bytes rounded up to the alignment, its name, and its descriptor with the widest possible offsets."""
     descriptor = _descriptor_bound(entry.dtype, tuple(entry.shape), entry.param_id)
     return align(entry.nbytes) + _text_size(entry.name) + descriptor
@@ -176,7 +162,7 @@ def _descriptor_bound(dtype: DType, shape: tuple[int, ...], param_id: int | None
     return len(cbor2.dumps(_descriptor(TensorEntry("", dtype, shape, 0, param_id), (U64_MAX, U64_MAX))))
 
 
-def _fixed_bound(metadata: Mapping[str, str] | None) -> int:
+def fixed_bound(metadata: Mapping[str, str] | None) -> int:
     """Header, the top-level map and its longest possible headers, user metadata, the padding to D."""
     user = len(cbor2.dumps({"metadata": _bytewise(metadata)})) if metadata else 0
     return HEADER_SIZE + len(cbor2.dumps({"tensors": None})) + 9 + user + ALIGNMENT - 1
@@ -548,7 +534,7 @@ def _open(path: Path, file: BinaryIO, size: int) -> BurnpackReader:
     """Burn's checks in Burn's order (`Reader::from_file`), then qcli's stricter ones."""
     if size > MAX_FILE_SIZE:
         raise _fail(path, f"file size {size} bytes exceeds the maximum of {MAX_FILE_SIZE} bytes",
-                    "Burn refuses burnpack files over 100 GiB; split the model into several files")
+                    f"Burn refuses burnpack files over {gib(MAX_FILE_SIZE)}; split the model into several files")
     head = file.read(HEADER_SIZE)
     if len(head) < HEADER_SIZE:
         raise _fail(path, f"not a burnpack file: {size} bytes, shorter than the {HEADER_SIZE}-byte header",
@@ -594,7 +580,7 @@ def _open(path: Path, file: BinaryIO, size: int) -> BurnpackReader:
                         _CORRUPT_HINT)
         if end - start > MAX_TENSOR_SIZE:
             raise _fail(path, f"tensor '{name}' has {end - start} bytes, exceeding the maximum of "
-                        f"{MAX_TENSOR_SIZE} bytes", "Burn refuses tensors over 10 GiB")
+                        f"{MAX_TENSOR_SIZE} bytes", f"Burn refuses tensors over {gib(MAX_TENSOR_SIZE)}")
         # Burn checks neither length on read; its backends fail later, on load, without naming the file.
         need = dtype.nbytes(shape)
         if end - start != need:
