@@ -1,7 +1,8 @@
-"""The files a quantize run writes: the one place that chooses the container and keeps its limits.
+"""The files a quantize run writes: the one place that chooses the container, keeps its limits and shards it.
 
-The container is Burn's burnpack (`qcli.io.burnpack`): one file under Burn's 100 GiB limit, or with
-`--max-shard-size` shards beside the target and their index (`qcli.io.burnpack_index`). A model folder
+The container is Burn's burnpack (`qcli.io.burnpack`, which names Burn's limits): one file under Burn's file
+limit, or with `--max-shard-size` shards beside the target (`split`) and their index (`qcli.io.burnpack_index`);
+`is_container` tells its files from a checkpoint's for `inspect`. A model folder
 (`-o DIR/`) holds them as `model.bpk`, beside the source's config and tokenizer files and a record of the
 run (`ModelFolder`). The files are written beside their targets under temporary names, read back
 (`qcli.verify`) and renamed into place together at one commit point; until then the targets are untouched.
@@ -12,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterable, Iterator, Mapping
+import struct
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -20,17 +22,22 @@ from typing import TYPE_CHECKING, NamedTuple
 from qcli import __version__
 from qcli.errors import Interrupted, OutputError, PlanError, UsageError
 from qcli.io.burnpack import (
+    EXTENSION,
+    GIB,
+    MAGIC_NUMBER,
     MAX_FILE_SIZE,
+    MAX_TENSOR_COUNT,
     BurnpackWriter,
     TensorEntry,
-    left_by_killed_run,
-    leftover_temporaries,
+    entry_bound,
+    fixed_bound,
+    gib,
     size_bound,
-    split,
 )
-from qcli.io.burnpack_index import IndexWriter, index_path
+from qcli.io.burnpack_index import IndexWriter, index_path, standing_index
 from qcli.io.files import not_regular_problem
 from qcli.io.staged import StagedFile
+from qcli.io.temporary import left_by_killed_run, leftover_temporaries
 from qcli.plan import Plan
 from qcli.problem import Kind, Problem, Severity
 from qcli.text import printable
@@ -57,6 +64,19 @@ def default_output(input: Path) -> Path:
         folder = input.resolve().parent
         return folder.parent / f"{folder.name}.bpk"
     return input.with_suffix(".bpk")
+
+
+def is_container(path: Path) -> bool:
+    """Whether `path` is a file of the container qcli writes, or the index of its shards: by the extension,
+    else by the container's magic number at the start."""
+    if standing_index(path) is not None:
+        return True
+    if path.suffix == EXTENSION:
+        return True
+    if not path.is_file():
+        return False
+    with path.open("rb") as f:
+        return f.read(4) == struct.pack("<I", MAGIC_NUMBER)
 
 
 def is_folder_output(output: str | Path) -> bool:
@@ -286,27 +306,50 @@ class OpenOutput:
 
 
 def _shards(plan: Plan, target: Path, max_shard_size: int | None, metadata: Mapping[str, str]) -> list[Shard]:
-    """One file under Burn's 100 GiB limit, or the split asked for.
+    """One file under Burn's file limit, or the split asked for.
 
     The plan refuses data over the limit (a lower bound on the file); this bounds the whole file, header
     and metadata included, so that no file Burn's reader refuses is written."""
     entries = [TensorEntry(e.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in plan.entries]
-    limit = f"Burn's reader refuses files over {MAX_FILE_SIZE} bytes (100 GiB)"
+    limit = f"Burn's reader refuses files over {MAX_FILE_SIZE} bytes ({gib(MAX_FILE_SIZE)})"
     if max_shard_size is None:
         size = size_bound(entries, metadata)
         if size > MAX_FILE_SIZE:
-            raise PlanError(f"the output would take up to {size / 1024**3:.1f} GiB, over Burn's 100 GiB "
+            raise PlanError(f"the output would take up to {size / GIB:.1f} GiB, over Burn's {gib(MAX_FILE_SIZE)} "
                             "file limit", hint=f"{limit}; split it with --max-shard-size 50GB")
         return [Shard(target, entries)]
     if max_shard_size > MAX_FILE_SIZE:
-        raise UsageError(f"--max-shard-size {max_shard_size} is over Burn's 100 GiB file limit",
-                         hint=f"{limit}; give at most 100GiB")
+        raise UsageError(f"--max-shard-size {max_shard_size} is over Burn's {gib(MAX_FILE_SIZE)} file limit",
+                         hint=f"{limit}; give at most {MAX_FILE_SIZE // GIB}GiB")
     try:
         packs = split(entries, max_shard_size, metadata)
     except ValueError as exc:
         raise UsageError(f"--max-shard-size {max_shard_size}: {exc}",
                          hint="every tensor is written whole; give a larger size") from None
     return [Shard(path, pack) for path, pack in zip(shard_paths(target, len(packs)), packs, strict=True)]
+
+
+def split(
+    entries: Sequence[TensorEntry], max_size: int, metadata: Mapping[str, str] | None = None
+) -> list[list[TensorEntry]]:
+    """The entries, in order, cut into consecutive files of at most `max_size` bytes (each bounded by the
+    container's `size_bound`) and Burn's tensor count.
+
+    ValueError names a tensor too large to fit a file of its own.
+    """
+    packs: list[list[TensorEntry]] = [[]]
+    size = fixed = fixed_bound(metadata)
+    for entry in entries:
+        cost = entry_bound(entry)
+        if fixed + cost > max_size:
+            raise ValueError(f"tensor '{entry.name}' takes {entry.nbytes} bytes, more than fits a file of "
+                             f"{max_size} bytes")
+        if (size + cost > max_size and packs[-1]) or len(packs[-1]) == MAX_TENSOR_COUNT:
+            packs.append([])
+            size = fixed
+        packs[-1].append(entry)
+        size += cost
+    return packs
 
 
 def _recorded_files(folder: Path) -> list[Path]:

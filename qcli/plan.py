@@ -28,7 +28,7 @@ from qcli.burn_backends import (
 from qcli.errors import PlanError
 from qcli.formats import FORMAT_EMBEDDINGS, consumed, detect, scale_owners
 from qcli.formats.found import Encoded, Found, Transcode
-from qcli.io.burnpack import MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, align
+from qcli.io.burnpack import MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, align, gib
 from qcli.io.dtypes import FLOAT_DTYPES, DType, Plain, burn_dtype, is_quantized
 from qcli.io.source import TensorInfo
 from qcli.presets import DEFAULT_PRESET, PRESETS, Preset
@@ -244,7 +244,8 @@ def _shape_problem(scheme: QuantScheme, shape: tuple[int, ...]) -> str | None:
         return f"last dim {shape[-1]} is odd (PackedNative stores {scheme.value.value} values in pairs)"
     nbytes = layout.quantized_data_len(scheme, shape)
     if nbytes > MAX_TENSOR_SIZE:
-        return f"its payload of {nbytes / 1024**3:.1f} GiB exceeds Burn's 10 GiB per-tensor reader limit"
+        return (f"its payload of {nbytes / 1024**3:.1f} GiB exceeds Burn's {gib(MAX_TENSOR_SIZE)} per-tensor "
+                "reader limit")
     return None
 
 
@@ -618,9 +619,10 @@ class _Planner:
                 f"would not decode in Burn, and is not transcoded: {why_not}", hint, [info.name], rule=decision.rule,
             )
         if entry.decision.scheme is None and info.nbytes > MAX_TENSOR_SIZE:
+            limit = gib(MAX_TENSOR_SIZE)
             self.problem(
-                Kind.size, f"{info.name} is {info.nbytes / 1024**3:.1f} GiB, over Burn's 10 GiB tensor limit",
-                "quantize it (a rule with a scheme) so its payload fits under 10 GiB",
+                Kind.size, f"{info.name} is {info.nbytes / 1024**3:.1f} GiB, over Burn's {limit} tensor limit",
+                f"quantize it (a rule with a scheme) so its payload fits under {limit}",
                 [info.name], rule=entry.decision.rule,
             )
 
@@ -685,7 +687,7 @@ class _Planner:
         data = sum(align(e.out_nbytes) for e in plan.entries)
         if data > MAX_FILE_SIZE:
             self.problem(Kind.size, f"the output would take at least {data / 1024**3:.1f} GiB; Burn's reader "
-                         "refuses a file over 100 GiB",
+                         f"refuses a file over {gib(MAX_FILE_SIZE)}",
                          "split the output with --max-shard-size 50GB, quantize more tensors, or use a smaller "
                          "scheme")
 

@@ -35,7 +35,6 @@ columns are the same on both sides.
 
 from __future__ import annotations
 
-import os
 import re
 import struct
 from collections.abc import Iterable
@@ -46,9 +45,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from qcli.errors import InputError, OutputError, UsageError
-from qcli.io.burnpack import temporary_name
 from qcli.io.files import NOT_REGULAR_HINT, NotRegularFile, open_regular
 from qcli.io.gguf_names import ARCHITECTURES, HF_PREFIXES, hf_bases, name_table, split_suffix
+from qcli.io.temporary import TemporaryFile, sync
 from qcli.text import printable, quoted, shown
 
 if TYPE_CHECKING:
@@ -291,9 +290,9 @@ def write_imatrix(imatrix: Imatrix, path: Path | str) -> None:
         raise UsageError(f"the chunk count {imatrix.chunk_count} and size {imatrix.chunk_size} must fit in 32 bits",
                          hint="count chunks of a few hundred or thousand tokens")
 
-    tmp = path.with_name(temporary_name(path.name, 0))
+    temporary = TemporaryFile(path)
     # GGUFWriter writes no empty string, so an empty arch leaves out general.architecture, as llama.cpp does
-    writer = gguf.GGUFWriter(tmp, arch="")
+    writer = gguf.GGUFWriter(temporary.path, arch="")
     writer.add_type(IMATRIX_TYPE)
     writer.add_array(DATASETS, list(imatrix.datasets))
     writer.add_uint32(CHUNK_COUNT, imatrix.chunk_count)
@@ -312,12 +311,12 @@ def write_imatrix(imatrix: Imatrix, path: Path | str) -> None:
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        with open(tmp, "rb") as file:
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
+        with open(temporary.path, "rb") as file:  # the writer opens and closes its own
+            sync(file)
+        temporary.commit()
     except BaseException as exc:
         writer.close()
-        tmp.unlink(missing_ok=True)
+        temporary.discard()
         if isinstance(exc, OSError):
             raise OutputError(printable(f"cannot write {path}: {exc.strerror or exc}"),
                               hint=f"check that {path.parent} is writable and has room; nothing was written") from None

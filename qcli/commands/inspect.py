@@ -16,11 +16,12 @@ from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect, verdict
 from qcli.formats.found import Encoded, Found, Transcode
-from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER, TensorEntry, metadata_json
-from qcli.io.burnpack_index import BurnpackSet, standing_index
+from qcli.io.burnpack import TensorEntry, metadata_json
+from qcli.io.burnpack_index import BurnpackSet
 from qcli.io.dtypes import FLOAT_DTYPES, TORCH_DTYPE_NAMES, Bool, BoolStore, DType, Plain, QFloat, torch_dtype
 from qcli.io.readers import open_source
 from qcli.io.source import Source, TensorInfo
+from qcli.output import is_container
 from qcli.plan import PlanEntry
 from qcli.report import (
     CompareReport,
@@ -95,18 +96,6 @@ def _suggest_tensor(name: str, names: list[str]) -> UsageError:
     )
 
 
-def _is_burnpack(path: Path) -> bool:
-    """By its extension (the index of sharded output too), or by burnpack's magic number at the start."""
-    if standing_index(path) is not None:
-        return True
-    if path.suffix == EXTENSION:
-        return True
-    if not path.is_file():
-        return False
-    with path.open("rb") as f:
-        return f.read(4) == struct.pack("<I", MAGIC_NUMBER)
-
-
 def inspect_file(
     path: str | Path, *, tensor: str | None = None, compare: str | Path | None = None, names: str = "file"
 ) -> InspectReport:
@@ -114,7 +103,7 @@ def inspect_file(
     statistics, or a comparison of a burnpack file against its source. `names`: a GGUF source's tensor names
     as in the file, or `hf`, Hugging Face's (`qcli.io.source.Names`)."""
     path = Path(path)
-    if _is_burnpack(path):
+    if is_container(path):
         return _inspect_burnpack(path, tensor, compare, names)
     if compare is not None:
         raise UsageError(

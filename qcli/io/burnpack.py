@@ -14,9 +14,6 @@ integers and floats (§3). The container never interprets a payload: a QFloat te
 from __future__ import annotations
 
 import functools
-import glob
-import hashlib
-import itertools
 import json
 import os
 import re
@@ -34,6 +31,7 @@ from qcli.errors import InputError, OutputError
 from qcli.io.digest import digest
 from qcli.io.dtypes import DType, QFloat, dtype_from_serde
 from qcli.io.files import NOT_REGULAR_HINT, NotRegularFile, open_regular
+from qcli.io.temporary import TemporaryFile, sync
 from qcli.io.writeback import Writeback
 from qcli.text import printable, shown
 
@@ -44,12 +42,14 @@ FORMAT_VERSION = 1
 HEADER_SIZE = 10
 ALIGNMENT = 256
 EXTENSION = ".bpk"
+GIB = 1024**3
 # Burn's reader limits (burn-pack `base.rs`): it refuses anything larger, as a defence against hostile files.
-MAX_FILE_SIZE = 100 * 1024**3
+# Named here alone: the plan, the output and the reader take them, and their words, from here (`gib`).
+MAX_FILE_SIZE = 100 * GIB
 MAX_METADATA_SIZE = 100 * 1024**2
 MAX_CBOR_RECURSION_DEPTH = 128
 MAX_TENSOR_COUNT = 100_000
-MAX_TENSOR_SIZE = 10 * 1024**3
+MAX_TENSOR_SIZE = 10 * GIB
 U64_MAX = 2**64 - 1
 # qcli's own limits on JSON that a metadata value holds (`metadata_json`): what qcli writes there (a list of
 # names) nests 1 deep; json recurses once a level, and a long value is read whole.
@@ -57,8 +57,6 @@ MAX_METADATA_JSON_DEPTH = 32
 MAX_METADATA_JSON_SIZE = 16 * 1024**2
 
 _HEADER = struct.Struct("<IHI")
-_temp_serial = itertools.count()  # two writers of one process never share a temporary file
-NAME_MAX = 255  # bytes of one file name on Linux, macOS and Windows filesystems
 
 
 @dataclass(frozen=True)
@@ -70,6 +68,11 @@ class TensorEntry:
     shape: tuple[int, ...]
     nbytes: int
     param_id: int | None = None
+
+
+def gib(limit: int) -> str:
+    """A size limit as messages name it: `10 GiB` for MAX_TENSOR_SIZE."""
+    return f"{limit // GIB} GiB"
 
 
 def align(offset: int) -> int:
@@ -137,33 +140,12 @@ def _descriptor(entry: TensorEntry, span: tuple[int, int]) -> dict[str, object]:
 
 
 def size_bound(entries: Sequence[TensorEntry], metadata: Mapping[str, str] | None = None) -> int:
-    """An upper bound on the size of the pack of `entries`, without encoding it (`split` sums these)."""
-    return _fixed_bound(metadata) + sum(_entry_bound(entry) for entry in entries)
+    """An upper bound on the size of the pack of `entries`, without encoding it: `fixed_bound` and each
+    entry's `entry_bound` (which the output sums to cut shards, `qcli.output.split`)."""
+    return fixed_bound(metadata) + sum(entry_bound(entry) for entry in entries)
 
 
-def split(
-    entries: Sequence[TensorEntry], max_size: int, metadata: Mapping[str, str] | None = None
-) -> list[list[TensorEntry]]:
-    """The entries, in order, cut into consecutive packs of at most `max_size` bytes and Burn's tensor count.
-
-    ValueError names a tensor too large to fit a pack of its own.
-    """
-    packs: list[list[TensorEntry]] = [[]]
-    size = fixed = _fixed_bound(metadata)
-    for entry in entries:
-        cost = _entry_bound(entry)
-        if fixed + cost > max_size:
-            raise ValueError(f"tensor '{entry.name}' takes {entry.nbytes} bytes, more than fits a file of "
-                             f"{max_size} bytes")
-        if (size + cost > max_size and packs[-1]) or len(packs[-1]) == MAX_TENSOR_COUNT:
-            packs.append([])
-            size = fixed
-        packs[-1].append(entry)
-        size += cost
-    return packs
-
-
-def _entry_bound(entry: TensorEntry) -> int:
+def entry_bound(entry: TensorEntry) -> int:
     """Its bytes rounded up to the alignment, its name, and its descriptor with the widest possible offsets."""
     descriptor = _descriptor_bound(entry.dtype, tuple(entry.shape), entry.param_id)
     return align(entry.nbytes) + _text_size(entry.name) + descriptor
@@ -180,7 +162,7 @@ def _descriptor_bound(dtype: DType, shape: tuple[int, ...], param_id: int | None
     return len(cbor2.dumps(_descriptor(TensorEntry("", dtype, shape, 0, param_id), (U64_MAX, U64_MAX))))
 
 
-def _fixed_bound(metadata: Mapping[str, str] | None) -> int:
+def fixed_bound(metadata: Mapping[str, str] | None) -> int:
     """Header, the top-level map and its longest possible headers, user metadata, the padding to D."""
     user = len(cbor2.dumps({"metadata": _bytewise(metadata)})) if metadata else 0
     return HEADER_SIZE + len(cbor2.dumps({"tensors": None})) + 9 + user + ALIGNMENT - 1
@@ -254,55 +236,6 @@ def _byte_view(data: object) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-def leftover_temporaries(target: Path) -> list[tuple[Path, int]]:
-    """The temporary files (and their writers' process ids) that writers to `target` left behind when
-    they were killed: `temporary_name`s of `target` whose process no longer runs. A running process's
-    file, another run writing the same target now, is not one."""
-    own = temporary_name(target.name, 0)
-    prefix = own[: -len(f".{os.getpid()}-0.tmp")]
-    pattern = re.compile(re.escape(prefix) + r"\.(\d+)-\d+\.tmp")
-    leftovers = []
-    for path in target.parent.glob(glob.escape(prefix) + ".*.tmp"):
-        match = pattern.fullmatch(path.name)
-        if match is not None and not _process_runs(int(match.group(1))):
-            leftovers.append((path, int(match.group(1))))
-    return sorted(leftovers)
-
-
-def left_by_killed_run(path: Path) -> bool:
-    """Whether `path` is a `temporary_name` (of any target) whose writer no longer runs."""
-    match = re.fullmatch(r"\..+\.(\d+)-\d+\.tmp", path.name)
-    return match is not None and not _process_runs(int(match.group(1)))
-
-
-def _process_runs(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def temporary_name(name: str, serial: int) -> str:
-    """`.NAME.PID-N.tmp`, the writer's temporary file beside a target called `name`.
-
-    A name too long for that to fit in NAME_MAX bytes keeps its start, then `~` and 8 hex digits of the
-    sha256 of the whole name: `.NAME-START~1a2b3c4d.PID-N.tmp`, still recognisable and distinct.
-    """
-    suffix = f".{os.getpid()}-{serial}.tmp"
-    whole = f".{name}{suffix}"
-    if len(os.fsencode(whole)) <= NAME_MAX:
-        return whole
-    tag = "~" + hashlib.sha256(os.fsencode(name)).hexdigest()[:8]
-    room = NAME_MAX - len(os.fsencode(f".{tag}{suffix}"))
-    start = name
-    while len(os.fsencode(start)) > room:  # cut whole characters (never split a UTF-8 sequence)
-        start = start[: max(len(start) - max(len(os.fsencode(start)) - room, 1), 0)]
-    return f".{start}{tag}{suffix}"
-
-
 class BurnpackWriter:
     """Streams a burnpack to a temporary file beside `target` and renames it into place on `commit()`.
 
@@ -342,18 +275,17 @@ class BurnpackWriter:
             raise ValueError(f"{len(self._metadata_blob)} bytes of metadata do not fit the u32 header field")
         self.data_start = data_section_start(len(self._metadata_blob))
         self.file_size = self.data_start + max((end for _, end in self._offsets), default=0)
-        self._tmp = self.target.with_name(temporary_name(self.target.name, next(_temp_serial)))
-        self._file = None
+        self._temporary = TemporaryFile(self.target)
+        self._file: BinaryIO | None = None
         self._writeback: Writeback | None = None
         self._next = 0
         self._position = 0
         self._finished = False
-        self._committed = False
 
     def __enter__(self) -> BurnpackWriter:
         try:
             with self._output_errors():
-                self._file = open(self._tmp, "wb")  # noqa: SIM115 - closed by commit() or __exit__
+                self._file = self._temporary.create()
                 prefix = header_bytes(len(self._metadata_blob)) + self._metadata_blob
                 self._file.write(prefix + bytes(self.data_start - len(prefix)))
                 self._writeback = Writeback(self._file.fileno())
@@ -377,8 +309,7 @@ class BurnpackWriter:
         except OSError:
             pass  # closing flushes the buffer, which fails again after a write error; the file is discarded
         finally:
-            if not self._committed:
-                self._tmp.unlink(missing_ok=True)
+            self._temporary.discard()
 
     def write(self, name: str, data: object) -> None:
         """Append the next tensor's bytes; `name` must be the next entry and `data` exactly its `nbytes`."""
@@ -419,30 +350,20 @@ class BurnpackWriter:
         with self._output_errors():
             try:
                 writeback.close()
-                file.flush()
-                os.fsync(file.fileno())
+                sync(file)
             finally:
                 file.close()
         self._finished = True
-        return self._tmp
+        return self._temporary.path
 
     def commit(self) -> None:
         """`finish()` if not done yet, rename the file onto the target, fsync the directory."""
         if not self._finished:
             self.finish()
-        elif self._committed:
+        elif self._temporary.committed:
             raise ValueError("BurnpackWriter.commit() twice")
         with self._output_errors():
-            os.replace(self._tmp, self.target)
-        self._committed = True
-        try:
-            directory = os.open(self.target.parent, os.O_RDONLY)
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
-        except OSError:
-            pass  # some filesystems refuse to fsync a directory; the rename itself has happened
+            self._temporary.commit()
 
     @contextmanager
     def _output_errors(self) -> Iterator[None]:
@@ -613,7 +534,7 @@ def _open(path: Path, file: BinaryIO, size: int) -> BurnpackReader:
     """Burn's checks in Burn's order (`Reader::from_file`), then qcli's stricter ones."""
     if size > MAX_FILE_SIZE:
         raise _fail(path, f"file size {size} bytes exceeds the maximum of {MAX_FILE_SIZE} bytes",
-                    "Burn refuses burnpack files over 100 GiB; split the model into several files")
+                    f"Burn refuses burnpack files over {gib(MAX_FILE_SIZE)}; split the model into several files")
     head = file.read(HEADER_SIZE)
     if len(head) < HEADER_SIZE:
         raise _fail(path, f"not a burnpack file: {size} bytes, shorter than the {HEADER_SIZE}-byte header",
@@ -659,7 +580,7 @@ def _open(path: Path, file: BinaryIO, size: int) -> BurnpackReader:
                         _CORRUPT_HINT)
         if end - start > MAX_TENSOR_SIZE:
             raise _fail(path, f"tensor '{name}' has {end - start} bytes, exceeding the maximum of "
-                        f"{MAX_TENSOR_SIZE} bytes", "Burn refuses tensors over 10 GiB")
+                        f"{MAX_TENSOR_SIZE} bytes", f"Burn refuses tensors over {gib(MAX_TENSOR_SIZE)}")
         # Burn checks neither length on read; its backends fail later, on load, without naming the file.
         need = dtype.nbytes(shape)
         if end - start != need:

@@ -1,15 +1,15 @@
 """A small file written whole under a temporary name beside its target and renamed into place on
-`commit()`, as `BurnpackWriter` puts a burnpack in place: the target is either untouched or complete."""
+`commit()` (`qcli.io.temporary`), as `BurnpackWriter` puts a burnpack in place: the target is either
+untouched or complete."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 from qcli.errors import OutputError
-from qcli.io.burnpack import temporary_name
 from qcli.io.files import open_regular
+from qcli.io.temporary import TemporaryFile, sync
 from qcli.text import printable
 
 
@@ -21,21 +21,19 @@ class StagedFile:
     def __init__(self, target: Path, content: bytes | Path) -> None:
         self.target = target
         self._content = content
-        self._tmp = target.with_name(temporary_name(target.name, 0))
-        self._committed = False
+        self._temporary = TemporaryFile(target)
 
     def __enter__(self) -> StagedFile:
         try:
-            with open(self._tmp, "wb") as file:
+            with self._temporary.create() as file:
                 if isinstance(self._content, bytes):
                     file.write(self._content)
                 else:
                     with open_regular(self._content) as source:  # a FIFO swapped in would block a plain open
                         shutil.copyfileobj(source, file)
-                file.flush()
-                os.fsync(file.fileno())
+                sync(file)
         except BaseException as exc:
-            self._tmp.unlink(missing_ok=True)
+            self._temporary.discard()
             if isinstance(exc, OSError):
                 raise OutputError(printable(f"cannot write {self.target}: {exc.strerror or exc}"),
                                   hint=f"check that {self.target.parent} is writable and has room; nothing was "
@@ -44,9 +42,7 @@ class StagedFile:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if not self._committed:
-            self._tmp.unlink(missing_ok=True)
+        self._temporary.discard()
 
     def commit(self) -> None:
-        os.replace(self._tmp, self.target)
-        self._committed = True
+        self._temporary.commit()

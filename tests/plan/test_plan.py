@@ -123,7 +123,7 @@ def test_already_quantized_tensors_are_transcoded_or_kept_with_their_scale_compa
     entries = by_name(plan)
     gate = "model.layers.1.mlp.gate_proj.weight"
     o_proj = "model.layers.1.self_attn.o_proj.weight"
-    # E4M3 with 128x128 block scales: transcoded, its weight_scale consumed (tests/io/test_fp8.py)
+    # E4M3 with 128x128 block scales: transcoded, its weight_scale consumed (tests/formats/test_fp8.py)
     assert entries[gate].decision.reason == (
         "default: transcode F8_E4M3 with block [128, 128] scales -> E4M3 PackedU32(0) block [128, 128] F32, exact")
     assert f"{gate}_scale" not in entries and plan.consumed() == {f"{gate}_scale"}

@@ -4,7 +4,7 @@ packing with no declaration are refused from the headers (exit 2, a hint), never
 declaration of quantization applied at load time over float weights leaves what is on disk to decide.
 
 The checkpoints are packed by hand with each format's published tensor names, dtypes and shapes: HQQ's
-`W_q` with its `scale` and `zero` but none of the meta tensors HQQ saves beside them (tests/io/test_hqq.py
+`W_q` with its `scale` and `zero` but none of the meta tensors HQQ saves beside them (tests/formats/test_hqq.py
 has HQQ's own checkpoints); EETQ's
 int8 `weight` beside fp16 per-channel `weight_scales` (`eetq/modules/qlinear.py`); torchao's flattened
 subclass tensors (`qdata`, `scale`); GPTQ Marlin's `B` (int32 [in / 16, out * 16 / 8]) and `s` (fp16
@@ -166,7 +166,7 @@ def test_config_json_declares_before_a_side_file(tmp_path):
 def test_a_gptq_checkpoint_format_qcli_does_not_read_is_refused_not_kept(form, tmp_path):
     """GPTQ's own tensors (qweight, qzeros, scales, g_idx) under a `checkpoint_format` of another kernel's
     packing: refused from the headers (exit 2), naming the format, never written as kept integers."""
-    from tests.io.test_gptq import write as write_gptq
+    from tests.formats.test_gptq import write as write_gptq
 
     write_gptq(tmp_path, 4, 32, in_config_json=True)
     config = json.loads((tmp_path / "config.json").read_text())
