@@ -91,6 +91,20 @@ MIN_DOC = 80
 PROMPT_TOKENS = 128  # the layout check's prompt: the held-out text's first tokens
 
 
+def import_transformers() -> None:
+    """transformers asks whether Hugging Face's `kernels` package is installed by importing `kernels`, which from
+    the repository root is qcli's GPU kernels folder (importing triton and qcli.kernels): asked once with the
+    root off the path, its answer (cached) is no."""
+    path = sys.path[:]
+    sys.path[:] = [entry for entry in path if Path(entry or ".").resolve() != ROOT]
+    try:
+        from transformers.utils.import_utils import is_kernels_available
+
+        is_kernels_available()
+    finally:
+        sys.path[:] = path
+
+
 # --- the reference ------------------------------------------------------------------------------------
 
 def package_gguf() -> Path:
@@ -483,6 +497,7 @@ def main() -> None:
     unknown = [m for m in args.methods if m not in methods]
     if unknown:
         parser.error(f"unknown methods {unknown}: define them with --method NAME=ARGS")
+    import_transformers()
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
