@@ -425,6 +425,10 @@ def _types(row: dict) -> str:
     return ", ".join(f"{t} {100 * n / total:.0f} %" for t, n in sorted(row["types"].items(), key=lambda i: -i[1]))
 
 
+def _perplexity(value: float) -> str:
+    return f"{value:.3f}" if value < 1000 else f"{value:.3g}"
+
+
 def markdown(record: dict) -> str:
     p, ref = record["provenance"], record["reference"]
     versions = ", ".join(f"{k} {v}" for k, v in p["versions"].items() if v)
@@ -448,16 +452,18 @@ def markdown(record: dict) -> str:
                   f"{check['max_abs_diff']:.4f}; the same tokenization: {check['same_tokenization']}.", ""]
     lines += ["| tool | scheme / type | method | bits/weight | weights by type | KL | top-1 % | perplexity "
               "| seconds |", "|---|---|---|---:|---|---:|---:|---:|---:|",
-              f"| reference | f32 | | 32 | | 0 | 100 | {ref['perplexity']:.3f} | |"]
-    absent = []
+              f"| reference | f32 | | 32 | | 0 | 100 | {_perplexity(ref['perplexity'])} | |"]
+    absent: dict[tuple[str, str], list[str]] = {}  # (method, qcli's message) -> schemes
     for row in record["rows"]:
         if "not_available" in row:
-            absent.append(f"- qcli {row['scheme']} {row['method']}: not available ({row['not_available']})")
+            absent.setdefault((row["method"], row["not_available"]), []).append(row["scheme"])
             continue
         lines.append(f"| {row['tool']} | {row['scheme']} | {row.get('method', '')} | {row['bits_per_weight']:.3f} "
-                     f"| {_types(row)} | {row['kl']:.5f} | {100 * row['same_top1']:.2f} | {row['perplexity']:.3f} "
-                     f"| {row['seconds']:.1f} |")
-    return "\n".join(lines + ([""] + absent if absent else [])) + "\n"
+                     f"| {_types(row)} | {row['kl']:.5f} | {100 * row['same_top1']:.2f} "
+                     f"| {_perplexity(row['perplexity'])} | {row['seconds']:.1f} |")
+    lines += [""] * bool(absent) + [f"- {method}: not available for {', '.join(schemes)} (qcli: {reason})"
+                                    for (method, reason), schemes in absent.items()]
+    return "\n".join(lines) + "\n"
 
 
 # --- main ---------------------------------------------------------------------------------------------
