@@ -14,8 +14,9 @@ from source: run it under `nice -n 19` with CMAKE_BUILD_PARALLEL_LEVEL=2 on a sm
 **The float reference** is that GGUF dequantized: transformers' GGUF loader (the `gguf` package's dequantizers,
 the Q and K rows put back in Hugging Face's order) into a Hugging Face folder, f32 safetensors, config and
 tokenizer, cached under `--work`. It is not the original bf16 checkpoint: its linears hold Q4_1's values (16
-per block of 32, a minimum and a step), its embedding Q8_0's. The llama.cpp logits of the same weights on a
-prompt check the folder's layout (a wrong Q/K order changes every prediction).
+per block of 32, a minimum and a step), its embedding Q8_0's, which favours the types with a minimum per 32
+values: llama.cpp's Q4_1 gives them back exactly (`--llama-types Q4_1`: KL 0), Q4_K nearly. The llama.cpp
+logits of the same weights on a prompt check the folder's layout (a wrong Q/K order changes every prediction).
 
 **Text.** Calibration and held-out text are the docstrings of two disjoint sets of Python standard-library
 modules (CALIBRATION_MODULES, HELD_OUT_MODULES): English technical prose, offline wherever Python is, under
@@ -294,7 +295,8 @@ class Evaluator:
         self.model, self.ids = model, ids
         self.reference = {n: p.detach().clone() for n, p in model.named_parameters()}
         shape = (ids.shape[0], ids.shape[1] - 1, model.config.vocab_size)
-        self.logprobs = np.lib.format.open_memmap(work / "reference-logprobs.npy", "w+", np.float32, shape)
+        self.path = work / "reference-logprobs.npy"
+        self.logprobs = np.lib.format.open_memmap(self.path, "w+", np.float32, shape)
         nll = 0.0
         with torch.inference_mode():
             for i, window in enumerate(ids):
@@ -308,6 +310,12 @@ class Evaluator:
     def tokens(self) -> int:
         """The predictions scored: `length - 1` a window."""
         return self.ids.shape[0] * (self.ids.shape[1] - 1)
+
+    def remove(self) -> None:
+        """The log-probabilities' file deleted (4 bytes per vocabulary entry per prediction: 3.2 GB for 32
+        windows of 512 tokens)."""
+        del self.logprobs
+        self.path.unlink()
 
     def _logprobs(self, window):
         return self.model(window[None]).logits[0, :-1].float().log_softmax(-1)
@@ -442,7 +450,9 @@ def markdown(record: dict) -> str:
         "other modules' docstrings. KL is the mean over tokens of KL(reference ‖ row) of the next-token "
         "distributions (nats); top-1 is how often the row's most likely token is the reference's; bits/weight "
         "is over the quantized matrices (all linears and the tied embedding, scales included). Seconds: the "
-        "whole quantize command (qcli: `--no-stats --no-verify`, with Python's and torch's start-up).", "",
+        "whole quantize command (qcli: `--no-stats --no-verify`, with Python's and torch's start-up). llama.cpp's "
+        "input is an F32 GGUF of the same weights (the package's GGUF dequantized by the `gguf` package, its "
+        "metadata kept), its output dequantized by the `gguf` package.", "",
     ]
     check = record["layout_check"]
     if check:
@@ -540,27 +550,30 @@ def main() -> None:
               "layout_check": check, "rows": []}
     jobs = [("qcli", s, m) for s in args.schemes for m in args.methods] + [("llama.cpp", t, None)
                                                                            for t in args.llama_types]
-    for tool, scheme, method in jobs:
-        if tool == "qcli":
-            target = outputs / f"{scheme}-{method}.bpk"
-            command = qcli_command(folder, target, scheme, methods[method], data)
-            row = qcli_row(command, target, "{data}" in methods[method], args.threads)
-            meta = {"tool": tool, "scheme": scheme, "method": method, "command": shlex.join(command)}
-        else:
-            target = outputs / f"{scheme}.gguf"
-            row = llama_row(f32, target, scheme, args.threads)
-            meta = {"tool": tool, "scheme": scheme, "output_tensor_type": "Q8_0" if scheme != "Q8_0" else None}
-        if "not_available" in row:
-            result = meta | row
-            print(f"{tool} {scheme} {method}: not available ({row['not_available']})", flush=True)
-        else:
-            result = meta | _checked(row, f"{tool} {scheme} {method or ''}", matrices) | evaluator.evaluate(
-                row["weights"])
-            target.unlink()
-            print(f"{tool} {scheme} {method or ''}: {result['bits_per_weight']:.3f} bits/weight, KL "
-                  f"{result['kl']:.5f}, top-1 {100 * result['same_top1']:.2f} %, perplexity "
-                  f"{result['perplexity']:.3f}", flush=True)
-        record["rows"].append(result)
+    try:
+        for tool, scheme, method in jobs:
+            if tool == "qcli":
+                target = outputs / f"{scheme}-{method}.bpk"
+                command = qcli_command(folder, target, scheme, methods[method], data)
+                row = qcli_row(command, target, "{data}" in methods[method], args.threads)
+                meta = {"tool": tool, "scheme": scheme, "method": method, "command": shlex.join(command)}
+            else:
+                target = outputs / f"{scheme}.gguf"
+                row = llama_row(f32, target, scheme, args.threads)
+                meta = {"tool": tool, "scheme": scheme, "output_tensor_type": "Q8_0" if scheme != "Q8_0" else None}
+            if "not_available" in row:
+                result = meta | row
+                print(f"{tool} {scheme} {method}: not available ({row['not_available']})", flush=True)
+            else:
+                result = meta | _checked(row, f"{tool} {scheme} {method or ''}", matrices) | evaluator.evaluate(
+                    row["weights"])
+                target.unlink()
+                print(f"{tool} {scheme} {method or ''}: {result['bits_per_weight']:.3f} bits/weight, KL "
+                      f"{result['kl']:.5f}, top-1 {100 * result['same_top1']:.2f} %, perplexity "
+                      f"{result['perplexity']:.3f}", flush=True)
+            record["rows"].append(result)
+    finally:
+        evaluator.remove()
     record["provenance"] = provenance(args) | {"load_average": [load_before[0], os.getloadavg()[0]],
                                                "seconds": time.perf_counter() - started}
     section = markdown(record)
