@@ -94,7 +94,7 @@ def smollm2_source(directory: Path) -> Path:
     return path
 
 
-def _metadata(reader, overrides: dict) -> list[tuple]:
+def gguf_metadata(reader, overrides: dict) -> list[tuple]:
     """The reader's key-values but the writer's own, with `overrides` ({key: value}, same types)."""
     import gguf
 
@@ -160,7 +160,7 @@ def write_model(name: str, directory: Path) -> tuple[Path, Path]:
                                    SYNTHETIC["attention.head_count_kv"], vocab)
         tensors = _synthetic_tensors(shapes)
     writer = gguf.GGUFWriter(str(gguf_path), "llama")
-    for key, value, kind, sub in _metadata(reader, overrides):
+    for key, value, kind, sub in gguf_metadata(reader, overrides):
         writer.add_key_value(key, value, kind, sub_type=sub)
     dtypes = {n: np.dtype(np.float16 if len(s) == 2 else np.float32) for n, s in shapes}
     for n, shape in shapes:
