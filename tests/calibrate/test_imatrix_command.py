@@ -94,5 +94,6 @@ def test_imatrix_refuses_an_existing_output_and_a_bad_text(llama, tmp_path):
     out.write_bytes(b"keep")
     lines = assert_user_error(cli("imatrix", llama, "--calibration-data", llama / "calibration.txt", "-o", out), 2)
     assert "already exists" in lines[0] and out.read_bytes() == b"keep"
-    lines = assert_user_error(cli("imatrix", llama, "--calibration-data", tmp_path / "none.txt", "-o", tmp_path / "x"), 2)
+    missing = cli("imatrix", llama, "--calibration-data", tmp_path / "none.txt", "-o", tmp_path / "x")
+    lines = assert_user_error(missing, 2)
     assert "cannot read calibration text" in lines[0] and not (tmp_path / "x").exists()
