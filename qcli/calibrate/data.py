@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -153,3 +153,25 @@ def _stream(documents: list[str], tokenizer: PreTrainedTokenizerBase) -> list[in
             stream.append(separator)
         stream.extend(ids)
     return stream
+
+
+def special_frame(tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[int]]:
+    """The special tokens the tokenizer puts around every sequence it encodes (BERT's [CLS] before and [SEP]
+    after, a Llama's BOS before): what the model always sees around its input, and so its windows too."""
+    word = "a"
+    bare = tokenizer(word, add_special_tokens=False, verbose=False)["input_ids"]
+    whole = tokenizer(word, verbose=False)["input_ids"]
+    at = next((i for i in range(len(whole) - len(bare) + 1) if whole[i : i + len(bare)] == bare), None)
+    if at is None:  # a tokenizer whose specials change the word's own tokens: nothing put around
+        return [], []
+    return whole[:at], whole[at + len(bare) :]
+
+
+def framed(windows: CalibrationSet, tokenizer: PreTrainedTokenizerBase) -> CalibrationSet:
+    """`windows` with the tokenizer's special tokens around each (`special_frame`), as the model sees text."""
+    before, after = special_frame(tokenizer)
+    if not before and not after:
+        return windows
+    count = windows.tokens.shape[0]
+    pieces = [torch.tensor(ids, dtype=torch.int64).expand(count, len(ids)) for ids in (before, after)]
+    return replace(windows, tokens=torch.cat([pieces[0], windows.tokens, pieces[1]], dim=1))

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING
 import torch
 
 import qcli.codec
-from qcli.calibrate.data import calibration_tokens, read_calibration_text
+from qcli.calibrate.data import (
+    CalibrationSet,
+    CalibrationText,
+    calibration_tokens,
+    framed,
+    read_calibration_text,
+    special_frame,
+)
 from qcli.calibrate.gptq import gptq, output_error, workspace_bytes
 from qcli.calibrate.model import load_tokenizer, open_model
 from qcli.calibrate.runner import BlockDone, LinearStats, block_linears, estimate_memory, run_blocks
@@ -106,8 +113,7 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
         return done
     text = read_calibration_text(calibrating.data)
     model = open_model(folder, [i.name for i in source.infos()], source.load)
-    tokens = calibration_tokens(text, load_tokenizer(folder), calibrating.samples, calibrating.seq_len,
-                                calibrating.seed)
+    tokens = windows(text, load_tokenizer(folder), calibrating)
     done = Calibrated()
     if tokens.shortfall is not None:
         done.warnings.append(Problem(Kind.calibration, tokens.shortfall, "give more text with --calibration-data, "
@@ -121,7 +127,10 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
             return None
         decision, shape = entry.decision, tuple(entry.out_shape)
         if decision.calibration is Calibration.Gptq:
-            result = gptq(weight, stats.hessian, decision.scheme, transpose=decision.transpose, name=name)
+            # each block's scale searched over its columns' current weights (§6): on all-MiniLM-L6-v2 at
+            # q4f-b32 MinMax's scales left GPTQ below the data-free search (docs/benchmarks.md)
+            result = gptq(weight, stats.hessian, decision.scheme, transpose=decision.transpose, search=True,
+                          name=name)
             payload = qcli.codec.pack(_on_cpu(result.parts), decision.scheme, shape)
             dequantized, error = result.dequantized, result.error
         else:  # the mse search, each input channel weighed by its mean square: the pipeline's bytes
@@ -183,8 +192,7 @@ def measure_importance(source: Source, input: Path, calibrating: CalibrationInpu
     folder = model_folder(input)
     model = open_model(folder, [i.name for i in source.infos()], source.load)
     text = read_calibration_text(calibrating.data)
-    tokens = calibration_tokens(text, load_tokenizer(folder), calibrating.samples, calibrating.seq_len,
-                                calibrating.seed)
+    tokens = windows(text, load_tokenizer(folder), calibrating)
     chosen = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
     run = run_blocks(model, tokens, block_linears(model), lambda *_: None, chosen, progress=progress)
     names = hf_to_gguf_names(run.stats, model.module.config.model_type)
@@ -196,6 +204,17 @@ def measure_importance(source: Source, input: Path, calibrating: CalibrationInpu
                for name, stats in run.stats.items()}
     imatrix = Imatrix(entries, (Path(text.name).name,), int(tokens.tokens.shape[0]), int(tokens.tokens.shape[1]))
     return MeasuredImportance(imatrix, imatrix.chunk_count, imatrix.chunk_size, tokens.available, chosen)
+
+
+def windows(text: CalibrationText, tokenizer, calibrating: CalibrationInput) -> CalibrationSet:
+    """The windows the model runs on: `seq_len` tokens each, the tokenizer's special tokens around the text
+    it cuts (`data.framed`), as the model sees every input."""
+    before, after = special_frame(tokenizer)
+    body = calibrating.seq_len - len(before) - len(after)
+    if body < 1:
+        raise UsageError(f"--seq-len {calibrating.seq_len} leaves no room for text beside the tokenizer's "
+                         f"{len(before) + len(after)} special tokens", hint="pass a longer --seq-len")
+    return framed(calibration_tokens(text, tokenizer, calibrating.samples, body, calibrating.seed), tokenizer)
 
 
 def _from_imatrix(path: Path, folder: Path, weighed: list[PlanEntry]) -> Calibrated:

@@ -164,3 +164,17 @@ def test_a_trained_tokenizer_streams_what_the_tokenizers_package_encodes(tmp_pat
     expected = [i for k, doc in enumerate(documents) for i in [eos] * bool(k) + reference.encode(doc).ids]
     tokenizer = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
     assert whole_stream(CalibrationText(documents, "text", ""), tokenizer) == expected
+
+
+def test_windows_are_framed_by_the_special_tokens_the_tokenizer_puts_around_every_sequence():
+    from qcli.calibrate.data import framed, special_frame
+    from qcli.calibrate.inputs import CalibrationInput
+    from qcli.calibrate.session import windows
+
+    tokenizer = word_tokenizer()  # its template: "<s> $A"
+    assert special_frame(tokenizer) == ([23], [])
+    cut = calibration_tokens(DOCUMENTS, tokenizer, samples=3, seq_len=4, seed=0)
+    assert framed(cut, tokenizer).tokens.tolist() == [[23, *row] for row in cut.tokens.tolist()]
+    # within --seq-len: the frame takes its place from the text's
+    made = windows(DOCUMENTS, tokenizer, CalibrationInput(samples=3, seq_len=5, seed=0))
+    assert made.tokens.tolist() == [[23, *row] for row in cut.tokens.tolist()]
