@@ -145,7 +145,7 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
         # GPTQ's blocks after this one see what the quantized weights give; the mse search leaves them float
         return dequantized.to(weight.device, weight.dtype) if decision.calibration is Calibration.Gptq else None
 
-    target = torch.device(device)
+    target = torch.device(device if torch.cuda.is_available() else "cpu")  # the Triton interpreter: no CUDA
     estimate_bytes = estimate_memory(model.module.config, calibrating.samples, calibrating.seq_len,
                                      on_linear_bytes=_gptq_bytes if quantized else None)
     if target.type == "cuda":
