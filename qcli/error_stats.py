@@ -1,4 +1,5 @@
-"""How far a decoded tensor is from its source, as plain numbers (`qcli.codec.stats` computes them)."""
+"""A tensor's statistics as plain numbers, which `qcli.codec.stats` computes: how far a decode is from its
+source (`ErrorStats`), and a summary of its values (`ValueStats`)."""
 
 from __future__ import annotations
 
@@ -13,3 +14,17 @@ class ErrorStats:
     rel_rms: float
     sqnr_db: float
     max_abs: float
+
+
+@dataclass(frozen=True)
+class ValueStats:
+    """Summary of a tensor's values, computed in float64."""
+
+    min: float
+    max: float
+    mean: float
+    std: float
+    rms: float
+
+    def to_json(self) -> dict:
+        return {"min": self.min, "max": self.max, "mean": self.mean, "std": self.std, "rms": self.rms}

@@ -44,7 +44,7 @@ from qcli.text import printable
 from qcli.verify import Verified, read_back
 
 if TYPE_CHECKING:
-    from qcli.report import QuantizeReport
+    from qcli.report.quantize import QuantizeReport
 
 INDEX_SUFFIX = ".safetensors.index.json"  # a sharded safetensors checkpoint's index
 MODEL_FILE = "model.bpk"  # a model folder's weights (or the name its shards and index take)

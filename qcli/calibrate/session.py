@@ -32,7 +32,7 @@ from qcli.calibrate.runner import BlockDone, LinearStats, block_linears, estimat
 from qcli.errors import DeviceMemoryError, InputError, UsageError
 from qcli.io.files import file_sha256
 from qcli.problem import Kind, Problem, Severity
-from qcli.report import CalibrationRecord
+from qcli.report.quantize import CalibrationRecord
 from qcli.resident import peak_resident_bytes, resident_bytes
 from qcli.scheme import Calibration
 from qcli.text import quoted

@@ -17,7 +17,7 @@ from qcli.commands import inspect as command
 from qcli.errors import CheckFailed
 from qcli.io.source import Names
 from qcli.problem import Severity
-from qcli.report import InspectReport, SourcePlan
+from qcli.report.inspect import InspectReport, SourcePlan
 from qcli.text import printable
 
 

@@ -19,7 +19,8 @@ from qcli.commands.options import QuantizeOptions
 from qcli.errors import QcliError, UsageError
 from qcli.io.source import Names
 from qcli.presets import DEFAULT_PRESET, PRESETS
-from qcli.report import JSON_SCHEMA_VERSION, QuantizeReport
+from qcli.report.documents import JSON_SCHEMA_VERSION
+from qcli.report.quantize import QuantizeReport
 from qcli.text import printable
 
 # The default output prints every tensor (in a narrow table) up to this many; above it, a summary: the

@@ -14,7 +14,7 @@ from qcli.cli._formats import requantize_option
 from qcli.commands import validate_scheme as command
 from qcli.errors import CheckFailed
 from qcli.problem import Problem
-from qcli.report import ValidateReport
+from qcli.report.validate import ValidateReport
 
 MAX_NAMES = 5
 

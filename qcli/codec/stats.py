@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from qcli.error_stats import ErrorStats
+from qcli.error_stats import ErrorStats, ValueStats
 
 CHUNK_ELEMENTS = 1 << 20
 # An f32 sum of squares in this range lost nothing that matters to underflow and did not overflow.
@@ -74,3 +74,17 @@ def error_stats(source: torch.Tensor, decoded: torch.Tensor) -> ErrorStats:
     sums = ErrorSums.zeros(source.device)
     sums.add(source, decoded)
     return sums.stats()
+
+
+def value_stats(t: torch.Tensor) -> ValueStats:
+    """min/max/mean/std (population)/rms of a torch tensor of any real dtype."""
+    x = t.reshape(-1).double()
+    if x.numel() == 0:
+        return ValueStats(0.0, 0.0, 0.0, 0.0, 0.0)
+    return ValueStats(
+        min=float(x.min()),
+        max=float(x.max()),
+        mean=float(x.mean()),
+        std=float(x.std(correction=0)),
+        rms=float(x.square().mean().sqrt()),
+    )

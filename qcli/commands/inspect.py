@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from qcli import layout
 from qcli.commands import collector_paused
 from qcli.commands.quantize import plan_by_name
-from qcli.error_stats import ErrorStats
+from qcli.error_stats import ErrorStats, ValueStats
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect, verdict
 from qcli.formats.found import Encoded, Found, Transcode
@@ -23,19 +23,17 @@ from qcli.io.readers import open_source
 from qcli.io.source import Source, TensorInfo
 from qcli.output import is_container
 from qcli.plan import PlanEntry
-from qcli.report import (
+from qcli.report.documents import SourceFile
+from qcli.report.inspect import (
     CompareReport,
     CompareRow,
     InspectReport,
     ListedTensor,
     PlannedTensor,
-    SourceFile,
     SourcePlan,
-    TensorRow,
     TensorStats,
-    ValueStats,
-    value_stats,
 )
+from qcli.report.quantize import TensorRow
 from qcli.scheme import Calibration, QuantScheme
 
 if TYPE_CHECKING:
@@ -80,6 +78,7 @@ def _scale_stats(data: memoryview, scheme: QuantScheme, shape: tuple[int, ...]) 
     `decode` accepted the scheme, so its scales are ones the codec unpacks."""
     from qcli.codec.decode import as_bytes
     from qcli.codec.pack import unpack_scales
+    from qcli.codec.stats import value_stats
 
     start = layout.value_bytes(scheme, shape)
     end = start + layout.scale_bytes(scheme, shape)
@@ -102,6 +101,7 @@ def inspect_file(
     """List a checkpoint (safetensors or GGUF) with its default plan, or a burnpack file; optionally one tensor's
     statistics, or a comparison of a burnpack file against its source. `names`: a GGUF source's tensor names
     as in the file, or `hf`, Hugging Face's (`qcli.io.source.Names`)."""
+
     path = Path(path)
     if is_container(path):
         return _inspect_burnpack(path, tensor, compare, names)
@@ -122,6 +122,8 @@ def inspect_file(
         if tensor is not None:
             if tensor not in {i.name for i in infos}:
                 raise _suggest_tensor(tensor, [i.name for i in infos])
+            from qcli.codec.stats import value_stats
+
             found = detect(infos).get(tensor)
             report.tensor_stats = TensorStats(tensor, value_stats(_values(source, tensor, found)), None, None)
     return report
@@ -164,6 +166,8 @@ def _values(source: Source, name: str, found: Found | None) -> torch.Tensor:
 
 def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None, names: str) -> InspectReport:
     """One burnpack file, or through its index (`qcli.io.burnpack_index`) every shard of sharded output."""
+    from qcli.codec.stats import value_stats
+
     reader = BurnpackSet.open(path)
     entries = reader.entries()
     report = InspectReport(

@@ -33,7 +33,8 @@ from qcli.plan import Plan, PlanEntry, make_plan
 from qcli.presets import Preset
 from qcli.problem import Problem
 from qcli.recipe import Recipe, load_recipe
-from qcli.report import CalibrationRecord, MemoryUse, Phase, QuantizeReport, SourceFile, TensorRow, Timings
+from qcli.report.documents import SourceFile
+from qcli.report.quantize import CalibrationRecord, MemoryUse, Phase, QuantizeReport, TensorRow, Timings
 from qcli.resident import peak_resident_bytes, resident_bytes
 from qcli.scheme import Calibration
 from qcli.text import printable

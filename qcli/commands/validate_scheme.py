@@ -30,7 +30,7 @@ from qcli.plan import Plan, count_and_first, make_plan, preset_or_scheme, rule_r
 from qcli.presets import Preset, resolve_preset
 from qcli.problem import Kind, Problem, Severity
 from qcli.recipe import Rule, read_recipe
-from qcli.report import ValidateReport
+from qcli.report.validate import ValidateReport
 from qcli.text import printable
 
 # Warnings of `make_plan` that are errors here: a rule that decides nothing is a mistake in the recipe.
