@@ -274,6 +274,10 @@ class Calibration(StrEnum):
     Gptq = "Gptq"
 
 
+# What the codec computes from a tensor's weights alone; GPTQ needs a calibration run's activations.
+WEIGHT_CALIBRATIONS = (Calibration.MinMax, Calibration.AbsMean, Calibration.Mse)
+
+
 def resolve_calibration(name: str) -> Calibration:
     """A calibration by name, any case (`mse`, `MinMax`)."""
     for member in Calibration:

@@ -241,8 +241,8 @@ def test_gpu_pipeline_reports_a_damaged_payload(tmp_path, monkeypatch) -> None:
 
     real = gpu.enqueue
 
-    def enqueue(x, scheme, calibration, out, bad, whole=None, searched=None):
-        real(x, scheme, calibration, out, bad, whole=whole, searched=searched)
+    def enqueue(x, scheme, calibration, out, bad, whole=None, searched=None, **options):
+        real(x, scheme, calibration, out, bad, whole=whole, searched=searched, **options)
         _scale_to_nan(out, scheme, tuple(x.shape))
 
     monkeypatch.setattr(gpu, "enqueue", enqueue)
@@ -263,8 +263,8 @@ def test_gpu_pipeline_reports_a_damaged_chunk_by_its_block_in_the_tensor(tmp_pat
     real = gpu.enqueue
     first_rows: dict[tuple, int] = {}  # per tensor, told apart by value type and dtype
 
-    def enqueue(x, scheme, calibration, out, bad, whole=None, searched=None):
-        real(x, scheme, calibration, out, bad, whole=whole, searched=searched)
+    def enqueue(x, scheme, calibration, out, bad, whole=None, searched=None, **options):
+        real(x, scheme, calibration, out, bad, whole=whole, searched=searched, **options)
         key = (scheme.value.name, x.dtype)
         if key in first_rows:
             if first_rows[key] >= 0:

@@ -26,6 +26,7 @@ from qcli.measure import Measurement, block_errors, error_bound
 from qcli.plan import make_plan
 from qcli.presets import DEFAULT_PRESET, PRESETS
 from qcli.scheme import (
+    WEIGHT_CALIBRATIONS,
     Calibration,
     Native,
     PackedNative,
@@ -77,7 +78,7 @@ def accepted_schemes():
             scheme = scheme.per_block([32], dtype)
         else:
             scheme = scheme.per_block([16], dtype).per_tensor(ScaleDtype.F32)
-        for calibration in Calibration:
+        for calibration in WEIGHT_CALIBRATIONS:
             if not accept_problems(scheme, calibration):
                 yield scheme, calibration
 
@@ -299,7 +300,7 @@ def corrupt_writer(monkeypatch: pytest.MonkeyPatch) -> None:
         quantized = next(i for i, e in enumerate(self._entries) if isinstance(e.dtype, QFloat))
         self._file.flush()
         position = self.data_start + self._offsets[quantized][0]
-        with open(self._tmp, "r+b") as file:
+        with open(self._temporary.path, "r+b") as file:
             file.seek(position)
             flipped = file.read(1)[0] ^ 1
             file.seek(position)
