@@ -18,7 +18,7 @@ from qcli.problem import Problem, Severity
 if TYPE_CHECKING:
     import torch
 
-    from qcli.plan import PlanEntry, Totals
+    from qcli.plan.entries import PlanEntry, Totals
     from qcli.scheme import QuantScheme
 
 JSON_SCHEMA_VERSION = 3
@@ -97,7 +97,7 @@ class TensorRow:
 
 
 def totals_json(t: Totals) -> dict:
-    """A `qcli.plan.Totals` as JSON."""
+    """A `qcli.plan.entries.Totals` as JSON."""
     return {
         "tensors": t.tensors,
         "quantized": t.quantized,
