@@ -38,7 +38,7 @@ from qcli.io.burnpack_index import IndexWriter, index_path, standing_index
 from qcli.io.files import not_regular_problem
 from qcli.io.staged import StagedFile
 from qcli.io.temporary import left_by_killed_run, leftover_temporaries
-from qcli.plan import Plan
+from qcli.plan.entries import Plan
 from qcli.problem import Kind, Problem, Severity
 from qcli.text import printable
 from qcli.verify import Verified, read_back

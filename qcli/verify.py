@@ -25,7 +25,7 @@ from qcli.scheme import QuantScheme
 if TYPE_CHECKING:
     from qcli.io.burnpack import BurnpackReader, TensorEntry
     from qcli.measure import BoundFailure
-    from qcli.plan import Plan
+    from qcli.plan.entries import Plan
 
 
 @dataclass(frozen=True)

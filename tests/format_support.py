@@ -20,7 +20,8 @@ from qcli.io.gguf import GgufSource
 from qcli.io.readers import open_source
 from qcli.io.safetensors import SafetensorsSource
 from qcli.pipeline import GpuSettings
-from qcli.plan import Plan, make_plan
+from qcli.plan.decisions import make_plan
+from qcli.plan.entries import Plan
 from qcli.problem import Problem
 from tests.burn_harness import dequantize, same_bits
 from tests.cli_support import cli

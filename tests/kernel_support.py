@@ -21,7 +21,7 @@ def fixed_plan(path: Path, decisions: dict):
     """The plan of the checkpoint at `path` that takes each tensor's decision from `decisions`, and the
     open source."""
     from qcli.io.safetensors import SafetensorsSource
-    from qcli.plan import Decision, Plan, PlanEntry
+    from qcli.plan.entries import Decision, Plan, PlanEntry
 
     source = SafetensorsSource.open(path)
     entries = [PlanEntry(info, Decision(*decisions[info.name], reason="test", rule=None))

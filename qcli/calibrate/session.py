@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from qcli.calibrate.inputs import CalibrationInput
     from qcli.codec.quantize import QuantizedParts
     from qcli.io.source import Source
-    from qcli.plan import Plan, PlanEntry
+    from qcli.plan.entries import Plan, PlanEntry
 
 BlockProgress = Callable[[BlockDone], None]
 

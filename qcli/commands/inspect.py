@@ -22,7 +22,7 @@ from qcli.io.dtypes import FLOAT_DTYPES, TORCH_DTYPE_NAMES, Bool, BoolStore, DTy
 from qcli.io.readers import open_source
 from qcli.io.source import Source, TensorInfo
 from qcli.output import is_container
-from qcli.plan import PlanEntry
+from qcli.plan.entries import PlanEntry
 from qcli.report.documents import SourceFile
 from qcli.report.inspect import (
     CompareReport,

@@ -29,7 +29,8 @@ from qcli.output import (
 )
 from qcli.pipeline.device import Runtime
 from qcli.pipeline.prepared import rest_of, with_prepared
-from qcli.plan import Plan, PlanEntry, make_plan
+from qcli.plan.decisions import make_plan
+from qcli.plan.entries import Plan, PlanEntry
 from qcli.presets import Preset
 from qcli.problem import Problem
 from qcli.recipe import Recipe, load_recipe

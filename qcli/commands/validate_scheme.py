@@ -26,7 +26,9 @@ from qcli.formats.found import Found
 from qcli.io.files import NOT_REGULAR_HINT, not_regular_problem
 from qcli.io.readers import open_source
 from qcli.io.source import Source, TensorInfo
-from qcli.plan import Plan, count_and_first, make_plan, preset_or_scheme, rule_refusal
+from qcli.plan.checks import count_and_first, preset_or_scheme, rule_refusal
+from qcli.plan.decisions import make_plan
+from qcli.plan.entries import Plan
 from qcli.presets import Preset, resolve_preset
 from qcli.problem import Kind, Problem, Severity
 from qcli.recipe import Rule, read_recipe
@@ -82,7 +84,7 @@ def recipe_problems(
     found: Mapping[str, Found] | None = None, values: Source | None = None,
 ) -> list[Problem]:
     """Every problem of the recipe at `recipe_path`, and of its plan for `infos` when given (`requantize`
-    and `found` as `qcli.plan.make_plan` takes them); with `backend`, every scheme that Burn backend
+    and `found` as `qcli.plan.decisions.make_plan` takes them); with `backend`, every scheme that Burn backend
     cannot load (checked per tensor when `infos` is given); with `values` (the source of `infos`), the
     tensors whose scales leave their scale dtype's range, when the plan has no error to stop it first.
 

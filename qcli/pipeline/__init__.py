@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from qcli.io.source import Source
     from qcli.measure import Measurement
-    from qcli.plan import Plan, PlanEntry
+    from qcli.plan.entries import Plan, PlanEntry
 
 
 class Payload(NamedTuple):

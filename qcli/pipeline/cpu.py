@@ -25,7 +25,7 @@ from qcli.scheme import Calibration
 
 if TYPE_CHECKING:
     from qcli.io.source import Source
-    from qcli.plan import Plan, PlanEntry
+    from qcli.plan.entries import Plan, PlanEntry
 
 
 def run(plan: Plan, source: Source, measure: bool = False, *,

@@ -16,7 +16,7 @@ from qcli.pipeline import GpuSettings, Pipeline
 from qcli.pipeline.prefetch import Prefetch
 
 if TYPE_CHECKING:
-    from qcli.plan import Plan
+    from qcli.plan.entries import Plan
 
 DEVICES = ("auto", "cpu", "cuda")
 

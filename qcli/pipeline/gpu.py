@@ -67,7 +67,7 @@ from qcli.tensor_range import TensorRange
 
 if TYPE_CHECKING:
     from qcli.io.source import Source
-    from qcli.plan import Plan, PlanEntry
+    from qcli.plan.entries import Plan, PlanEntry
 
 log = logging.getLogger(__name__)
 _SLOTS = 2  # staging buffers: pieces read ahead of the device

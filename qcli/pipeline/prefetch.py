@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from qcli.plan import Plan
+    from qcli.plan.entries import Plan
 
 SLICE = 8 << 20  # bytes per read
 THREADS = 8

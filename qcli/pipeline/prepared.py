@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import torch
 
     from qcli.io.source import Source
-    from qcli.plan import Plan
+    from qcli.plan.entries import Plan
 
 
 def rest_of(plan: Plan, prepared: Collection[str]) -> Plan:

@@ -11,7 +11,7 @@ from qcli.problem import Problem
 from qcli.report.documents import JSON_SCHEMA_VERSION, SourceFile, error_json, problem_json
 
 if TYPE_CHECKING:
-    from qcli.plan import PlanEntry, Totals
+    from qcli.plan.entries import PlanEntry, Totals
     from qcli.scheme import QuantScheme
 
 
@@ -76,7 +76,7 @@ class TensorRow:
 
 
 def totals_json(t: Totals) -> dict:
-    """A `qcli.plan.Totals` as JSON."""
+    """A `qcli.plan.entries.Totals` as JSON."""
     return {
         "tensors": t.tensors,
         "quantized": t.quantized,

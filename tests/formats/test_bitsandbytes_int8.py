@@ -16,7 +16,7 @@ from qcli.burn_backends import BurnBackend
 from qcli.errors import InputError
 from qcli.io.burnpack import BurnpackReader
 from qcli.io.safetensors import SafetensorsSource
-from qcli.plan import make_plan
+from qcli.plan.decisions import make_plan
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 from tests.burn_harness import same_bits
 from tests.cli_support import assert_user_error, cli, validate_json

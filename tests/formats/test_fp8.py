@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from qcli.burn_backends import BurnBackend
 from qcli.io.burnpack import BurnpackReader
 from qcli.io.safetensors import SafetensorsSource
-from qcli.plan import make_plan
+from qcli.plan.decisions import make_plan
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 from tests.burn_harness import dequantize, same_bits
 from tests.cli_support import cli, validate_json

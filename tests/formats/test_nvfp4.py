@@ -17,7 +17,7 @@ from qcli.burn_backends import BurnBackend
 from qcli.formats.e2m1 import e2m1_codes
 from qcli.io.burnpack import BurnpackReader
 from qcli.io.safetensors import SafetensorsSource
-from qcli.plan import make_plan
+from qcli.plan.decisions import make_plan
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 from tests.burn_harness import same_bits
 from tests.cli_support import cli, validate_json

@@ -21,7 +21,7 @@ from qcli.io.burnpack import BurnpackReader
 from qcli.io.safetensors import SafetensorsSource
 from qcli.layout import BlockGrid
 from qcli.measure import error_bound
-from qcli.plan import make_plan
+from qcli.plan.decisions import make_plan
 from qcli.presets import PRESETS
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 from tests.burn_harness import same_bits

@@ -9,7 +9,8 @@ import pytest
 
 from qcli.errors import PlanError
 from qcli.io.source import TensorInfo
-from qcli.plan import CHUNK_WORKING_BYTES, make_plan, shape_problem
+from qcli.plan.decisions import make_plan, shape_problem
+from qcli.plan.entries import CHUNK_WORKING_BYTES
 from qcli.presets import PRESETS
 from qcli.recipe import load_recipe
 from qcli.scheme import Calibration, QuantScheme, QuantValue, ScaleDtype
@@ -640,9 +641,10 @@ def test_a_flag_calibration_a_rules_scheme_cannot_take_is_an_error_at_the_rule(t
 def test_a_header_of_many_tensors_is_checked_once_per_shape() -> None:
     """Planning is linear in the header: the checks of a (scheme, shape) pair (shape, payload size, what each
     backend loads) run once per pair, however many tensors share it (bench/header_scale.py times it)."""
-    from qcli import burn_backends, layout, plan
+    from qcli import burn_backends, layout
+    from qcli.plan import decisions
 
-    checks = (plan._shape_problem, layout._quantized_data_len, burn_backends._decode_problem)
+    checks = (decisions._shape_problem, layout._quantized_data_len, burn_backends._decode_problem)
 
     def checked(layers: int) -> list[int]:
         for check in checks:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from qcli.errors import RecipeError
 from qcli.io.source import TensorInfo
 from qcli.patterns import regex_matcher
-from qcli.plan import make_plan
+from qcli.plan.decisions import make_plan
 from qcli.recipe import RULE_KEYS, load_recipe, parse_recipe, read_recipe
 from tests.cli_support import ROOT
 from tests.hang_support import ends, never_hangs

@@ -23,7 +23,7 @@ from qcli.io.burnpack import BurnpackReader, BurnpackWriter, TensorEntry
 from qcli.io.dtypes import Plain, QFloat
 from qcli.io.safetensors import SafetensorsSource
 from qcli.measure import Measurement, block_errors, error_bound
-from qcli.plan import make_plan
+from qcli.plan.decisions import make_plan
 from qcli.presets import DEFAULT_PRESET, PRESETS
 from qcli.scheme import (
     WEIGHT_CALIBRATIONS,

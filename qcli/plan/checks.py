@@ -1,0 +1,246 @@
+"""The plan's problem passes: what each rule, the preset, an encoded format, an entry, the Burn release and
+backend, and the file's limits make of the decisions, every finding a `Problem` with its hint.
+
+`Checks` is the planner's half that records them; the planner (`qcli.plan.decisions._Planner`) holds the
+state they read: the recipe, preset, found formats, Burn release and backend, and the tensors each rule could
+not carry out (`not_2d`, `not_float`, `unquantized`, `transcoded`, `refused`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from qcli import BURN_VERSION
+from qcli.burn_backends import BurnBackend, hold_problem, kept_problem, load_problem, loads_instead
+from qcli.formats.found import Encoded
+from qcli.io.burnpack import MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, align, gib
+from qcli.plan.entries import Plan, PlanEntry
+from qcli.presets import PRESETS
+from qcli.problem import Kind, Problem, Severity
+from qcli.recipe import OnIndivisible, Rule
+from qcli.scheme import QuantScheme, accept_problems
+
+FIRST_NAMES = 3
+
+
+class Checks:
+    """The problem passes of a plan, run by the planner that subclasses it once every tensor is decided."""
+
+    def problem(self, kind: Kind, message: str, hint: str, tensors: Sequence[str] = (),
+                severity: Severity = Severity.error, rule: Rule | None = None) -> None:
+        self.problems.append(Problem(kind, message, hint, severity, rule.file if rule else None,
+                                     rule.line if rule else None, tuple(tensors)))
+
+    def encoded_problems(self) -> None:
+        """One error per format refused: why no Burn scheme holds it, and `--requantize` the way out."""
+        for format, refused in self.refused.items():
+            names, first = [e.weight.name for e in refused], refused[0]
+            are = "is" if len(names) == 1 else "are"
+            self.problem(first.kind, f"{count_and_first(names)} {are} {format}: {first.why}", first.hint, names)
+
+    def rule_problems(self, rule: Rule, names: list[str], entries: Sequence[PlanEntry]) -> None:
+        refused = rule_refusal(rule, names)
+        if refused is not None:
+            self.problems.append(refused)
+        not_2d = self.not_2d.get(id(rule), [])
+        if not_2d:
+            self.problem(
+                Kind.transpose, f"rule (match {rule.match!r}) asks to transpose "
+                f"{count_and_first(not_2d)} that are not 2-D; transpose = true needs a 2-D tensor",
+                "narrow the match to 2-D weights (a rule before it can keep the others), or drop transpose",
+                not_2d, rule=rule,
+            )
+        not_float = self.not_float.get(id(rule), [])
+        if not_float:
+            dtypes = sorted({e.info.dtype for e in entries if e.info.name in set(not_float)})
+            self.problem(
+                Kind.cast, f"rule (match {rule.match!r}) asks to cast {count_and_first(not_float)} to {rule.cast}, "
+                f"which are not floating ({', '.join(dtypes)}); cast converts F64, F32, F16 and BF16 tensors only",
+                "narrow the match to floating tensors (a keep rule before it can take the others), or drop cast",
+                not_float, rule=rule,
+            )
+        transcoded = self.transcoded.get(id(rule), [])
+        if transcoded:
+            reason = next(e.decision.reason for e in entries if e.info.name == transcoded[0])
+            self.problem(
+                Kind.transcoded, f"rule (match {rule.match!r}) asks for {rule.describe()}, but "
+                f"{count_and_first(transcoded)} are already quantized: they are transcoded instead "
+                f"({reason.removeprefix(f'rule {rule.location}: ')})",
+                "nothing to do: their codes are written as they are, without a second rounding; a keep rule "
+                "before it would refuse them (Burn has no dtype for their codes)",
+                transcoded, severity=Severity.warning, rule=rule,
+            )
+        unquantized = self.unquantized.get(id(rule), [])
+        # With on_indivisible = "error" each such tensor is an error already.
+        strict = self.recipe is not None and self.recipe.on_indivisible is OnIndivisible.error
+        if names and len(unquantized) == len(names) and not strict:
+            self.problem(
+                Kind.unquantized_rule, f"rule (match {rule.match!r}) matches {count_and_first(names)} but "
+                f"quantizes none of them with {rule.describe()}: {unquantized[0]}",
+                "change the rule's block, store or value so the shapes take it, or say keep = true if keeping "
+                "them is meant",
+                names, severity=Severity.warning, rule=rule,
+            )
+        if not names:
+            shadowed = [e for e in entries if rule.matches(e.info.name)]
+            if shadowed:
+                earlier = list({id(e.decision.rule): e.decision.rule for e in shadowed}.values())
+                by = ", ".join(f"rule {r.number} ({r.location})" for r in earlier)
+                self.problem(
+                    Kind.unmatched_rule, f"rule (match {rule.match!r}) is shadowed by {by}: every tensor it "
+                    f"matches, {count_and_first([e.info.name for e in shadowed])}, is taken by "
+                    f"{'that rule' if len(earlier) == 1 else 'those rules'} first",
+                    "the first rule that matches a tensor decides it: move this rule before "
+                    f"{'it' if len(earlier) == 1 else 'them'}, narrow the earlier match, or remove this rule",
+                    severity=Severity.warning, rule=rule,
+                )
+                return
+            self.problem(
+                Kind.unmatched_rule, f"rule (match {rule.match!r}) matches no tensor",
+                "check the pattern against `qcli inspect` names (a glob matches the full name), or remove it",
+                severity=Severity.warning, rule=rule,
+            )
+
+    def nothing_quantized(self, entries: Sequence[PlanEntry]) -> None:
+        """A plan without errors that quantizes no tensor at all: a warning, with the first tensor's reason."""
+        if not entries or any(e.decision.scheme is not None for e in entries) or any(
+            p.severity is Severity.error for p in self.problems
+        ):
+            return
+        names = [e.info.name for e in entries]
+        first = entries[0]
+        self.problem(
+            Kind.nothing_quantized, f"nothing is quantized: all {count_and_first(names)} are kept; the first "
+            f"because {first.decision.reason}",
+            "the output would be about as large as the input: check --scheme and the recipe's rules against "
+            "each tensor's reason in `qcli quantize --dry-run`",
+            names, severity=Severity.warning,
+        )
+
+    def default_problems(self, names: list[str]) -> None:
+        """A preset Burn refuses is reported once, like a rule (the CLI only offers accepted presets)."""
+        refusals = accept_problems(self.preset.scheme, self.calibration or self.preset.calibration)
+        if refusals and names:
+            self.problem(
+                refusals[0].kind,
+                f"preset {self.preset.name} ({self.preset.scheme}) is refused by Burn: "
+                f"{'; and '.join(r.message for r in refusals)}; it would have covered {count_and_first(names)}",
+                refusals[0].hint, names,
+            )
+
+    def output_problems(self, entry: PlanEntry) -> None:
+        """What Burn cannot load whatever the decision: an unrepresentable kept dtype, an oversized tensor."""
+        info, decision = entry.info, entry.decision
+        why_not = self.found.get(info.name)
+        hint = ("dequantize the checkpoint to BF16 or F32 (with its scale tensors) first, then run qcli "
+                "(the formats qcli transcodes are in docs/input-formats.md)")
+        if decision.scheme is None and entry.out_dtype is None and not isinstance(why_not, Encoded):  # refused once
+            nor = f"; nor transcoded: {why_not}" if isinstance(why_not, str) else ""
+            self.problem(
+                Kind.dtype, f"{info.name} ({info.dtype}) cannot be kept: Burn has no {info.dtype} dtype{nor}",
+                hint, [info.name], rule=decision.rule,
+            )
+        elif decision.scheme is None and isinstance(why_not, str) and not (decision.rule and decision.rule.keep):
+            self.problem(  # Burn holds the dtype, but not the values the codes stand for
+                Kind.dtype, f"{info.name} ({info.dtype}) holds another tool's quantized codes, which kept as they are "
+                f"would not decode in Burn, and is not transcoded: {why_not}", hint, [info.name], rule=decision.rule,
+            )
+        if entry.decision.scheme is None and info.nbytes > MAX_TENSOR_SIZE:
+            limit = gib(MAX_TENSOR_SIZE)
+            self.problem(
+                Kind.size, f"{info.name} is {info.nbytes / 1024**3:.1f} GiB, over Burn's {limit} tensor limit",
+                f"quantize it (a rule with a scheme) so its payload fits under {limit}",
+                [info.name], rule=entry.decision.rule,
+            )
+
+    def version_problems(self, entries: Sequence[PlanEntry]) -> None:
+        """Schemes the target Burn release has no form for, whatever the backend: one error per rule."""
+        unheld: dict[tuple[int, str], list[PlanEntry]] = {}
+        for entry in entries:
+            why = entry.decision.scheme and hold_problem(entry.decision.scheme, self.burn_version)
+            if why:
+                unheld.setdefault((id(entry.decision.rule), why), []).append(entry)
+        for (_, why), group in unheld.items():
+            names = [e.info.name for e in group]
+            # a transcode's scheme is the checkpoint's: there is no other scheme to offer
+            instead = ("write it for --burn-version" if group[0].decision.transcode else
+                       "use a one-level scheme (drop tensor_scale), or --burn-version")
+            self.problem(Kind.version, f"{count_and_first(names)} cannot be written as {group[0].decision.scheme}: "
+                         f"{why}", f"{instead} {BURN_VERSION}", names, rule=group[0].decision.rule)
+
+    def backend_problems(self, backend: BurnBackend, entries: Sequence[PlanEntry]) -> None:
+        """What `backend` cannot load, one problem per rule (or the preset) and reason: an error for the
+        backend asked for, a warning for a common one."""
+        failing: dict[tuple[int, object, str], list[PlanEntry]] = {}
+        version = self.burn_version
+        for entry in entries:
+            scheme = entry.decision.scheme
+            if scheme is not None and hold_problem(scheme, version) is not None:
+                continue  # `version_problems` reports it once, for every backend
+            dtype = entry.out_dtype
+            if dtype is None:
+                continue  # `output_problems` reports it: Burn has no such dtype
+            why = (kept_problem(backend, dtype, version) if scheme is None
+                   else load_problem(backend, scheme, entry.out_shape, version))
+            if why is not None:
+                failing.setdefault((id(entry.decision.rule), scheme or dtype, why), []).append(entry)
+        for (_, written, why), group in failing.items():  # `written`: a scheme or a dtype, shown as text
+            first = group[0]
+            names = [e.info.name for e in group]
+            if first.decision.scheme is None:
+                hint = ("load the file on flex (Burn's CPU backend), which builds every dtype, or write them as F32: "
+                        "cast = \"F32\" on their keep rule, or cast_kept = \"F32\" in [defaults]")
+            elif first.decision.transcode is not None:  # the checkpoint's own codes: no other scheme holds them
+                hint = ("they are the checkpoint's own codes, written exactly: load the file on a backend that "
+                        "reads them (docs/input-formats.md)")
+            else:
+                instead = loads_instead(backend, first.decision.scheme, first.out_shape, version)
+                hint = (f"use {preset_or_scheme(instead)}, which {backend} loads" if instead is not None
+                        else "keep them (keep = true), or load the file on another backend")
+            if self.backend is None:
+                hint += "; name the backend you load with by --burn-backend to check for it alone"
+            self.problem(
+                Kind.backend, f"Burn {version}'s {backend} backend cannot load {count_and_first(names)} as {written}: "
+                f"{why}", hint, names, severity=Severity.error if self.backend else Severity.warning,
+                rule=first.decision.rule,
+            )
+
+    def file_problems(self, plan: Plan) -> None:
+        """Burn's per-file reader limits: the tensor count and the file size (data alone, aligned)."""
+        count = len(plan.entries)
+        if count > MAX_TENSOR_COUNT:
+            self.problem(Kind.size, f"the output would hold {count} tensors; Burn's reader refuses more than "
+                         f"{MAX_TENSOR_COUNT}", "split the output into several files with --max-shard-size")
+        data = sum(align(e.out_nbytes) for e in plan.entries)
+        if data > MAX_FILE_SIZE:
+            self.problem(Kind.size, f"the output would take at least {data / 1024**3:.1f} GiB; Burn's reader "
+                         f"refuses a file over {gib(MAX_FILE_SIZE)}",
+                         "split the output with --max-shard-size 50GB, quantize more tensors, or use a smaller "
+                         "scheme")
+
+
+def rule_refusal(rule: Rule, covered: Sequence[str] | None = None) -> Problem | None:
+    """The Problem for a rule asking for what Burn refuses (Lookup, a zero point, a refused scheme), naming
+    the tensors it would have `covered` when a model is known; None for a rule the plan can carry out."""
+    if not rule.refusals:
+        return None
+    message = (f"rule (match {rule.match!r}) asks for {rule.describe()}, which Burn "
+               f"refuses: {'; and '.join(r.message for r in rule.refusals)}")
+    if covered is not None:
+        message += f"; it would have covered {count_and_first(covered)}"
+    first = rule.refusals[0]  # a Lookup rule's first refusal is its mode's
+    return Problem(first.kind, message, first.hint, file=rule.file, line=rule.line, tensors=tuple(covered or ()))
+
+
+def preset_or_scheme(scheme: QuantScheme) -> str:
+    """The preset whose scheme `scheme` is (`preset q8s-b32`), else the scheme itself."""
+    preset = next((p.name for p in PRESETS.values() if p.scheme == scheme), None)
+    return f"preset {preset}" if preset is not None else str(scheme)
+
+
+def count_and_first(names: Sequence[str]) -> str:
+    """`3 tensors (a, b, c)`, naming at most the first FIRST_NAMES."""
+    if not names:
+        return "no tensor"
+    first = ", ".join(names[:FIRST_NAMES]) + (", ..." if len(names) > FIRST_NAMES else "")
+    return f"{len(names)} tensor{'s' if len(names) > 1 else ''} ({first})"

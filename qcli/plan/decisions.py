@@ -1,0 +1,324 @@
+"""The plan: one decision per tensor (a scheme, or keep) with its reason, and every problem, from headers.
+
+A tensor takes the first recipe rule that matches its name; tensors no rule matches follow the default
+policy with the preset (docs/recipes.md): quantize floating tensors of rank >= 2 whose shape can take
+the scheme (with a smaller block when the preset's does not divide the row; the token embedding and the
+output head at 8 bits when the preset is narrower), keep everything else with the reason. Nothing here
+reads a weight, so a plan is checked in full (and `--dry-run` printed) before the first tensor is loaded.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import replace
+
+from qcli import BURN_VERSION, layout
+from qcli.burn_backends import COMMON_BACKENDS, BurnBackend
+from qcli.formats import FORMAT_EMBEDDINGS, consumed, detect, scale_owners
+from qcli.formats.found import Encoded, Found, Transcode
+from qcli.io.burnpack import MAX_TENSOR_SIZE, gib
+from qcli.io.dtypes import FLOAT_DTYPES, is_quantized
+from qcli.io.source import TensorInfo
+from qcli.plan.checks import Checks
+from qcli.plan.entries import Decision, Plan, PlanEntry
+from qcli.presets import DEFAULT_PRESET, PRESETS, Preset
+from qcli.problem import Kind, Problem
+from qcli.recipe import OnIndivisible, Recipe, Rule
+from qcli.scheme import (
+    Calibration,
+    PackedNative,
+    PackedU32,
+    QuantScheme,
+    accept_problems,
+)
+
+# The token embedding and the output head, by the module names common checkpoints give them (Llama and
+# most Hugging Face models, GPT-2, Meta's Llama, BERT, GPT-NeoX; a format's own, as llama.cpp's GGUF files,
+# from `qcli.formats`): quantized at `WIDE_PRESET` by default when the preset is narrower than 8 bits.
+EMBEDDING_MODULES = ("embed_tokens", "wte", "tok_embeddings", "word_embeddings", "embed_in", *FORMAT_EMBEDDINGS)
+HEAD_MODULES = ("lm_head", "embed_out")
+HEAD_NAMES = ("output.weight",)  # Meta's Llama: a top-level `output` module
+WIDE_PRESET = "q8s-b32"
+
+
+def shape_problem(scheme: QuantScheme, shape: Sequence[int]) -> str | None:
+    """Why a tensor of `shape` cannot take `scheme` in any Burn backend, or None when it can."""
+    return _shape_problem(scheme, tuple(shape))
+
+
+@functools.lru_cache(maxsize=1 << 12)  # asked of every tensor, and a model's tensors share a few shapes
+def _shape_problem(scheme: QuantScheme, shape: tuple[int, ...]) -> str | None:
+    rank = len(shape)
+    if rank == 0:
+        return "a 0-D tensor (scalar) has no axis to quantize along"
+    block = scheme.block.size if scheme.block is not None else None
+    if block is not None:
+        if block.len > rank:
+            return f"block {block} has {block.len} axes but the tensor has {rank}"
+        for axis, (dim, extent) in enumerate(zip(shape, block.to_dim_vec(rank), strict=True)):
+            if dim % extent:
+                where = f"last dim {dim}" if axis == rank - 1 else f"dim {axis} (size {dim})"
+                return f"{where} is not a multiple of {extent} (block {block})"
+    per_word = scheme.num_quants()
+    if isinstance(scheme.store, PackedU32) and shape[-1] % per_word:
+        return (f"last dim {shape[-1]} is not a multiple of {per_word} "
+                f"(PackedU32 holds {per_word} {scheme.value.value} values per word)")
+    if isinstance(scheme.store, PackedNative) and shape[-1] % scheme.value.native_packing():  # 2: e2m1x2
+        return f"last dim {shape[-1]} is odd (PackedNative stores {scheme.value.value} values in pairs)"
+    nbytes = layout.quantized_data_len(scheme, shape)
+    if nbytes > MAX_TENSOR_SIZE:
+        return (f"its payload of {nbytes / 1024**3:.1f} GiB exceeds Burn's {gib(MAX_TENSOR_SIZE)} per-tensor "
+                "reader limit")
+    return None
+
+
+def tensor_role(name: str) -> str | None:
+    """"token embedding" or "output head" for the names checkpoints give them (`model.embed_tokens.weight`,
+    `transformer.wte.weight`, `tok_embeddings.weight`, `lm_head.weight`, Meta's `output.weight`), else None."""
+    if name in HEAD_NAMES:
+        return "output head"
+    parts = name.split(".")
+    module = parts[-2] if len(parts) > 1 and parts[-1] == "weight" else parts[-1]
+    if module in EMBEDDING_MODULES:
+        return "token embedding"
+    return "output head" if module in HEAD_MODULES else None
+
+
+def smaller_block(scheme: QuantScheme, shape: Sequence[int], calibration: Calibration = Calibration.MinMax
+                  ) -> QuantScheme | None:
+    """`scheme` with its one-axis block halved until `shape` can take it, no smaller than the values one
+    storage word holds (8 for 4-bit PackedU32), the value, store and scale dtype unchanged: the largest
+    such block; None for a scheme without a one-axis block, or when no such block fits."""
+    block = scheme.block
+    if block is None or block.size.len != 1 or not shape:
+        return None
+    extent, floor = block.size.dims()[0] // 2, max(scheme.num_quants(), 1)
+    while extent >= floor:
+        if shape[-1] % extent == 0:
+            candidate = scheme.per_block([extent], block.dtype)
+            if shape_problem(candidate, shape) is None and not accept_problems(candidate, calibration):
+                return candidate
+        extent //= 2
+    return None
+
+
+def make_plan(
+    infos: Iterable[TensorInfo], recipe: Recipe | None = None, preset: Preset | None = None,
+    *, split: bool = False, backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
+    calibration: Calibration | None = None, requantize: Preset | None = None,
+    found: Mapping[str, Found] | None = None, calibrated: Collection[str] = (),
+) -> Plan:
+    """One decision per tensor and every problem found from the headers (see the module docstring).
+
+    `split`: the output is cut into several files (--max-shard-size), so Burn's per-file limits are
+    the split's to keep, not one file's. `backend`: every tensor that Burn backend cannot load is an
+    error; without one, what a common backend cannot load is a warning. `burn_version`: the Burn release
+    the file is for; a scheme it has no form for is an error. `calibration` (`--calibration`): the
+    calibration of every quantized tensor whose rule names none, in place of its preset's. `requantize`
+    (`--requantize`): the preset the tensors no Burn scheme holds (`qcli.formats.Encoded`: bitsandbytes NF4,
+    FP4) are quantized into once dequantized; without it they are refused. `found`: the checkpoint's
+    already-quantized weights (`qcli.formats.detect`), the encoded ones' states read for `requantize`.
+    `calibrated`: the tensors a calibration run reaches (the Linear weights in the model's blocks): GPTQ
+    applies to them only, every other tensor takes its preset's calibration instead, its reason says so.
+    """
+    return _Planner(list(infos), recipe, preset or PRESETS[DEFAULT_PRESET], split, backend, burn_version,
+                    calibration, requantize, found, calibrated).plan()
+
+
+class _Planner(Checks):
+    def __init__(self, infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False,
+                 backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
+                 calibration: Calibration | None = None, requantize: Preset | None = None,
+                 found: Mapping[str, Found] | None = None, calibrated: Collection[str] = ()) -> None:
+        self.calibrated = frozenset(calibrated)
+        self.found = dict(found) if found is not None else detect(infos)
+        self.requantize = requantize
+        self.refused: dict[str, list[Encoded]] = {}  # format -> its weights, refused without --requantize
+        companions = consumed(self.found, requantize is not None)  # no entries of their own
+        self.infos = [i for i in infos if i.name not in companions]
+        self.calibration = calibration
+        self.refused_calibration: set[int] = set()  # id(rule): rules `calibration` is refused for, reported
+        self.split = split
+        self.backend = backend
+        self.burn_version = burn_version
+        self.recipe = recipe
+        self.preset = preset
+        self.problems: list[Problem] = []
+        self.scale_owners = scale_owners(infos)
+        self.not_2d: dict[int, list[str]] = {}  # id(rule) -> tensors it asks to transpose that are not 2-D
+        self.not_float: dict[int, list[str]] = {}  # id(rule) -> tensors it asks to cast that are not floating
+        self.unquantized: dict[int, list[str]] = {}  # id(rule) -> its tensors that cannot take its scheme, why
+        self.transcoded: dict[int, list[str]] = {}  # id(rule) -> its F8 tensors, transcoded instead
+        self.cast_kept = recipe.cast_kept if recipe is not None else None
+
+    def plan(self) -> Plan:
+        rules = self.recipe.rules if self.recipe else []
+        covered: dict[int, list[str]] = {id(r): [] for r in rules}
+        entries = []
+        for info in self.infos:
+            rule = next((r for r in rules if r.matches(info.name)), None)
+            if rule is not None:
+                covered[id(rule)].append(info.name)
+            encoded = self.found.get(info.name)
+            decision = (self.by_encoded(info, encoded) if isinstance(encoded, Encoded)
+                        else self.by_rule(info, rule) if rule else self.by_default(info))
+            entries.append(PlanEntry(info, decision, self.burn_version))
+        for rule in rules:
+            self.rule_problems(rule, covered[id(rule)], entries)
+        self.default_problems([e.info.name for e in entries if e.decision.rule is None])
+        self.encoded_problems()
+        for entry in entries:
+            self.output_problems(entry)
+        self.version_problems(entries)
+        for backend in [self.backend] if self.backend else COMMON_BACKENDS:
+            self.backend_problems(backend, entries)
+        plan = Plan(entries, self.problems, self.preset)
+        if not self.split:
+            self.file_problems(plan)
+        self.nothing_quantized(entries)
+        return plan
+
+    def cast_of(self, info: TensorInfo, cast: str | None) -> str | None:
+        """The dtype a kept `info` is written in when `cast` is asked: None for its own dtype, or for a tensor
+        that is not floating (`[defaults] cast_kept` passes those by; a rule's cast is checked in `by_rule`)."""
+        return cast if cast is not None and info.dtype in FLOAT_DTYPES and cast != info.dtype else None
+
+    def kept(self, info: TensorInfo, reason: str, rule: Rule | None, transpose: bool = False,
+             calibration: Calibration = Calibration.MinMax, cast: str | None = None) -> Decision:
+        """A keep decision, written as `cast` (else `[defaults] cast_kept`) where that applies."""
+        cast = self.cast_of(info, cast or self.cast_kept)
+        if cast is not None:
+            reason += f", cast {info.dtype} to {cast}"
+        return Decision(None, calibration, transpose, reason, rule, cast)
+
+    def by_default(self, info: TensorInfo) -> Decision:
+        def keep(reason: str) -> Decision:
+            return self.kept(info, f"default: keep, {reason}", None)
+
+        rank = len(info.shape)
+        transcode = self.found.get(info.name)
+        if isinstance(transcode, Transcode):
+            return Decision(transcode.scheme, Calibration.MinMax, False, f"default: {transcode.reason}", None,
+                            transcode=transcode)
+        if is_quantized(info.dtype):
+            return keep(f"already quantized ({info.dtype})")
+        companion = self.scale_owners.of(info.name)
+        if companion is not None:
+            return keep(f"scale of the already-quantized tensor {companion}")
+        if info.dtype not in FLOAT_DTYPES:
+            kind = {"B": "bool", "I": "integer", "U": "integer"}.get(info.dtype[:1], "non-floating")
+            return keep(f"{kind} tensor ({info.dtype})")
+        if rank < 2:
+            return keep("0-D tensor (scalar)" if rank == 0 else "1-D tensor (norm/bias)")
+        role = tensor_role(info.name)
+        if role is not None and self.preset.scheme.value.size_bits() < 8:
+            wide = self.default_scheme(info, PRESETS[WIDE_PRESET], f"default: {role}, 8 bits")
+            if wide is not None:
+                return wide
+        decision = self.default_scheme(info, self.preset)
+        if decision is not None:
+            return decision
+        return keep(f"cannot take {self.preset.name}: {shape_problem(self.preset.scheme, info.shape)}")
+
+    def by_encoded(self, info: TensorInfo, encoded: Encoded) -> Decision:
+        """A tensor no Burn scheme holds: refused (reported by format in `encoded_problems`) or, with
+        `--requantize`, dequantized and quantized into its preset, as the default policy would a tensor of
+        its shape."""
+        if self.requantize is None or not encoded.requantizable:
+            self.refused.setdefault(encoded.format, []).append(encoded)
+            return Decision(None, Calibration.MinMax, False, f"refused: {encoded.format} is {encoded.encoding}", None)
+        decoded = replace(info, dtype=encoded.dtype, shape=encoded.shape)
+        decision = self.default_scheme(decoded, self.requantize, f"requantize {encoded.format}")
+        if decision is None:
+            why = shape_problem(self.requantize.scheme, encoded.shape)
+            self.problem(Kind.shape, f"{info.name} {list(encoded.shape)} ({encoded.format}) cannot take "
+                         f"--requantize {self.requantize.name}: {why}", "requantize into a preset of a smaller block",
+                         [info.name])
+            return Decision(None, Calibration.MinMax, False, f"requantize {encoded.format}: {why}", None)
+        return replace(decision, requantize=encoded)
+
+    def default_scheme(self, info: TensorInfo, preset: Preset, why: str | None = None) -> Decision | None:
+        """`preset` for a floating tensor of rank >= 2, with a smaller block (`smaller_block`) when its own does
+        not divide the row; None when the shape takes neither. `why` replaces the reason's start (kept short:
+        the reason is a column of quantize's table)."""
+        reason = f"{why or f'default: {info.dtype} tensor of rank {len(info.shape)}'} -> {preset.name}"
+        scheme = preset.scheme
+        calibration, unreached = self.reached(info, self.calibration or preset.calibration, preset.calibration)
+        reason += unreached
+        if shape_problem(scheme, info.shape) is not None:
+            smaller = smaller_block(scheme, info.shape, calibration)
+            if smaller is None:
+                return None
+            reason += (f" → block {smaller.block.size}: {info.shape[-1]} is not a multiple of "
+                       f"{scheme.block.size.dims()[0]}")
+            scheme = smaller
+        return Decision(scheme, calibration, False, reason, None)
+
+    def by_rule(self, info: TensorInfo, rule: Rule) -> Decision:
+        where = f"rule {rule.location}"
+        calibration = rule.calibration or self.calibration or Calibration.MinMax
+        if rule.refusals:
+            reason = f"refused: {where} asks for {rule.describe()}"
+            return Decision(None, calibration, False, reason, rule)
+        transpose = rule.transpose and len(info.shape) == 2
+        if rule.transpose and not transpose:
+            self.not_2d.setdefault(id(rule), []).append(info.name)
+        if rule.keep:
+            if rule.cast is not None and info.dtype not in FLOAT_DTYPES:
+                self.not_float.setdefault(id(rule), []).append(info.name)
+                return Decision(None, calibration, transpose, f"{where}: keep", rule)
+            return self.kept(info, f"{where}: keep", rule, transpose, calibration, rule.cast)
+        assert rule.scheme is not None
+        transcode = self.found.get(info.name)
+        if isinstance(transcode, Transcode):  # qcli does not requantize: the codes are written as they are
+            self.transcoded.setdefault(id(rule), []).append(info.name)
+            return Decision(transcode.scheme, calibration, False, f"{where}: {transcode.reason}", rule,
+                            transcode=transcode)
+        shape = info.shape[::-1] if transpose else info.shape
+        why_not = self.cannot_take(info, rule.scheme, shape)
+        if why_not is None and rule.calibration is None and self.calibration is not None:
+            refused = self.calibration_refused(info, rule)
+            if refused is not None:
+                return self.kept(info, f"{where}: keep, {refused}", rule, transpose)
+        if why_not is None:
+            asked = rule.preset or str(rule.scheme)
+            calibration, unreached = self.reached(info, calibration, Calibration.MinMax)
+            return Decision(rule.scheme, calibration, transpose, f"{where} -> {asked}{unreached}", rule)
+        if self.recipe is not None and self.recipe.on_indivisible is OnIndivisible.error:
+            self.problem(
+                Kind.shape, f"{info.name} {list(info.shape)}{' transposed' if transpose else ''} cannot take "
+                f"{rule.describe()}: {why_not}",
+                "change the rule's block or store, add a keep rule for it, or set on_indivisible = \"keep\"",
+                [info.name], rule=rule,
+            )
+        self.unquantized.setdefault(id(rule), []).append(
+            f"{info.name} {list(info.shape)}{' transposed' if transpose else ''}: {why_not}")
+        reason = f"{where}: keep, cannot take the scheme: {why_not}"
+        return self.kept(info, reason, rule, transpose, calibration)
+
+    def reached(self, info: TensorInfo, calibration: Calibration, fallback: Calibration) -> tuple[Calibration, str]:
+        """`calibration`, or for a tensor GPTQ cannot reach (not in `calibrated`), `fallback` and what the
+        reason adds to say so."""
+        if calibration is not Calibration.Gptq or info.name in self.calibrated:
+            return calibration, ""
+        return fallback, f" ({fallback.name}: not a Linear in the model's blocks, which GPTQ calibrates)"
+
+    def calibration_refused(self, info: TensorInfo, rule: Rule) -> str | None:
+        """Why `--calibration` cannot apply to the scheme of `rule` (reported once per rule, as an error),
+        or None."""
+        refusals = accept_problems(rule.scheme, self.calibration)
+        if not refusals:
+            return None
+        if id(rule) not in self.refused_calibration:
+            self.refused_calibration.add(id(rule))
+            self.problem(refusals[0].kind, f"--calibration {self.calibration.value} cannot apply to "
+                         f"{rule.describe()}: {refusals[0].message}", refusals[0].hint, [info.name], rule=rule)
+        return f"--calibration {self.calibration.value} does not apply"
+
+    def cannot_take(self, info: TensorInfo, scheme: QuantScheme, shape: Sequence[int]) -> str | None:
+        if is_quantized(info.dtype):
+            return f"{info.dtype} is already quantized; qcli does not requantize"
+        if info.dtype not in FLOAT_DTYPES:
+            return f"{info.dtype} is not a floating dtype"
+        return shape_problem(scheme, shape)

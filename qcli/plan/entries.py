@@ -1,0 +1,190 @@
+"""The plan's data: one `Decision` per tensor, the `PlanEntry` it makes with what it writes (dtype, shape,
+bytes, host memory), the `Totals` over a plan, and the `Plan` with every problem found.
+
+What decides each tensor is `qcli.plan.decisions`; what finds the problems, `qcli.plan.checks`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+
+from qcli import BURN_VERSION, layout
+from qcli.burn_backends import qfloat
+from qcli.errors import PlanError
+from qcli.formats.found import Encoded, Transcode
+from qcli.io.dtypes import DType, Plain, burn_dtype
+from qcli.io.source import TensorInfo
+from qcli.presets import Preset
+from qcli.problem import Problem, Severity
+from qcli.recipe import Rule
+from qcli.scheme import Calibration, QuantScheme
+
+# What quantizing holds beside a tensor's source and payload (`PlanEntry.peak_bytes`): six f32 grids of
+# a value per block at most, and a chunk's temporaries, about 24 bytes per value of a chunk of 2^18
+# values per core (`qcli.codec.quantize.CHUNK_ELEMENTS`).
+GRID_BYTES_PER_BLOCK = 24
+CHUNK_WORKING_BYTES = 24 * (1 << 18) * (os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What happens to one tensor: quantized with `scheme`, or kept (`scheme is None`), and why."""
+
+    scheme: QuantScheme | None
+    calibration: Calibration
+    transpose: bool
+    reason: str
+    rule: Rule | None
+    cast: str | None = None  # a kept floating tensor written in this dtype (F32, F16, BF16) instead of its own
+    transcode: Transcode | None = None  # an already-quantized tensor written as `scheme`, its codes unchanged
+    requantize: Encoded | None = None  # one no Burn scheme holds, dequantized by its format's decoder, then quantized
+
+    @property
+    def found(self) -> Transcode | Encoded | None:
+        """The already-quantized weight it writes (transcoded or requantized), whose format gives its name,
+        shape and companions; None for an ordinary tensor."""
+        return self.transcode or self.requantize
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    info: TensorInfo
+    decision: Decision
+    burn_version: str = BURN_VERSION
+
+    @property
+    def name(self) -> str:
+        """The name it is written under: the source tensor's, or the one its format gives the weight its
+        codes stand for (GPTQ's `m.qweight` is written as `m.weight`)."""
+        found = self.decision.found
+        return found.name if found is not None else self.info.name
+
+    @functools.cached_property  # each property below is asked many times of every entry
+    def shape(self) -> tuple[int, ...]:
+        """The source tensor's shape as its format dequantizes it, not its codes' shape."""
+        found = self.decision.found
+        return found.shape if found is not None else tuple(self.info.shape)
+
+    @functools.cached_property
+    def out_shape(self) -> tuple[int, ...]:
+        """The shape written: the source shape, reversed when the tensor is transposed."""
+        shape = self.shape
+        return shape[::-1] if self.decision.transpose and len(shape) == 2 else shape
+
+    @functools.cached_property
+    def out_dtype(self) -> DType | None:
+        """Burn's DType written: the source dtype (or the cast's) for a kept tensor, None where Burn has
+        none; else the scheme's QFloat."""
+        if self.decision.scheme is None:
+            return burn_dtype(self.decision.cast or self.info.dtype)
+        return qfloat(self.decision.scheme, self.burn_version)
+
+    @functools.cached_property
+    def out_nbytes(self) -> int:
+        if self.decision.scheme is None:
+            if self.decision.cast is not None:
+                return Plain(self.decision.cast).nbytes(self.info.shape)
+            return self.info.nbytes
+        return layout.quantized_data_len(self.decision.scheme, self.out_shape)
+
+    @property
+    def in_nbytes(self) -> int:
+        """The source bytes it is written from: a transcoded or requantized tensor's companions', too."""
+        return self.info.nbytes + sum(c.nbytes for c in self.consumed)
+
+    @property
+    def consumed(self) -> tuple[TensorInfo, ...]:
+        """The source tensors written inside this entry's payload."""
+        found = self.decision.found
+        return found.companions if found is not None else ()
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def bits_per_weight(self) -> float:
+        return layout.bits_per_weight(self.out_nbytes, self.numel)
+
+    @property
+    def peak_bytes(self) -> int:
+        """Host memory while the CPU path processes this tensor, beside the runtime's: a kept tensor holds
+        its source bytes, twice when transposed, and its cast beside them; a quantized one its source, its
+        payload, a few f32 grids of one value per block (the codec's ranges and scales, the measure's
+        errors and decoded scales) and one chunk's temporaries (`qcli.codec.quantize`)."""
+        if self.decision.scheme is None:
+            cast = self.out_nbytes if self.decision.cast is not None else 0
+            return self.info.nbytes * (2 if self.decision.transpose else 1) + cast
+        blocks = layout.num_scales(self.decision.scheme, self.out_shape)
+        return self.info.nbytes + self.out_nbytes + GRID_BYTES_PER_BLOCK * blocks + CHUNK_WORKING_BYTES
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Sums over a plan; `peak_bytes` is the largest entry's `PlanEntry.peak_bytes`: tensors are processed
+    one at a time, so that is the expected peak host memory of a run, whatever the model's size."""
+
+    tensors: int
+    quantized: int
+    kept: int
+    transposed: int
+    params: int
+    bytes_in: int
+    bytes_out: int
+    peak_bytes: int
+
+    @property
+    def ratio(self) -> float:
+        """Input bytes per output byte: how many times smaller the output is."""
+        return self.bytes_in / self.bytes_out if self.bytes_out else 0.0
+
+    @property
+    def bits_per_weight(self) -> float:
+        return layout.bits_per_weight(self.bytes_out, self.params)
+
+
+@dataclass
+class Plan:
+    entries: list[PlanEntry]
+    problems: list[Problem]
+    preset: Preset | None = None
+
+    def totals(self) -> Totals:
+        quantized = [e for e in self.entries if e.decision.scheme is not None]
+        return Totals(
+            tensors=len(self.entries),
+            quantized=len(quantized),
+            kept=len(self.entries) - len(quantized),
+            transposed=sum(e.decision.transpose for e in self.entries),
+            params=sum(e.numel for e in self.entries),
+            bytes_in=sum(e.in_nbytes for e in self.entries),
+            bytes_out=sum(e.out_nbytes for e in self.entries),
+            peak_bytes=max((e.peak_bytes for e in self.entries), default=0),
+        )
+
+    def consumed(self) -> set[str]:
+        """The source tensors written inside another's payload, not as entries: transcoded tensors' scales,
+        requantized codebook tensors' companions."""
+        return {c.name for e in self.entries for c in e.consumed}
+
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity is Severity.error]
+
+    def warnings(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity is Severity.warning]
+
+    def raise_if_errors(self) -> None:
+        """`PlanError` listing every error-severity problem, each with its hint (a single one's is the
+        error's hint)."""
+        errors = self.errors()
+        if not errors:
+            return
+        noun = "problem" if len(errors) == 1 else "problems"
+        raise PlanError(
+            f"the plan has {len(errors)} {noun}; no weight was read and nothing was written",
+            hint=errors[0].hint if len(errors) == 1 else "each problem above says what to do",
+            problems=errors,
+        )
