@@ -2,8 +2,9 @@
 each Linear the plan gives `Calibration.Gptq` (`gptq`), and each input channel's importance for the Linears
 whose scales the mse search chooses, from the same run or from a llama.cpp importance matrix (`imatrix`).
 
-GPTQ's tensors leave here quantized (`Calibrated.parts`), for the pipeline to pack and write as they are;
-the importance goes to the pipeline's search (`Calibrated.importance`).
+The tensors quantized here (GPTQ's, and the search's weighed by the run's activations) leave as payloads
+(`Calibrated.payloads`) the pipeline writes as they are; an importance matrix's importance goes to the
+pipeline's search (`Calibrated.importance`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from qcli.calibrate.data import (
     special_frame,
 )
 from qcli.calibrate.gptq import gptq, output_error, workspace_bytes
-from qcli.calibrate.model import load_tokenizer, open_model
+from qcli.calibrate.model import CalibrationModel, load_tokenizer, open_model
 from qcli.calibrate.runner import BlockDone, LinearStats, block_linears, estimate_memory, run_blocks
 from qcli.errors import DeviceMemoryError, InputError, UsageError
 from qcli.io.files import file_sha256
@@ -74,18 +75,6 @@ def reachable(folder: Path, source: Source) -> frozenset[str]:
     return frozenset(block_linears(open_model(folder, [i.name for i in source.infos()], source.load)))
 
 
-def searched(plan: Plan) -> list[PlanEntry]:
-    """The quantized entries whose scales the mse search chooses: those importance can weigh."""
-    return [e for e in plan.entries if e.decision.scheme is not None and e.decision.calibration is Calibration.Mse
-            and e.decision.transcode is None and e.decision.requantize is None]
-
-
-def gptq_entries(plan: Plan) -> dict[str, PlanEntry]:
-    """The entries GPTQ quantizes, by checkpoint name."""
-    return {e.info.name: e for e in plan.entries if e.decision.calibration is Calibration.Gptq
-            and e.decision.scheme is not None}
-
-
 def estimate(folder: Path, calibrating: CalibrationInput, gptq_run: bool) -> int:
     """The device memory one block and the cached activations take (`runner.estimate_memory`), with GPTQ's
     work on the widest Linear for `gptq_run`."""
@@ -102,7 +91,8 @@ def _gptq_bytes(linear: torch.nn.Linear) -> int:
 def calibrate(plan: Plan, source: Source, folder: Path, calibrating: CalibrationInput, device: str,
               progress: BlockProgress | None = None) -> Calibrated | None:
     """Run the calibration the plan needs (None when it needs none) on `device` (`cpu` or `cuda`)."""
-    quantized, weighed = gptq_entries(plan), searched(plan)
+    quantized = {e.info.name: e for e in plan.calibrated_by(Calibration.Gptq)}
+    weighed = plan.calibrated_by(Calibration.Mse)
     weighed_by_name = {e.info.name: e for e in weighed}
     if not quantized and not (weighed and (calibrating.data or calibrating.imatrix)):
         return None
@@ -111,9 +101,7 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
         done = _from_imatrix(calibrating.imatrix, folder, weighed)
         done.seconds = time.perf_counter() - started
         return done
-    text = read_calibration_text(calibrating.data)
-    model = open_model(folder, [i.name for i in source.infos()], source.load)
-    tokens = windows(text, load_tokenizer(folder), calibrating)
+    model, text, tokens = _opened(source, folder, calibrating)
     done = Calibrated()
     if tokens.shortfall is not None:
         done.warnings.append(Problem(Kind.calibration, tokens.shortfall, "give more text with --calibration-data, "
@@ -189,10 +177,7 @@ def measure_importance(source: Source, input: Path, calibrating: CalibrationInpu
     each one's sum of squares per input channel and token count, named as llama.cpp names them."""
     from qcli.calibrate.imatrix import Imatrix, ImatrixEntry, hf_to_gguf_names
 
-    folder = model_folder(input)
-    model = open_model(folder, [i.name for i in source.infos()], source.load)
-    text = read_calibration_text(calibrating.data)
-    tokens = windows(text, load_tokenizer(folder), calibrating)
+    model, text, tokens = _opened(source, model_folder(input), calibrating)
     chosen = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
     run = run_blocks(model, tokens, block_linears(model), lambda *_: None, chosen, progress=progress)
     names = hf_to_gguf_names(run.stats, model.module.config.model_type)
@@ -204,6 +189,14 @@ def measure_importance(source: Source, input: Path, calibrating: CalibrationInpu
                for name, stats in run.stats.items()}
     imatrix = Imatrix(entries, (Path(text.name).name,), int(tokens.tokens.shape[0]), int(tokens.tokens.shape[1]))
     return MeasuredImportance(imatrix, imatrix.chunk_count, imatrix.chunk_size, tokens.available, chosen)
+
+
+def _opened(source: Source, folder: Path, calibrating: CalibrationInput
+            ) -> tuple[CalibrationModel, CalibrationText, CalibrationSet]:
+    """The model `folder` describes over `source`'s tensors, the calibration text, and its windows."""
+    text = read_calibration_text(calibrating.data)
+    model = open_model(folder, [i.name for i in source.infos()], source.load)
+    return model, text, windows(text, load_tokenizer(folder), calibrating)
 
 
 def windows(text: CalibrationText, tokenizer, calibrating: CalibrationInput) -> CalibrationSet:

@@ -179,16 +179,15 @@ def _reachable(input: Path, source: Source) -> frozenset[str]:
 
 def gptq_names(plan: Plan) -> frozenset[str]:
     """The entries GPTQ quantizes: the calibration run's, not the pipeline's."""
-    return frozenset(e.name for e in plan.entries if e.decision.calibration is Calibration.Gptq
-                     and e.decision.scheme is not None)
+    return frozenset(e.name for e in plan.calibrated_by(Calibration.Gptq))
 
 
 def _calibration_record(plan: Plan, input: Path, options: QuantizeOptions) -> CalibrationRecord | None:
     """What the run will calibrate on, with the dry run's memory estimate; None when nothing is calibrated."""
     given = options.calibrating
     weighed = given.data is not None or given.imatrix is not None
-    mse = weighed and any(e.decision.calibration is Calibration.Mse for e in plan.entries)
-    if not gptq_names(plan) and not mse:
+    gptq = bool(plan.calibrated_by(Calibration.Gptq))
+    if not gptq and not (weighed and plan.calibrated_by(Calibration.Mse)):
         return None
     if given.data is None:
         from qcli.calibrate.imatrix import read_imatrix
@@ -199,9 +198,9 @@ def _calibration_record(plan: Plan, input: Path, options: QuantizeOptions) -> Ca
     from qcli.calibrate.session import estimate, model_folder
 
     text = read_calibration_text(given.data)  # its faults refused here, a dry run's too
-    return CalibrationRecord("gptq" if gptq_names(plan) else "mse", str(given.data), text.sha256,
+    return CalibrationRecord("gptq" if gptq else "mse", str(given.data), text.sha256,
                              samples=given.samples, seq_len=given.seq_len, seed=given.seed,
-                             memory_estimate_bytes=estimate(model_folder(input), given, bool(gptq_names(plan))))
+                             memory_estimate_bytes=estimate(model_folder(input), given, gptq))
 
 
 def _warm_runtime() -> int:

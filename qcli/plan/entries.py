@@ -165,6 +165,12 @@ class Plan:
             peak_bytes=max((e.peak_bytes for e in self.entries), default=0),
         )
 
+    def calibrated_by(self, calibration: Calibration) -> list[PlanEntry]:
+        """The entries quantized from their own float values whose scales `calibration` chooses (a
+        transcoded or requantized tensor's come from its format)."""
+        return [e for e in self.entries if e.decision.scheme is not None and e.decision.calibration is calibration
+                and e.decision.transcode is None and e.decision.requantize is None]
+
     def consumed(self) -> set[str]:
         """The source tensors written inside another's payload, not as entries: transcoded tensors' scales,
         requantized codebook tensors' companions."""
