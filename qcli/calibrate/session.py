@@ -32,6 +32,7 @@ from qcli.calibrate.model import CalibrationModel, load_tokenizer, open_model
 from qcli.calibrate.runner import BlockDone, LinearStats, block_linears, estimate_memory, run_blocks
 from qcli.errors import DeviceMemoryError, InputError, UsageError
 from qcli.io.files import file_sha256
+from qcli.io.source import checkpoint_folder
 from qcli.problem import Kind, Problem, Severity
 from qcli.report.quantize import CalibrationRecord
 from qcli.resident import peak_resident_bytes, resident_bytes
@@ -62,11 +63,6 @@ class Calibrated:
     warnings: list[Problem] = field(default_factory=list)
     seconds: float = 0.0
     bytes: int = 0
-
-
-def model_folder(input: Path) -> Path:
-    """The folder whose config.json and tokenizer describe the checkpoint at `input`."""
-    return input if input.is_dir() else input.parent
 
 
 def reachable(folder: Path, source: Source) -> frozenset[str]:
@@ -177,7 +173,7 @@ def measure_importance(source: Source, input: Path, calibrating: CalibrationInpu
     each one's sum of squares per input channel and token count, named as llama.cpp names them."""
     from qcli.calibrate.imatrix import Imatrix, ImatrixEntry, hf_to_gguf_names
 
-    model, text, tokens = _opened(source, model_folder(input), calibrating)
+    model, text, tokens = _opened(source, checkpoint_folder(input), calibrating)
     chosen = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
     run = run_blocks(model, tokens, block_linears(model), lambda *_: None, chosen, progress=progress)
     names = hf_to_gguf_names(run.stats, model.module.config.model_type)

@@ -16,7 +16,7 @@ from qcli.formats import detect
 from qcli.io.files import file_sha256
 from qcli.io.gguf import is_gguf
 from qcli.io.readers import open_source
-from qcli.io.source import Source, TensorInfo
+from qcli.io.source import Source, TensorInfo, checkpoint_folder
 from qcli.output import (
     ModelFolder,
     Output,
@@ -119,7 +119,7 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
                                  burn_version=options.burn_version, calibration=options.calibration,
                                  requantize=options.requantize, found=found,
                                  calibrated=_reachable(input, source) if gptq else ())
-        copies = [] if folder is None or is_gguf(input) else side_files(input if input.is_dir() else input.parent)
+        copies = [] if folder is None or is_gguf(input) else side_files(checkpoint_folder(input))
         inputs += [(path, "a file the model folder copies") for path in copies]
         report = QuantizeReport(
             input=where.given,
@@ -141,8 +141,8 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
         if runtime is not None:
             runtime.warm(rest_of(plan, gptq_names(plan)), measure=stats or verify)
         record = folder_record(report, input, options.record())
-        model_folder = None if folder is None else ModelFolder(folder, copies, record)
-        outputs = Output(plan, target, options.max_shard_size, metadata(report), model_folder)
+        folder_output = None if folder is None else ModelFolder(folder, copies, record)
+        outputs = Output(plan, target, options.max_shard_size, metadata(report), folder_output)
         report.outputs = [str(path) for path in outputs.paths]
         report.warnings += folder_warnings + outputs.prepare(inputs, force=force, dry_run=dry_run)
         if dry_run:
@@ -154,9 +154,9 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
         resident = _warm_runtime()
         calibrated = None
         if report.calibration is not None:
-            from qcli.calibrate.session import calibrate, model_folder
+            from qcli.calibrate.session import calibrate
 
-            calibrated = calibrate(plan, source, model_folder(input), options.calibrating,
+            calibrated = calibrate(plan, source, checkpoint_folder(input), options.calibrating,
                                    "cpu" if report.device == "cpu" else "cuda", blocks)
             report.calibration, report.warnings = calibrated.record, report.warnings + calibrated.warnings
             run = with_prepared(run, calibrated.payloads, importance=calibrated.importance)
@@ -172,9 +172,9 @@ def _rule_calibrations(recipe: Recipe | None) -> list[Calibration]:
 
 def _reachable(input: Path, source: Source) -> frozenset[str]:
     """The tensors GPTQ can reach, from the model config.json describes (importing transformers)."""
-    from qcli.calibrate.session import model_folder, reachable
+    from qcli.calibrate.session import reachable
 
-    return reachable(model_folder(input), source)
+    return reachable(checkpoint_folder(input), source)
 
 
 def gptq_names(plan: Plan) -> frozenset[str]:
@@ -195,12 +195,12 @@ def _calibration_record(plan: Plan, input: Path, options: QuantizeOptions) -> Ca
         read_imatrix(given.imatrix)  # its faults refused here, a dry run's too
         return CalibrationRecord("mse", str(given.imatrix), file_sha256(given.imatrix))
     from qcli.calibrate.data import read_calibration_text
-    from qcli.calibrate.session import estimate, model_folder
+    from qcli.calibrate.session import estimate
 
     text = read_calibration_text(given.data)  # its faults refused here, a dry run's too
     return CalibrationRecord("gptq" if gptq else "mse", str(given.data), text.sha256,
                              samples=given.samples, seq_len=given.seq_len, seed=given.seed,
-                             memory_estimate_bytes=estimate(model_folder(input), given, gptq))
+                             memory_estimate_bytes=estimate(checkpoint_folder(input), given, gptq))
 
 
 def _warm_runtime() -> int:

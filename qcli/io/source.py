@@ -60,3 +60,9 @@ class Names(StrEnum):
 
     file = "file"  # as the file has them
     hf = "hf"  # a GGUF file's llama.cpp names as Hugging Face's (`qcli.io.gguf_names`)
+
+
+def checkpoint_folder(path: Path) -> Path:
+    """The folder a checkpoint at `path` (a file, an index, or a folder) sits in with its config.json and
+    tokenizer files."""
+    return path if path.is_dir() else path.parent
