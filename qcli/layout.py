@@ -30,6 +30,9 @@ class BlockGrid:
     Blocks are right-aligned on the trailing axes (`BlockSize.to_dim_vec`); a partial block at the edge
     takes a scale of its own. A per-tensor scheme is one block covering the whole tensor. A rank-0 tensor
     is handled as shape `[1]`.
+
+    The derived shapes are worked out once per grid: the codec's views ask for them at every call, and
+    GPTQ's column loop makes thousands of calls on one grid.
     """
 
     shape: tuple[int, ...]
@@ -44,12 +47,12 @@ class BlockGrid:
         block = tuple(scheme.block.size.to_dim_vec(len(shape)))
         return BlockGrid(shape, block, tuple(math.ceil(d / b) for d, b in zip(shape, block, strict=True)))
 
-    @property
+    @functools.cached_property
     def padded(self) -> tuple[int, ...]:
         """The shape rounded up to whole blocks."""
         return tuple(g * b for g, b in zip(self.grid, self.block, strict=True))
 
-    @property
+    @functools.cached_property
     def _splits(self) -> list[bool]:
         # Which axes split into (blocks, extent). An axis of extent 1 stays whole, so a [32] block on a
         # matrix is the view [rows, blocks, 32] and reductions run over one contiguous innermost axis;
@@ -61,12 +64,12 @@ class BlockGrid:
         parts = zip(self.grid, inner, self._splits, strict=True)
         return [n for g, b, split in parts for n in ((g, b) if split else (g,))]
 
-    @property
+    @functools.cached_property
     def blocked_shape(self) -> list[int]:
         """The padded shape with each block on its own axes (`qcli.codec.blocks.to_blocks`)."""
         return self._view(self.block)
 
-    @property
+    @functools.cached_property
     def scales_shape(self) -> list[int]:
         """The grid's shape viewed to broadcast over `blocked_shape`."""
         return self._view([1] * len(self.block))
@@ -78,7 +81,7 @@ class BlockGrid:
         parts = zip(self.grid, self.block, whole, self._splits, strict=True)
         return [n if w else 1 for g, b, w, split in parts for n in ((g, b) if split else (g,))]
 
-    @property
+    @functools.cached_property
     def block_axes(self) -> tuple[int, ...]:
         """The axes of `blocked_shape` that run inside one block."""
         ends = itertools.accumulate(2 if split else 1 for split in self._splits)
