@@ -39,6 +39,8 @@ from qcli.scheme import Calibration, QuantScheme, QuantValue
 CLIPS = tuple((32 - k) / 32 for k in range(1, 10))  # 31/32 down to 23/32 (0.72)
 ERROR_BITS = 20  # J at most: the fixed-point bits of |d| / 2^e
 IMPORTANCE_BITS = 12  # K at most: an importance weight is an integer in [1, 2^K]
+# Elements of the pieces `Search.add` measures at once (every candidate's copy): 8 Mi, 96 MiB of scratch.
+STACKED_ELEMENTS = 1 << 23
 
 
 def error_bits(block_elements: int, weight_bits: int = 0) -> int:
@@ -85,26 +87,29 @@ def importance_weights(importance: torch.Tensor, shape: tuple[int, ...], bits: i
     return weights.reshape((1,) * (len(shape) - weights.dim()) + tuple(weights.shape))
 
 
-def candidates(alpha: torch.Tensor, scheme: QuantScheme, peak: torch.Tensor | None = None) -> list[Scales]:
-    """Each candidate's stored and effective scales for the blocks' amax `alpha` (grid-shaped f32); `peak`
-    is the whole tensor's largest amax when `alpha` covers rows of it (`scales_from_alpha`)."""
+def candidates(alpha: torch.Tensor, scheme: QuantScheme, peak: torch.Tensor | None = None) -> Scales:
+    """Every candidate's stored and effective scales for the blocks' amax `alpha` (grid-shaped f32), stacked
+    on a new first axis in the order above; `peak` is the whole tensor's largest amax when `alpha` covers
+    rows of it (`scales_from_alpha`). Each is computed element-wise as it would be alone: stacking them
+    lets a search take them all in a few passes."""
     first = scales_from_alpha(alpha, scheme, peak)
     value, dtype = scheme.value, scheme.scale_dtype()
     a, b = value.range()
-    raw = divided(alpha, value.half_range())
-    tried = [raw * c for c in CLIPS]
+    clips = torch.tensor(CLIPS, dtype=torch.float32, device=alpha.device).reshape(-1, *(1,) * alpha.dim())
+    tried = [divided(alpha, value.half_range()) * clips]
     if -a != b:  # both ends exactly, and (where the dtype has a sign) a positive amax on the longer end a
-        tried += [divided(alpha, b), divided(alpha, -a)]
+        tried += [divided(alpha, b)[None], divided(alpha, -a)[None]]
         if dtype.traits.signed:
-            tried += [divided(alpha, a) * c for c in (1.0, *CLIPS)]
-    found = [first]
-    for s in tried:
-        relative = s if first.global_scale is None else divided(s, first.global_scale)
-        stored = nearest(relative.abs(), dtype)
-        stored = torch.where(stored > 0, stored.copysign(relative), first.stored)  # zero: MinMax's scale
-        effective = stored if first.global_scale is None else first.global_scale * stored
-        found.append(Scales(stored, effective, first.global_scale))
-    return found
+            toward_a = divided(alpha, a)
+            tried += [toward_a[None], toward_a * clips]
+    relative = torch.cat(tried)
+    if first.global_scale is not None:
+        relative = divided(relative, first.global_scale)
+    stored = nearest(relative.abs(), dtype)
+    stored = torch.where(stored > 0, stored.copysign(relative), first.stored)  # zero: MinMax's scale
+    effective = stored if first.global_scale is None else first.global_scale * stored
+    return Scales(torch.cat([first.stored[None], stored]), torch.cat([first.effective[None], effective]),
+                  first.global_scale)
 
 
 def fixed_point_unit(alpha: torch.Tensor, bits: int) -> torch.Tensor:
@@ -165,12 +170,14 @@ class Search:
         self.unit = fixed_point_unit(alpha, error_bits(elements, 0 if weights is None else bits))
         self.per_tensor = scheme.block is None
         self.least = torch.full(alpha.shape, math.inf, dtype=torch.float64, device=alpha.device)
-        self.totals = torch.zeros(len(self.found), dtype=torch.float64, device=alpha.device)
+        self.totals = torch.zeros(self.found.stored.shape[0], dtype=torch.float64, device=alpha.device)
         self.choice = torch.zeros(alpha.shape, dtype=torch.int64, device=alpha.device)
 
     def add(self, piece: torch.Tensor, grid_rows: slice, first_row: int = 0) -> None:
         """f32 rows of the tensor in whole blocks, covering `grid_rows` of its block grid, from its row
-        `first_row` (which only an importance along the first axis reads)."""
+        `first_row` (which only an importance along the first axis reads). The candidates are measured
+        together, as many at a time as keep the scratch under `STACKED_ELEMENTS`: a small piece (one of
+        GPTQ's groups) then takes a few passes in all rather than a few for each candidate."""
         grid = BlockGrid.of(self.scheme, piece.shape)
         rows = slice(None) if self.per_tensor else grid_rows
         blocks = to_blocks(piece, grid)
@@ -178,30 +185,34 @@ class Search:
         if weights is not None:
             if weights.shape[0] != 1:
                 weights = weights[first_row : first_row + grid.shape[0]]
-            weights = broadcast_to_blocks(weights, grid)
-        work, wide = torch.empty_like(blocks), torch.empty(blocks.shape, dtype=torch.float64, device=blocks.device)
-        least, choice = self.least[rows], self.choice[rows]
-        for k, candidate in enumerate(self.found):
-            errors = block_errors(blocks, candidate.effective[rows], self.unit[rows], grid, self.scheme.value,
-                                  work, wide, weights)
+            weights = broadcast_to_blocks(weights, grid)[None]
+        count = self.found.stored.shape[0]
+        slab = min(count, max(1, STACKED_ELEMENTS // max(blocks.numel(), 1)))
+        work = torch.empty((slab, *blocks.shape), dtype=torch.float32, device=blocks.device)
+        wide = torch.empty(work.shape, dtype=torch.float64, device=blocks.device)
+        unit, least, choice = self.unit[rows], self.least[rows], self.choice[rows]
+        for k in range(0, count, slab):
+            n = min(slab, count - k)
+            stacked = BlockGrid((n, *grid.shape), (1, *grid.block), (n, *grid.grid))  # candidates on axis 0
+            errors = block_errors(blocks[None].expand(n, *blocks.shape), self.found.effective[k : k + n, rows],
+                                  unit[None].expand(n, *unit.shape), stacked, self.scheme.value, work[:n],
+                                  wide[:n], weights)
             if self.per_tensor:
-                self.totals[k] += errors.sum()
+                self.totals[k : k + n] += errors.reshape(n, -1).sum(dim=1)
                 continue
-            better = errors < least  # strictly: of equal errors the first candidate stays
-            least.copy_(torch.where(better, errors, least))
-            choice.copy_(torch.where(better, k, choice))
+            best = errors.amin(dim=0)
+            earliest = (errors == best).to(torch.int32).argmax(dim=0)  # of equal errors the first candidate
+            better = best < least  # strictly: a tie keeps the earlier slab's
+            least.copy_(torch.where(better, best, least))
+            choice.copy_(torch.where(better, earliest + k, choice))
 
     def scales(self) -> Scales:
         """Each block's candidate of least error."""
         if self.per_tensor:
             self.choice.fill_(int(self.totals.argmin()))  # the first of equal minima
-        first = self.found[0]
-        stored, effective = first.stored.clone(), first.effective.clone()
-        for k, candidate in enumerate(self.found[1:], start=1):
-            taken = self.choice == k
-            stored = torch.where(taken, candidate.stored, stored)
-            effective = torch.where(taken, candidate.effective, effective)
-        return Scales(stored, effective, first.global_scale)
+        taken = self.choice[None]
+        return Scales(self.found.stored.gather(0, taken)[0], self.found.effective.gather(0, taken)[0],
+                      self.found.global_scale)
 
 
 def search_scales(pieces: Iterable[tuple[torch.Tensor, slice, int]], alpha: torch.Tensor, scheme: QuantScheme,

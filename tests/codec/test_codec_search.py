@@ -134,6 +134,22 @@ def test_chunking_and_threads_change_no_byte(preset, monkeypatch):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("preset", ["q8s", "q4f-b32", "fp4-b32"])
+def test_candidates_measured_together_or_one_at_a_time_pick_the_same_bytes(preset, monkeypatch):
+    """The search measures as many candidates at once as its scratch allows (`STACKED_ELEMENTS`); with room
+    for one, a few, or all of them it picks the same scales: of equal errors the first candidate wins."""
+    from qcli.codec import search
+
+    scheme = PRESETS[preset].scheme
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(5)) * 0.05
+    x[:, :32] = 0.5  # equal errors for many candidates
+    results = []
+    for room in (1, 3 * x.numel(), 1 << 23):
+        monkeypatch.setattr(search, "STACKED_ELEMENTS", room)
+        results.append(encode(x, scheme, Calibration.Mse))
+    assert all(torch.equal(r, results[0]) for r in results[1:])
+
+
 def test_a_two_level_scheme_keeps_minmaxs_global_and_searches_under_it():
     scheme = QuantScheme().with_value(QuantValue.E2M1).per_block([16], ScaleDtype.UE4M3).per_tensor(ScaleDtype.F32)
     x = torch.randn(8, 256, generator=torch.Generator().manual_seed(4))
