@@ -7,7 +7,7 @@ and on CUDA for a smaller model, compared code by code.
     python -m bench.gptq_speed agreement --dir /tmp/agree --layers 2 --hidden 512
 
 `speed` times `python -m qcli quantize` from exec to exit and reads the calibration's CUDA peak from its
---json document; `agreement` writes the model with --device cpu and twice with --device cuda, and reports the share of
+--json document (torch's allocated peak) beside the most memory nvidia-smi showed taken during the run; `agreement` writes the model with --device cpu and twice with --device cuda, and reports the share of
 weights whose decode (field and scale) is identical between the devices, the output errors side by side,
 and whether the two CUDA runs wrote the same bytes.
 """
@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -57,14 +59,27 @@ def quantize(directory: Path, out: Path, device: str, samples: int, seq_len: int
     command = [sys.executable, "-m", "qcli", "quantize", str(directory), "-o", str(out), "--force", "--json",
                "--scheme", scheme, "--calibration", "gptq", "--calibration-data", str(directory / "calibration.txt"),
                "--samples", str(samples), "--seq-len", str(seq_len), "--device", device]
+    used, stop = [], threading.Event()
+
+    def sample() -> None:  # what the device shows taken, the allocator's reserve and CUDA's context with it
+        while not stop.wait(0.25):
+            query = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                   capture_output=True, text=True)
+            if query.returncode == 0 and query.stdout.strip():
+                used.append(int(query.stdout.split()[0]))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    if device == "cuda" and shutil.which("nvidia-smi"):
+        sampler.start()
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     seconds = time.perf_counter() - started
+    stop.set()
     if done.returncode != 0:
         raise SystemExit(f"qcli failed ({done.returncode}):\n{done.stderr[-3000:]}")
     doc = json.loads(done.stdout)
     return {"command": " ".join(command[1:]), "seconds": seconds, "calibration": doc["calibration"],
-            "timings": doc["timings"], "memory": doc["memory"],
+            "timings": doc["timings"], "memory": doc["memory"], "nvidia_smi_peak_mib": max(used, default=None),
             "errors": {t["name"]: t["output_error"] for t in doc["tensors"] if t["output_error"] is not None}}
 
 
