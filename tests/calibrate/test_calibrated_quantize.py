@@ -25,6 +25,9 @@ SEQ_LEN = 16
 TEXT = ("The river runs past the old mill, where the miller keeps his grain in sacks of rough cloth. In spring the "
         "water rises and the wheel turns faster, and the children watch the ducks along the bank. Every evening "
         "the miller walks to the bridge and counts the boats that pass beneath it on their way to the town. ") * 6
+# The error qcli reports against the one measured here on transformers' float32 activations: on CUDA the
+# run's blocks compute in TF32 (qcli.calibrate.runner).
+REPORTED_RTOL = {"cpu": 1e-3, "cuda": 1e-2}
 ARCHITECTURES = {"llama": ("model.layers", "AutoModelForCausalLM"), "bert": ("encoder.layer", "AutoModel")}
 
 
@@ -36,8 +39,8 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     return built
 
 
-def quantized(folder: Path, out: Path, *calibration: str) -> dict:
-    result = cli("quantize", folder, "-o", out, "--scheme", "q4s-b32", "--device", "cpu", "--json", "--samples",
+def quantized(folder: Path, out: Path, device: str, *calibration: str) -> dict:
+    result = cli("quantize", folder, "-o", out, "--scheme", "q4s-b32", "--device", device, "--json", "--samples",
                  "1000", "--seq-len", str(SEQ_LEN), *calibration)
     assert result.code == 0, result.err
     return json.loads(result.out)
@@ -86,13 +89,13 @@ def relative_error(x: torch.Tensor, weight: torch.Tensor, approx: torch.Tensor) 
 
 @pytest.mark.burn
 @pytest.mark.parametrize("arch", ["llama", "bert"])
-def test_gptq_errs_no_more_than_minmax_on_its_calibration_inputs_in_burns_decode(checkpoints, arch, tmp_path):
+def test_gptq_errs_no_more_than_minmax_on_its_calibration_inputs_in_burns_decode(checkpoints, arch, tmp_path, device):
     from safetensors.torch import load_file
 
     folder = checkpoints[arch]
     data = ("--calibration-data", folder / "calibration.txt")
-    gptq = quantized(folder, tmp_path / "gptq.bpk", "--calibration", "gptq", *data)
-    quantized(folder, tmp_path / "minmax.bpk", "--calibration", "minmax")
+    gptq = quantized(folder, tmp_path / "gptq.bpk", device, "--calibration", "gptq", *data)
+    quantized(folder, tmp_path / "minmax.bpk", device, "--calibration", "minmax")
     assert gptq["calibration"]["method"] == "gptq" and gptq["calibration"]["samples"] == len(windows(folder))
     assert [w["kind"] for w in gptq["warnings"]].count("calibration") >= 1  # the text is shorter than asked
     burn_gptq = burn_harness.dequantize(BurnBackend.flex, tmp_path / "gptq.bpk", tmp_path / "gptq.safetensors")
@@ -106,7 +109,7 @@ def test_gptq_errs_no_more_than_minmax_on_its_calibration_inputs_in_burns_decode
         ours = relative_error(x, source[name], burn_gptq[name])
         plain = relative_error(x, source[name], burn_minmax[name])
         assert ours <= plain, (name, ours, plain)
-        assert reported[name] == pytest.approx(ours, rel=1e-3), name
+        assert reported[name] == pytest.approx(ours, rel=REPORTED_RTOL[device]), name
         ratios.append(ours / plain)
     assert sum(ratios) / len(ratios) < 0.95, ratios  # and below it on the whole, not merely tied
     assert all(t["output_error"] is None for t in gptq["tensors"] if t["name"] not in inputs)
