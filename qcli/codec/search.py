@@ -39,8 +39,10 @@ from qcli.scheme import Calibration, QuantScheme, QuantValue
 CLIPS = tuple((32 - k) / 32 for k in range(1, 10))  # 31/32 down to 23/32 (0.72)
 ERROR_BITS = 20  # J at most: the fixed-point bits of |d| / 2^e
 IMPORTANCE_BITS = 12  # K at most: an importance weight is an integer in [1, 2^K]
-# Elements of the pieces `Search.add` measures at once (every candidate's copy): 8 Mi, 96 MiB of scratch.
-STACKED_ELEMENTS = 1 << 23
+# Elements `Search.add` measures at once (every candidate's copy of a piece), by device type: on the CPU
+# the scratch (f32 and f64, 3 MiB) stays in cache, and larger slabs ran up to 3x slower on 4096 x 4096
+# (bench/search.py); a GPU takes larger slabs in fewer launches (8 Mi elements, 96 MiB of scratch).
+STACKED_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 23}
 
 
 def error_bits(block_elements: int, weight_bits: int = 0) -> int:
@@ -103,13 +105,26 @@ def candidates(alpha: torch.Tensor, scheme: QuantScheme, peak: torch.Tensor | No
             toward_a = divided(alpha, a)
             tried += [toward_a[None], toward_a * clips]
     relative = torch.cat(tried)
-    if first.global_scale is not None:
-        relative = divided(relative, first.global_scale)
-    stored = nearest(relative.abs(), dtype)
-    stored = torch.where(stored > 0, stored.copysign(relative), first.stored)  # zero: MinMax's scale
-    effective = stored if first.global_scale is None else first.global_scale * stored
-    return Scales(torch.cat([first.stored[None], stored]), torch.cat([first.effective[None], effective]),
-                  first.global_scale)
+    stored = torch.cat([first.stored[None], torch.empty_like(relative)])
+    effective = stored if first.global_scale is None else torch.cat([first.effective[None], torch.empty_like(relative)])
+    slab = slab_size(alpha)
+    for k in range(0, relative.shape[0], slab):  # in slabs, as `Search.add` measures them
+        part = relative[k : k + slab]
+        if first.global_scale is not None:
+            part = divided(part, first.global_scale)
+        rounded = nearest(part.abs(), dtype)
+        rounded = torch.where(rounded > 0, rounded.copysign(part), first.stored)  # zero: MinMax's scale
+        stored[1 + k : 1 + k + slab] = rounded
+        if first.global_scale is not None:
+            torch.mul(first.global_scale, rounded, out=effective[1 + k : 1 + k + slab])
+    return Scales(stored, effective, first.global_scale)
+
+
+def slab_size(piece: torch.Tensor, count: int | None = None) -> int:
+    """How many copies of `piece` (at most `count`) fit `STACKED_ELEMENTS` on its device; at least one."""
+    room = STACKED_ELEMENTS.get(piece.device.type, STACKED_ELEMENTS["cpu"])
+    slab = max(1, room // max(piece.numel(), 1))
+    return slab if count is None else min(count, slab)
 
 
 def fixed_point_unit(alpha: torch.Tensor, bits: int) -> torch.Tensor:
@@ -176,7 +191,7 @@ class Search:
     def add(self, piece: torch.Tensor, grid_rows: slice, first_row: int = 0) -> None:
         """f32 rows of the tensor in whole blocks, covering `grid_rows` of its block grid, from its row
         `first_row` (which only an importance along the first axis reads). The candidates are measured
-        together, as many at a time as keep the scratch under `STACKED_ELEMENTS`: a small piece (one of
+        together, as many at a time as keep the scratch within `STACKED_ELEMENTS`: a small piece (one of
         GPTQ's groups) then takes a few passes in all rather than a few for each candidate."""
         grid = BlockGrid.of(self.scheme, piece.shape)
         rows = slice(None) if self.per_tensor else grid_rows
@@ -187,7 +202,7 @@ class Search:
                 weights = weights[first_row : first_row + grid.shape[0]]
             weights = broadcast_to_blocks(weights, grid)[None]
         count = self.found.stored.shape[0]
-        slab = min(count, max(1, STACKED_ELEMENTS // max(blocks.numel(), 1)))
+        slab = slab_size(blocks, count)
         work = torch.empty((slab, *blocks.shape), dtype=torch.float32, device=blocks.device)
         wide = torch.empty(work.shape, dtype=torch.float64, device=blocks.device)
         unit, least, choice = self.unit[rows], self.least[rows], self.choice[rows]
@@ -200,8 +215,11 @@ class Search:
             if self.per_tensor:
                 self.totals[k : k + n] += errors.reshape(n, -1).sum(dim=1)
                 continue
-            best = errors.amin(dim=0)
-            earliest = (errors == best).to(torch.int32).argmax(dim=0)  # of equal errors the first candidate
+            if n == 1:  # the reductions over the slab cost a pass each, and one candidate needs none
+                best, earliest = errors[0], 0
+            else:
+                best = errors.amin(dim=0)
+                earliest = (errors == best).to(torch.int32).argmax(dim=0)  # of equal errors the first candidate
             better = best < least  # strictly: a tie keeps the earlier slab's
             least.copy_(torch.where(better, best, least))
             choice.copy_(torch.where(better, earliest + k, choice))

@@ -145,7 +145,7 @@ def test_candidates_measured_together_or_one_at_a_time_pick_the_same_bytes(prese
     x[:, :32] = 0.5  # equal errors for many candidates
     results = []
     for room in (1, 3 * x.numel(), 1 << 23):
-        monkeypatch.setattr(search, "STACKED_ELEMENTS", room)
+        monkeypatch.setitem(search.STACKED_ELEMENTS, "cpu", room)
         results.append(encode(x, scheme, Calibration.Mse))
     assert all(torch.equal(r, results[0]) for r in results[1:])
 
