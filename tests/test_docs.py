@@ -20,9 +20,10 @@ def test_relative_links_resolve(doc):
 
 
 def test_ci_runs_the_readmes_test_command():
-    """`.ci/run` ends with the README's second set-up command (the tests), its line breaks joined."""
+    """`.ci/run` runs the README's second set-up command (the tests) as one line of its own, its line breaks
+    joined (before the same suite on the newest Python)."""
     readme = (ROOT / "README.md").read_text()
     block = re.search(r"## Set up and run.*?```bash\n(.*?)```", readme, re.DOTALL).group(1)
     command = block.strip().splitlines()[1]
     ci = re.sub(r"\s*\\\n\s*", " ", (ROOT / ".ci/run").read_text())
-    assert ci.rstrip().endswith(command), command
+    assert command in [line.strip() for line in ci.splitlines()], command
