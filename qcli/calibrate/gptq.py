@@ -22,7 +22,9 @@ b x a; per tensor: all of W). The scales of the blocks of columns [j, j + c), j 
 when the loop reaches column j, from those columns' current weights: W with the errors of every column
 before j spread (the pending updates of the lazy block applied to a copy of the columns past its end).
 MinMax takes each block's amax to the codec's `scales_from_alpha`; `search` has the codec's Mse search
-(qcli.codec.search) choose each block's scale over the same current weights. A two-level scheme's
+(qcli.codec.search) choose each block's scale over the same current weights, each column's error weighed
+by `importance` where given (its input's mean square, diag H / tokens: the error the block's scale leaves
+in a column reaches the output in proportion to it). A two-level scheme's
 global is fixed once, as the codec fixes it, from the peak |W| of the original weight, and every block's
 stored scale is relative to it (a block the updates grow past that peak gets the scale dtype's largest
 scale, and its largest values clamp). A per-tensor scale is thus fixed at column 0 from all of W, dead columns
@@ -89,9 +91,11 @@ class GptqResult:
 
 
 def gptq(weight: torch.Tensor, hessian: torch.Tensor, scheme: QuantScheme, *, transpose: bool = False,
-         search: bool = False, damp: float = 0.01, block_size: int = 128, name: str = "tensor") -> GptqResult:
+         search: bool = False, importance: torch.Tensor | None = None, damp: float = 0.01, block_size: int = 128,
+         name: str = "tensor") -> GptqResult:
     """GPTQ of `weight` (f32 [out, in]) under `scheme`, for the calibration tokens' `hessian` (float64
-    [in, in], `Hessian.matrix`); the tensor written is `weight.T` with `transpose`. The module's docstring
+    [in, in], `Hessian.matrix`); the tensor written is `weight.T` with `transpose`; `importance` ([in])
+    weighs the columns in the `search` for each block's scale. The module's docstring
     states the algorithm. Refuses schemes Burn refuses, non-finite weights and a Hessian that no dampening
     makes positive definite."""
     check_accepted(scheme, Calibration.Mse if search else Calibration.MinMax)
@@ -111,7 +115,7 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, scheme: QuantScheme, *, tr
     w[:, dead] = 0.0
     u, used = _inverse_factor(h, damp, name)
     fields, dequantized, stored, global_scale = _columns(w, u.to(torch.float32), scheme, transpose, search,
-                                                        original.abs().amax(), block_size)
+                                                        original.abs().amax(), block_size, importance)
     written_shape = tuple(reversed(w.shape)) if transpose else tuple(w.shape)
     scales = _as_written(stored, transpose).reshape(layout.params_shape(scheme, written_shape))
     parts = QuantizedParts(_as_written(fields, transpose), scales, global_scale)
@@ -163,7 +167,8 @@ def _inverse_factor(h: torch.Tensor, damp: float, name: str) -> tuple[torch.Tens
 
 
 def _columns(w: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, transpose: bool, search: bool,
-             peak: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float | None]:
+             peak: torch.Tensor, block_size: int, importance: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float | None]:
     """The column loop (step 4) over `w` (f32 [out, in], updated in place) with the f32 factor `u`: the
     int32 fields and f32 dequantized values [out, in], the stored scales on W's block grid [rows, columns]
     and the global scale."""
@@ -186,7 +191,9 @@ def _columns(w: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, transpose: b
                 stop = min(j + c, columns)
                 beyond = w[:, i2:stop] - errors[:, :i] @ u[i1:j, i2:stop]  # empty unless the group outruns i2
                 current = torch.cat([w1[:, i : stop - i1], beyond], dim=1)
-                scales = _group_scales(current.T if transpose else current, scheme, search, peak)
+                weighs = None if importance is None else importance[j:stop]
+                weighs = weighs[:, None] if weighs is not None and transpose else weighs
+                scales = _group_scales(current.T if transpose else current, scheme, search, peak, weighs)
                 stored[:, j // c] = scales.stored.reshape(-1)
                 global_scale = scales.global_scale
                 effective = scales.effective.reshape(-1).repeat_interleave(r)[:out]
@@ -202,7 +209,8 @@ def _columns(w: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, transpose: b
     return fields, dequantized, stored, global_scale
 
 
-def _group_scales(current: torch.Tensor, scheme: QuantScheme, search: bool, peak: torch.Tensor) -> Scales:
+def _group_scales(current: torch.Tensor, scheme: QuantScheme, search: bool, peak: torch.Tensor,
+                  importance: torch.Tensor | None = None) -> Scales:
     """The scales of the blocks of `current`, one group of columns of W as written (so its blocks are
     the written tensor's), by MinMax or the Mse search; `peak`, the original weight's largest |w|, fixes
     a two-level scheme's global."""
@@ -211,6 +219,6 @@ def _group_scales(current: torch.Tensor, scheme: QuantScheme, search: bool, peak
     alpha = block_reduce(current, grid, Calibration.MinMax)
     if not search:
         return scales_from_alpha(alpha, scheme, peak)
-    chosen = Search(alpha, scheme, tuple(current.shape), peak)
+    chosen = Search(alpha, scheme, tuple(current.shape), peak, importance=importance)
     chosen.add(current, slice(0, grid.grid[0]))
     return chosen.scales()

@@ -139,6 +139,27 @@ def test_a_diagonal_hessian_gives_round_to_nearest(name, transpose, search):
         assert parts.global_scale == expected.global_scale
 
 
+@pytest.mark.parametrize("transpose", [False, True], ids=["written", "transposed"])
+@pytest.mark.parametrize("name", ["q4s-b32", "q2s-b32"])
+def test_the_blocks_search_weighs_each_column_by_its_importance_as_the_codecs_search_does(name, transpose):
+    """With H = I no error spreads, so the search over each block's current weights is the codec's weighted
+    search over the original weight (qcli.codec.search, itself held to a brute force), with the columns'
+    importance. Each group of 32 columns holds the largest importance once, so that the weights, scaled to
+    a group's largest in GPTQ and to the tensor's in the codec, are the same integers. Where W is written,
+    a block spans 32 columns and the weighing changes the bytes, so it is not ignored; written transposed,
+    a block lies in one column, whose one weight changes no block's choice."""
+    w, scheme = weight(OUT, 96), SCHEMES[name]
+    importance = torch.rand(96, generator=generator(), dtype=torch.float64) ** 4 + 1e-3
+    importance[::32] = 2.0
+    shape = tuple(written(w, transpose).shape)
+    found = gptq(w, torch.eye(96, dtype=torch.float64), scheme, transpose=transpose, search=True,
+                 importance=importance, damp=0.0).parts
+    along = importance[:, None] if transpose else importance
+    expected = encode(written(w, transpose), scheme, Calibration.Mse, importance=along)
+    assert torch.equal(pack(found, scheme, shape), expected)
+    assert torch.equal(expected, encode(written(w, transpose), scheme, Calibration.Mse)) == transpose
+
+
 def test_a_blocks_scale_is_measured_on_its_current_weights_by_hand():
     """Q2S (fields -1, 0, 1; scale = amax) in blocks of two with F32 scales, and H = [[2, 0, -1, 0], [0, 1, 0,
     0], [-1, 0, 1, 0], [0, 0, 0, 1]], whose inverse [[1, 0, 1, 0], [0, 1, 0, 0], [1, 0, 2, 0], [0, 0, 0, 1]]
