@@ -98,4 +98,18 @@ def main() -> None:
     # spinning thread starves its busy peer, and the CPU path ran 10-60x slower (docs/benchmarks.md).
     # Set before torch is first imported, which is when OpenMP reads it; a user's own setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    sys.exit(run())
+    _exit(run())
+
+
+def _exit(code: int) -> None:
+    """Exit with `code`. Where torch was loaded, once the output is flushed, without Python's finalization:
+    tearing torch's modules down took 0.2-0.8 s of a small run's wall time (docs/benchmarks.md), when every
+    file is committed or removed and nothing is left to do."""
+    if "torch" not in sys.modules:
+        sys.exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):  # a reader that went away, or a stream already closed
+            pass
+    os._exit(code)
