@@ -104,20 +104,15 @@ def candidates(alpha: torch.Tensor, scheme: QuantScheme, peak: torch.Tensor | No
         if dtype.traits.signed:
             toward_a = divided(alpha, a)
             tried += [toward_a[None], toward_a * clips]
-    relative = torch.cat(tried)
-    stored = torch.cat([first.stored[None], torch.empty_like(relative)])
-    effective = stored if first.global_scale is None else torch.cat([first.effective[None], torch.empty_like(relative)])
-    slab = slab_size(alpha)
-    for k in range(0, relative.shape[0], slab):  # in slabs, as `Search.add` measures them
-        part = relative[k : k + slab]
-        if first.global_scale is not None:
-            part = divided(part, first.global_scale)
-        rounded = nearest(part.abs(), dtype)
-        rounded = torch.where(rounded > 0, rounded.copysign(part), first.stored)  # zero: MinMax's scale
-        stored[1 + k : 1 + k + slab] = rounded
-        if first.global_scale is not None:
-            torch.mul(first.global_scale, rounded, out=effective[1 + k : 1 + k + slab])
-    return Scales(stored, effective, first.global_scale)
+    stored = [first.stored[None]]
+    for part in torch.cat(tried).split(slab_size(alpha)):  # in slabs, as `Search.add` measures them
+        relative = part if first.global_scale is None else divided(part, first.global_scale)
+        rounded = nearest(relative.abs(), dtype)
+        stored.append(torch.where(rounded > 0, rounded.copysign(relative), first.stored))  # zero: MinMax's scale
+    stored = torch.cat(stored)
+    if first.global_scale is None:
+        return Scales(stored, stored, None)
+    return Scales(stored, torch.cat([first.effective[None], first.global_scale * stored[1:]]), first.global_scale)
 
 
 def slab_size(piece: torch.Tensor, count: int | None = None) -> int:
@@ -215,11 +210,8 @@ class Search:
             if self.per_tensor:
                 self.totals[k : k + n] += errors.reshape(n, -1).sum(dim=1)
                 continue
-            if n == 1:  # the reductions over the slab cost a pass each, and one candidate needs none
-                best, earliest = errors[0], 0
-            else:
-                best = errors.amin(dim=0)
-                earliest = (errors == best).to(torch.int32).argmax(dim=0)  # of equal errors the first candidate
+            best = errors.amin(dim=0)
+            earliest = (errors == best).to(torch.int32).argmax(dim=0)  # of equal errors the first candidate
             better = best < least  # strictly: a tie keeps the earlier slab's
             least.copy_(torch.where(better, best, least))
             choice.copy_(torch.where(better, earliest + k, choice))
