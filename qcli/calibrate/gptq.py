@@ -179,6 +179,8 @@ def _columns(w: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, transpose: b
     dequantized = torch.empty_like(w)
     stored = torch.empty(math.ceil(out / r), math.ceil(columns / c), dtype=torch.float32, device=w.device)
     element = layout.BlockGrid((out,), (1,), (out,))  # one column, each element with its own scale
+    # each column's importance on the axis that runs along W's columns in the tensor as written
+    along = importance if importance is None or not transpose else importance[:, None]
     global_scale = None
     for i1 in range(0, columns, block_size):
         i2 = min(i1 + block_size, columns)
@@ -191,9 +193,8 @@ def _columns(w: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, transpose: b
                 stop = min(j + c, columns)
                 beyond = w[:, i2:stop] - errors[:, :i] @ u[i1:j, i2:stop]  # empty unless the group outruns i2
                 current = torch.cat([w1[:, i : stop - i1], beyond], dim=1)
-                weighs = None if importance is None else importance[j:stop]
-                weighs = weighs[:, None] if weighs is not None and transpose else weighs
-                scales = _group_scales(current.T if transpose else current, scheme, search, peak, weighs)
+                scales = _group_scales(current.T if transpose else current, scheme, search, peak,
+                                       None if along is None else along[j:stop])
                 stored[:, j // c] = scales.stored.reshape(-1)
                 global_scale = scales.global_scale
                 effective = scales.effective.reshape(-1).repeat_interleave(r)[:out]

@@ -274,7 +274,6 @@ class _HessianSums:
         self.names = [name for _, name in linears]
         self.sums: dict[int, Hessian] = {}
         self.owner: dict[int, int] = {}  # a Linear's index -> the index whose sum it reads (its own: absent)
-        self.calls = [0] * len(linears)
         self.last: tuple[torch.Tensor, int] | None = None  # the input summed last, and whose sum took it
 
     def hook(self, index: int) -> Callable[[nn.Module, tuple, torch.Tensor], None]:
@@ -282,7 +281,7 @@ class _HessianSums:
             x = args[0]
             same = self.last is not None and self.last[0] is x
             reads = self._root(self.last[1]) if same else index
-            if self.calls[index] == 0:
+            if index not in self.sums and index not in self.owner:  # its first window
                 if same:
                     self.owner[index] = reads
                 else:
@@ -290,7 +289,6 @@ class _HessianSums:
             elif self._root(index) != reads:
                 raise InternalError(f"the input of {quoted(self.names[index])} is another Linear's on one window "
                                     "and its own on another")
-            self.calls[index] += 1
             if not same:
                 self.sums[index].add(x)
             self.last = (x, index)
