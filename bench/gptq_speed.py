@@ -7,9 +7,10 @@ and on CUDA for a smaller model, compared code by code.
     python -m bench.gptq_speed agreement --dir /tmp/agree --layers 2 --hidden 512
 
 `speed` times `python -m qcli quantize` from exec to exit and reads the calibration's CUDA peak from its
---json document (torch's allocated peak) beside the most memory nvidia-smi showed taken during the run; `agreement` writes the model with --device cpu and twice with --device cuda, and reports the share of
-weights whose decode (field and scale) is identical between the devices, the output errors side by side,
-and whether the two CUDA runs wrote the same bytes.
+--json document (torch's allocated peak) beside the most memory nvidia-smi showed taken during the run;
+`agreement` writes the model with --device cpu and twice with --device cuda, and reports the share of weights
+whose decode (field and scale) is identical between the devices, the output errors side by side, and whether
+the two CUDA runs wrote the same bytes.
 """
 
 from __future__ import annotations

@@ -48,12 +48,19 @@ def cli(*args: str | Path) -> Result:
     return Result(code, out.getvalue(), err.getvalue())
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child interpreter, with the repository first on its path and
+    whatever path this one was given (installed wheels, say) still after it."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
 def cli_subprocess(*args: str | Path, env: dict[str, str] | None = None) -> Result:
     """Run `python -m qcli ARGS` in a fresh interpreter from the repository root."""
     proc = subprocess.run(
         [sys.executable, "-m", "qcli", *map(str, args)],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        env=child_env(**(env or {})),
         capture_output=True,
         text=True,
         timeout=300,

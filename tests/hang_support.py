@@ -8,14 +8,13 @@ colliding map keys for hours). The times themselves are bench/hostile.py's (docs
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tests.cli_support import ROOT
+from tests.cli_support import ROOT, child_env
 
 HANG_SECONDS = 60
 
@@ -49,7 +48,7 @@ def ends(script: str, *args: object, seconds: float = HANG_SECONDS) -> subproces
     must exit 0 within `seconds` (its assertions fail it, and a hang is killed as one)."""
     try:
         result = subprocess.run([sys.executable, "-c", script, *map(str, args)], cwd=ROOT, capture_output=True,
-                                text=True, timeout=seconds, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                text=True, timeout=seconds, env=child_env())
     except subprocess.TimeoutExpired:
         raise Hang(f"still running after {seconds} s") from None
     assert result.returncode == 0, result.stderr

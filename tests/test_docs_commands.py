@@ -12,7 +12,6 @@ the text beside it says otherwise (`exit 2`, in the line's comment or the inline
 from __future__ import annotations
 
 import functools
-import os
 import re
 import shlex
 import shutil
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_support import ROOT, SAMPLES
+from tests.cli_support import ROOT, SAMPLES, child_env
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), SAMPLES / "README.md"]
 BLOCK = re.compile(r"^```(?:bash|console)\n(.*?)^```", re.M | re.S)
@@ -115,7 +114,7 @@ def run_in(folder: Path, command: DocCommand) -> subprocess.CompletedProcess:
             words[i + 1] = str(folder / Path(words[i + 1]).name) + ("/" if words[i + 1].endswith("/") else "")
     run = functools.partial(subprocess.run, [sys.executable, "-m", "qcli", *words[1:]], cwd=folder,
                             stderr=subprocess.PIPE, text=True, timeout=300,
-                            env={**{k: v for k, v in os.environ.items() if k != "COLUMNS"}, "PYTHONPATH": str(ROOT)})
+                            env={k: v for k, v in child_env().items() if k != "COLUMNS"})
     if command.redirect is None:
         done = run(stdout=subprocess.PIPE)
     else:

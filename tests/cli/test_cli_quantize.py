@@ -24,11 +24,11 @@ from qcli import BURN_VERSION, __version__
 from qcli.io.dtypes import QFloat
 from qcli.scheme import QuantValue
 from tests.cli_support import (
-    ROOT,
     SAMPLES,
     SHARDED,
     SINGLE,
     assert_user_error,
+    child_env,
     cli,
     cli_subprocess,
     decode_packed,
@@ -922,9 +922,10 @@ def test_default_summary_fits_80_columns_a_row_a_line(tmp_path, columns, dry_run
 
 
 def test_show_completion_prints_the_script_for_the_shell_that_runs_qcli():
-    """Typer's --show-completion tells the shell from qcli's parent process: bash here."""
-    shown = subprocess.run(["bash", "-c", f"{shlex.quote(sys.executable)} -m qcli --show-completion"],
-                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    """Typer's --show-completion tells the shell from qcli's parent process: bash here (kept as the parent by
+    the `exit` after the command, which bash would otherwise exec in its own place)."""
+    shown = subprocess.run(["bash", "-c", f"{shlex.quote(sys.executable)} -m qcli --show-completion; exit $?"],
+                           capture_output=True, text=True, env=child_env(), timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert "complete -o default -F _qcli_completion qcli" in shown.stdout
     assert "_QCLI_COMPLETE=complete_bash" in shown.stdout

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests.cli_support import ROOT, SINGLE, assert_user_error, cli
+from tests.cli_support import ROOT, SINGLE, assert_user_error, child_env, cli
 
 OLD = b"the previous output, which must survive"
 
@@ -45,7 +45,7 @@ def run_qcli(args: list[str | Path], preexec_fn=None, **kwargs) -> subprocess.Po
     return subprocess.Popen(
         [sys.executable, "-m", "qcli", *map(str, args)],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=child_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
