@@ -66,6 +66,7 @@ import numpy as np
 
 from bench.cpu_vs_llama_cpp import gguf_metadata, hf_name, llama_widths, run_llama
 from bench.markdown import replace_section
+from qcli.distributions import import_shadowed_distribution
 
 SECTION = "## Calibrated quantization: SmolLM2-135M against llama.cpp's quantizer (this 2-core machine)"
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,20 +91,6 @@ HELD_OUT_MODULES = [
     "ssl", "struct", "sysconfig", "timeit", "trace", "traceback", "types", "weakref", "xml.dom.minidom", "zipimport"]
 MIN_DOC = 80
 PROMPT_TOKENS = 128  # the layout check's prompt: the held-out text's first tokens
-
-
-def import_transformers() -> None:
-    """transformers asks whether Hugging Face's `kernels` package is installed by importing `kernels`, which from
-    the repository root is qcli's GPU kernels folder (importing triton and qcli.kernels): asked once with the
-    root off the path, its answer (cached) is no."""
-    path = sys.path[:]
-    sys.path[:] = [entry for entry in path if Path(entry or ".").resolve() != ROOT]
-    try:
-        from transformers.utils.import_utils import is_kernels_available
-
-        is_kernels_available()
-    finally:
-        sys.path[:] = path
 
 
 # --- the reference ------------------------------------------------------------------------------------
@@ -513,7 +500,7 @@ def main() -> None:
     unknown = [m for m in args.methods if m not in methods]
     if unknown:
         parser.error(f"unknown methods {unknown}: define them with --method NAME=ARGS")
-    import_transformers()
+    import_shadowed_distribution()  # transformers imports `kernels`, which the repository root shadows
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
