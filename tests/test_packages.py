@@ -35,9 +35,11 @@ READERS = {"qcli.io.safetensors": "qcli.io.readers"}
 
 
 def modules() -> dict[str, Path]:
+    """Every module by its import name: the Python files, and the C extensions (a `.c` source builds the
+    module of its name), which import no qcli module."""
     found = {}
     for package, folder in PACKAGE_ROOTS.items():
-        for path in folder.rglob("*.py"):
+        for path in [*folder.rglob("*.py"), *folder.rglob("*.c")]:
             parts = [p for p in path.relative_to(folder).with_suffix("").parts if p != "__init__"]
             found[".".join([package, *parts])] = path
     return found
@@ -46,6 +48,8 @@ def modules() -> dict[str, Path]:
 def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     """The qcli modules `name` imports anywhere in its source; `from package import submodule` is an
     import of the submodule (the package's own __init__ runs first in any case)."""
+    if path.suffix == ".c":
+        return set()
     named: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -120,6 +124,10 @@ def test_a_wheel_holds_the_kernels_as_qcli_kernels(tmp_path: Path) -> None:
     assert {"qcli/kernels/__init__.py", "qcli/kernels/launch.py", "qcli/pipeline/gpu.py"} <= set(names)
     assert {f"qcli/{path.relative_to(ROOT / 'qcli')}" for path in (ROOT / "qcli").rglob("*.py")} <= set(names)
     assert not [n for n in names if n.startswith("kernels/")]
+    from qcli.codec import search_loop
+
+    if search_loop.BUILT:  # where this checkout's build compiled the search loop, the wheel's does too
+        assert [n for n in names if n.startswith("qcli/codec/_search.") and n.endswith(".so")], names
 
 
 def test_the_formats_match_names_without_the_recipe_parser() -> None:

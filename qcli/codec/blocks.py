@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from qcli.layout import BlockGrid
@@ -34,6 +36,15 @@ def broadcast_to_blocks(w: torch.Tensor, grid: BlockGrid) -> torch.Tensor:
         grown[tuple(slice(0, e) for e in w.shape)] = w
         w = grown
     return w.reshape(grid.blocked_shape_of(w.shape))
+
+
+def block_rows(xb: torch.Tensor, grid: BlockGrid) -> torch.Tensor:
+    """`to_blocks`' result (or a tensor broadcast to its shape) with one block a row, in the grid's
+    row-major order: [blocks, elements of a block], contiguous (a copy unless the blocks lie along the
+    last axis alone)."""
+    inner = grid.block_axes
+    outer = [axis for axis in range(xb.dim()) if axis not in inner]
+    return xb.permute(*outer, *inner).reshape(-1, math.prod(grid.block)).contiguous()
 
 
 def per_block(scales: torch.Tensor, grid: BlockGrid) -> torch.Tensor:

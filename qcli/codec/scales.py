@@ -143,11 +143,16 @@ def scales_from_alpha(alpha: torch.Tensor, scheme: QuantScheme, peak: torch.Tens
         return Scales(stored, stored, None)
     if peak is None:
         peak = alpha.amax() if alpha.numel() else alpha.new_zeros(())
-    # the divisions are monotonic: the quotient of the peak is the peak of the quotients
-    ratio = divided(divided(peak, scheme.value.half_range()), dtype.max_representable())
-    global_scale = torch.clamp_min(ratio, F32_MIN_POSITIVE)
+    global_scale = global_of(peak, scheme)
     stored = round_up(_positive(raw / global_scale), dtype)
     return Scales(stored, global_scale * stored, float(global_scale))
+
+
+def global_of(peak: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
+    """A two-level scheme's global scale (0-d f32) for the largest block range `peak`: the divisions are
+    monotonic, so the quotient of the peak is the peak of the blocks' quotients."""
+    ratio = divided(divided(peak, scheme.value.half_range()), scheme.scale_dtype().max_representable())
+    return torch.clamp_min(ratio, F32_MIN_POSITIVE)
 
 
 # Blocks per piece of `scales_in_pieces`: 256 KiB of f32 ranges, so a piece's temporaries stay in a core's

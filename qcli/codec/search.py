@@ -28,8 +28,9 @@ from collections.abc import Iterable
 
 import torch
 
+from qcli.codec import search_loop
 from qcli.codec.blocks import broadcast_to_blocks, from_blocks, per_block, to_blocks
-from qcli.codec.scales import Scales, divided, nearest, scales_from_alpha
+from qcli.codec.scales import Scales, divided, global_of, nearest, scales_from_alpha
 from qcli.codec.values import dequantize, to_fields
 from qcli.errors import InputError, UsageError
 from qcli.layout import BlockGrid
@@ -39,9 +40,9 @@ from qcli.scheme import Calibration, QuantScheme, QuantValue
 CLIPS = tuple((32 - k) / 32 for k in range(1, 10))  # 31/32 down to 23/32 (0.72)
 ERROR_BITS = 20  # J at most: the fixed-point bits of |d| / 2^e
 IMPORTANCE_BITS = 12  # K at most: an importance weight is an integer in [1, 2^K]
-# Elements `Search.add` measures at once (every candidate's copy of a piece), by device type: on the CPU
-# the scratch (f32 and f64, 3 MiB) stays in cache, and larger slabs ran up to 3x slower on 4096 x 4096
-# (bench/search.py); a GPU takes larger slabs in fewer launches (8 Mi elements, 96 MiB of scratch).
+# Elements torch's measure (`stacked_errors`) takes at once (every candidate's copy of a piece), by device
+# type: on the CPU the scratch (f32 and f64, 3 MiB) stays in cache, and larger slabs ran up to 3x slower on
+# 4096 x 4096 (bench/search.py); a GPU takes larger slabs in fewer launches (8 Mi elements, 96 MiB).
 STACKED_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 23}
 
 
@@ -115,6 +116,16 @@ def candidates(alpha: torch.Tensor, scheme: QuantScheme, peak: torch.Tensor | No
     return Scales(stored, torch.cat([first.effective[None], first.global_scale * stored[1:]]), first.global_scale)
 
 
+def candidate_count(scheme: QuantScheme) -> int:
+    """How many candidates `candidates` stacks for `scheme`: MinMax's, the clips, and for a range with
+    unequal ends both ends and (on a signed scale dtype) the negative scale with its clips."""
+    a, b = scheme.value.range()
+    count = 1 + len(CLIPS)
+    if -a != b:
+        count += 2 + (1 + len(CLIPS) if scheme.scale_dtype().traits.signed else 0)
+    return count
+
+
 def slab_size(piece: torch.Tensor, count: int | None = None) -> int:
     """How many copies of `piece` (at most `count`) fit `STACKED_ELEMENTS` on its device; at least one."""
     room = STACKED_ELEMENTS.get(piece.device.type, STACKED_ELEMENTS["cpu"])
@@ -143,7 +154,8 @@ def block_errors(blocks: torch.Tensor, effective: torch.Tensor, unit: torch.Tens
     """Σ w * RN((x - q * s) * unit)^2 per block, for `blocks` (`to_blocks` of f32 x) at the grid-shaped
     scales `effective`, as float64 integers, w each element's integer weight (`weights`, f64 broadcasting
     over `blocks`; 1 where None): each term and partial sum is an integer below 2^53 (`error_bits`), so
-    the sum is exact. `work` (f32) and `wide` (f64), shaped like `blocks`, are scratch."""
+    the sum is exact. `work` (f32) and `wide` (f64), shaped like `blocks`, are scratch. The torch
+    reference of the compiled loops (`search_loop` on the CPU, the Triton kernel on CUDA)."""
     scales = per_block(effective, grid)
     if value.is_minifloat():
         x = from_blocks(blocks, grid)
@@ -161,68 +173,99 @@ def block_errors(blocks: torch.Tensor, effective: torch.Tensor, unit: torch.Tens
     return wide.sum(dim=grid.block_axes)
 
 
+def stacked_errors(blocks: torch.Tensor, grid: BlockGrid, effective: torch.Tensor, unit: torch.Tensor,
+                   value: QuantValue, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Every candidate's `block_errors` (float64 [candidates, *grid.grid]) for `blocks` (`to_blocks` of a
+    piece on `grid`) under `effective` ([candidates, *grid.grid]), measured by torch as many candidates at
+    a time as keep the scratch within `STACKED_ELEMENTS`; `weights` as `block_errors`' (over `blocks`)."""
+    count = effective.shape[0]
+    slab = slab_size(blocks, count)
+    work = torch.empty((slab, *blocks.shape), dtype=torch.float32, device=blocks.device)
+    wide = torch.empty(work.shape, dtype=torch.float64, device=blocks.device)
+    errors = []
+    for k in range(0, count, slab):
+        n = min(slab, count - k)
+        stacked = BlockGrid((n, *grid.shape), (1, *grid.block), (n, *grid.grid))  # candidates on axis 0
+        errors.append(block_errors(blocks[None].expand(n, *blocks.shape), effective[k : k + n],
+                                   unit[None].expand(n, *unit.shape), stacked, value, work[:n], wide[:n],
+                                   None if weights is None else weights[None]))
+    return torch.cat(errors)
+
+
+def measured_errors(piece: torch.Tensor, grid: BlockGrid, effective: torch.Tensor, unit: torch.Tensor,
+                    value: QuantValue, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """`stacked_errors` of the f32 `piece` (of `grid.shape`): by the compiled loop on the CPU (`search_loop`,
+    where it was built), else by torch's passes; both sum the same integers. (On CUDA, the kernels search
+    a whole tensor's blocks in their fused kernel: `qcli.kernels.launch.searches_in_kernel`.)"""
+    if piece.device.type == "cpu" and search_loop.BUILT:
+        return search_loop.errors(piece, grid, effective, unit, value, weights)
+    blocks = to_blocks(piece, grid)
+    return stacked_errors(blocks, grid, effective, unit, value,
+                          None if weights is None else broadcast_to_blocks(weights, grid))
+
+
+def first_least(errors: torch.Tensor) -> torch.Tensor:
+    """The index along axis 0 of each least error, the first of equal ones."""
+    return (errors == errors.amin(dim=0)).to(torch.int32).argmax(dim=0)
+
+
 class Search:
     """The search over one tensor of `shape` whose blocks' amax is `alpha`, fed its rows in whole blocks
     (`add`, any order; a per-tensor scheme's one block sums over all of them) until `scales` picks.
 
     `importance` (float, broadcastable to `shape`: per input channel, [in] for a Linear's [out, in] weight,
     [in, 1] for it transposed) weighs each element's error (`importance_weights`); `name` is the tensor's,
-    for the errors it raises."""
+    for the errors it raises. A block scheme's candidates are worked out a piece at a time, for its rows,
+    so the memory they take follows the piece, not the tensor."""
 
     def __init__(self, alpha: torch.Tensor, scheme: QuantScheme, shape: tuple[int, ...],
                  peak: torch.Tensor | None = None, *, importance: torch.Tensor | None = None,
                  name: str = "tensor") -> None:
-        self.scheme, self.found = scheme, candidates(alpha, scheme, peak)
+        if scheme.is_two_level() and peak is None:  # the global is the whole tensor's, in every piece
+            peak = alpha.amax() if alpha.numel() else alpha.new_zeros(())
+        self.scheme, self.alpha, self.peak = scheme, alpha, peak
         elements = math.prod(BlockGrid.of(scheme, shape).block)
         bits = importance_bits(elements)
         weights = None if importance is None else importance_weights(importance, tuple(shape), bits, name)
         self.weights = None if weights is None else weights.to(alpha.device)
         self.unit = fixed_point_unit(alpha, error_bits(elements, 0 if weights is None else bits))
         self.per_tensor = scheme.block is None
-        self.least = torch.full(alpha.shape, math.inf, dtype=torch.float64, device=alpha.device)
-        self.totals = torch.zeros(self.found.stored.shape[0], dtype=torch.float64, device=alpha.device)
-        self.choice = torch.zeros(alpha.shape, dtype=torch.int64, device=alpha.device)
+        if self.per_tensor:  # one block: its candidates once, their errors summed over every piece
+            self.found = candidates(alpha, scheme, peak)
+            self.totals = torch.zeros(self.found.stored.shape[0], dtype=torch.float64, device=alpha.device)
+        else:
+            global_scale = float(global_of(peak, scheme)) if scheme.is_two_level() else None
+            self.chosen = Scales(torch.empty_like(alpha), torch.empty_like(alpha), global_scale)
 
     def add(self, piece: torch.Tensor, grid_rows: slice, first_row: int = 0) -> None:
         """f32 rows of the tensor in whole blocks, covering `grid_rows` of its block grid, from its row
-        `first_row` (which only an importance along the first axis reads). The candidates are measured
-        together, as many at a time as keep the scratch within `STACKED_ELEMENTS`: a small piece (one of
-        GPTQ's groups) then takes a few passes in all rather than a few for each candidate."""
+        `first_row` (which only an importance along the first axis reads)."""
         grid = BlockGrid.of(self.scheme, piece.shape)
         rows = slice(None) if self.per_tensor else grid_rows
-        blocks = to_blocks(piece, grid)
         weights = self.weights
-        if weights is not None:
-            if weights.shape[0] != 1:
-                weights = weights[first_row : first_row + grid.shape[0]]
-            weights = broadcast_to_blocks(weights, grid)[None]
-        count = self.found.stored.shape[0]
-        slab = slab_size(blocks, count)
-        work = torch.empty((slab, *blocks.shape), dtype=torch.float32, device=blocks.device)
-        wide = torch.empty(work.shape, dtype=torch.float64, device=blocks.device)
-        unit, least, choice = self.unit[rows], self.least[rows], self.choice[rows]
-        for k in range(0, count, slab):
-            n = min(slab, count - k)
-            stacked = BlockGrid((n, *grid.shape), (1, *grid.block), (n, *grid.grid))  # candidates on axis 0
-            errors = block_errors(blocks[None].expand(n, *blocks.shape), self.found.effective[k : k + n, rows],
-                                  unit[None].expand(n, *unit.shape), stacked, self.scheme.value, work[:n],
-                                  wide[:n], weights)
-            if self.per_tensor:
-                self.totals[k : k + n] += errors.reshape(n, -1).sum(dim=1)
-                continue
-            best = errors.amin(dim=0)
-            earliest = (errors == best).to(torch.int32).argmax(dim=0)  # of equal errors the first candidate
-            better = best < least  # strictly: a tie keeps the earlier slab's
-            least.copy_(torch.where(better, best, least))
-            choice.copy_(torch.where(better, earliest + k, choice))
+        if weights is not None and weights.shape[0] != 1:
+            weights = weights[first_row : first_row + grid.shape[0]]
+        if self.per_tensor:
+            errors = measured_errors(piece, grid, self.found.effective, self.unit, self.scheme.value, weights)
+            self.totals += errors.reshape(errors.shape[0], -1).sum(dim=1)
+            return
+        if piece.device.type == "cpu" and search_loop.BUILT:
+            stored, effective = search_loop.choose(piece, grid, self.alpha[rows], self.unit[rows], self.scheme, CLIPS,
+                                                   self.chosen.global_scale, weights)
+        else:
+            found = candidates(self.alpha[rows], self.scheme, self.peak)
+            errors = measured_errors(piece, grid, found.effective, self.unit[rows], self.scheme.value, weights)
+            taken = first_least(errors)[None]
+            stored, effective = found.stored.gather(0, taken)[0], found.effective.gather(0, taken)[0]
+        self.chosen.stored[rows] = stored
+        self.chosen.effective[rows] = effective
 
     def scales(self) -> Scales:
         """Each block's candidate of least error."""
         if self.per_tensor:
-            self.choice.fill_(int(self.totals.argmin()))  # the first of equal minima
-        taken = self.choice[None]
-        return Scales(self.found.stored.gather(0, taken)[0], self.found.effective.gather(0, taken)[0],
-                      self.found.global_scale)
+            taken = int(first_least(self.totals))  # the first of equal minima
+            return Scales(self.found.stored[taken], self.found.effective[taken], self.found.global_scale)
+        return self.chosen
 
 
 def search_scales(pieces: Iterable[tuple[torch.Tensor, slice, int]], alpha: torch.Tensor, scheme: QuantScheme,

@@ -1,0 +1,267 @@
+/* The Mse search's measure on the CPU: for every block and candidate scale, the exact integer error that
+ * qcli.codec.search.block_errors computes with a dozen torch passes, here in one loop over each block
+ * while it sits in registers (docs/arithmetic.md §6).
+ *
+ * Every step is one IEEE f32 operation, rounded once, as torch's are: the build (setup.py) turns off
+ * contraction into fused multiply-adds and every fast-math licence, so each product and difference rounds
+ * on its own. Rounding to an integer adds and subtracts 1.5 * 2^23, exact half-to-even for |v| < 2^22 (the
+ * quotients are clamped to at most 57344 here, the fixed-point errors stay below 2^21),
+ * which vectorizes on any x86-64 where rintf would not. Each term (an integer square times an integer
+ * weight) and each partial sum is an integer below 2^53: summed in an int64 here, in torch's float64
+ * there, exactly and so alike in any order.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#define RINT_SHIFT 12582912.0f /* 1.5 * 2^23 */
+
+/* On x86-64, gcc compiles the loops twice, for AVX2 and for the baseline, and picks one when loaded. */
+#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CLONES
+#endif
+#if defined(__GNUC__)
+#define INLINED static inline __attribute__((always_inline))
+#else
+#define INLINED static __forceinline
+#endif
+
+/* What a value type rounds to: an integer in [lo, hi], or a minifloat of `mbits` mantissa bits and bias
+ * `bias` clamped to [-hi, hi] (lo = -hi). */
+typedef struct {
+    int minifloat;
+    float lo, hi;
+    int mbits, bias;
+} Value;
+
+static inline float rint_small(float v) { return (v + RINT_SHIFT) - RINT_SHIFT; }
+
+static inline uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float float_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* The minifloat value nearest |v| (ties to even mantissa), with v's sign: qcli.codec.minifloat.encode
+ * followed by its table's decode, on the f32 bits. */
+static inline float minifloat_round(float v, int mbits, int bias) {
+    uint32_t bits = bits_of(v);
+    uint32_t mag = bits & 0x7FFFFFFFu;
+    int shift = 23 - mbits;
+    uint32_t normal = ((mag + (1u << (shift - 1)) - 1u + ((mag >> shift) & 1u)) >> shift) << shift;
+    uint32_t min_normal = (uint32_t)(127 - bias + 1) << 23;
+    float spacing = float_of((uint32_t)(127 + 1 - bias - mbits) << 23);
+    float inverse = float_of((uint32_t)(127 - 1 + bias + mbits) << 23);
+    float sub = rint_small(float_of(mag) * inverse) * spacing;
+    float rounded = mag < min_normal ? sub : float_of(normal);
+    return float_of(bits_of(rounded) | (bits & 0x80000000u));
+}
+
+/* The error of one block of n values at one effective scale s, its fixed-point unit u; `minifloat` and
+ * `weighted` are constants where it is inlined, so each of the four loops is compiled on its own. The
+ * terms are integers (|t| < 2^22, t * t * w < 2^53) summed in an int64, which the compiler may vectorize
+ * as it would not a sum of doubles. */
+INLINED int64_t block_error(const float *x, const int32_t *w, Py_ssize_t n, float s, float u, Value v,
+                            const int minifloat, const int weighted) {
+    int64_t sum = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        float q = x[k] / s;
+        q = x[k] == 0.0f ? x[k] : q; /* an exact zero stays zero, also where s underflowed to 0 */
+        q = q < v.lo ? v.lo : (q > v.hi ? v.hi : q);
+        float d = minifloat ? x[k] - s * minifloat_round(q, v.mbits, v.bias) : x[k] - rint_small(q) * s;
+        int32_t t = (int32_t)rint_small(d * u);
+        int64_t square = (int64_t)t * t;
+        sum += weighted ? square * w[k] : square;
+    }
+    return sum;
+}
+
+/* Every candidate's error on blocks [0, blocks), a loop for each kind of value and weighing. */
+CLONES static void measure(const float *x, const int32_t *w, const float *scales, const float *unit, double *out,
+                           Py_ssize_t blocks, Py_ssize_t elements, Py_ssize_t candidates,
+                           Py_ssize_t scale_candidate_stride, Py_ssize_t scale_block_stride,
+                           Py_ssize_t unit_stride, Py_ssize_t out_stride, Value v) {
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        const float *xb = x + b * elements;
+        const int32_t *wb = w ? w + b * elements : NULL;
+        float u = unit[b * unit_stride];
+        for (Py_ssize_t c = 0; c < candidates; c++) {
+            float s = scales[c * scale_candidate_stride + b * scale_block_stride];
+            int64_t e = v.minifloat ? (wb ? block_error(xb, wb, elements, s, u, v, 1, 1)
+                                         : block_error(xb, wb, elements, s, u, v, 1, 0))
+                                   : (wb ? block_error(xb, wb, elements, s, u, v, 0, 1)
+                                         : block_error(xb, wb, elements, s, u, v, 0, 0));
+            out[c * out_stride + b] = (double)e; /* below 2^53: exact */
+        }
+    }
+}
+
+/* A scale dtype's grid (qcli.scheme.ScaleTraits): `step` the low f32 bits it drops (0: every f32), its
+ * `mantissa` bits (0: ties round up, UE8M0's powers of two), `floor` the value of code 0 where not zero,
+ * a minifloat's smallest normal and subnormal spacing (F16, UE4M3; 0 for none), its largest value, and
+ * whether it holds a sign. */
+typedef struct {
+    int step, mantissa;
+    float floor, min_normal, spacing, max;
+    int is_signed;
+} Grid;
+
+/* qcli.codec.scales.round_up: a positive scale up onto the grid, saturating at its largest value. */
+static inline float round_up(float s, Grid g) {
+    if (g.step == 0) return s;
+    uint32_t bits = bits_of(s), step = 1u << g.step;
+    uint32_t up = (bits + step - 1u) & ~(step - 1u);
+    if (g.floor > 0.0f && bits <= bits_of(g.floor)) up = bits_of(g.floor);
+    float rounded = float_of(up);
+    if (g.spacing > 0.0f && s < g.min_normal) rounded = ceilf(s * (1.0f / g.spacing)) * g.spacing;
+    return s >= g.max ? g.max : rounded;
+}
+
+/* qcli.codec.scales.nearest: a non-negative scale to the nearest grid value (ties to the even code, and
+ * between two powers of two to the larger), saturating; it may round to zero. */
+static inline float nearest(float s, Grid g) {
+    if (g.step == 0) return s;
+    uint32_t bits = bits_of(s);
+    uint32_t half = (1u << (g.step - 1)) - (g.mantissa == 0 ? 0u : 1u - ((bits >> g.step) & 1u));
+    uint32_t rounded = (bits + half) & ~((1u << g.step) - 1u);
+    if (g.floor > 0.0f) {
+        uint32_t floor = bits_of(g.floor), twice = bits_of(2.0f * g.floor);
+        uint32_t low = bits < floor + (floor >> 1) ? floor : twice;
+        rounded = bits < twice ? low : rounded;
+    }
+    float value = float_of(rounded);
+    if (g.spacing > 0.0f && s < g.min_normal) value = rint_small(s * (1.0f / g.spacing)) * g.spacing;
+    return s >= g.max ? g.max : (value > g.max ? g.max : value);
+}
+
+/* What a scheme's search needs: its values, its scale grid, the half range and the range's ends, the
+ * clip factors, and the global scale of two levels (0 for one). */
+typedef struct {
+    Value value;
+    Grid grid;
+    float half_range, a, b, global;
+    const float *clips;
+    int clip_count;
+} Scheme;
+
+/* qcli.codec.search.candidates for one block of largest magnitude `alpha`: the stored and effective scale
+ * of candidate `k` (MinMax's first, in that order), or 0 where there is no such candidate. */
+static inline int candidate(float alpha, int k, Scheme sc, float first_stored, float *stored, float *effective) {
+    float part;
+    int n = sc.clip_count;
+    if (k == 0) {
+        *stored = first_stored;
+    } else {
+        if (k <= n) part = (alpha / sc.half_range) * sc.clips[k - 1];
+        else if (-sc.a == sc.b) return 0;
+        else if (k == n + 1) part = alpha / sc.b;
+        else if (k == n + 2) part = alpha / -sc.a;
+        else if (!sc.grid.is_signed) return 0;
+        else if (k == n + 3) part = alpha / sc.a;
+        else if (k <= 2 * n + 3) part = (alpha / sc.a) * sc.clips[k - n - 4];
+        else return 0;
+        float relative = sc.global > 0.0f ? part / sc.global : part;
+        float rounded = nearest(fabsf(relative), sc.grid);
+        *stored = rounded > 0.0f ? copysignf(rounded, relative) : first_stored;
+    }
+    *effective = sc.global > 0.0f ? sc.global * *stored : *stored;
+    return 1;
+}
+
+/* Each block's candidate of least error (the first of equal ones), its stored and effective scale. */
+CLONES static void search(const float *x, const int32_t *w, const float *alpha, const float *unit, float *stored,
+                          float *effective, Py_ssize_t blocks, Py_ssize_t elements, Scheme sc) {
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        const float *xb = x + b * elements;
+        const int32_t *wb = w ? w + b * elements : NULL;
+        float raw = alpha[b] / sc.half_range;
+        if (sc.global > 0.0f) raw = raw / sc.global;
+        float first = round_up(raw > 0.0f ? raw : FLT_MIN, sc.grid);
+        int64_t least = -1;
+        for (int k = 0;; k++) {
+            float s_stored, s;
+            if (!candidate(alpha[b], k, sc, first, &s_stored, &s)) break;
+            int64_t e = sc.value.minifloat ? (wb ? block_error(xb, wb, elements, s, unit[b], sc.value, 1, 1)
+                                                 : block_error(xb, wb, elements, s, unit[b], sc.value, 1, 0))
+                                           : (wb ? block_error(xb, wb, elements, s, unit[b], sc.value, 0, 1)
+                                                 : block_error(xb, wb, elements, s, unit[b], sc.value, 0, 0));
+            if (least < 0 || e < least) {
+                least = e;
+                stored[b] = s_stored;
+                effective[b] = s;
+            }
+        }
+    }
+}
+
+/* errors(x, weights, scales, unit, out, blocks, elements, candidates, scale_candidate_stride,
+ *        scale_block_stride, unit_stride, out_stride, minifloat, lo, hi, mbits, bias)
+ *
+ * x: f32 [blocks, elements], contiguous; weights: int32 of the same shape, or 0 for none; scales: f32,
+ * candidate c of block b at [c * scale_candidate_stride + b * scale_block_stride] (a block stride of 0
+ * gives every block the same candidates, as a per-tensor scheme's); unit: f32 at [b * unit_stride]; out:
+ * f64, candidate c of block b at [c * out_stride + b]. Addresses are integers (torch's data_ptr()); the
+ * interpreter's lock is released while it runs, so threads may measure disjoint blocks at once. */
+static PyObject *errors(PyObject *self, PyObject *args) {
+    unsigned long long xp, wp, sp, up, op;
+    Py_ssize_t blocks, elements, candidates, scale_candidate_stride, scale_block_stride, unit_stride, out_stride;
+    int minifloat, mbits, bias;
+    float lo, hi;
+    if (!PyArg_ParseTuple(args, "KKKKKnnnnnnnpffii", &xp, &wp, &sp, &up, &op, &blocks, &elements, &candidates,
+                          &scale_candidate_stride, &scale_block_stride, &unit_stride, &out_stride, &minifloat,
+                          &lo, &hi, &mbits, &bias))
+        return NULL;
+    if (blocks < 0 || elements < 0 || candidates < 0 || (minifloat && (mbits < 1 || mbits > 22))) {
+        PyErr_SetString(PyExc_ValueError, "errors: negative sizes or a minifloat format out of range");
+        return NULL;
+    }
+    Value v = {minifloat, lo, hi, mbits, bias};
+    Py_BEGIN_ALLOW_THREADS
+    measure((const float *)(uintptr_t)xp, (const int32_t *)(uintptr_t)wp, (const float *)(uintptr_t)sp,
+            (const float *)(uintptr_t)up, (double *)(uintptr_t)op, blocks, elements, candidates,
+            scale_candidate_stride, scale_block_stride, unit_stride, out_stride, v);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* search(x, weights, alpha, unit, stored, effective, blocks, elements, clips, clip_count, global,
+ *        half_range, a, b, minifloat, lo, hi, mbits, bias, step, mantissa, floor, min_normal, spacing, max,
+ *        signed)
+ *
+ * x and weights as for errors; alpha, unit: f32 [blocks], the blocks' largest magnitude and fixed-point
+ * unit; stored, effective: f32 [blocks], written. The candidates are qcli.codec.search.candidates' (the
+ * clips f32 [clip_count]), for the value type (minifloat .. bias) on the scale grid (step .. signed). */
+static PyObject *search_blocks(PyObject *self, PyObject *args) {
+    unsigned long long xp, wp, ap, up, sp, ep, cp;
+    Py_ssize_t blocks, elements;
+    int clip_count, minifloat, mbits, bias, step, mantissa, is_signed;
+    float global, half_range, a, b, lo, hi, floor, min_normal, spacing, max;
+    if (!PyArg_ParseTuple(args, "KKKKKKnnKiffffpffiiiiffffp", &xp, &wp, &ap, &up, &sp, &ep, &blocks, &elements, &cp,
+                          &clip_count, &global, &half_range, &a, &b, &minifloat, &lo, &hi, &mbits, &bias, &step,
+                          &mantissa, &floor, &min_normal, &spacing, &max, &is_signed))
+        return NULL;
+    if (blocks < 0 || elements < 0 || clip_count < 0 || step < 0 || step > 23 ||
+        (minifloat && (mbits < 1 || mbits > 22))) {
+        PyErr_SetString(PyExc_ValueError, "search: negative sizes, or a grid or format out of range");
+        return NULL;
+    }
+    Scheme sc = {{minifloat, lo, hi, mbits, bias}, {step, mantissa, floor, min_normal, spacing, max, is_signed},
+                 half_range, a, b, global, (const float *)(uintptr_t)cp, clip_count};
+    Py_BEGIN_ALLOW_THREADS
+    search((const float *)(uintptr_t)xp, (const int32_t *)(uintptr_t)wp, (const float *)(uintptr_t)ap,
+           (const float *)(uintptr_t)up, (float *)(uintptr_t)sp, (float *)(uintptr_t)ep, blocks, elements, sc);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"errors", errors, METH_VARARGS, "Each candidate scale's exact error on each block (docs/arithmetic.md §6)."},
+    {"search", search_blocks, METH_VARARGS, "Each block's candidate scale of least error (docs/arithmetic.md §6)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_search", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__search(void) { return PyModule_Create(&module); }
