@@ -33,9 +33,18 @@ from qcli import layout
 from qcli.codec.blocks import counts
 from qcli.codec.pack import pack_global, pack_scales
 from qcli.codec.scales import Scales
-from qcli.codec.search import Search, check_importance
+from qcli.codec.search import (
+    CLIPS,
+    Search,
+    candidate_count,
+    check_importance,
+    error_bits,
+    importance_bits,
+    importance_weights,
+)
 from qcli.errors import NonFiniteTensor, NotFloatTensor, NotKernelFloat, UsageError
 from qcli.kernels import _quantize as K
+from qcli.kernels import _search as KS
 from qcli.kernels._arith import RESCALE_DOWN, RESCALE_UP, SAFE_HIGH, SAFE_LOW
 from qcli.scheme import Calibration, QuantScheme, QuantValue, ScaleDtype, check_accepted, f32_bits
 from qcli.tensor_range import TensorRange
@@ -50,6 +59,7 @@ _BLOCKS_GROUP = 64
 _TENSOR_GROUP = 32
 _SCALES_BLOCK = 1024  # scales per program of the scale kernel
 _TENSOR_CHUNK = 4096  # values per partial range of a per-tensor scheme
+_SEARCH_PIECE = 1 << 24  # values per piece the torch search takes (its scratch and candidates follow it)
 # No multiply-add contraction: every product must round on its own, as on the CPU.
 _OPTIONS = {"enable_fp_fusion": False}
 
@@ -265,6 +275,11 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
     """
     check_importance(importance, calibration)
     shape = tuple(x.shape)
+    if calibration is Calibration.Mse and searched is None and searches_in_kernel(scheme, shape):
+        weights = _column_or_row_weights(importance, scheme, shape, name)
+        if weights is not False:
+            _enqueue_searched(x, scheme, out, bad, whole, weights)
+            return
     if calibration is not Calibration.Mse:
         fused = _fused_launch(scheme, shape, x.dtype, calibration)
         if fused is not None:
@@ -295,6 +310,86 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
     else:
         s_eff, r_eff = _scales(x, scheme, calibration, grid, scales, bad, whole)
     _blocks_launch(scheme, shape)(x, values, s_eff, r_eff, _row_base(grid, x.device))
+
+
+def searches_in_kernel(scheme: QuantScheme, shape: tuple[int, ...]) -> bool:
+    """Whether `enqueue` searches the scheme's scales (`Calibration.Mse`) inside the fused kernel, reading
+    the tensor once, rather than with the torch search: blocks along the last axis that the fused kernel
+    takes (`_fused`)."""
+    return _fused(scheme, layout.BlockGrid.of(scheme, tuple(shape)))
+
+
+def _column_or_row_weights(importance: torch.Tensor | None, scheme: QuantScheme, shape: tuple[int, ...], name: str
+                           ) -> tuple[torch.Tensor, int] | None | bool:
+    """The search's integer weights (`importance_weights`) as the searched kernel reads them: (int32 weights
+    on x's device, WEIGH_COLUMNS or WEIGH_ROWS), None where nothing weighs, or False for an importance
+    that is neither per column nor per row (the torch search takes it)."""
+    if importance is None:
+        return None
+    bits = importance_bits(math.prod(layout.BlockGrid.of(scheme, shape).block))
+    weights = importance_weights(importance, shape, bits, name)
+    if weights is None:
+        return None
+    if len(shape) == 2 and weights.shape == (1, shape[1]):
+        return weights.reshape(-1).to(torch.int32), KS.WEIGH_COLUMNS.value
+    if len(shape) == 2 and weights.shape == (shape[0], 1):
+        return weights.reshape(-1).to(torch.int32), KS.WEIGH_ROWS.value
+    return False
+
+
+def _enqueue_searched(x: torch.Tensor, scheme: QuantScheme, out: torch.Tensor, bad: torch.Tensor,
+                      whole: TensorRange | None, weights: tuple[torch.Tensor, int] | None) -> None:
+    """The searched kernel's launch for a `_fused` scheme: scales searched and values written in one pass."""
+    shape = tuple(x.shape)
+    weigh = KS.WEIGH_NONE.value if weights is None else weights[1]
+    launch, value_bytes, scale_bytes = _searched_launch(scheme, shape, weigh)
+    values = _View(out, 0, value_bytes, torch.int32 if scheme.size_bits_stored() == 32 else torch.uint8)
+    scales = _View(out, value_bytes, scale_bytes)
+    w = None if weights is None else weights[0].to(x.device, non_blocking=True)
+    clips = _clips(x.device)
+    if scheme.is_two_level():
+        peak = (whole or tensor_range(x, scheme, Calibration.Mse, bad)).peak
+        launch(x, values, scales, _View(out, value_bytes + scale_bytes, 4), peak, bad, w, clips)
+    else:
+        launch(x, values, scales, None, None, bad, w, clips)
+
+
+@functools.cache
+def _clips(device: torch.device) -> torch.Tensor:
+    """The search's clip factors (`qcli.codec.search.CLIPS`) on `device`, read by the searched kernel."""
+    clips = torch.tensor(CLIPS, dtype=torch.float32, device=device)
+    if clips.is_cuda:  # complete before any stream reads it
+        torch.cuda.current_stream().synchronize()
+    return clips
+
+
+@functools.lru_cache(maxsize=4096)
+def _searched_launch(scheme: QuantScheme, shape: tuple[int, ...], weigh: int) -> tuple[_Launch, int, int]:
+    """`_quantize_searched_kernel`'s launch for a `_fused` scheme (pointers: x, values, scales, the global
+    and the largest block range (two levels), the flag, the weights (or None), the clips). Weighed, the
+    tensor keeps its rows, whose columns and rows the weights follow; unweighed, it is one long row where
+    its rows hold whole blocks, as the fused kernel takes it."""
+    grid = layout.BlockGrid.of(scheme, shape)
+    per_unit = scheme.num_quants()
+    width = grid.block[-1]
+    if weigh == KS.WEIGH_NONE.value:
+        rows, cols, units_per_row = _flat(grid, width, per_unit)
+    else:
+        rows, cols = _rows(grid)
+        units_per_row = math.ceil(cols / per_unit)
+    blocks_per_row = math.ceil(cols / width)
+    config = launch_config(width, blocks_per_row, wide=True)
+    elements = math.prod(grid.block)
+    launch = _Launch(KS._quantize_searched_kernel, rows * config.chunks,
+                     (cols, units_per_row, config.chunks, blocks_per_row),
+                     dict(BC=width, G=config.groups, U=width // per_unit, N=per_unit, TWO_LEVEL=scheme.is_two_level(),
+                          HALF_RANGE=scheme.value.half_range(), CLIP_COUNT=len(CLIPS),
+                          CANDIDATES=candidate_count(scheme),
+                          J=error_bits(elements, 0 if weigh == KS.WEIGH_NONE.value else importance_bits(elements)),
+                          SIGNED=scheme.scale_dtype().traits.signed, WEIGH=weigh, EVEN=config.even(cols, width),
+                          SAFE=_safe_scales(scheme), num_warps=config.num_warps,
+                          **_scale_constants(scheme.scale_dtype()), **_value_constants(scheme.value), **_OPTIONS))
+    return launch, layout.value_bytes(scheme, shape), layout.scale_bytes(scheme, shape)
 
 
 def _gathered_fields(scheme: QuantScheme, group_values: int) -> tuple[int, dict]:
@@ -395,11 +490,12 @@ def _scales_launch(scheme: QuantScheme, n: int) -> _Launch:
 def _searched(x, scheme: QuantScheme, grid: layout.BlockGrid, scales, bad, whole: TensorRange | None,
               searched: Scales | None, importance: torch.Tensor | None, name: str
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`Calibration.Mse`: the codec's search (`qcli.codec.search`), in torch on x's device, whose every
-    operation rounds as on the CPU, so it picks the same scales (weighed by `importance` as there: its
-    integer weights are made on the host); the stored ones (and the global) into `scales`, and the
-    effective scales with their reciprocals as `_scales_kernel` gives them. The ranges are MinMax's, from
-    the range kernel."""
+    """`Calibration.Mse` where the searched kernel does not take the scheme: the codec's search
+    (`qcli.codec.search`), in torch on x's device, whose every operation rounds as on the CPU, so it picks
+    the same scales (weighed by `importance` as there: its integer weights are made on the host), fed x in
+    pieces of whole block rows (`_SEARCH_PIECE`) so that its memory follows a piece; the stored scales (and
+    the global) into `scales`, and the effective scales with their reciprocals as `_scales_kernel` gives
+    them. The ranges are MinMax's, from the range kernel."""
     if searched is None:
         if scheme.block is None:
             alpha = (whole or tensor_range(x, scheme, Calibration.MinMax, bad)).peak
@@ -407,7 +503,11 @@ def _searched(x, scheme: QuantScheme, grid: layout.BlockGrid, scales, bad, whole
             alpha = _block_alpha(x, grid, Calibration.MinMax, bad)
         peak = whole.peak.reshape(()) if whole is not None and scheme.is_two_level() else None
         search = Search(alpha.reshape(grid.grid), scheme, grid.shape, peak, importance=importance, name=name)
-        search.add(x.to(torch.float32), slice(None))
+        band = grid.block[0] if scheme.block is not None else 1
+        step = max(1, _SEARCH_PIECE // max(1, math.prod(grid.shape[1:]) * band)) * band
+        for start in range(0, grid.shape[0], step):
+            stop = min(start + step, grid.shape[0])
+            search.add(x[start:stop].to(torch.float32), slice(start // band, math.ceil(stop / band)), start)
         searched = search.scales()
     stored_bytes = layout.scale_bytes(scheme, grid.shape)
     scales[:stored_bytes].copy_(pack_scales(searched.stored, scheme.scale_dtype()))

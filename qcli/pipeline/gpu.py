@@ -57,7 +57,7 @@ from qcli.io.dtypes import torch_dtype
 from qcli.io.files import FileEnded, read_into
 from qcli.io.source import in_row_order
 from qcli.kernels import enqueue, tensor_range
-from qcli.kernels.launch import interpreted
+from qcli.kernels.launch import interpreted, searches_in_kernel
 from qcli.layout import BlockGrid
 from qcli.measure import BYTES_PER_VALUE, SLICE_VALUES, Measurement, whole_range
 from qcli.pipeline import GpuSettings, Payload
@@ -141,7 +141,8 @@ def compile_ahead(plan: Plan, measure: bool, settings: GpuSettings) -> int:
     pipeline makes for it (`_upload`'s range, `_process`), on uninitialised device tensors and a stream of
     their own, so that Triton compiles the kernels (or loads them from its cache) and torch loads its own
     before the first tensor arrives; return how many tensors' launches were made. Searched scales (Mse)
-    are torch code, left to their first tensor; the interpreter compiles nothing."""
+    that the torch search takes (`searches_in_kernel`) are left to their first tensor; the interpreter
+    compiles nothing."""
     device = _device()
     if interpreted():
         return 0
@@ -153,9 +154,10 @@ def compile_ahead(plan: Plan, measure: bool, settings: GpuSettings) -> int:
             decision = entry.decision
             key = (tuple(entry.info.shape), entry.info.dtype, decision.scheme, decision.calibration,
                    decision.transpose)
-            if (decision.scheme is None or decision.found is not None
-                    or decision.calibration is Calibration.Mse or entry.info.dtype not in _KERNEL_DTYPES
-                    or key in made):
+            torch_search = (decision.scheme is not None and decision.calibration is Calibration.Mse
+                            and not searches_in_kernel(decision.scheme, tuple(entry.info.shape)))
+            if (decision.scheme is None or decision.found is not None or torch_search
+                    or entry.info.dtype not in _KERNEL_DTYPES or key in made):
                 continue
             made.add(key)
             check_accepted(decision.scheme, decision.calibration)

@@ -28,6 +28,7 @@ from qcli.scheme import (
     QuantScheme,
     QuantValue,
     ScaleDtype,
+    accept_problems,
 )
 from tests.burn_facts import VECTORS
 from tests.cases import all_schemes
@@ -471,6 +472,43 @@ def test_large_weighted_search_matches_codec_on_gpu(kernels, case):
         shape = (*lead, max(1, rows >> len(lead)), cols)
         x = wide(shape, 500 + i).to(torch.bfloat16 if i % 2 else torch.float32)
         assert_weighted_matches_codec(kernels, "cuda", x, scheme, i)
+
+
+# Every value in blocks of 32 under every scale dtype, one level and two: the fused kernel searches them
+# itself (`launch.searches_in_kernel`), the candidates worked out in registers.
+SEARCHED = [scheme for scheme in [QuantScheme().with_value(value).per_block([32], dtype)
+                                  for value in QuantValue for dtype in ScaleDtype]
+            + [QuantScheme().with_value(value).per_block([16], ScaleDtype.F16).per_tensor(ScaleDtype.F32)
+               for value in QuantValue]
+            if not accept_problems(scheme, Calibration.Mse, quantizer=False)]
+
+
+def assert_searched_in_the_kernel(kernels, device: str, x: torch.Tensor, scheme: QuantScheme, seed: int) -> None:
+    from qcli.kernels import launch
+
+    assert launch.searches_in_kernel(scheme, tuple(x.shape))
+    launch._searched_launch.cache_clear()
+    x[0, :40] = 0  # all-zero blocks, and a block of equal values (ties between candidates)
+    x[1, 32:64] = 0.75
+    for importance in (None, *(channel_importance(tuple(x.shape), seed, rows) for rows in (False, True))):
+        got = kernels.encode(x.to(device), scheme, Calibration.Mse, importance=importance)
+        want = codec_encode(x, scheme, Calibration.Mse, importance=importance)
+        assert_same(got.cpu().numpy().tobytes(), want.numpy().tobytes())
+    assert launch._searched_launch.cache_info().misses == 3  # unweighed, by columns, by rows: all in the kernel
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("scheme", SEARCHED, ids=str)
+def test_the_fused_kernel_searches_the_codecs_scales(kernels, device, scheme):
+    assert_searched_in_the_kernel(kernels, device, wide((5, 100), 600), scheme, 0)  # a partial block a row
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", SEARCHED, ids=str)
+def test_the_fused_kernel_searches_the_codecs_scales_on_gpu(kernels, scheme):
+    for i, shape in enumerate(GPU_SHAPES):
+        x = wide(shape, 700 + i).to(torch.bfloat16 if i % 2 else torch.float32)
+        assert_searched_in_the_kernel(kernels, "cuda", x, scheme, i)
 
 
 def test_a_compiled_launch_is_reused_only_for_pointers_of_its_dtypes_and_alignment(monkeypatch):
