@@ -18,8 +18,9 @@ import os
 import subprocess
 import sys
 
-KERNELS = ("_quantize_fused_kernel", "_quantize_fused_rows_kernel", "_quantize_blocks_kernel",
-           "_quantize_tensor_kernel", "_alpha_kernel", "_scales_kernel")
+KERNELS = {"_quantize": ("_quantize_fused_kernel", "_quantize_fused_rows_kernel", "_quantize_blocks_kernel",
+                         "_quantize_tensor_kernel", "_alpha_kernel", "_scales_kernel"),
+           "_search": ("_quantize_searched_kernel",)}
 _OPTION_NAMES = ("enable_fp_fusion", "num_warps")
 
 
@@ -27,9 +28,10 @@ def _record(path: str) -> None:
     import torch
     import triton.language as tl
 
-    from qcli.kernels import _quantize as K
     from qcli.kernels import encode
+    from qcli.scheme import Calibration
     from tests.cases import all_schemes
+    from tests.kernels.test_kernels import SEARCHED
 
     seen: dict[str, dict] = {}
     types = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
@@ -40,8 +42,8 @@ def _record(path: str) -> None:
             return "*" + types[a.dtype]
         return "i64" if abs(a) >= 2**31 else "i32"
 
-    for name in KERNELS:
-        fn = getattr(K, name)
+    for module, name in _kernels():
+        fn = getattr(module, name)
 
         class Recorder:
             def __init__(self, fn=fn, name=name):
@@ -61,12 +63,23 @@ def _record(path: str) -> None:
                     return self.fn[grid](*args, **kwargs, **options)
                 return launch
 
-        setattr(K, name, Recorder())
+        setattr(module, name, Recorder())
     for scheme, calibration, shape in all_schemes():
         for dtype in (torch.float32, torch.bfloat16):
             encode(torch.randn(shape).to(dtype), scheme, calibration)
+    for scheme in SEARCHED:  # the searched kernel, unweighed and weighed by column and by row
+        for importance in (None, torch.rand(96), torch.rand(4, 1)):
+            encode(torch.randn(4, 96), scheme, Calibration.Mse, importance=importance)
     with open(path, "w") as f:
         json.dump(sorted(seen), f)
+
+
+def _kernels() -> list:
+    """(module, kernel name) of every kernel, their modules imported."""
+    import importlib
+
+    return [(importlib.import_module(f"qcli.kernels.{module}"), name)
+            for module, names in KERNELS.items() for name in names]
 
 
 def _digest(ptx: str) -> str:
@@ -80,12 +93,11 @@ def _compile(path: str, digests: str | None) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from qcli.kernels import _quantize as K
-
+    kernels = {name: getattr(module, name) for module, name in _kernels()}
     failures, digested = 0, {}
     for entry in json.load(open(path)):
         name, sig, constexprs, options = json.loads(entry)
-        src = triton.compiler.ASTSource(getattr(K, name), sig, constexprs)
+        src = triton.compiler.ASTSource(kernels[name], sig, constexprs)
         try:
             kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
             ptx = kernel.asm["ptx"]
