@@ -141,8 +141,10 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
                          progress=progress)
     except torch.OutOfMemoryError as exc:
         raise _out_of_memory(target, estimate_bytes, calibrating) from exc
-    # on the CPU, what the process grew by: its peak resident bytes over those before the run
-    peak = torch.cuda.max_memory_allocated(target) if target.type == "cuda" else peak_resident_bytes() - before
+    # on CUDA, the most device memory torch's allocator held (allocated or cached: what the device has given the
+    # run, CUDA's own context aside); on the CPU, what the process grew by: its peak resident bytes over those
+    # before the run
+    peak = torch.cuda.max_memory_reserved(target) if target.type == "cuda" else peak_resident_bytes() - before
     if run.outside or run.not_linear:
         left = [*run.outside, *run.not_linear]
         done.warnings.append(Problem(
