@@ -20,7 +20,7 @@ import sys
 
 KERNELS = {"_quantize": ("_quantize_fused_kernel", "_quantize_fused_rows_kernel", "_quantize_blocks_kernel",
                          "_quantize_tensor_kernel", "_alpha_kernel", "_scales_kernel"),
-           "_search": ("_quantize_searched_kernel",)}
+           "_search": ("_quantize_searched_kernel",), "_gptq": ("_gptq_columns_kernel",)}
 _OPTION_NAMES = ("enable_fp_fusion", "num_warps")
 
 
@@ -28,7 +28,9 @@ def _record(path: str) -> None:
     import torch
     import triton.language as tl
 
+    from qcli.calibrate.gptq import columns_in_kernel
     from qcli.kernels import encode
+    from qcli.kernels import gptq as gptq_kernel
     from qcli.scheme import Calibration
     from tests.cases import all_schemes
     from tests.kernels.test_kernels import SEARCHED
@@ -40,6 +42,8 @@ def _record(path: str) -> None:
     def arg_type(a) -> str:
         if isinstance(a, torch.Tensor):
             return "*" + types[a.dtype]
+        if isinstance(a, float):
+            return "fp32"
         return "i64" if abs(a) >= 2**31 else "i32"
 
     for module, name in _kernels():
@@ -70,6 +74,10 @@ def _record(path: str) -> None:
     for scheme in SEARCHED:  # the searched kernel, unweighed and weighed by column and by row
         for importance in (None, torch.rand(96), torch.rand(4, 1)):
             encode(torch.randn(4, 96), scheme, Calibration.Mse, importance=importance)
+    for scheme in {s for s in SEARCHED if gptq_kernel.takes(s, (16, 64), False, 128)}:  # GPTQ's column kernel
+        for search, importance in ((False, None), (True, None), (True, torch.rand(64))):
+            w = torch.randn(16, 64)
+            columns_in_kernel(w, torch.eye(64), scheme, search, w.abs().amax(), 128, importance)
     with open(path, "w") as f:
         json.dump(sorted(seen), f)
 

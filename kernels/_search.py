@@ -102,7 +102,7 @@ def _candidate_error(x, w, s, unit, IS_FLOAT: tl.constexpr, LO: tl.constexpr, HI
 
 @triton.jit
 def _searched_scales(x, w, alpha, glob, clips_ptr, CLIP_COUNT: tl.constexpr, CANDIDATES: tl.constexpr,
-                     J: tl.constexpr, SIGNED: tl.constexpr, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr,
+                     J, SIGNED: tl.constexpr, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr,
                      SCALE_STEP: tl.constexpr, SCALE_FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr,
                      SCALE_EBITS: tl.constexpr, SCALE_MBITS: tl.constexpr, SCALE_BIAS: tl.constexpr,
                      IS_FLOAT: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr, EBITS: tl.constexpr,
@@ -110,7 +110,8 @@ def _searched_scales(x, w, alpha, glob, clips_ptr, CLIP_COUNT: tl.constexpr, CAN
     """Each block's candidate of least error (the first of equal ones), stored and effective, for blocks of
     largest magnitude `alpha` ([G]) under the global `glob` (two levels): `qcli.codec.search.candidates`
     in its order (MinMax's scale; the clips of `alpha / h`; both ends of an unequal range; on a signed
-    dtype the negative scales onto the longer end), J the fixed-point bits of the errors."""
+    dtype the negative scales onto the longer end), J the fixed-point bits of the errors (a constexpr, or
+    a value where it differs from block to block)."""
     exponent = (alpha.to(tl.int32, bitcast=True) >> 23) - 127
     unit = (tl.minimum(tl.maximum(127 + J - exponent, 1), 254) << 23).to(tl.float32, bitcast=True)
     first, first_effective = _stored_scale(alpha, glob, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX,

@@ -173,6 +173,11 @@ def _columns(w: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, transpose: b
     int32 fields and f32 dequantized values [out, in], the stored scales on W's block grid [rows, columns]
     and the global scale."""
     out, columns = w.shape
+    if w.is_cuda:
+        from qcli.kernels import gptq as kernel
+
+        if kernel.takes(scheme, (out, columns), transpose, block_size):
+            return columns_in_kernel(w, u, scheme, search, peak, block_size, importance)
     block = layout.BlockGrid.of(scheme, (columns, out) if transpose else (out, columns)).block
     r, c = tuple(reversed(block)) if transpose else block
     fields = torch.empty(w.shape, dtype=torch.int32, device=w.device)
@@ -208,6 +213,34 @@ def _columns(w: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, transpose: b
             errors[:, i] = e
         w[:, i2:] -= errors @ u[i1:i2, i2:]
     return fields, dequantized, stored, global_scale
+
+
+def columns_in_kernel(w: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, search: bool, peak: torch.Tensor,
+                      block_size: int, importance: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float | None]:
+    """`_columns` with each lazy block's column loop in one Triton kernel (`qcli.kernels.gptq`; blocks [1, c]
+    of W that tile the lazy blocks, W as written): the same steps, each column's update of the columns
+    after it a product and a difference rounded apart, where the torch loop's `addr_` may fuse them."""
+    from qcli.kernels import gptq as kernel
+
+    out, columns = w.shape
+    c = layout.BlockGrid.of(scheme, (out, columns)).block[1]
+    u = u.contiguous()  # the kernel reads U's rows: the Cholesky factor comes column-major
+    fields = torch.empty(w.shape, dtype=torch.int32, device=w.device)
+    dequantized = torch.empty_like(w)
+    stored = torch.empty(out, math.ceil(columns / c), dtype=torch.float32, device=w.device)
+    errors = torch.empty(out, block_size, dtype=torch.float32, device=w.device)
+    glob = kernel.two_level_global(scheme, peak)
+    weights = None
+    if search and importance is not None:
+        weights = kernel.column_weights(importance, scheme, (out, columns), w.device)
+    for i1 in range(0, columns, block_size):
+        i2 = min(i1 + block_size, columns)
+        kernel.lazy_block(w[:, i1:i2], u[i1:i2, i1:i2], fields[:, i1:i2], dequantized[:, i1:i2], errors,
+                          stored[:, i1 // c :], scheme, search, glob,
+                          None if weights is None else (weights[0][i1:i2], weights[1][i1 // c :]))
+        w[:, i2:] -= errors[:, : i2 - i1] @ u[i1:i2, i2:]
+    return fields, dequantized, stored, None if glob is None else float(glob)
 
 
 def _group_scales(current: torch.Tensor, scheme: QuantScheme, search: bool, peak: torch.Tensor,

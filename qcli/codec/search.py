@@ -78,16 +78,42 @@ def importance_weights(importance: torch.Tensor, shape: tuple[int, ...], bits: i
                          f"broadcast to the tensor's {list(shape)}",
                          hint="give one weight per input channel: the source tensor's last axis (the written "
                               "tensor's first, where it is transposed)")
+    values = _checked_importance(importance, name)
+    if values.numel() == 0 or not bool(values.max() > 0):
+        return None
+    weights = _integer_weights(values, values.max(), bits)
+    if bool((weights == weights.max()).all()):
+        return None
+    return weights.reshape((1,) * (len(shape) - weights.dim()) + tuple(weights.shape))
+
+
+def group_weights(importance: torch.Tensor, group: int, bits: int, name: str = "tensor"
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`importance_weights` of each run of `group` values of the 1-D `importance` (the last run shorter) at
+    once: float64 weights like `importance`, each run's relative to its own largest, and per run whether
+    it weighs at all (a run of equal weights, or of zeros, does not: its weights are all 1 here)."""
+    values = _checked_importance(importance, name)
+    runs = torch.nn.functional.pad(values, (0, -values.numel() % group)).view(-1, group)
+    largest = runs.amax(dim=1, keepdim=True)
+    weights = _integer_weights(runs, largest.clamp_min(torch.finfo(torch.float64).tiny), bits)
+    live = torch.arange(runs.numel()).view(runs.shape) < values.numel()
+    heaviest = torch.where(live, weights, 0).amax(dim=1, keepdim=True)
+    weighed = (largest > 0) & ((weights != heaviest) & live).any(dim=1, keepdim=True)
+    return torch.where(weighed, weights, 1.0).reshape(-1)[: values.numel()], weighed.reshape(-1)
+
+
+def _checked_importance(importance: torch.Tensor, name: str) -> torch.Tensor:
+    """`importance` as float64 on the host, refused unless finite and >= 0."""
     values = importance.detach().to(device="cpu", dtype=torch.float64)
     if not bool((torch.isfinite(values) & (values >= 0)).all()):
         raise InputError(f"the importance of tensor {name!r} holds negative or non-finite values",
                          hint="an importance is a mean squared activation: finite and >= 0; compute it again")
-    if values.numel() == 0 or not bool(values.max() > 0):
-        return None
-    weights = (values / values.max() * 2.0**bits).round_().clamp_(1, 2**bits)
-    if bool((weights == weights.max()).all()):
-        return None
-    return weights.reshape((1,) * (len(shape) - weights.dim()) + tuple(weights.shape))
+    return values
+
+
+def _integer_weights(values: torch.Tensor, largest: torch.Tensor, bits: int) -> torch.Tensor:
+    """Each value over the largest, times 2^bits, rounded to nearest (ties to even), at least 1."""
+    return (values / largest * 2.0**bits).round_().clamp_(1, 2**bits)
 
 
 def candidates(alpha: torch.Tensor, scheme: QuantScheme, peak: torch.Tensor | None = None) -> Scales:

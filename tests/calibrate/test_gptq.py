@@ -298,3 +298,37 @@ def test_lazy_blocks_do_not_change_the_result(name, transpose):
         assert (lazy.parts.fields == one.parts.fields).float().mean() > 0.99
         assert (lazy.parts.scales == one.parts.scales).float().mean() > 0.99
         assert lazy.error == pytest.approx(one.error, rel=1e-3)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize(("name", "search", "weighed"), [
+    ("q4s-b32", True, True), ("q4f-b32", True, False), ("fp4-b32", False, False), ("q8s-b32", True, True),
+    ("q4s-b32-global", True, True), ("nvfp4", True, False)])
+def test_the_column_kernel_takes_the_torch_loops_steps(device, name, search, weighed, monkeypatch):
+    """GPTQ's column loop in one kernel a lazy block (`qcli.kernels.gptq`), against the torch loop on the same
+    device, over 200 columns (a lazy block of 128 and one of 72, whose last group has 8 columns) and 40 rows:
+    bit for bit where the kernel is interpreted on the CPU, whose torch rounds each update's product and
+    difference apart as the kernel does; on CUDA, where torch may fuse them, as good a layer."""
+    from qcli.calibrate import gptq as module
+    from qcli.kernels import gptq as kernel
+
+    scheme = PRESETS[name].scheme if name in PRESETS else SCHEMES[name]
+    rows, columns = 40, 200
+    assert kernel.takes(scheme, (rows, columns), False, 128)
+    x = correlated_activations(columns=columns)
+    h = hessian_of(x)
+    w = weight(rows, columns).to(device)
+    importance = torch.diagonal(h) / x.shape[0] if weighed else None
+    u = module._inverse_factor(h.to(device), 0.01, name)[0].to(torch.float32)
+    peak = w.abs().amax()
+    in_kernel = module.columns_in_kernel(w.clone(), u, scheme, search, peak, 128, importance)
+    monkeypatch.setattr(kernel, "takes", lambda *_: False)  # on CUDA, the torch loop where the kernel would run
+    torch_loop = module._columns(w.clone(), u, scheme, False, search, peak, 128, importance)
+    assert torch_loop[3] == in_kernel[3]  # the two-level global
+    if device == "cpu":
+        for loop_part, kernel_part in zip(torch_loop[:3], in_kernel[:3], strict=True):
+            assert torch.equal(loop_part, kernel_part)
+    else:
+        errors = [output_error(w.cpu(), part[1].cpu(), h) for part in (torch_loop, in_kernel)]
+        assert errors[1] == pytest.approx(errors[0], rel=0.01)
+    assert bool((in_kernel[0] != 0).any())
