@@ -19,7 +19,8 @@
 
 #define RINT_SHIFT 12582912.0f /* 1.5 * 2^23 */
 
-/* On x86-64, gcc compiles the loops twice, for AVX2 and for the baseline, and picks one when loaded. */
+/* On x86-64, gcc compiles the loops twice, for AVX2 and for the baseline, and picks one when loaded (by
+ * the instructions the processor has: an "arch=" clone is taken only on that very processor). */
 #if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
 #define CLONES __attribute__((target_clones("avx2", "default")))
 #else
@@ -62,14 +63,18 @@ static inline float minifloat_round(float v, int mbits, int bias) {
 /* The error of one block of n values at one effective scale s, its fixed-point unit u; `minifloat` and
  * `weighted` are constants where it is inlined, so each of the four loops is compiled on its own. The
  * terms are integers (|t| < 2^22, t * t * w < 2^53) summed in an int64, which the compiler may vectorize
- * as it would not a sum of doubles. */
+ * as it would not a sum of doubles. An exact zero stays zero (v = x): x / s gives it already unless s is
+ * zero (an underflowed effective scale under a global), so only then does a loop pick it out; the clamp
+ * is written as the vector min and max compute it (no NaN reaches it). */
 INLINED int64_t block_error(const float *x, const int32_t *w, Py_ssize_t n, float s, float u, Value v,
                             const int minifloat, const int weighted) {
     int64_t sum = 0;
+    const int zero_scale = s == 0.0f;
     for (Py_ssize_t k = 0; k < n; k++) {
         float q = x[k] / s;
-        q = x[k] == 0.0f ? x[k] : q; /* an exact zero stays zero, also where s underflowed to 0 */
-        q = q < v.lo ? v.lo : (q > v.hi ? v.hi : q);
+        if (zero_scale) q = x[k] == 0.0f ? x[k] : q;
+        q = q > v.lo ? q : v.lo;
+        q = q < v.hi ? q : v.hi;
         float d = minifloat ? x[k] - s * minifloat_round(q, v.mbits, v.bias) : x[k] - rint_small(q) * s;
         int32_t t = (int32_t)rint_small(d * u);
         int64_t square = (int64_t)t * t;
@@ -78,24 +83,42 @@ INLINED int64_t block_error(const float *x, const int32_t *w, Py_ssize_t n, floa
     return sum;
 }
 
-/* Every candidate's error on blocks [0, blocks), a loop for each kind of value and weighing. */
+/* block_error where blocks of 32 (every preset's) take a loop of fixed length, unrolled. */
+INLINED int64_t any_block_error(const float *x, const int32_t *w, Py_ssize_t n, float s, float u, Value v,
+                                const int minifloat, const int weighted) {
+    return n == 32 ? block_error(x, w, 32, s, u, v, minifloat, weighted)
+                   : block_error(x, w, n, s, u, v, minifloat, weighted);
+}
+
+/* Every candidate's error on blocks [0, blocks), one loop for each kind of value and weighing. */
+INLINED void measure_of(const float *x, const int32_t *w, const float *scales, const float *unit, double *out,
+                        Py_ssize_t blocks, Py_ssize_t elements, Py_ssize_t candidates,
+                        Py_ssize_t scale_candidate_stride, Py_ssize_t scale_block_stride, Py_ssize_t unit_stride,
+                        Py_ssize_t out_stride, Value v, const int minifloat, const int weighted) {
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        const float *xb = x + b * elements;
+        const int32_t *wb = weighted ? w + b * elements : NULL;
+        float u = unit[b * unit_stride];
+        for (Py_ssize_t c = 0; c < candidates; c++) {
+            float s = scales[c * scale_candidate_stride + b * scale_block_stride];
+            out[c * out_stride + b] = (double)any_block_error(xb, wb, elements, s, u, v, minifloat, weighted);
+        }
+    }
+}
+
 CLONES static void measure(const float *x, const int32_t *w, const float *scales, const float *unit, double *out,
                            Py_ssize_t blocks, Py_ssize_t elements, Py_ssize_t candidates,
                            Py_ssize_t scale_candidate_stride, Py_ssize_t scale_block_stride,
                            Py_ssize_t unit_stride, Py_ssize_t out_stride, Value v) {
-    for (Py_ssize_t b = 0; b < blocks; b++) {
-        const float *xb = x + b * elements;
-        const int32_t *wb = w ? w + b * elements : NULL;
-        float u = unit[b * unit_stride];
-        for (Py_ssize_t c = 0; c < candidates; c++) {
-            float s = scales[c * scale_candidate_stride + b * scale_block_stride];
-            int64_t e = v.minifloat ? (wb ? block_error(xb, wb, elements, s, u, v, 1, 1)
-                                         : block_error(xb, wb, elements, s, u, v, 1, 0))
-                                   : (wb ? block_error(xb, wb, elements, s, u, v, 0, 1)
-                                         : block_error(xb, wb, elements, s, u, v, 0, 0));
-            out[c * out_stride + b] = (double)e; /* below 2^53: exact */
-        }
+#define MEASURE(minifloat, weighted)                                                                           \
+    measure_of(x, w, scales, unit, out, blocks, elements, candidates, scale_candidate_stride, scale_block_stride,  \
+               unit_stride, out_stride, v, minifloat, weighted)
+    if (v.minifloat) {
+        if (w) MEASURE(1, 1); else MEASURE(1, 0);
+    } else {
+        if (w) MEASURE(0, 1); else MEASURE(0, 0);
     }
+#undef MEASURE
 }
 
 /* A scale dtype's grid (qcli.scheme.ScaleTraits): `step` the low f32 bits it drops (0: every f32), its
@@ -138,6 +161,8 @@ static inline float nearest(float s, Grid g) {
 
 /* What a scheme's search needs: its values, its scale grid, the half range and the range's ends, the
  * clip factors, and the global scale of two levels (0 for one). */
+#define MAX_CANDIDATES 64 /* more than any scheme has (qcli.codec.search.candidate_count) */
+
 typedef struct {
     Value value;
     Grid grid;
@@ -170,30 +195,44 @@ static inline int candidate(float alpha, int k, Scheme sc, float first_stored, f
     return 1;
 }
 
-/* Each block's candidate of least error (the first of equal ones), its stored and effective scale. */
-CLONES static void search(const float *x, const int32_t *w, const float *alpha, const float *unit, float *stored,
-                          float *effective, Py_ssize_t blocks, Py_ssize_t elements, Scheme sc) {
+/* Each block's candidate of least error (the first of equal ones), its stored and effective scale; one
+ * loop for each kind of value and weighing. The candidates are worked out first, then measured. */
+INLINED void search_of(const float *x, const int32_t *w, const float *alpha, const float *unit, float *stored,
+                       float *effective, Py_ssize_t blocks, Py_ssize_t elements, Scheme sc, const int minifloat,
+                       const int weighted) {
+    float stores[MAX_CANDIDATES], scales[MAX_CANDIDATES];
     for (Py_ssize_t b = 0; b < blocks; b++) {
         const float *xb = x + b * elements;
-        const int32_t *wb = w ? w + b * elements : NULL;
+        const int32_t *wb = weighted ? w + b * elements : NULL;
         float raw = alpha[b] / sc.half_range;
         if (sc.global > 0.0f) raw = raw / sc.global;
         float first = round_up(raw > 0.0f ? raw : FLT_MIN, sc.grid);
+        int count = 0;
+        while (count < MAX_CANDIDATES && candidate(alpha[b], count, sc, first, &stores[count], &scales[count]))
+            count++;
         int64_t least = -1;
-        for (int k = 0;; k++) {
-            float s_stored, s;
-            if (!candidate(alpha[b], k, sc, first, &s_stored, &s)) break;
-            int64_t e = sc.value.minifloat ? (wb ? block_error(xb, wb, elements, s, unit[b], sc.value, 1, 1)
-                                                 : block_error(xb, wb, elements, s, unit[b], sc.value, 1, 0))
-                                           : (wb ? block_error(xb, wb, elements, s, unit[b], sc.value, 0, 1)
-                                                 : block_error(xb, wb, elements, s, unit[b], sc.value, 0, 0));
+        int chosen = 0;
+        for (int k = 0; k < count; k++) {
+            int64_t e = any_block_error(xb, wb, elements, scales[k], unit[b], sc.value, minifloat, weighted);
             if (least < 0 || e < least) {
                 least = e;
-                stored[b] = s_stored;
-                effective[b] = s;
+                chosen = k;
             }
         }
+        stored[b] = stores[chosen];
+        effective[b] = scales[chosen];
     }
+}
+
+CLONES static void search(const float *x, const int32_t *w, const float *alpha, const float *unit, float *stored,
+                          float *effective, Py_ssize_t blocks, Py_ssize_t elements, Scheme sc) {
+#define SEARCH(minifloat, weighted) search_of(x, w, alpha, unit, stored, effective, blocks, elements, sc, minifloat, weighted)
+    if (sc.value.minifloat) {
+        if (w) SEARCH(1, 1); else SEARCH(1, 0);
+    } else {
+        if (w) SEARCH(0, 1); else SEARCH(0, 0);
+    }
+#undef SEARCH
 }
 
 /* errors(x, weights, scales, unit, out, blocks, elements, candidates, scale_candidate_stride,
@@ -242,7 +281,7 @@ static PyObject *search_blocks(PyObject *self, PyObject *args) {
                           &clip_count, &global, &half_range, &a, &b, &minifloat, &lo, &hi, &mbits, &bias, &step,
                           &mantissa, &floor, &min_normal, &spacing, &max, &is_signed))
         return NULL;
-    if (blocks < 0 || elements < 0 || clip_count < 0 || step < 0 || step > 23 ||
+    if (blocks < 0 || elements < 0 || clip_count < 0 || 2 * clip_count + 4 > MAX_CANDIDATES || step < 0 || step > 23 ||
         (minifloat && (mbits < 1 || mbits > 22))) {
         PyErr_SetString(PyExc_ValueError, "search: negative sizes, or a grid or format out of range");
         return NULL;
