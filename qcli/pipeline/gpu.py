@@ -9,7 +9,8 @@ buffers on a third stream. A payload is yielded only once the next tensor's work
 writer (the caller) writes tensor k while the reader reads and the GPU quantizes tensor k + 1.
 
 Bounds (`GpuSettings`): pinned host memory is two staging pieces (`piece_bytes`, 256 MiB by default) plus
-two output buffers of the largest payload, within 2 × the largest tensor + 1 GiB. Device memory stays
+two output buffers of the largest payload, each of exactly its size (`_Stage._buffer`), within 2 × the
+largest tensor + 1 GiB. Device memory stays
 within `budget` (8 GiB by default): a tensor whose row chunk footprint exceeds a quarter of it is quantized
 in chunks of whole blocks along its first axis, and a per-tensor or two-level scheme then takes a first
 pass over all chunks for the range its scales need.
@@ -121,11 +122,14 @@ def run(plan: Plan, source: Source, measure: bool = False, *,
     if not pieces:
         return
     stage = _Stage(device, max(p.nbytes for p in pieces), max(e.out_nbytes for e in plan.entries))
-    reader = _Reader(pieces, stage, settings.read_slice)
     try:
-        yield from _quantize(pieces, reader, stage, measure, source, ahead, weights)
+        reader = _Reader(pieces, stage, settings.read_slice)
+        try:
+            yield from _quantize(pieces, reader, stage, measure, source, ahead, weights)
+        finally:
+            reader.stop()
     finally:
-        reader.stop()
+        stage.close()
 
 
 def prepare() -> None:
@@ -230,11 +234,31 @@ class _Stage:
     def __init__(self, device: torch.device, piece_bytes: int, out_bytes: int, streams: bool = True) -> None:
         self.device = device
         cuda = device.type == "cuda" and streams
-        self.staging = [torch.empty(piece_bytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(_SLOTS)]
-        self.outputs = [torch.empty(out_bytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(2)]
+        self.registered: list[torch.Tensor] = []
+        self.staging = [self._buffer(piece_bytes, cuda) for _ in range(_SLOTS)]
+        self.outputs = [self._buffer(out_bytes, cuda) for _ in range(2)]
         self.h2d = torch.cuda.Stream() if cuda else None
         self.compute = torch.cuda.Stream() if cuda else None
         self.d2h = torch.cuda.Stream() if cuda else None
+
+    def _buffer(self, nbytes: int, pinned: bool) -> torch.Tensor:
+        """A host buffer of exactly `nbytes`, page-locked where `pinned` so that copies to and from the device
+        run asynchronously. torch's pinned allocator (`pin_memory=True`) rounds each buffer up to a power of
+        two (the two 558 MB payload buffers of a Llama-3-8B-shaped model's q8s-b32 embedding took 1 GiB
+        each), so the buffer is ordinary memory registered with CUDA (`cudaHostRegister`, unregistered by
+        `close`); where registering fails, torch's pinned allocator gives it."""
+        if not pinned:
+            return torch.empty(nbytes, dtype=torch.uint8)
+        buffer = torch.empty(nbytes, dtype=torch.uint8)
+        if nbytes and _registered(buffer):
+            self.registered.append(buffer)
+            return buffer
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def close(self) -> None:
+        """Unregister the buffers `_buffer` registered; they stay valid as ordinary memory."""
+        while self.registered:
+            _unregistered(self.registered.pop())
 
     def event(self, stream) -> torch.cuda.Event | None:
         if stream is None:
@@ -242,6 +266,35 @@ class _Stage:
         event = torch.cuda.Event()
         event.record(stream)
         return event
+
+
+def _registered(buffer: torch.Tensor) -> bool:
+    """Whether CUDA page-locked the host `buffer` for every context (`cudaHostRegister`, portable, through
+    torch's binding of the CUDA runtime): a runtime without the call, or one that refuses, leaves it as it
+    was. The call runs on a thread of its own, whose last-error state a refusal is left in: torch checks
+    the last error after its launches, and this thread's must stay clean."""
+    return _on_own_thread(lambda: torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel(), 1))
+
+
+def _unregistered(buffer: torch.Tensor) -> bool:
+    """`cudaHostUnregister` of a buffer `_registered` page-locked, on a thread of its own as that is."""
+    return _on_own_thread(lambda: torch.cuda.cudart().cudaHostUnregister(buffer.data_ptr()))
+
+
+def _on_own_thread(call) -> bool:
+    """Whether the CUDA runtime `call`, made on a new thread, returned success."""
+    done: list[bool] = []
+
+    def run() -> None:
+        try:
+            done.append(int(call()) == 0)
+        except (AttributeError, AssertionError, RuntimeError, TypeError):
+            done.append(False)
+
+    thread = threading.Thread(target=run, name="qcli-host-register")
+    thread.start()
+    thread.join()
+    return bool(done and done[0])
 
 
 class _Reader:
