@@ -163,24 +163,25 @@ def _calibrated(block: nn.Module, linears: list[tuple[nn.Linear, str]], hidden: 
             hook.remove()
     stats, changed = {}, False
     for index, (linear, name) in enumerate(linears):
-        _give_back_cached(hidden.device)
+        give_back_cached(hidden.device)
         found = sums.stats(index)
         changed |= _replace(linear, name, on_linear(name, linear.weight.detach(), found))
         found.hessian = None
         sums.release(index)  # a sum freed once the last Linear that reads it has had its turn
         stats[name] = found
     if changed:
-        _give_back_cached(hidden.device)
+        give_back_cached(hidden.device)
         _run(block, hidden, extras, out)
     return stats
 
 
-def _give_back_cached(device: torch.device) -> None:
-    """Between the run's phases (a block's pass, one Linear's GPTQ, the next pass), hand the blocks torch's
-    caching allocator keeps free back to the device: each phase allocates tensors of other sizes (a pass
-    its windows' activations, GPTQ float64 [in, in] matrices of up to 1.6 GB), which blocks cached by the
-    last phase do not fit, so without this the device held each phase's cache beside the next's (30.3 GB
-    where torch had allocated at most 19.6 GB, a Llama-3-8B-shaped model on an H200)."""
+def give_back_cached(device: torch.device) -> None:
+    """Between the run's phases (a block's pass, one Linear's GPTQ, the next pass), and after the run, hand
+    the blocks torch's caching allocator keeps free back to the device: each phase allocates tensors of
+    other sizes (a pass its windows' activations, GPTQ float64 [in, in] matrices of up to 1.6 GB), which
+    blocks cached by the last phase do not fit, so without this the device held each phase's cache beside
+    the next's (30.3 GB where torch had allocated at most 19.6 GB, a Llama-3-8B-shaped model on an H200),
+    and the run's cache beside the pipeline's buffers after it."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
 

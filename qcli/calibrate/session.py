@@ -29,7 +29,14 @@ from qcli.calibrate.data import (
 )
 from qcli.calibrate.gptq import gptq, output_error, workspace_bytes
 from qcli.calibrate.model import CalibrationModel, load_tokenizer, open_model
-from qcli.calibrate.runner import BlockDone, LinearStats, block_linears, estimate_memory, run_blocks
+from qcli.calibrate.runner import (
+    BlockDone,
+    LinearStats,
+    block_linears,
+    estimate_memory,
+    give_back_cached,
+    run_blocks,
+)
 from qcli.errors import DeviceMemoryError, InputError, UsageError
 from qcli.io.files import file_sha256
 from qcli.io.source import checkpoint_folder
@@ -141,6 +148,7 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
                          progress=progress)
     except torch.OutOfMemoryError as exc:
         raise _out_of_memory(target, estimate_bytes, calibrating) from exc
+    give_back_cached(target)  # the pipeline that writes the file allocates its own buffers next
     # on CUDA, the most device memory torch's allocator held (allocated or cached: what the device has given the
     # run, CUDA's own context aside); on the CPU, what the process grew by: its peak resident bytes over those
     # before the run
