@@ -290,13 +290,15 @@ def test_lazy_blocks_do_not_change_the_result(name, transpose):
     """Lazy batching only reorders the updates (exact arithmetic gives the same W), so lazy blocks of 40 and
     128 columns, where a group of columns may run past the lazy block's end, give the fields and scales of
     lazy blocks of one column, whose every update is done before the next column: equal but for f32's
-    rounding of the reordered sums, which may flip a rare field."""
+    rounding of the reordered sums, which may flip a rare field or scale (how rare depends on the machine's
+    f32 matrix products: on an H200 host's CPU one of q4s-4x32's 64 scales flipped)."""
     w, h, scheme = weight(), hessian_of(correlated_activations()), SCHEMES[name]
     one = gptq(w, h, scheme, transpose=transpose, block_size=1)
     for block_size in (40, 128):
         lazy = gptq(w, h, scheme, transpose=transpose, block_size=block_size)
-        assert (lazy.parts.fields == one.parts.fields).float().mean() > 0.99
-        assert (lazy.parts.scales == one.parts.scales).float().mean() > 0.99
+        for part in ("fields", "scales"):
+            differ = int((getattr(lazy.parts, part) != getattr(one.parts, part)).sum())
+            assert differ <= max(1, getattr(one.parts, part).numel() // 100), (part, differ)
         assert lazy.error == pytest.approx(one.error, rel=1e-3)
 
 
