@@ -2,7 +2,8 @@
 
 `encode` quantizes one tensor; `enqueue` (with `tensor_range` for tensors held in row chunks) is the
 asynchronous form the GPU pipeline launches. `launch` configures and runs the kernels of `_quantize`,
-which share the element-wise arithmetic of `_arith`.
+which share the element-wise arithmetic of `_arith`, and of `_search` (the Mse search inside the fused
+kernel). `gptq` launches GPTQ's column kernel (`_gptq`) for `qcli.calibrate.gptq`.
 """
 
 from qcli.kernels.launch import encode, enqueue, tensor_range
