@@ -46,7 +46,7 @@ def _gptq_columns_kernel(
     rows, width, w_stride, u_stride, out_stride, errors_stride, stored_stride, glob,
     R: tl.constexpr, BW: tl.constexpr, C: tl.constexpr, SEARCH: tl.constexpr, WEIGH: tl.constexpr,
     J_PLAIN: tl.constexpr, J_WEIGHED: tl.constexpr, CLIP_COUNT: tl.constexpr, CANDIDATES: tl.constexpr,
-    SIGNED: tl.constexpr, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr,
+    TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr,
     SCALE_STEP: tl.constexpr, SCALE_FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr, SCALE_EBITS: tl.constexpr,
     SCALE_MBITS: tl.constexpr, SCALE_BIAS: tl.constexpr,
     IS_FLOAT: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr,
@@ -81,12 +81,12 @@ def _gptq_columns_kernel(
                 weighed = tl.load(weighed_ptr + j // C) != 0
                 w = tl.where(weighed, column_weights, 1)  # weights 1: the search unweighed, its bits J_PLAIN
                 stored, s = _searched_scales(current[:, None, :], w[None, None, :], alpha, glob, clips_ptr, CLIP_COUNT,
-                                             CANDIDATES, tl.where(weighed, J_WEIGHED, J_PLAIN), SIGNED, TWO_LEVEL,
+                                             CANDIDATES, tl.where(weighed, J_WEIGHED, J_PLAIN), TWO_LEVEL,
                                              HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX, SCALE_EBITS, SCALE_MBITS,
                                              SCALE_BIAS, IS_FLOAT, LO, HI, EBITS, MBITS, BIAS, WEIGH_COLUMNS)
             elif SEARCH:
                 stored, s = _searched_scales(current[:, None, :], 0, alpha, glob, clips_ptr, CLIP_COUNT, CANDIDATES,
-                                             J_PLAIN, SIGNED, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX,
+                                             J_PLAIN, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX,
                                              SCALE_EBITS, SCALE_MBITS, SCALE_BIAS, IS_FLOAT, LO, HI, EBITS, MBITS, BIAS,
                                              WEIGH_NONE)
             else:

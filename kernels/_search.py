@@ -102,7 +102,7 @@ def _candidate_error(x, w, s, unit, IS_FLOAT: tl.constexpr, LO: tl.constexpr, HI
 
 @triton.jit
 def _searched_scales(x, w, alpha, glob, clips_ptr, CLIP_COUNT: tl.constexpr, CANDIDATES: tl.constexpr,
-                     J, SIGNED: tl.constexpr, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr,
+                     J, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr,
                      SCALE_STEP: tl.constexpr, SCALE_FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr,
                      SCALE_EBITS: tl.constexpr, SCALE_MBITS: tl.constexpr, SCALE_BIAS: tl.constexpr,
                      IS_FLOAT: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr, EBITS: tl.constexpr,
@@ -110,8 +110,8 @@ def _searched_scales(x, w, alpha, glob, clips_ptr, CLIP_COUNT: tl.constexpr, CAN
     """Each block's candidate of least error (the first of equal ones), stored and effective, for blocks of
     largest magnitude `alpha` ([G]) under the global `glob` (two levels): `qcli.codec.search.candidates`
     in its order (MinMax's scale; the clips of `alpha / h`; both ends of an unequal range; on a signed
-    dtype the negative scales onto the longer end), J the fixed-point bits of the errors (a constexpr, or
-    a value where it differs from block to block)."""
+    dtype the negative scales onto the longer end), the first CANDIDATES of them (`candidate_count`); J
+    the fixed-point bits of the errors (a constexpr, or a value where it differs from block to block)."""
     exponent = (alpha.to(tl.int32, bitcast=True) >> 23) - 127
     unit = (tl.minimum(tl.maximum(127 + J - exponent, 1), 254) << 23).to(tl.float32, bitcast=True)
     first, first_effective = _stored_scale(alpha, glob, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX,
@@ -168,7 +168,7 @@ def _quantize_searched_kernel(
     chunks_per_row, blocks_per_row,
     BC: tl.constexpr, G: tl.constexpr, U: tl.constexpr, N: tl.constexpr, TWO_LEVEL: tl.constexpr,
     HALF_RANGE: tl.constexpr, CLIP_COUNT: tl.constexpr, CANDIDATES: tl.constexpr, J: tl.constexpr,
-    SIGNED: tl.constexpr, WEIGH: tl.constexpr,
+    WEIGH: tl.constexpr,
     SCALE_STEP: tl.constexpr, SCALE_FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr, SCALE_EBITS: tl.constexpr,
     SCALE_MBITS: tl.constexpr, SCALE_BIAS: tl.constexpr, SCALE_SIZE: tl.constexpr,
     IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr,
@@ -192,7 +192,7 @@ def _quantize_searched_kernel(
     if TWO_LEVEL:
         glob = _global_scale(alpha_max_ptr, HALF_RANGE, SCALE_MAX)
         _store_scale(global_ptr, 0, glob.to(tl.int32, bitcast=True), tl.program_id(0) == 0, 4)
-    stored, s = _searched_scales(x, w, alpha, glob, clips_ptr, CLIP_COUNT, CANDIDATES, J, SIGNED, TWO_LEVEL,
+    stored, s = _searched_scales(x, w, alpha, glob, clips_ptr, CLIP_COUNT, CANDIDATES, J, TWO_LEVEL,
                                  HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX, SCALE_EBITS, SCALE_MBITS,
                                  SCALE_BIAS, IS_FLOAT, LO, HI, EBITS, MBITS, BIAS, WEIGH)
     bits = _stored_bits(stored, SCALE_STEP, SCALE_MAX, SCALE_EBITS, SCALE_MBITS, SCALE_BIAS)

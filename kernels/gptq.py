@@ -41,7 +41,6 @@ def lazy_block(w: torch.Tensor, u: torch.Tensor, fields: torch.Tensor, dequantiz
         raise ValueError("lazy_block reads rows: w, u, fields, dequantized and stored need unit column strides, "
                          "fields and dequantized the same")
     c = layout.BlockGrid.of(scheme, (rows, width)).block[1]
-    traits = scheme.scale_dtype().traits
     weigh = KS.WEIGH_NONE.value if weights is None else KS.WEIGH_COLUMNS.value
     weight_values, weighed = (None, None) if weights is None else weights
     KG._gptq_columns_kernel[(triton.cdiv(rows, ROWS),)](
@@ -50,7 +49,7 @@ def lazy_block(w: torch.Tensor, u: torch.Tensor, fields: torch.Tensor, dequantiz
         float(glob) if glob is not None else 1.0,
         R=ROWS, BW=triton.next_power_of_2(max(width, c)), C=c, SEARCH=search, WEIGH=weigh,
         J_PLAIN=error_bits(c, 0), J_WEIGHED=error_bits(c, importance_bits(c)), CLIP_COUNT=len(CLIPS),
-        CANDIDATES=candidate_count(scheme), SIGNED=traits.signed, TWO_LEVEL=scheme.is_two_level(),
+        CANDIDATES=candidate_count(scheme), TWO_LEVEL=scheme.is_two_level(),
         HALF_RANGE=scheme.value.half_range(), num_warps=4,
         **_taken(_scale_constants(scheme.scale_dtype())), **_taken(_value_constants(scheme.value)), **_OPTIONS)
 

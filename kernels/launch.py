@@ -386,7 +386,7 @@ def _searched_launch(scheme: QuantScheme, shape: tuple[int, ...], weigh: int) ->
                           HALF_RANGE=scheme.value.half_range(), CLIP_COUNT=len(CLIPS),
                           CANDIDATES=candidate_count(scheme),
                           J=error_bits(elements, 0 if weigh == KS.WEIGH_NONE.value else importance_bits(elements)),
-                          SIGNED=scheme.scale_dtype().traits.signed, WEIGH=weigh, EVEN=config.even(cols, width),
+                          WEIGH=weigh, EVEN=config.even(cols, width),
                           SAFE=_safe_scales(scheme), num_warps=config.num_warps,
                           **_scale_constants(scheme.scale_dtype()), **_value_constants(scheme.value), **_OPTIONS))
     return launch, layout.value_bytes(scheme, shape), layout.scale_bytes(scheme, shape)

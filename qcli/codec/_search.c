@@ -159,14 +159,14 @@ static inline float nearest(float s, Grid g) {
     return s >= g.max ? g.max : (value > g.max ? g.max : value);
 }
 
-/* What a scheme's search needs: its values, its scale grid, the half range and the range's ends, the
- * clip factors, and the global scale of two levels (0 for one). */
+/* What a scheme's search needs: its values (whose range's ends the candidates use), its scale grid, the
+ * half range, the clip factors, and the global scale of two levels (0 for one). */
 #define MAX_CANDIDATES 64 /* more than any scheme has (qcli.codec.search.candidate_count) */
 
 typedef struct {
     Value value;
     Grid grid;
-    float half_range, a, b, global;
+    float half_range, global;
     const float *clips;
     int clip_count;
 } Scheme;
@@ -180,12 +180,12 @@ static inline int candidate(float alpha, int k, Scheme sc, float first_stored, f
         *stored = first_stored;
     } else {
         if (k <= n) part = (alpha / sc.half_range) * sc.clips[k - 1];
-        else if (-sc.a == sc.b) return 0;
-        else if (k == n + 1) part = alpha / sc.b;
-        else if (k == n + 2) part = alpha / -sc.a;
+        else if (-sc.value.lo == sc.value.hi) return 0;
+        else if (k == n + 1) part = alpha / sc.value.hi;
+        else if (k == n + 2) part = alpha / -sc.value.lo;
         else if (!sc.grid.is_signed) return 0;
-        else if (k == n + 3) part = alpha / sc.a;
-        else if (k <= 2 * n + 3) part = (alpha / sc.a) * sc.clips[k - n - 4];
+        else if (k == n + 3) part = alpha / sc.value.lo;
+        else if (k <= 2 * n + 3) part = (alpha / sc.value.lo) * sc.clips[k - n - 4];
         else return 0;
         float relative = sc.global > 0.0f ? part / sc.global : part;
         float rounded = nearest(fabsf(relative), sc.grid);
@@ -266,8 +266,7 @@ static PyObject *errors(PyObject *self, PyObject *args) {
 }
 
 /* search(x, weights, alpha, unit, stored, effective, blocks, elements, clips, clip_count, global,
- *        half_range, a, b, minifloat, lo, hi, mbits, bias, step, mantissa, floor, min_normal, spacing, max,
- *        signed)
+ *        half_range, minifloat, lo, hi, mbits, bias, step, mantissa, floor, min_normal, spacing, max, signed)
  *
  * x and weights as for errors; alpha, unit: f32 [blocks], the blocks' largest magnitude and fixed-point
  * unit; stored, effective: f32 [blocks], written. The candidates are qcli.codec.search.candidates' (the
@@ -276,10 +275,10 @@ static PyObject *search_blocks(PyObject *self, PyObject *args) {
     unsigned long long xp, wp, ap, up, sp, ep, cp;
     Py_ssize_t blocks, elements;
     int clip_count, minifloat, mbits, bias, step, mantissa, is_signed;
-    float global, half_range, a, b, lo, hi, floor, min_normal, spacing, max;
-    if (!PyArg_ParseTuple(args, "KKKKKKnnKiffffpffiiiiffffp", &xp, &wp, &ap, &up, &sp, &ep, &blocks, &elements, &cp,
-                          &clip_count, &global, &half_range, &a, &b, &minifloat, &lo, &hi, &mbits, &bias, &step,
-                          &mantissa, &floor, &min_normal, &spacing, &max, &is_signed))
+    float global, half_range, lo, hi, floor, min_normal, spacing, max;
+    if (!PyArg_ParseTuple(args, "KKKKKKnnKiffpffiiiiffffp", &xp, &wp, &ap, &up, &sp, &ep, &blocks, &elements, &cp,
+                          &clip_count, &global, &half_range, &minifloat, &lo, &hi, &mbits, &bias, &step, &mantissa,
+                          &floor, &min_normal, &spacing, &max, &is_signed))
         return NULL;
     if (blocks < 0 || elements < 0 || clip_count < 0 || 2 * clip_count + 4 > MAX_CANDIDATES || step < 0 || step > 23 ||
         (minifloat && (mbits < 1 || mbits > 22))) {
@@ -287,7 +286,7 @@ static PyObject *search_blocks(PyObject *self, PyObject *args) {
         return NULL;
     }
     Scheme sc = {{minifloat, lo, hi, mbits, bias}, {step, mantissa, floor, min_normal, spacing, max, is_signed},
-                 half_range, a, b, global, (const float *)(uintptr_t)cp, clip_count};
+                 half_range, global, (const float *)(uintptr_t)cp, clip_count};
     Py_BEGIN_ALLOW_THREADS
     search((const float *)(uintptr_t)xp, (const int32_t *)(uintptr_t)wp, (const float *)(uintptr_t)ap,
            (const float *)(uintptr_t)up, (float *)(uintptr_t)sp, (float *)(uintptr_t)ep, blocks, elements, sc);

@@ -50,14 +50,13 @@ def choose(piece: torch.Tensor, grid: BlockGrid, alpha: torch.Tensor, unit: torc
     grid_constants = (traits.step_bits, traits.mantissa_bits, traits.floor or 0.0,
                       2.0 ** (1 - fmt.bias) if fmt else 0.0, fmt.subnormal_spacing if fmt else 0.0, traits.max,
                       traits.signed)
-    lo, hi = scheme.value.range()
     rows, elements = x.shape
 
     def run(start: int, stop: int) -> None:
         _search.search(x.data_ptr() + 4 * start * elements, _address(w, 4 * start * elements),
                        alphas.data_ptr() + 4 * start, units.data_ptr() + 4 * start, stored.data_ptr() + 4 * start,
                        effective.data_ptr() + 4 * start, stop - start, elements, factors.data_ptr(),
-                       factors.numel(), global_scale or 0.0, scheme.value.half_range(), float(lo), float(hi),
+                       factors.numel(), global_scale or 0.0, scheme.value.half_range(),
                        *_value_constants(scheme.value), *grid_constants)
 
     _shared(run, rows, elements * (2 * len(clips) + 4))
