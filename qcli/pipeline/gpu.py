@@ -10,10 +10,9 @@ writer (the caller) writes tensor k while the reader reads and the GPU quantizes
 
 Bounds (`GpuSettings`): pinned host memory is two staging pieces (`piece_bytes`, 256 MiB by default) plus
 two output buffers of the largest payload, each of exactly its size (`_Stage._buffer`), within 2 × the
-largest tensor + 1 GiB. Device memory stays
-within `budget` (8 GiB by default): a tensor whose row chunk footprint exceeds a quarter of it is quantized
-in chunks of whole blocks along its first axis, and a per-tensor or two-level scheme then takes a first
-pass over all chunks for the range its scales need.
+largest tensor + 1 GiB. Device memory stays within `budget` (8 GiB by default): a tensor whose row chunk
+footprint exceeds a quarter of it is quantized in chunks of whole blocks along its first axis, and a
+per-tensor or two-level scheme then takes a first pass over all chunks for the range its scales need.
 
 With `measure`, each quantized chunk is also decoded and measured against its source on the compute
 stream right after its payload is enqueued (`qcli.measure.Measurement`), while the payload goes back
@@ -247,9 +246,9 @@ class _Stage:
         two (the two 558 MB payload buffers of a Llama-3-8B-shaped model's q8s-b32 embedding took 1 GiB
         each), so the buffer is ordinary memory registered with CUDA (`cudaHostRegister`, unregistered by
         `close`); where registering fails, torch's pinned allocator gives it."""
-        if not pinned:
-            return torch.empty(nbytes, dtype=torch.uint8)
         buffer = torch.empty(nbytes, dtype=torch.uint8)
+        if not pinned:
+            return buffer
         if nbytes and _registered(buffer):
             self.registered.append(buffer)
             return buffer
