@@ -8,7 +8,6 @@ import torch
 import triton
 
 from qcli import layout
-from qcli.codec.scales import global_of
 from qcli.codec.search import CLIPS, candidate_count, error_bits, group_weights, importance_bits
 from qcli.kernels import _gptq as KG
 from qcli.kernels import _search as KS
@@ -68,8 +67,3 @@ def column_weights(importance: torch.Tensor, scheme: QuantScheme, shape: tuple[i
     c = layout.BlockGrid.of(scheme, shape).block[1]
     weights, weighed = group_weights(importance, c, importance_bits(c))
     return weights.to(device, torch.int32), weighed.to(device, torch.int32)
-
-
-def two_level_global(scheme: QuantScheme, peak: torch.Tensor) -> torch.Tensor | None:
-    """The global a two-level scheme's blocks are relative to, fixed from the original weight's peak."""
-    return global_of(peak, scheme) if scheme.is_two_level() else None

@@ -52,7 +52,7 @@ import torch
 
 from qcli import layout
 from qcli.codec.quantize import QuantizedParts
-from qcli.codec.scales import Scales, block_reduce, scales_from_alpha
+from qcli.codec.scales import Scales, block_reduce, global_of, scales_from_alpha
 from qcli.codec.search import Search
 from qcli.codec.values import dequantize, to_fields
 from qcli.errors import InputError, NonFiniteTensor
@@ -230,7 +230,7 @@ def columns_in_kernel(w: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, sea
     dequantized = torch.empty_like(w)
     stored = torch.empty(out, math.ceil(columns / c), dtype=torch.float32, device=w.device)
     errors = torch.empty(out, block_size, dtype=torch.float32, device=w.device)
-    glob = kernel.two_level_global(scheme, peak)
+    glob = global_of(peak, scheme) if scheme.is_two_level() else None  # fixed from the original weight's peak
     weights = None
     if search and importance is not None:
         weights = kernel.column_weights(importance, scheme, (out, columns), w.device)
