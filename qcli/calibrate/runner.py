@@ -179,9 +179,9 @@ def give_back_cached(device: torch.device) -> None:
     """Between the run's phases (a block's pass, one Linear's GPTQ, the next pass), and after the run, hand
     the blocks torch's caching allocator keeps free back to the device: each phase allocates tensors of
     other sizes (a pass its windows' activations, GPTQ float64 [in, in] matrices of up to 1.6 GB), which
-    blocks cached by the last phase do not fit, so without this the device held each phase's cache beside
-    the next's (30.3 GB where torch had allocated at most 19.6 GB, a Llama-3-8B-shaped model on an H200),
-    and the run's cache beside the pipeline's buffers after it."""
+    blocks cached by the last phase do not fit, so without this the allocator held each phase's cache
+    beside the next's, and the run's cache beside the pipeline's buffers after it (with it, 21.24 GB at
+    most for a Llama-3-8B-shaped model on an H200, docs/benchmarks.md)."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
