@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -104,8 +105,11 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
         raise UsageError(
             printable(f"{target} already exists"), hint="pass --force to replace it, or -o to write somewhere else"
         )
-    runtime = None if dry_run else Runtime(options.device)  # torch and CUDA load while the headers are read
-    with collector_paused() as resume, open_source(input, options.names) as source:
+    with (
+        nullcontext() if dry_run else Runtime(options.device) as runtime,  # loads torch while the headers are read
+        collector_paused() as resume,
+        open_source(input, options.names) as source,
+    ):
         inputs = [(input, "the input"), *((f, "the input") for f in source.files)]
         if source.index is not None:
             inputs.append((source.index, "the input's index"))

@@ -57,8 +57,10 @@ class Runtime:
     """A run's runtime, loaded on a thread of its own from the command's start, so that importing torch
     and creating the CUDA context overlap reading the headers, planning and opening the output; then, once
     the plan is known (`warm`), the kernels it launches are compiled on another (`gpu.compile_ahead`)
-    while the pipeline's first reads go on, and the input is read into the page cache until the pipeline
-    starts (`qcli.pipeline.prefetch`). `select` is `select_pipeline` once the loading is done.
+    while the pipeline's first reads go on, and the input is read into the page cache ahead of the
+    pipeline (`qcli.pipeline.prefetch`): until the CPU pipeline starts, whose cores quantize, or to the
+    end of the run (leaving the `with` block) beside the GPU pipeline, whose reads wait on the disk.
+    `select` is `select_pipeline` once the loading is done.
 
     Nothing here decides anything: a failure on these threads is left for `select_pipeline` to meet
     again, on the main thread, where it becomes the run's error."""
@@ -120,11 +122,24 @@ class Runtime:
         self._loaded.wait()
         self._log(f"runtime ready; the main thread waited {time.perf_counter() - tick:.3f} s for it")
         if self._prefetch is not None:
-            self._log(f"{self._prefetch.stop() / 1e9:.2f} GB of the input read into the page cache meanwhile")
+            self._log(f"{self._prefetch.read / 1e9:.2f} GB of the input read into the page cache meanwhile")
         chosen, run = select_pipeline(device, self._environ)
-        if chosen != "cpu" and self._warming:
+        if chosen == "cpu":
+            self._stop_prefetch()
+        elif self._warming:
             run = partial(run, ahead=self._compiled)
         return chosen, run
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop_prefetch()
+
+    def _stop_prefetch(self) -> None:
+        if self._prefetch is not None:
+            prefetch, self._prefetch = self._prefetch, None
+            self._log(f"{prefetch.stop() / 1e9:.2f} GB of the input read into the page cache in all")
 
     def _log(self, what: str) -> None:
         log.debug("%.3f s after the command started: %s", time.perf_counter() - self._started, what)

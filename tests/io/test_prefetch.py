@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
+from qcli.pipeline import prefetch
 from qcli.pipeline.prefetch import SLICE, Prefetch
 from tests.kernel_support import checkpoint, fixed_plan
 
 
-def test_prefetch_reads_the_plans_tensors_up_to_its_limit(tmp_path):
+@pytest.mark.parametrize("sendfile", [True, False], ids=["sendfile", "scratch-buffer"])
+def test_prefetch_reads_the_plans_tensors_up_to_its_limit(tmp_path, monkeypatch, sendfile):
+    monkeypatch.setattr(prefetch, "SENDFILE", sendfile)
     path, decisions = checkpoint(tmp_path)
     plan, source = fixed_plan(path, decisions)
     source.close()

@@ -9,6 +9,7 @@ no GPU; tests/conftest.py), on CPU tensors with TRITON_INTERPRET=1. Marker `gpu`
 
 from __future__ import annotations
 
+import logging
 import struct
 from functools import partial
 
@@ -642,14 +643,33 @@ def test_the_runtime_compiles_ahead_and_its_pipeline_yields_the_cpu_pipelines_by
     path, decisions = checkpoint(tmp_path)
     plan, source = fixed_plan(path, decisions)
     environ = {} if device == "cuda" else {"QCLI_KERNELS": "triton"}
-    runtime = Runtime(device, environ)
-    runtime.warm(plan, measure=True)
-    chosen, run = runtime.select(device)
-    assert chosen == ("cuda" if device == "cuda" else "triton") and run.keywords["ahead"] is not None
-    with source:
+    with Runtime(device, environ) as runtime, source:
+        runtime.warm(plan, measure=True)
+        chosen, run = runtime.select(device)
+        assert chosen == ("cuda" if device == "cuda" else "triton") and run.keywords["ahead"] is not None
         want = [(p.entry.info.name, bytes(p.data.numpy())) for p in cpu.run(plan, source)]
         got = [(p.entry.info.name, bytes(p.data.numpy())) for p in run(plan, source, measure=True)]
     assert got == want
+
+
+@pytest.mark.interpreter
+def test_the_runtime_reads_ahead_until_the_cpu_pipeline_starts_or_a_gpu_run_ends(tmp_path, device, caplog):
+    # Beside the GPU pipeline the input is read into the page cache to the end of the run; the CPU
+    # pipeline's cores quantize, so there it stops once the pipeline is chosen (the debug log says when).
+    from qcli.pipeline.device import Runtime
+
+    path, decisions = checkpoint(tmp_path)
+    plan, source = fixed_plan(path, decisions)
+    source.close()
+    caplog.set_level(logging.DEBUG, logger="qcli.pipeline.device")
+    gpu_environ = {} if device == "cuda" else {"QCLI_KERNELS": "triton"}
+    for asked, environ, to_the_end in (("cpu", {}, False), (device, gpu_environ, True)):
+        caplog.clear()
+        with Runtime(asked, environ) as runtime:
+            runtime.warm(plan, measure=False)
+            runtime.select(asked)
+            stopped_at_select = "read into the page cache in all" in caplog.text
+        assert stopped_at_select is not to_the_end and "read into the page cache in all" in caplog.text
 
 
 @pytest.mark.gpu
