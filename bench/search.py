@@ -2,7 +2,8 @@
 MinMax and under Mse, per preset, median of `--runs` runs. On the CPU (`--device cpu`, 4096x4096) the
 codec's `encode` with torch's default thread count (OpenMP's passive wait, as the qcli command sets it);
 on a GPU (`--device cuda`, 8192x8192 bf16) the kernels' `encode`, synchronized, with a check that its
-bytes are the CPU codec's.
+bytes are the CPU codec's. On the CPU the Mse encode's time inside the compiled search loop
+(`qcli.codec.search_loop`) is also given, as the rate it alone would reach.
 
     python3 -m bench.search [--device cpu|cuda] [--runs 5] [--presets q4s-b32 q4f-b32 ...]
 
@@ -22,6 +23,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402  (after the OpenMP setting, which torch reads when it loads)
 
 from qcli import codec  # noqa: E402
+from qcli.codec import search_loop  # noqa: E402
 from qcli.presets import PRESETS  # noqa: E402
 from qcli.scheme import Calibration  # noqa: E402
 
@@ -30,20 +32,51 @@ GPU_SHAPE = (8192, 8192)
 DEFAULT_PRESETS = ["q4s-b32", "q4f-b32", "q8s-b32", "q2s-b32", "fp4-b32", "e4m3-b32", "q8s"]
 
 
-def seconds(x: torch.Tensor, preset: str, calibration: Calibration, runs: int) -> float:
+def seconds(x: torch.Tensor, preset: str, calibration: Calibration, runs: int) -> tuple[float, float]:
+    """The median seconds of an encode, and of the time inside the CPU's compiled search loop in it."""
     scheme = PRESETS[preset].scheme
     encode = _encoder(x.device)
     first = encode(x, scheme, calibration)  # warm: compiles, allocator, minifloat tables
     if x.is_cuda:
         assert torch.equal(first.cpu(), codec.encode(x.cpu(), scheme, calibration)), (preset, calibration)
-    times = []
+    times, looped = [], []
     for _ in range(runs):
-        start = time.perf_counter()
-        encode(x, scheme, calibration)
-        if x.is_cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        with LoopClock() as loop:
+            start = time.perf_counter()
+            encode(x, scheme, calibration)
+            if x.is_cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        looped.append(loop.seconds)
+    return statistics.median(times), statistics.median(looped)
+
+
+class LoopClock:
+    """The seconds spent in the compiled loop's entries (`search_loop.choose`, which block schemes call,
+    and `errors`, which a per-tensor scale's search calls) while the block runs; they are restored after."""
+
+    ENTRIES = ("choose", "errors")
+
+    def __enter__(self) -> LoopClock:
+        self.seconds = 0.0
+        self._entries = {name: getattr(search_loop, name) for name in self.ENTRIES}
+        for name, entry in self._entries.items():
+            setattr(search_loop, name, self._timed(entry))
+        return self
+
+    def _timed(self, entry):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return entry(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        return timed
+
+    def __exit__(self, *exc) -> None:
+        for name, entry in self._entries.items():
+            setattr(search_loop, name, entry)
 
 
 def _encoder(device: torch.device):
@@ -67,11 +100,13 @@ def main() -> None:
         x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(0))
         where = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
     print(f"{where}, torch {torch.__version__}, {torch.get_num_threads()} threads; load {os.getloadavg()[0]:.2f}")
-    print("| preset | MinMax M weights/s | Mse M weights/s | Mse / MinMax time |")
-    print("|---|---|---|---|")
+    print("| preset | MinMax M weights/s | Mse M weights/s | its compiled loop alone | Mse / MinMax time |")
+    print("|---|---|---|---|---|")
     for preset in args.presets:
-        fast, searched = (seconds(x, preset, c, args.runs) for c in (Calibration.MinMax, Calibration.Mse))
-        print(f"| {preset} | {x.numel() / fast / 1e6:.0f} | {x.numel() / searched / 1e6:.1f} |"
+        fast, _ = seconds(x, preset, Calibration.MinMax, args.runs)
+        searched, loop = seconds(x, preset, Calibration.Mse, args.runs)
+        alone = f"{x.numel() / loop / 1e6:.0f}" if loop else "-"
+        print(f"| {preset} | {x.numel() / fast / 1e6:.0f} | {x.numel() / searched / 1e6:.1f} | {alone} |"
               f" {searched / fast:.1f}x |", flush=True)
     print(f"load {os.getloadavg()[0]:.2f}")
 
