@@ -66,7 +66,6 @@ import numpy as np
 
 from bench.cpu_vs_llama_cpp import gguf_metadata, hf_name, llama_widths, run_llama
 from bench.markdown import replace_section
-from qcli.distributions import import_shadowed_distribution
 
 SECTION = "## Calibrated quantization: SmolLM2-135M against llama.cpp's quantizer (this 2-core machine)"
 ROOT = Path(__file__).resolve().parents[1]
@@ -500,7 +499,6 @@ def main() -> None:
     unknown = [m for m in args.methods if m not in methods]
     if unknown:
         parser.error(f"unknown methods {unknown}: define them with --method NAME=ARGS")
-    import_shadowed_distribution()  # transformers imports `kernels`, which the repository root shadows
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -22,11 +22,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # The tests import transformers (and libraries built on it) themselves, with the checkout's root on
-    # sys.path, where its kernels/ folder shadows the `kernels` distribution transformers imports.
-    from qcli.distributions import import_shadowed_distribution
-
-    import_shadowed_distribution()
     # Tests write only under temporary folders: Hypothesis keeps its example database in a temporary
     # folder of the session too, not in .hypothesis/ of the working directory (the checkout).
     from hypothesis.configuration import set_hypothesis_home_dir

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from qcli.distributions import import_shadowed_distribution
 from qcli.errors import InputError, UsageError
 from qcli.text import printable, quoted
 
@@ -65,7 +64,6 @@ class CalibrationModel:
 
 def transformers_module():
     """transformers, or a usage error saying how to install it."""
-    import_shadowed_distribution()  # transformers imports `kernels`, which a checkout's root shadows
     try:
         import transformers
     except ImportError as err:
