@@ -185,7 +185,7 @@ def test_burn_backend_requantizes_what_it_cannot_load_under_requantize(model, tm
     lines = assert_user_error(cli("quantize", path, "-o", out, "--burn-backend", "flex", "--device", "cpu"),
                               PlanError.exit_code)
     text = "\n".join(lines)
-    assert "flex backend cannot load 3 tensors (blk.0.ffn_up.weight, blk.0.ffn_gate.weight, blk.1.ffn_gate.weight)" \
+    assert "flex backend cannot load 3 tensors (blk.0.ffn_gate.weight, blk.0.ffn_up.weight, blk.1.ffn_gate.weight)" \
            " as E2M1 PackedU32(0) block [32] F16 global F32" in text
     assert "requantize them into a preset flex loads (--requantize q4s-b32), or load the file" in text
     assert not out.exists()
