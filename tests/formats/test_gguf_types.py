@@ -20,7 +20,7 @@ from qcli.io.burnpack import BurnpackReader
 from tests.burn_harness import probe, same_bits
 from tests.cli_support import assert_user_error, cli
 from tests.format_support import decoded
-from tests.gguf_support import dequantized, gstr, header, tensor
+from tests.gguf_support import T, dequantized, gstr, header, tensor
 
 RNG = np.random.default_rng(11)
 TYPE_IDS = {"TQ2_0": 35, "NVFP4": 40, "Q1_0": 41, "Q2_0": 42}  # ggml.h `enum ggml_type`
@@ -170,16 +170,14 @@ def test_the_gguf_package_agrees_where_it_decodes(written):
     got = decoded(out)
     for name, (kind, raw) in TENSORS.items():
         if kind in ("NVFP4", "TQ2_0"):
-            import gguf
-
-            package = torch.from_numpy(dequantized(raw, gguf.GGMLQuantizationType[kind]))
+            package = torch.from_numpy(dequantized(raw, T[kind]))
             assert same_bits(got[name], package), name
 
 
 def test_the_schemes_and_sizes_written(written):
     _, out, rows = written
     entries = {e.name: e for e in BurnpackReader.open(out).entries()}
-    for name, (kind, raw) in TENSORS.items():
+    for name, (kind, _) in TENSORS.items():
         assert str(entries[name].dtype.scheme) == SCHEMES[kind], name
     numel = 8 * 8 * 64
     assert entries["blk.0.ffn_up.weight"].nbytes == numel // 2 + numel // 16 * 2  # 5 bits a weight
