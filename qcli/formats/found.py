@@ -53,6 +53,12 @@ class Transcode(ABC):
     def dequantize(self, codes: torch.Tensor, load: Load) -> torch.Tensor:
         """What the format's own dequantization gives, f32, of `shape`: what the payload decodes to."""
 
+    def requantizing(self) -> Transcode:
+        """This transcode under `--requantize`: what its data may hold that its scheme does not (a GGUF Q8_0
+        block with the code -128) requantized rather than refused when the weight is read. Itself, for a
+        format whose every weight its scheme holds."""
+        return self
+
 
 @dataclass(frozen=True)
 class Encoded(ABC):
@@ -102,6 +108,37 @@ class Encoded(ABC):
     @abstractmethod
     def dequantize(self, load: Load) -> torch.Tensor:
         """The values the format's reference decoder gives, in `dtype`, of `shape`."""
+
+
+@dataclass(frozen=True)
+class Unloadable(Encoded):
+    """A transcodable weight whose scheme the Burn release or backend the file is for cannot load or compute
+    with (`why`): under `--requantize`, quantized into its preset from what the format's own
+    dequantization gives."""
+
+    transcode: Transcode
+    unloadable: str  # why Burn cannot use the transcode's scheme
+
+    decoded_as: ClassVar[str] = "dequantized as its format does, then quantized"
+
+    @property
+    def name(self) -> str:
+        return self.transcode.name
+
+    @property
+    def why(self) -> str:
+        return self.unloadable
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.transcode.shape
+
+    @property
+    def dtype(self) -> str:
+        return "F32"
+
+    def dequantize(self, load: Load) -> torch.Tensor:
+        return self.transcode.dequantize(load(self.weight.name), load)
 
 
 Found = Transcode | Encoded | str  # a string: why a quantized-looking weight has no transcode

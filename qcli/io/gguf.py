@@ -58,7 +58,8 @@ class GgmlType:
         return self.name not in PLAIN_TYPES
 
 
-# ggml's type ids (ggml.h `enum ggml_type`) and their block layouts (ggml.c `type_traits`).
+# ggml's type ids (ggml.h `enum ggml_type`, mirrored by gguf-py's `GGMLQuantizationType`) and their block
+# layouts (ggml.c `type_traits`, gguf-py's `GGML_QUANT_SIZES`).
 GGML_TYPES = {
     0: GgmlType("F32", 1, 4), 1: GgmlType("F16", 1, 2), 2: GgmlType("Q4_0", 32, 18), 3: GgmlType("Q4_1", 32, 20),
     6: GgmlType("Q5_0", 32, 22), 7: GgmlType("Q5_1", 32, 24), 8: GgmlType("Q8_0", 32, 34),
@@ -70,7 +71,7 @@ GGML_TYPES = {
     24: GgmlType("I8", 1, 1), 25: GgmlType("I16", 1, 2), 26: GgmlType("I32", 1, 4), 27: GgmlType("I64", 1, 8),
     28: GgmlType("F64", 1, 8), 29: GgmlType("IQ1_M", 256, 56), 30: GgmlType("BF16", 1, 2),
     34: GgmlType("TQ1_0", 256, 54), 35: GgmlType("TQ2_0", 256, 66), 39: GgmlType("MXFP4", 32, 17),
-    40: GgmlType("NVFP4", 64, 36), 41: GgmlType("Q1_0", 128, 18),
+    40: GgmlType("NVFP4", 64, 36), 41: GgmlType("Q1_0", 128, 18), 42: GgmlType("Q2_0", 64, 18),
 }
 PLAIN_TYPES = ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64")  # safetensors spells them the same
 BY_NAME = {t.name: t for t in GGML_TYPES.values()}

@@ -15,7 +15,7 @@ from qcli.burn_backends import BurnBackend, hold_problem, kept_problem, load_pro
 from qcli.formats.found import Encoded
 from qcli.io.burnpack import MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, align, gib
 from qcli.plan.entries import Plan, PlanEntry
-from qcli.presets import PRESETS
+from qcli.presets import PRESETS, REQUANTIZE_NARROW, REQUANTIZE_WIDE
 from qcli.problem import Kind, Problem, Severity
 from qcli.recipe import OnIndivisible, Rule
 from qcli.scheme import QuantScheme, accept_problems
@@ -191,8 +191,8 @@ class Checks:
                 hint = ("load the file on flex (Burn's CPU backend), which builds every dtype, or write them as F32: "
                         "cast = \"F32\" on their keep rule, or cast_kept = \"F32\" in [defaults]")
             elif first.decision.transcode is not None:  # the checkpoint's own codes: no other scheme holds them
-                hint = ("they are the checkpoint's own codes, written exactly: load the file on a backend that "
-                        "reads them (docs/input-formats.md)")
+                hint = (f"they are the checkpoint's own codes, written exactly: {self.requantize_into(backend, first)}"
+                        "load the file on a backend that reads them (docs/input-formats.md)")
             else:
                 instead = loads_instead(backend, first.decision.scheme, first.out_shape, version)
                 hint = (f"use {preset_or_scheme(instead)}, which {backend} loads" if instead is not None
@@ -204,6 +204,16 @@ class Checks:
                 f"{why}", hint, names, severity=Severity.error if self.backend else Severity.warning,
                 rule=first.decision.rule,
             )
+
+    def requantize_into(self, backend: BurnBackend, entry: PlanEntry) -> str:
+        """The `--requantize` that writes a transcoded `entry` in a preset `backend` loads, as a hint's
+        first choice ("requantize them ..., or "); empty where no offered preset loads there."""
+        offered = next((p for p in (REQUANTIZE_NARROW, REQUANTIZE_WIDE)
+                        if load_problem(backend, PRESETS[p].scheme, entry.out_shape, self.burn_version) is None), None)
+        if offered is None:
+            return ""
+        named = "" if self.backend else f" --burn-backend {backend}"
+        return f"requantize them into a preset {backend} loads (--requantize {offered}{named}), or "
 
     def file_problems(self, plan: Plan) -> None:
         """Burn's per-file reader limits: the tensor count and the file size (data alone, aligned)."""

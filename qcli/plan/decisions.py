@@ -14,9 +14,9 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from qcli import BURN_VERSION, layout
-from qcli.burn_backends import COMMON_BACKENDS, BurnBackend
+from qcli.burn_backends import COMMON_BACKENDS, BurnBackend, hold_problem, load_problem
 from qcli.formats import FORMAT_EMBEDDINGS, consumed, detect, scale_owners
-from qcli.formats.found import Encoded, Found, Transcode
+from qcli.formats.found import Encoded, Found, Transcode, Unloadable
 from qcli.io.burnpack import MAX_TENSOR_SIZE, gib
 from qcli.io.dtypes import FLOAT_DTYPES, is_quantized
 from qcli.io.source import TensorInfo
@@ -117,7 +117,8 @@ def make_plan(
     the file is for; a scheme it has no form for is an error. `calibration` (`--calibration`): the
     calibration of every quantized tensor whose rule names none, in place of its preset's. `requantize`
     (`--requantize`): the preset the tensors no Burn scheme holds (`qcli.formats.Encoded`: bitsandbytes NF4,
-    FP4) are quantized into once dequantized; without it they are refused. `found`: the checkpoint's
+    FP4), and the transcodable ones `burn_version` or `backend` cannot use, are quantized into once
+    dequantized; without it they are refused. `found`: the checkpoint's
     already-quantized weights (`qcli.formats.detect`), the encoded ones' states read for `requantize`.
     `calibrated`: the tensors a calibration run reaches (the Linear weights in the model's blocks): GPTQ
     applies to them only, every other tensor takes its preset's calibration instead, its reason says so.
@@ -132,16 +133,18 @@ class _Planner(Checks):
                  calibration: Calibration | None = None, requantize: Preset | None = None,
                  found: Mapping[str, Found] | None = None, calibrated: Collection[str] = ()) -> None:
         self.calibrated = frozenset(calibrated)
-        self.found = dict(found) if found is not None else detect(infos)
+        self.backend = backend
+        self.burn_version = burn_version
         self.requantize = requantize
+        self.found = dict(found) if found is not None else detect(infos)
+        if requantize is not None:
+            self.found = {n: self.requantizing(f) if isinstance(f, Transcode) else f for n, f in self.found.items()}
         self.refused: dict[str, list[Encoded]] = {}  # format -> its weights, refused without --requantize
         companions = consumed(self.found, requantize is not None)  # no entries of their own
         self.infos = [i for i in infos if i.name not in companions]
         self.calibration = calibration
         self.refused_calibration: set[int] = set()  # id(rule): rules `calibration` is refused for, reported
         self.split = split
-        self.backend = backend
-        self.burn_version = burn_version
         self.recipe = recipe
         self.preset = preset
         self.problems: list[Problem] = []
@@ -151,6 +154,16 @@ class _Planner(Checks):
         self.unquantized: dict[int, list[str]] = {}  # id(rule) -> its tensors that cannot take its scheme, why
         self.transcoded: dict[int, list[str]] = {}  # id(rule) -> its F8 tensors, transcoded instead
         self.cast_kept = recipe.cast_kept if recipe is not None else None
+
+    def requantizing(self, transcode: Transcode) -> Found:
+        """A transcode under `--requantize`: requantized (`Unloadable`) where the Burn release, or the backend
+        the file is for, cannot load or compute with its scheme; else as its format allows that option."""
+        scheme, version = transcode.scheme, self.burn_version
+        why = hold_problem(scheme, version) or (
+            self.backend is not None and load_problem(self.backend, scheme, transcode.shape, version))
+        if not why:
+            return transcode.requantizing()
+        return Unloadable(transcode.weight, transcode.format, transcode.companions, transcode, why)
 
     def plan(self) -> Plan:
         rules = self.recipe.rules if self.recipe else []

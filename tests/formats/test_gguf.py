@@ -30,10 +30,13 @@ from tests.gguf_support import T, dequantized, gguf, write_gguf
 RNG = np.random.default_rng(7)
 
 
-def every_q8_code() -> np.ndarray:
-    """Q8_0 blocks holding each int8 code -128..127 once, under positive, negative and subnormal f16 scales."""
+def every_q8_code(low: int = -127) -> np.ndarray:
+    """Q8_0 blocks holding each int8 code from `low` (-127: Q8S's range; -128: every one) to 127, under
+    positive, negative and subnormal f16 scales."""
     scales = np.array([0.0123, -0.5, 6e-8, 1.0, -3.0e-5, 2.0, 65504.0, -0.0], dtype=np.float16)
-    codes = np.arange(-128, 128, dtype=np.int8).reshape(8, 32)
+    codes = np.arange(-128, 128, dtype=np.int8)
+    codes[0] = low  # -127 twice, or -128
+    codes = codes.reshape(8, 32)
     blocks = np.concatenate([scales.view(np.uint8).reshape(8, 2), codes.view(np.uint8)], axis=1)
     return blocks.reshape(2, 4 * 34)
 
@@ -73,13 +76,13 @@ def model(tmp_path) -> tuple[Path, dict[str, torch.Tensor]]:
 
 
 
-def test_the_test_files_hold_negative_scales_and_every_code(model):
+def test_the_test_files_hold_negative_scales_and_every_q8s_code(model):
     path, _ = model
     with GgufSource.open(path) as source:
         q4 = source.load("blk.0.attn_q.weight").reshape(-1, 18)[:, :2].contiguous().view(torch.float16)
         assert bool((q4 < 0).any()) and bool((q4 > 0).any())  # ggml's Q4_0 divides the signed peak by -8
         q8 = source.load("blk.0.attn_k.weight").reshape(-1, 34)[:, 2:].contiguous().view(torch.int8)
-        assert sorted(q8.reshape(-1).tolist()) == list(range(-128, 128))
+        assert set(q8.reshape(-1).tolist()) == set(range(-127, 128))
 
 
 @pytest.mark.parametrize("pipeline", ["cpu", pytest.param("triton", marks=pytest.mark.interpreter)])
@@ -107,7 +110,7 @@ def test_the_schemes_written(model, tmp_path):
     out = tmp_path / "model.bpk"
     assert cli("quantize", path, "-o", out, "--device", "cpu").code == 0
     schemes = {e.name: str(e.dtype.scheme) for e in BurnpackReader.open(out).entries() if e.name in TRANSCODED}
-    assert schemes["token_embd.weight"] == schemes["blk.0.attn_k.weight"] == "Q8F PackedU32(0) block [32] F16"
+    assert schemes["token_embd.weight"] == schemes["blk.0.attn_k.weight"] == "Q8S PackedU32(0) block [32] F16"
     assert schemes["blk.0.attn_q.weight"] == "Q4F PackedU32(0) block [32] F16"
     assert schemes["blk.0.ffn_up.weight"] == "E2M1 PackedU32(0) block [32] F16 global F32"
 
@@ -120,7 +123,7 @@ def test_the_gpu_pipeline_yields_the_cpu_pipelines_bytes(model):
 
 
 def test_burn_decodes_the_transcoded_file_as_gguf_does(model, tmp_path):
-    """wgpu loads all three; flex the integer ones (Q8F, Q4F), and no minifloat."""
+    """wgpu loads all three; flex the integer ones (Q8S, Q4F), and no minifloat."""
     path, want = model
     out = tmp_path / "model.bpk"
     assert cli("quantize", path, "-o", out, "--device", "cpu").code == 0
@@ -133,11 +136,11 @@ def test_burn_decodes_the_transcoded_file_as_gguf_does(model, tmp_path):
 
 
 def test_blocks_by_hand(tmp_path):
-    """One block of each, worked out from the layout: Q8_0 d = -0.5, codes -128..-97 -> -0.5 * q; Q4_0
+    """One block of each, worked out from the layout: Q8_0 d = -0.5, codes -127..-96 -> -0.5 * q; Q4_0
     d = 0.25, byte k = (k << 4) | k, so values 0..15 and 16..31 are both nibbles 0..15 -> (k - 8) * 0.25;
     MXFP4 e = 125 (scale 2^-2), the same bytes -> e2m1(k) / 4, code 8 (-0) decoding to +0.0."""
     q8 = np.concatenate([np.array([-0.5], np.float16).view(np.uint8),
-                         np.arange(-128, -96, dtype=np.int8).view(np.uint8)])
+                         np.arange(-127, -95, dtype=np.int8).view(np.uint8)])
     nibbles = np.array([k << 4 | k for k in range(16)], dtype=np.uint8)
     q4 = np.concatenate([np.array([0.25], np.float16).view(np.uint8), nibbles])
     mx = np.concatenate([np.array([125], np.uint8), nibbles])
@@ -148,9 +151,59 @@ def test_blocks_by_hand(tmp_path):
     assert cli("quantize", path, "-o", out, "--device", "cpu").code == 0
     got = decoded(out, ("q8", "q4", "mx"))
     e2m1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
-    assert same_bits(got["q8"], torch.tensor([[-0.5 * q for q in range(-128, -96)]]))
+    assert same_bits(got["q8"], torch.tensor([[-0.5 * q for q in range(-127, -95)]]))
     assert same_bits(got["q4"], torch.tensor([[(k - 8) * 0.25 for k in [*range(16), *range(16)]]]))
     assert same_bits(got["mx"], torch.tensor([[v / 4 for v in e2m1 * 2]]))
+
+
+def test_a_q8_0_block_holding_minus_128_is_refused_then_requantized_alone(tmp_path):
+    """-128, which Q8S lacks and ggml's quantizer never writes, found on reading the tensor: exit 2 naming the
+    tensor and how many blocks, nothing written; under --requantize that block alone is quantized again
+    (into Q8S, from gguf's values), every other block exact, and Burn decodes the file as qcli does."""
+    path, out = tmp_path / "m.gguf", tmp_path / "m.bpk"
+    stored = write_gguf(path, {"w": (every_q8_code(low=-128), T.Q8_0)})
+    lines = assert_user_error(cli("quantize", path, "-o", out, "--device", "cpu"), PlanError.exit_code)
+    assert lines[0] == (f"error: {path}: tensor 'w' (GGUF Q8_0) holds the code -128 in 1 of its 8 blocks of 32 "
+                        "values, which Q8S (-127 to 127) does not hold; ggml's quantizer never writes it")
+    assert lines[-1].startswith("hint: requantize those blocks alone into Q8S with --requantize q4s-b32")
+    assert not out.exists()
+    assert cli("quantize", path, "-o", out, "--device", "cpu", "--requantize", "q4s-b32").code == 0
+    got, want = decoded(out)["w"], torch.from_numpy(dequantized(stored["w"], T.Q8_0))
+    blocks_got, blocks_want = got.reshape(8, 32), want.reshape(8, 32)
+    assert same_bits(blocks_got[1:], blocks_want[1:])
+    step = float(blocks_want[0].abs().max()) / 127  # the requantized block's Q8S scale
+    assert 0 < float((blocks_got[0] - blocks_want[0]).abs().max()) <= step / 2 * (1 + 1e-3)
+    assert same_bits(burn_dequantize(BurnBackend.flex, out, tmp_path / "flex.safetensors")["w"], got)
+
+
+def test_burn_backend_requantizes_what_it_cannot_load_under_requantize(model, tmp_path):
+    """flex decodes no E2M1 and computes wrong with Q4F blocks: --burn-backend flex refuses the MXFP4 and
+    Q4_0 tensors, offering --requantize; with it they are requantized from gguf's values, while Q8_0 (Q8S,
+    which flex computes with) stays an exact transcode, and flex decodes the file as qcli does."""
+    path, want = model
+    out = tmp_path / "m.bpk"
+    lines = assert_user_error(cli("quantize", path, "-o", out, "--burn-backend", "flex", "--device", "cpu"),
+                              PlanError.exit_code)
+    text = "\n".join(lines)
+    assert "flex backend cannot load 3 tensors (blk.0.ffn_gate.weight, blk.0.ffn_up.weight, blk.1.ffn_gate.weight)" \
+           " as E2M1 PackedU32(0) block [32] F16 global F32" in text
+    assert "requantize them into a preset flex loads (--requantize q4s-b32), or load the file" in text
+    assert not out.exists()
+    result = cli("quantize", path, "-o", out, "--burn-backend", "flex", "--device", "cpu", "--requantize",
+                 "q4s-b32", "--json")
+    assert result.code == 0, result.err
+    rows = {t["name"]: t for t in json.loads(result.out)["tensors"]}
+    for name, (_, qtype) in TRANSCODED.items():
+        if qtype is T.Q8_0:
+            assert rows[name]["decision"] == "transcode", name
+        else:
+            assert rows[name]["reason"] == f"requantize GGUF {qtype.name} -> q4s-b32", name
+            assert rows[name]["sqnr_db"] is not None, name
+    flex = burn_dequantize(BurnBackend.flex, out, tmp_path / "flex.safetensors")
+    for name, values in decoded(out, want).items():
+        assert same_bits(flex[name], values), name
+        if TRANSCODED[name][1] is T.Q8_0:
+            assert same_bits(values, want[name]), name
 
 
 def test_an_mxfp4_nan_exponent_is_an_input_error(tmp_path):

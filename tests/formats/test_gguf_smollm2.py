@@ -92,3 +92,52 @@ def test_the_transcoded_embedding_and_the_stats_are_ggufs(smollm2, requantized):
             sqnr = 10 * np.log10(float((want.to(torch.float64) ** 2).sum() / (err**2).sum()))
             assert rows[name]["sqnr_db"] == pytest.approx(sqnr, abs=0.05), name
             assert rows[name]["sqnr_db"] > 15, name
+
+
+@pytest.fixture(scope="module")
+def for_flex(smollm2, tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("smollm2-flex") / "smollm2.bpk"
+    result = cli("quantize", smollm2, "-o", out, "--burn-backend", "flex", "--names", "hf", "--requantize", "q4s-b32",
+                 "--json")
+    assert result.code == 0, result.err
+    return out, {t["name"]: t for t in json.loads(result.out)["tensors"]}
+
+
+def test_for_flex_only_q4_1_needs_requantize(smollm2, monkeypatch):
+    """The Q8_0 embedding is Q8S, which flex loads and computes with: without --requantize the one refusal
+    left is Q4_1's, which no Burn scheme holds."""
+    [problem] = refused_from_headers(monkeypatch, smollm2, smollm2.parent / "never.bpk", dry_run=True,
+                                     burn_backend="flex", names="hf")
+    assert "are GGUF Q4_1" in problem.message and "embed_tokens" not in problem.message
+
+
+def test_for_flex_the_file_loads_and_the_tied_head_computes(smollm2, for_flex, tmp_path):
+    """flex decodes every tensor as qcli does; the embedding, a Q8S transcode, is gguf's bit for bit; and
+    flex's Embedding, Linear in Row and Col layout (the tied output head is the embedding used as a Col
+    Linear) and matmul on it compute as on its dequantized copy (the harness's `compute`)."""
+    from qcli.io.burnpack import BurnpackWriter, TensorEntry
+    from tests.burn_harness import compute
+
+    out, rows = for_flex
+    name = "model.embed_tokens.weight"
+    assert rows[name]["decision"] == "transcode" and "lm_head.weight" not in rows
+    reader = BurnpackReader.open(out)
+    entries = {e.name: e for e in reader.entries()}
+    assert str(entries[name].dtype.scheme) == "Q8S PackedU32(0) block [32] F16"
+    burn = burn_dequantize(BurnBackend.flex, out, tmp_path / "flex.safetensors")
+    for entry in entries.values():
+        if isinstance(entry.dtype, QFloat):
+            assert same_bits(burn[entry.name], decode(bytes(reader.read(entry.name)), entry.dtype.scheme,
+                                                      entry.shape)), entry.name
+    with GgufSource.open(smollm2) as source:
+        want = torch.from_numpy(dequantized(source.load("token_embd.weight").numpy(), T.Q8_0))
+    assert same_bits(burn[name], want)
+    head = tmp_path / "embedding.bpk"
+    entry = entries[name]
+    with BurnpackWriter(head, [TensorEntry(name, entry.dtype, entry.shape, entry.nbytes)]) as writer:
+        writer.write(name, reader.read(name))
+        writer.commit()
+    verdicts = compute(BurnBackend.flex, head)
+    assert {v["op"] for v in verdicts} == {"embedding", "linear-row", "linear-col", "matmul"}
+    for verdict in verdicts:
+        assert verdict["ok"] and verdict["max_abs"] <= 1e-3 * verdict["max_ref"], verdict

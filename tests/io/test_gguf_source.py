@@ -36,8 +36,10 @@ def model(tmp_path) -> tuple[Path, dict[str, np.ndarray]]:
 
 def test_every_type_qcli_reads_is_ggml_s_by_id_name_and_layout():
     """qcli's own table (its header checks need no gguf import) agrees with the gguf package on each type it
-    knows; a type a later gguf release adds is one qcli refuses as unknown until it is added here."""
-    ggml = {int(q): (q.name, *gguf.GGML_QUANT_SIZES[q]) for q in T}
+    knows, and with llama.cpp's gguf-py ahead of its release (`GGMLQuantizationType`, `GGML_QUANT_SIZES` at
+    ggml-org/llama.cpp 01243c5) on those the installed one does not; a type a later release adds is one qcli
+    refuses as unknown until it is added here."""
+    ggml = {int(q): (q.name, *gguf.GGML_QUANT_SIZES[q]) for q in T} | {42: ("Q2_0", 64, 2 + 16)}
     assert {i: (t.name, t.block, t.nbytes) for i, t in GGML_TYPES.items()}.items() <= ggml.items()
     assert {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "MXFP4"} <= set(BY_NAME)
 
