@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tests.cli_support import SAMPLES, SHARDED, assert_user_error, cli
+from tests.reliability.test_catalogue import char_device
 
 CALIBRATION = SAMPLES / "calibration.txt"
 
@@ -113,18 +114,9 @@ def test_imatrix_refuses_every_file_it_reads_as_its_output(model: Path, name: st
     _refused(result, role, before, root)
 
 
-def _device_node(path: Path) -> Path:
-    """A copy of /dev/null's node at `path`: an output test must never risk the real one."""
-    try:
-        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-    except (PermissionError, AttributeError):
-        pytest.skip("creating a device node needs CAP_MKNOD")
-    return path
-
-
 @pytest.mark.parametrize("command", ["quantize", "imatrix"])
 def test_a_device_as_the_output_is_refused_and_stays_a_device(model: Path, command: str) -> None:
-    target = _device_node(model.parent / "out.bin")
+    target = char_device(model.parent / "out.bin")
     extra = ["--calibration-data", model.parent / "calibration.txt"] if command == "imatrix" else []
     lines = assert_user_error(cli(command, model, *extra, "-o", target, "--force", "--device", "cpu"), 2)
     assert "is not a regular file (a character device)" in lines[0]
