@@ -18,13 +18,22 @@ class ErrorStats:
 
 @dataclass(frozen=True)
 class ValueStats:
-    """Summary of a tensor's values, computed in float64."""
+    """Summary of a tensor's finite values, computed in float64 (None where it has values but none finite),
+    and how many are NaN, +Inf and -Inf."""
 
-    min: float
-    max: float
-    mean: float
-    std: float
-    rms: float
+    min: float | None
+    max: float | None
+    mean: float | None
+    std: float | None
+    rms: float | None
+    nan: int = 0
+    inf: int = 0
+    neg_inf: int = 0
+
+    @property
+    def non_finite(self) -> int:
+        return self.nan + self.inf + self.neg_inf
 
     def to_json(self) -> dict:
-        return {"min": self.min, "max": self.max, "mean": self.mean, "std": self.std, "rms": self.rms}
+        return {"min": self.min, "max": self.max, "mean": self.mean, "std": self.std, "rms": self.rms,
+                "nan": self.nan, "inf": self.inf, "neg_inf": self.neg_inf}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from qcli import __version__
 from qcli.errors import Interrupted, OutputError, PlanError, UsageError
+from qcli.formats.declaration import SIDE_FILES as DECLARATIONS
 from qcli.io.burnpack import (
     EXTENSION,
     GIB,
@@ -35,7 +37,7 @@ from qcli.io.burnpack import (
     size_bound,
 )
 from qcli.io.burnpack_index import IndexWriter, index_path, standing_index
-from qcli.io.files import not_regular_problem
+from qcli.io.reads import Reads
 from qcli.io.staged import StagedFile
 from qcli.io.temporary import left_by_killed_run, leftover_temporaries
 from qcli.plan.entries import Plan
@@ -54,6 +56,9 @@ RECORD_FILE = "qcli.json"  # a model folder's record of the run (docs/output.md)
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
               "special_tokens_map.json", "tokenizer.model", "vocab.txt", "vocab.json", "merges.txt",
               "added_tokens.json")
+# The names of the weights qcli writes into a model folder: MODEL_FILE, its shards and their index.
+_OWN_WEIGHTS = re.compile(r"model(-\d{5,}-of-\d{5,})?\.bpk|model\.bpk\.index\.json")
+TARGET_HINT = "give -o another path"
 
 
 def default_output(input: Path) -> Path:
@@ -87,6 +92,13 @@ def is_folder_output(output: str | Path) -> bool:
 def side_files(folder: Path) -> list[Path]:
     """The SIDE_FILES `folder` has, as regular files (after links: a Hugging Face cache links to blobs)."""
     return [path for path in (folder / name for name in SIDE_FILES) if path.is_file()]
+
+
+def read_beside(folder: Path) -> list[Path]:
+    """The files beside a checkpoint in `folder` that a run may open: its config and tokenizer files (a
+    calibration builds the model from them, a model folder copies them) and the side files that declare how
+    it was quantized (`qcli.formats.declaration`)."""
+    return side_files(folder) + [path for path in (folder / name for name, _ in DECLARATIONS) if path.is_file()]
 
 
 class ModelFolder(NamedTuple):
@@ -152,37 +164,6 @@ def folder_record(report: QuantizeReport, source: Path, options: Mapping[str, ob
     }
 
 
-def refuse_input_as_output(output: Path, inputs: Iterable[tuple[Path, str]]) -> None:
-    """UsageError when `output` is one of the files the run reads (`(path, what it is)` pairs)."""
-    for path, role in inputs:
-        if _same_file(output, path):
-            raise UsageError(printable(f"{output} is {role}"), hint="write the .bpk somewhere else with -o; "
-                             "nothing was written")
-
-
-def refuse_special_output(output: Path) -> None:
-    """UsageError when `output` exists and is not a regular file: --force replaces a file, never a device,
-    a FIFO, a socket or a directory."""
-    kind = not_regular_problem(output)
-    if kind is not None:
-        raise UsageError(printable(f"{output} is not a regular file ({kind}); qcli writes a new file or "
-                                   "replaces a regular one"),
-                         hint="give -o the path of a .bpk file; --force replaces only regular files")
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    """The same path after links, or the same inode (a hard link)."""
-    try:
-        if a.resolve() == b.resolve():
-            return True
-    except (OSError, RuntimeError):
-        pass
-    try:
-        return os.path.samefile(a, b)
-    except (OSError, ValueError):
-        return False
-
-
 class Shard(NamedTuple):
     """One output file and the tensors it holds, in plan order."""
 
@@ -209,16 +190,17 @@ class Output:
         self.paths = weights + [path for path, _ in self.staged]
         self.stale = [] if folder is None else [p for p in _recorded_files(folder.path) if p not in self.paths]
 
-    def prepare(self, inputs: list[tuple[Path, str]], *, force: bool, dry_run: bool) -> list[Problem]:
-        """Refuse files the run must not write (an input, a special file, one in a missing folder, a shard
-        already there without `force`; the target alone, or its model folder, is checked before the plan),
-        and warn of the temporary files killed runs left beside them, removed unless `dry_run`. A dry run
-        writes nothing, so a file already there is a warning that the run would refuse it."""
-        for path in self.paths if self.index or self.folder else []:
-            refuse_input_as_output(path, inputs)
+    def prepare(self, reads: Reads, *, force: bool, dry_run: bool) -> list[Problem]:
+        """Refuse files the run must not write or remove (a file it `reads`, a special file, one in a missing
+        folder, a shard already there without `force`), and warn of the temporary files killed runs left
+        beside them, removed unless `dry_run`. A dry run writes nothing, so a file already there is a
+        warning that the run would refuse it."""
+        for path in self.paths:
+            reads.refuse_target(path, TARGET_HINT)
+        for path in self.stale:
+            reads.refuse_removal(path)
         warnings = _leftovers(self.paths, remove=not dry_run)
         for path in self.paths:
-            refuse_special_output(path)
             folder = path.parent if self.folder is None else self.folder.path.parent
             if not folder.is_dir():
                 raise OutputError(printable(f"cannot write {path}: its folder {folder} does not exist"),
@@ -353,14 +335,17 @@ def split(
 
 
 def _recorded_files(folder: Path) -> list[Path]:
-    """The files (weights and copies) an earlier run's RECORD_FILE in `folder` lists, plain names only."""
+    """The files an earlier run's RECORD_FILE in `folder` lists that qcli writes there: weights by the names
+    it gives them (MODEL_FILE, its shards and index), copies among SIDE_FILES. Any other name in the record
+    is not qcli's to remove, whoever wrote it there."""
     try:
         record = json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
-        listed = [*record.get("weights", []), *record.get("copied", [])]
+        weights, copied = record.get("weights", []), record.get("copied", [])
+        own = [*(n for n in weights if isinstance(n, str) and _OWN_WEIGHTS.fullmatch(n)),
+               *(n for n in copied if isinstance(n, str) and n in SIDE_FILES)]
     except (OSError, ValueError, AttributeError, TypeError):
         return []
-    return [folder / name for name in listed
-            if isinstance(name, str) and name == Path(name).name and not name.startswith(".")]
+    return [folder / name for name in own]
 
 
 def check_folder(folder: Path, force: bool, dry_run: bool = False) -> list[Problem]:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -274,10 +274,11 @@ class _Legacy:
         return Imatrix(entries, datasets, chunk_count, chunk_size)
 
 
-def write_imatrix(imatrix: Imatrix, path: Path | str) -> None:
+def write_imatrix(imatrix: Imatrix, path: Path | str, before_commit: Callable[[], None] | None = None) -> None:
     """`imatrix` as llama-imatrix writes its GGUF form (the module's docstring), with the gguf package's
     GGUFWriter, under a temporary name beside `path` renamed onto it when complete: `path` is replaced whole
-    or left as it was. OutputError when it cannot be written."""
+    or left as it was. `before_commit` is called before the rename and may raise to leave `path` as it was.
+    OutputError when it cannot be written."""
     import gguf
 
     path = Path(path)
@@ -313,6 +314,8 @@ def write_imatrix(imatrix: Imatrix, path: Path | str) -> None:
         writer.close()
         with open(temporary.path, "rb") as file:  # the writer opens and closes its own
             sync(file)
+        if before_commit is not None:
+            before_commit()
         temporary.commit()
     except BaseException as exc:
         writer.close()

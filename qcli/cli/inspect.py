@@ -108,8 +108,12 @@ def render(report: InspectReport) -> None:
         )
         for label, v in (("values", s.values), ("scales", s.scales)):
             if v is not None:
-                stats.add_row(label, *(f"{x:.6g}" for x in (v.min, v.max, v.mean, v.std, v.rms)))
+                stats.add_row(label, *(_output.number(x, ".6g") for x in (v.min, v.max, v.mean, v.std, v.rms)))
         out.print(stats)
+        for label, v in (("values", s.values), ("scales", s.scales)):
+            if v is not None and v.non_finite:
+                out.print(f"{label} not finite (left out of the statistics): {v.nan} NaN, {v.inf} +Inf, "
+                          f"{v.neg_inf} -Inf")
         if s.global_scale is not None:
             out.print(f"global scale: {s.global_scale:.9g}")
     if report.compare is not None:

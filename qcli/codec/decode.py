@@ -63,6 +63,15 @@ def block_scales(payload: object, scheme: QuantScheme, shape: Sequence[int]) -> 
     return scales
 
 
+def unfinite_blocks(payload: object, scheme: QuantScheme, shape: Sequence[int]) -> tuple[int, int]:
+    """(blocks whose values decode to NaN or infinity through their scale, all blocks) of a payload: the
+    scale (`block_scales`) NaN or infinite, or so large that the value type's largest magnitude times it
+    is. A quantized tensor's scales must be finite whatever its values are."""
+    a, b = scheme.value.range()
+    scales = block_scales(payload, scheme, shape).reshape(-1)
+    return int((~torch.isfinite(scales * max(-a, b))).sum()), scales.numel()
+
+
 def _check_decodable(scheme: QuantScheme) -> None:
     """Refuse what no decoder at the pin can read back. Schemes Burn only refuses to *quantize* (e.g. F32
     block scales under a global, PackedU32 blocks narrower than a word) still decode, as cubecl's do."""

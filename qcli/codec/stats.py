@@ -77,14 +77,15 @@ def error_stats(source: torch.Tensor, decoded: torch.Tensor) -> ErrorStats:
 
 
 def value_stats(t: torch.Tensor) -> ValueStats:
-    """min/max/mean/std (population)/rms of a torch tensor of any real dtype."""
+    """min/max/mean/std (population)/rms of the finite values of a torch tensor of any real dtype, and how
+    many of its values are NaN, +Inf and -Inf (JSON holds none of them: a damaged file is described, not
+    summarised as NaN)."""
     x = t.reshape(-1).double()
+    counts = int(x.isnan().sum()), int((x == math.inf).sum()), int((x == -math.inf).sum())
+    if any(counts):
+        x = x[x.isfinite()]
     if x.numel() == 0:
-        return ValueStats(0.0, 0.0, 0.0, 0.0, 0.0)
-    return ValueStats(
-        min=float(x.min()),
-        max=float(x.max()),
-        mean=float(x.mean()),
-        std=float(x.std(correction=0)),
-        rms=float(x.square().mean().sqrt()),
-    )
+        none = None if any(counts) else 0.0
+        return ValueStats(none, none, none, none, none, *counts)
+    return ValueStats(float(x.min()), float(x.max()), float(x.mean()), float(x.std(correction=0)),
+                      float(x.square().mean().sqrt()), *counts)

@@ -11,8 +11,13 @@ from pathlib import Path
 from qcli.calibrate.inputs import CalibrationInput
 from qcli.errors import UsageError
 from qcli.io.readers import open_source
+from qcli.io.reads import Reads, refuse_special
+from qcli.io.source import checkpoint_folder
+from qcli.output import read_beside
 from qcli.pipeline.device import DEVICES
 from qcli.text import printable
+
+TARGET_HINT = "give -o another path for the importance matrix"
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,8 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
     """Run the model of `input` (its folder's config.json and tokenizer) block by block on `calibration_data`
     and write, for every Linear in its repeated blocks, the sum of squares of each input channel over the
     tokens and their count (`qcli.calibrate.imatrix`), to `output` (default `default_output(input)`); the
-    file is renamed into place only once complete."""
+    file is renamed into place only once complete, and only if no file the run read changed meanwhile. A
+    file the run reads, or one that is not a regular file, is never `output` (`qcli.io.reads`)."""
     from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN
 
     given = CalibrationInput(Path(calibration_data), SAMPLES if samples is None else samples,
@@ -52,17 +58,23 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
         raise UsageError(f"unknown device {device!r}", hint="use --device auto, cpu or cuda")
     input = Path(input)
     target = Path(output) if output is not None else default_output(input)
+    refuse_special(target, TARGET_HINT)
     if target.exists() and not force:
         raise UsageError(printable(f"{target} already exists"),
                          hint="pass --force to replace it, or -o to write somewhere else")
     started = time.perf_counter()
     with open_source(input) as source:
+        reads = Reads()
+        reads.add_source(source)
+        reads.extend(read_beside(checkpoint_folder(input)), "a file beside the input that the run reads")
+        reads.add(given.data, "the calibration text")
+        reads.refuse_target(target, TARGET_HINT)
         from qcli.calibrate.session import measure_importance
 
         measured = measure_importance(source, input, given, device, progress)
     from qcli.calibrate.imatrix import write_imatrix
 
-    write_imatrix(measured.imatrix, target)
+    write_imatrix(measured.imatrix, target, before_commit=reads.unchanged)
     return ImatrixReport(str(input), str(target), sorted(measured.imatrix.entries), measured.samples,
                          measured.seq_len, measured.tokens, time.perf_counter() - started, measured.device)
 

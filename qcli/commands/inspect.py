@@ -250,6 +250,10 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path,
                 continue
             x = x.contiguous()
             decoded = _decoded(data, e.dtype, tuple(e.shape))
+            unfinite = _unfinite(data, e.dtype.scheme, decoded, x)
+            if unfinite is not None:
+                rows.append(CompareRow(e.name, text, flip, False, None, unfinite))
+                continue
             if not bool(torch.isfinite(x).all()):  # a transcoded format's own inf or NaN codes
                 exact = _same_values(x.to(torch.float32), decoded)
                 rows.append(CompareRow(e.name, text, flip, exact, ErrorStats(0.0, math.inf, 0.0) if exact else None,
@@ -267,6 +271,23 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path,
         missing=sorted(set(infos) - written),
         extra=sorted(written - set(infos)),
     )
+
+
+def _unfinite(data: memoryview, scheme: QuantScheme, decoded: torch.Tensor, x: torch.Tensor) -> str | None:
+    """Why a quantized tensor's decode holds NaN or Inf where it must not: scales that are not finite
+    (whatever its source holds, as a damaged checkpoint's transcode would carry them), or values that are
+    not where its source's are finite; None where neither."""
+    import torch
+
+    from qcli.codec.decode import unfinite_blocks
+
+    bad, blocks = unfinite_blocks(data, scheme, decoded.shape)
+    if bad:
+        return f"its scales are NaN or infinite in {bad} of its {blocks} blocks, so it decodes to NaN or Inf"
+    wrong = int((~torch.isfinite(decoded) & torch.isfinite(x)).sum())
+    if wrong:
+        return f"it decodes to NaN or Inf in {wrong} values where its source is finite"
+    return None
 
 
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:

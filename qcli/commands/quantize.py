@@ -17,15 +17,16 @@ from qcli.formats import detect
 from qcli.io.files import file_sha256
 from qcli.io.gguf import is_gguf
 from qcli.io.readers import open_source
+from qcli.io.reads import Reads, refuse_special
 from qcli.io.source import Source, TensorInfo, checkpoint_folder
 from qcli.output import (
+    TARGET_HINT,
     ModelFolder,
     Output,
     check_folder,
     folder_record,
     metadata,
-    refuse_input_as_output,
-    refuse_special_output,
+    read_beside,
     side_files,
 )
 from qcli.pipeline.device import Runtime
@@ -100,7 +101,7 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
     force, dry_run = options.force, options.dry_run
     loaded_recipe = load_recipe(options.recipe) if options.recipe is not None else None
     folder_warnings = [] if folder is None else check_folder(folder, force, dry_run)
-    refuse_special_output(target)  # a dry run refuses what the run would (docs/cli.md)
+    refuse_special(target, TARGET_HINT)  # a dry run refuses what the run would (docs/cli.md)
     if target.exists() and not (force or dry_run):  # a dry run warns of it instead (Output.prepare)
         raise UsageError(
             printable(f"{target} already exists"), hint="pass --force to replace it, or -o to write somewhere else"
@@ -110,12 +111,8 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
         collector_paused() as resume,
         open_source(input, options.names) as source,
     ):
-        inputs = [(input, "the input"), *((f, "the input") for f in source.files)]
-        if source.index is not None:
-            inputs.append((source.index, "the input's index"))
-        if options.recipe is not None:
-            inputs.append((options.recipe, "the recipe"))
-        refuse_input_as_output(target, inputs)
+        reads = _reads(input, source, options)
+        reads.refuse_target(target, TARGET_HINT)
         found = detect(source.infos(), None if options.requantize is None else source.load)
         gptq = Calibration.Gptq in (options.calibration, *_rule_calibrations(loaded_recipe))
         plan = make_checked_plan(source.infos(), loaded_recipe, options.preset,
@@ -124,7 +121,6 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
                                  requantize=options.requantize, found=found,
                                  calibrated=_reachable(input, source) if gptq else ())
         copies = [] if folder is None or is_gguf(input) else side_files(checkpoint_folder(input))
-        inputs += [(path, "a file the model folder copies") for path in copies]
         report = QuantizeReport(
             input=where.given,
             output=str(target),
@@ -148,7 +144,7 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
         folder_output = None if folder is None else ModelFolder(folder, copies, record)
         outputs = Output(plan, target, options.max_shard_size, metadata(report), folder_output)
         report.outputs = [str(path) for path in outputs.paths]
-        report.warnings += folder_warnings + outputs.prepare(inputs, force=force, dry_run=dry_run)
+        report.warnings += folder_warnings + outputs.prepare(reads, force=force, dry_run=dry_run)
         if dry_run:
             return report
         resume()
@@ -165,9 +161,22 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
             report.calibration, report.warnings = calibrated.record, report.warnings + calibrated.warnings
             run = with_prepared(run, calibrated.payloads, importance=calibrated.importance)
         report.tensors, report.timings = _write(plan, source, run, outputs, stats, progress, verify, report.warnings,
-                                                calibrated)
+                                                reads, calibrated)
         report.memory = MemoryUse(resident, peak_resident_bytes())
     return report
+
+
+def _reads(input: Path, source: Source, options: QuantizeOptions) -> Reads:
+    """Every file a quantize run reads: the checkpoint's, the files beside it, the recipe, the calibration
+    text or importance matrix."""
+    reads = Reads()
+    reads.add_source(source)
+    reads.extend(read_beside(checkpoint_folder(input)), "a file beside the input that the run reads")
+    for path, role in ((options.recipe, "the recipe"), (options.calibrating.data, "the calibration text"),
+                       (options.calibrating.imatrix, "the importance matrix")):
+        if path is not None:
+            reads.add(path, role)
+    return reads
 
 
 def _rule_calibrations(recipe: Recipe | None) -> list[Calibration]:
@@ -225,6 +234,7 @@ def _write(
     progress: ProgressHook | None,
     verify: bool,
     warnings: list[Problem],
+    reads: Reads,
     calibrated: Calibrated | None = None,
 ) -> tuple[list[TensorRow], Timings]:
     """Stream the pipeline's payloads into the output files, time each phase, and report each quantized
@@ -232,7 +242,8 @@ def _write(
     `warnings` the blocks whose scale left its dtype's range).
 
     With `verify`, the complete files are then read back (`qcli.verify.read_back`) before they are
-    renamed into place. `calibrated`: the calibration run before, its time and each tensor's output error.
+    renamed into place, as they are only once no file the run `reads` changed since it was opened.
+    `calibrated`: the calibration run before, its time and each tensor's output error.
     """
     total = sum(e.info.nbytes for e in plan.entries)
     timings, rows, done = Timings(verify=Phase() if verify else None), [], 0
@@ -273,6 +284,7 @@ def _write(
             verified = out.read_back(plan, [info.name for info in source.infos()])
             timings.verify.seconds += verified.seconds
             timings.verify.bytes += verified.bytes
+        reads.unchanged()
         tick = time.perf_counter()
         out.commit()
         timings.write.seconds += time.perf_counter() - tick

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, BinaryIO, ClassVar
 from qcli.errors import InputError
 from qcli.io.dtypes import torch_dtype
 from qcli.io.files import open_regular, read_into, unreadable
+from qcli.io.reads import FileState
 from qcli.io.source import TensorInfo, in_row_order
 from qcli.text import printable, quoted, shown
 
@@ -105,9 +106,11 @@ class GgufSource:
 
     format: ClassVar[str] = "gguf"
 
-    def __init__(self, path: Path, infos: list[TensorInfo], metadata: dict[str, object], version: int) -> None:
+    def __init__(self, path: Path, infos: list[TensorInfo], metadata: dict[str, object], version: int,
+                 opened: FileState) -> None:
         self.files = [path]
         self.index = None  # a GGUF model is one file
+        self.opened = {path: opened}  # its state when its header was read
         self.metadata = metadata
         self.version = version
         self._infos = infos
@@ -119,11 +122,11 @@ class GgufSource:
         path = Path(path)
         try:
             with open_regular(path) as file:
-                size = os.fstat(file.fileno()).st_size
-                version, metadata, infos = _Header(path, file, size).read()
+                opened = FileState.of(file.fileno())
+                version, metadata, infos = _Header(path, file, opened.size).read()
         except OSError as exc:
             raise unreadable(path, exc) from exc
-        return GgufSource(path, infos, metadata, version)
+        return GgufSource(path, infos, metadata, version, opened)
 
     def __enter__(self) -> GgufSource:
         return self
@@ -144,7 +147,7 @@ class GgufSource:
         """This file with its tensors under other `names` (old -> new), the rows of those in `rows` (by old
         name) read in that order: what `load` and `infos` give from then on."""
         infos = [replace(i, name=names.get(i.name, i.name), rows=rows.get(i.name)) for i in self._infos]
-        return GgufSource(self.files[0], infos, self.metadata, self.version)
+        return GgufSource(self.files[0], infos, self.metadata, self.version, self.opened[self.files[0]])
 
     def load(self, name: str) -> torch.Tensor:
         """One tensor as stored, on the CPU, in memory of its own: a plain type's elements of `shape`, a

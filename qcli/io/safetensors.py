@@ -24,6 +24,7 @@ from qcli.errors import InputError
 from qcli.io.dtypes import SAFETENSORS_BITS, SAFETENSORS_TORCH_NAMES, torch_dtype
 from qcli.io.files import open_regular, read_into, read_json, unreadable
 from qcli.io.hf_index import CORRUPT_HINT, check_weight_map, read_weight_map
+from qcli.io.reads import FileState
 from qcli.io.source import TensorInfo
 from qcli.text import printable, quoted, shown
 
@@ -40,9 +41,11 @@ class SafetensorsSource:
 
     format: ClassVar[str] = "safetensors"
 
-    def __init__(self, files: list[Path], infos: list[TensorInfo], index: Path | None = None) -> None:
+    def __init__(self, files: list[Path], infos: list[TensorInfo], index: Path | None = None,
+                 opened: dict[Path, FileState] | None = None) -> None:
         self.files = files
         self.index = index  # the index file of a sharded checkpoint
+        self.opened = opened or {}  # each file's state when its header was read
         self._infos = infos
         self._by_name = {info.name: info for info in infos}
         self._fds: dict[Path, int] = {}
@@ -114,7 +117,9 @@ class SafetensorsSource:
 
 
 def _open_files(files: list[Path]) -> SafetensorsSource:
-    return SafetensorsSource(files, [info for file in files for info in read_header(file)])
+    opened: dict[Path, FileState] = {}
+    infos = [info for file in files for info in read_header(file, opened)]
+    return SafetensorsSource(files, infos, opened=opened)
 
 
 def _fail(path: Path, message: str, hint: str = CORRUPT_HINT) -> InputError:
@@ -125,11 +130,15 @@ def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def read_header(path: Path) -> list[TensorInfo]:
-    """The tensors of one safetensors file in data order, after checking the header against the file."""
+def read_header(path: Path, opened: dict[Path, FileState] | None = None) -> list[TensorInfo]:
+    """The tensors of one safetensors file in data order, after checking the header against the file; the
+    file's state when it was opened recorded in `opened`."""
     try:
         with open_regular(path) as file:
-            size = os.fstat(file.fileno()).st_size
+            state = FileState.of(file.fileno())
+            if opened is not None:
+                opened[path] = state
+            size = state.size
             prefix = file.read(8)
             if len(prefix) < 8:
                 raise _fail(path, f"not a safetensors file: {size} bytes, shorter than the 8-byte length")

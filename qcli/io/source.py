@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
+    from qcli.io.reads import FileState
+
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -43,6 +45,7 @@ class Source(Protocol):
     format: str  # its reader's name (`qcli.io.readers.READERS`): "safetensors", "gguf"
     files: list[Path]
     index: Path | None  # the index of a sharded checkpoint
+    opened: dict[Path, FileState]  # each of `files`' state when its header was read (`qcli.io.reads`)
 
     def infos(self) -> list[TensorInfo]: ...
 

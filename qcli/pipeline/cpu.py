@@ -22,6 +22,7 @@ from qcli.io.dtypes import torch_dtype
 from qcli.measure import Measurement
 from qcli.pipeline import Payload
 from qcli.scheme import Calibration
+from qcli.text import printable, quoted
 
 if TYPE_CHECKING:
     from qcli.io.source import Source
@@ -117,8 +118,19 @@ def entry_importance(entry: PlanEntry, importance: Mapping[str, torch.Tensor] | 
 
 def transcoded(entry: PlanEntry, codes: torch.Tensor, source: Source) -> torch.Tensor:
     """A transcoded entry's payload from its codes as stored, its companions loaded here: both pipelines
-    write it so."""
-    return entry.decision.transcode.payload(codes, source.load)
+    write it so. `InputError` where a block's scale (or a two-level scheme's global) is NaN or infinite, as
+    in a damaged checkpoint: its decode would be NaN or Inf, a model no one can use."""
+    from qcli.codec.decode import unfinite_blocks
+
+    transcode = entry.decision.transcode
+    payload = transcode.payload(codes, source.load)
+    bad, blocks = unfinite_blocks(payload, entry.decision.scheme, entry.out_shape)
+    if bad:
+        raise InputError(printable(f"{entry.info.file}: tensor {quoted(entry.info.name)} ({transcode.format}) has "
+                                   f"scales that are NaN or infinite in {bad} of its {blocks} blocks, so it would "
+                                   "decode to NaN or Inf"),
+                         hint="the checkpoint is damaged; convert or download it again (nothing was written)")
+    return payload
 
 
 def cast_kept(x: torch.Tensor, dtype: str, name: str) -> torch.Tensor:

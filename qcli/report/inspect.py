@@ -52,7 +52,8 @@ class TensorStats:
             "name": self.name,
             "values": self.values.to_json(),
             "scales": None if self.scales is None else self.scales.to_json(),
-            "global_scale": self.global_scale,
+            "global_scale": self.global_scale if self.global_scale is None or math.isfinite(self.global_scale)
+            else str(self.global_scale),  # JSON has no NaN or infinity: "nan", "inf", "-inf"
         }
 
 
