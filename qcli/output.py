@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from qcli import __version__
-from qcli.errors import Interrupted, OutputError, PlanError, UsageError
+from qcli.errors import InputError, Interrupted, OutputError, PlanError, UsageError
 from qcli.io.burnpack import (
     EXTENSION,
     GIB,
@@ -35,7 +35,7 @@ from qcli.io.burnpack import (
     size_bound,
 )
 from qcli.io.burnpack_index import IndexWriter, index_path, standing_index
-from qcli.io.files import not_regular_problem
+from qcli.io.files import load_json, not_regular_problem
 from qcli.io.staged import StagedFile
 from qcli.io.temporary import left_by_killed_run, leftover_temporaries
 from qcli.plan.entries import Plan
@@ -355,9 +355,9 @@ def split(
 def _recorded_files(folder: Path) -> list[Path]:
     """The files (weights and copies) an earlier run's RECORD_FILE in `folder` lists, plain names only."""
     try:
-        record = json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
+        record = load_json(folder / RECORD_FILE, "")
         listed = [*record.get("weights", []), *record.get("copied", [])]
-    except (OSError, ValueError, AttributeError, TypeError):
+    except (InputError, AttributeError, TypeError):
         return []
     return [folder / name for name in listed
             if isinstance(name, str) and name == Path(name).name and not name.startswith(".")]

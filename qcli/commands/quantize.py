@@ -139,7 +139,7 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
             tensors=[TensorRow.of(e) for e in plan.entries],
             totals=plan.totals(),
             warnings=plan.warnings(),
-            calibration=_calibration_record(plan, input, options),
+            calibration=_calibration_record(plan, input, source.infos(), options),
         )
         stats, verify = options.stats, options.verify
         if runtime is not None:
@@ -186,8 +186,10 @@ def gptq_names(plan: Plan) -> frozenset[str]:
     return frozenset(e.name for e in plan.calibrated_by(Calibration.Gptq))
 
 
-def _calibration_record(plan: Plan, input: Path, options: QuantizeOptions) -> CalibrationRecord | None:
-    """What the run will calibrate on, with the dry run's memory estimate; None when nothing is calibrated."""
+def _calibration_record(plan: Plan, input: Path, checkpoint: list[TensorInfo], options: QuantizeOptions
+                        ) -> CalibrationRecord | None:
+    """What the run will calibrate on, with the dry run's memory estimate (its config checked against the
+    `checkpoint`'s tensors); None when nothing is calibrated."""
     given = options.calibrating
     weighed = given.data is not None or given.imatrix is not None
     gptq = bool(plan.calibrated_by(Calibration.Gptq))
@@ -204,7 +206,7 @@ def _calibration_record(plan: Plan, input: Path, options: QuantizeOptions) -> Ca
     text = read_calibration_text(given.data)  # its faults refused here, a dry run's too
     return CalibrationRecord("gptq" if gptq else "mse", str(given.data), text.sha256,
                              samples=given.samples, seq_len=given.seq_len, seed=given.seed,
-                             memory_estimate_bytes=estimate(checkpoint_folder(input), given, gptq))
+                             memory_estimate_bytes=estimate(checkpoint_folder(input), checkpoint, given, gptq))
 
 
 def _warm_runtime() -> int:
