@@ -213,7 +213,7 @@ class Output:
         """Refuse files the run must not write (an input, a special file, one in a missing folder, a shard
         already there without `force`; the target alone, or its model folder, is checked before the plan),
         and warn of the temporary files killed runs left beside them, removed unless `dry_run`. A dry run
-        writes nothing, so a file already there is a warning that the run would refuse it."""
+        refuses what the run would."""
         for path in self.paths if self.index or self.folder else []:
             refuse_input_as_output(path, inputs)
         warnings = _leftovers(self.paths, remove=not dry_run)
@@ -224,13 +224,11 @@ class Output:
                 raise OutputError(printable(f"cannot write {path}: its folder {folder} does not exist"),
                                   hint="create the folder, or give -o a path in an existing one; nothing was written")
         taken = [] if force else [path for path in self.paths if path.exists()]
-        hint = f"pass --force to replace {'it' if len(taken) == 1 else 'them'}, or -o to write somewhere else"
-        if taken and dry_run:
+        if taken:  # a dry run refuses it too, as the run would
             more = f" (and {len(taken) - 1} more of its files)" if len(taken) > 1 else ""
-            warnings.append(Problem(Kind.output_exists, printable(f"{taken[0]} already exists{more}: the run refuses"
-                                    " to replace it without --force"), hint, Severity.warning))
-        elif taken and self.index:
-            raise UsageError(printable(f"{taken[0]} already exists"), hint=hint)
+            raise UsageError(printable(f"{taken[0]} already exists{more}"),
+                             hint=f"pass --force to replace {'it' if len(taken) == 1 else 'them'}, or -o to write "
+                             "somewhere else")
         return warnings
 
     @contextmanager
@@ -366,18 +364,13 @@ def _recorded_files(folder: Path) -> list[Path]:
 def check_folder(folder: Path, force: bool, dry_run: bool = False) -> list[Problem]:
     """A model folder is written into a new or empty folder (the temporary files of a killed run aside),
     or with `force` into one that has files (those qcli writes are replaced, the others left as they are);
-    never onto a file. A dry run writes nothing: a folder that has files is a warning that the run would
-    refuse it."""
+    never onto a file. A dry run refuses what the run would."""
     if folder.exists() and not folder.is_dir():
         raise UsageError(printable(f"{folder} is not a folder; -o DIR/ writes a model folder"),
                          hint="give -o the path of a folder, or of a .bpk file without the trailing /")
     if folder.is_dir() and not force and not all(map(left_by_killed_run, folder.iterdir())):
-        message = printable(f"{folder} already exists and is not empty")
-        hint = "pass --force to replace the files qcli writes there, or -o to write somewhere else"
-        if not dry_run:
-            raise UsageError(message, hint=hint)
-        return [Problem(Kind.output_exists, f"{message}: the run refuses to write into it without --force", hint,
-                        Severity.warning)]
+        raise UsageError(printable(f"{folder} already exists and is not empty"),
+                         hint="pass --force to replace the files qcli writes there, or -o to write somewhere else")
     return []
 
 

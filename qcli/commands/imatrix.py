@@ -11,7 +11,7 @@ from pathlib import Path
 from qcli.calibrate.inputs import CalibrationInput
 from qcli.errors import UsageError
 from qcli.io.readers import open_source
-from qcli.pipeline.device import DEVICES
+from qcli.pipeline.device import require_device
 from qcli.text import printable
 
 
@@ -48,8 +48,7 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
     given = CalibrationInput(Path(calibration_data), SAMPLES if samples is None else samples,
                              SEQ_LEN if seq_len is None else seq_len, SEED if seed is None else seed)
     given.check_windows()
-    if device not in DEVICES:
-        raise UsageError(f"unknown device {device!r}", hint="use --device auto, cpu or cuda")
+    require_device(device)
     input = Path(input)
     target = Path(output) if output is not None else default_output(input)
     if target.exists() and not force:

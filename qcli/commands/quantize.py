@@ -28,7 +28,7 @@ from qcli.output import (
     refuse_special_output,
     side_files,
 )
-from qcli.pipeline.device import Runtime
+from qcli.pipeline.device import Runtime, require_device
 from qcli.pipeline.prepared import rest_of, with_prepared
 from qcli.plan.decisions import make_plan
 from qcli.plan.entries import Plan, PlanEntry
@@ -101,7 +101,9 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
     loaded_recipe = load_recipe(options.recipe) if options.recipe is not None else None
     folder_warnings = [] if folder is None else check_folder(folder, force, dry_run)
     refuse_special_output(target)  # a dry run refuses what the run would (docs/cli.md)
-    if target.exists() and not (force or dry_run):  # a dry run warns of it instead (Output.prepare)
+    if dry_run:
+        require_device(options.device)
+    if target.exists() and not force:
         raise UsageError(
             printable(f"{target} already exists"), hint="pass --force to replace it, or -o to write somewhere else"
         )

@@ -22,7 +22,7 @@ from qcli.formats.found import Encoded, Found, Load, Transcode
 from qcli.errors import InputError
 from qcli.io.files import load_json
 from qcli.problem import Kind
-from qcli.text import printable
+from qcli.text import clipped, printable
 
 if TYPE_CHECKING:
     import torch
@@ -117,7 +117,7 @@ def _method(raw: dict, implied: str) -> str:
     """`quant_method` in lowercase; bitsandbytes' older configs name none but say `load_in_4bit`/`_8bit`."""
     method = raw.get("quant_method")
     if isinstance(method, str) and method:
-        return method.lower()
+        return clipped(method.lower())  # every message names it: a megabyte-long one is cut
     if "load_in_4bit" in raw or "load_in_8bit" in raw:
         return "bitsandbytes"
     return implied  # "" for a config.json that names none: its tensors decide
