@@ -357,7 +357,8 @@ def hf_to_gguf_names(names: Iterable[str], arch: str) -> dict[str, str]:
 
 def _table(names: list[str], arch: str) -> gguf.TensorNameMap:
     if arch not in ARCHITECTURES:
-        raise UsageError(printable(f"qcli maps the tensor names of {', '.join(ARCHITECTURES)} models, not {clipped(arch)!r}"),
+        raise UsageError(printable(f"qcli maps the tensor names of {', '.join(ARCHITECTURES)} models, not "
+                                   f"{clipped(arch)!r}"),
                          hint="keep llama.cpp's names, or name the architecture the model is of")
     numbers = [int(found[1]) for name in names if (found := _BLOCK.search(name))]
     blocks = max(numbers, default=-1) + 1

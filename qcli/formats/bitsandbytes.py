@@ -30,8 +30,8 @@ from qcli.errors import InputError
 from qcli.formats.found import Encoded, Found, Load
 from qcli.formats.fp8 import Fp8
 from qcli.formats.grid import ScaleGrid
-from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY, PackedU32, QuantScheme, QuantValue
 from qcli.io.files import parse_json
+from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY, PackedU32, QuantScheme, QuantValue
 from qcli.text import printable, quoted, shown
 
 if TYPE_CHECKING:

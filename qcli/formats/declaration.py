@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from qcli.formats.found import Encoded, Found, Load, Transcode
 from qcli.errors import InputError
+from qcli.formats.found import Encoded, Found, Load, Transcode
 from qcli.io.files import load_json
 from qcli.problem import Kind
 from qcli.text import clipped, printable

@@ -91,7 +91,8 @@ def test_a_config_or_tokenizer_nested_deep_is_refused(llama, tmp_path, name):
     ({"num_hidden_layers": 3}, "gives num_hidden_layers 3, but the checkpoint holds 2 blocks"),
     ({"num_hidden_layers": 10**9}, "gives num_hidden_layers 1000000000, larger than any axis or count"),
     ({"intermediate_size": 10**12}, "gives intermediate_size 1000000000000, larger than any axis or count"),
-    ({"vocab_size": 10}, "gives vocab_size 10, but the token embedding 'model.embed_tokens.weight' has shape [300, 64]"),
+    ({"vocab_size": 10},
+     "gives vocab_size 10, but the token embedding 'model.embed_tokens.weight' has shape [300, 64]"),
     ({"max_position_embeddings": 10**15}, "gives max_position_embeddings 1000000000000000, but qcli reads at most"),
 ])
 @pytest.mark.parametrize("dry_run", [(), ("--dry-run",)])
@@ -186,7 +187,8 @@ def test_an_imatrix_gguf_claiming_a_huge_array_ends(llama, tmp_path):
 def test_an_imatrix_gguf_with_a_0d_tensor_is_an_input_error(llama, tmp_path):
     path = tmp_path / "m.imatrix.gguf"
     kvs = (gstr("imatrix.datasets") + struct.pack("<IIQ", 9, 8, 1) + gstr("calib.txt")
-           + gstr("imatrix.chunk_count") + struct.pack("<II", 4, 1) + gstr("imatrix.chunk_size") + struct.pack("<II", 4, 16))
+           + gstr("imatrix.chunk_count") + struct.pack("<II", 4, 1)
+           + gstr("imatrix.chunk_size") + struct.pack("<II", 4, 16))
     tensors = tensor("blk.0.attn_q.weight.in_sum2", (), 0) + tensor("blk.0.attn_q.weight.counts", (), 0, offset=32)
     path.write_bytes(header(tensor_count=2, kv_count=3, kv=kvs, tensors=tensors,
                             data=bytes(32) + struct.pack("<f", 1.0) + bytes(28)))  # a sum of 0 over 1 token
