@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from qcli import __version__
-from qcli.errors import Interrupted, OutputError, PlanError, UsageError
+from qcli.errors import InputError, Interrupted, OutputError, PlanError, UsageError
 from qcli.formats.declaration import SIDE_FILES as DECLARATIONS
 from qcli.io.burnpack import (
     EXTENSION,
@@ -37,6 +37,7 @@ from qcli.io.burnpack import (
     size_bound,
 )
 from qcli.io.burnpack_index import IndexWriter, index_path, standing_index
+from qcli.io.files import load_json
 from qcli.io.reads import Reads
 from qcli.io.staged import StagedFile
 from qcli.io.temporary import left_by_killed_run, leftover_temporaries
@@ -193,8 +194,7 @@ class Output:
     def prepare(self, reads: Reads, *, force: bool, dry_run: bool) -> list[Problem]:
         """Refuse files the run must not write or remove (a file it `reads`, a special file, one in a missing
         folder, a shard already there without `force`), and warn of the temporary files killed runs left
-        beside them, removed unless `dry_run`. A dry run writes nothing, so a file already there is a
-        warning that the run would refuse it."""
+        beside them, removed unless `dry_run`. A dry run refuses what the run would."""
         for path in self.paths:
             reads.refuse_target(path, TARGET_HINT)
         for path in self.stale:
@@ -206,13 +206,11 @@ class Output:
                 raise OutputError(printable(f"cannot write {path}: its folder {folder} does not exist"),
                                   hint="create the folder, or give -o a path in an existing one; nothing was written")
         taken = [] if force else [path for path in self.paths if path.exists()]
-        hint = f"pass --force to replace {'it' if len(taken) == 1 else 'them'}, or -o to write somewhere else"
-        if taken and dry_run:
+        if taken:  # a dry run refuses it too, as the run would
             more = f" (and {len(taken) - 1} more of its files)" if len(taken) > 1 else ""
-            warnings.append(Problem(Kind.output_exists, printable(f"{taken[0]} already exists{more}: the run refuses"
-                                    " to replace it without --force"), hint, Severity.warning))
-        elif taken and self.index:
-            raise UsageError(printable(f"{taken[0]} already exists"), hint=hint)
+            raise UsageError(printable(f"{taken[0]} already exists{more}"),
+                             hint=f"pass --force to replace {'it' if len(taken) == 1 else 'them'}, or -o to write "
+                             "somewhere else")
         return warnings
 
     @contextmanager
@@ -339,11 +337,11 @@ def _recorded_files(folder: Path) -> list[Path]:
     it gives them (MODEL_FILE, its shards and index), copies among SIDE_FILES. Any other name in the record
     is not qcli's to remove, whoever wrote it there."""
     try:
-        record = json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
+        record = load_json(folder / RECORD_FILE, "")
         weights, copied = record.get("weights", []), record.get("copied", [])
         own = [*(n for n in weights if isinstance(n, str) and _OWN_WEIGHTS.fullmatch(n)),
                *(n for n in copied if isinstance(n, str) and n in SIDE_FILES)]
-    except (OSError, ValueError, AttributeError, TypeError):
+    except (InputError, AttributeError, TypeError):
         return []
     return [folder / name for name in own]
 
@@ -351,18 +349,13 @@ def _recorded_files(folder: Path) -> list[Path]:
 def check_folder(folder: Path, force: bool, dry_run: bool = False) -> list[Problem]:
     """A model folder is written into a new or empty folder (the temporary files of a killed run aside),
     or with `force` into one that has files (those qcli writes are replaced, the others left as they are);
-    never onto a file. A dry run writes nothing: a folder that has files is a warning that the run would
-    refuse it."""
+    never onto a file. A dry run refuses what the run would."""
     if folder.exists() and not folder.is_dir():
         raise UsageError(printable(f"{folder} is not a folder; -o DIR/ writes a model folder"),
                          hint="give -o the path of a folder, or of a .bpk file without the trailing /")
     if folder.is_dir() and not force and not all(map(left_by_killed_run, folder.iterdir())):
-        message = printable(f"{folder} already exists and is not empty")
-        hint = "pass --force to replace the files qcli writes there, or -o to write somewhere else"
-        if not dry_run:
-            raise UsageError(message, hint=hint)
-        return [Problem(Kind.output_exists, f"{message}: the run refuses to write into it without --force", hint,
-                        Severity.warning)]
+        raise UsageError(printable(f"{folder} already exists and is not empty"),
+                         hint="pass --force to replace the files qcli writes there, or -o to write somewhere else")
     return []
 
 

@@ -38,7 +38,6 @@ class Kind(StrEnum):
     nothing_quantized = "nothing-quantized"
     uncovered = "uncovered"
     leftover = "leftover"
-    output_exists = "output-exists"
     scale_range = "scale-range"
     calibration = "calibration"
 

@@ -1,5 +1,6 @@
 """Text read from a hostile file, made safe to show: on one terminal line (`printable`), bounded in length
-and depth (`shown`), a tensor name quoted and cut short (`quoted`)."""
+and depth (`shown`), a piece of text cut short in the middle (`clipped`: a name, a path, another library's
+message), a tensor name quoted and cut short (`quoted`)."""
 
 from __future__ import annotations
 
@@ -44,11 +45,19 @@ def shown(value: object) -> str:
         return f"<{type(value).__name__}>"
 
 
-MAX_NAME_SHOWN = 200  # characters of a tensor name a message shows
+MAX_NAME_SHOWN = 200  # characters of a name, a path or another library's message that a message shows
+
+
+def clipped(text: object, limit: int = MAX_NAME_SHOWN) -> str:
+    """`text` as it is up to `limit` characters; a longer one cut in the middle, keeping its start and end
+    (where a path's file name and a name's last parts are) and saying how long it was. Each piece of user
+    text is cut on its own, so a message keeps the file it names however long the piece beside it."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit // 2]}...({len(text)} characters)...{text[-limit // 4:]}"
 
 
 def quoted(name: str) -> str:
-    """A tensor name for a message, quoted; a very long one is cut in the middle."""
-    if len(name) > MAX_NAME_SHOWN:
-        name = f"{name[:MAX_NAME_SHOWN // 2]}...({len(name)} characters)...{name[-MAX_NAME_SHOWN // 4:]}"
-    return f"'{name}'"
+    """A tensor name for a message, quoted; a very long one is cut in the middle (`clipped`)."""
+    return f"'{clipped(name)}'"

@@ -91,7 +91,7 @@ def test_the_docs_give_commands_on_the_sample():
     shown = {" ".join(c.words) for c in COMMANDS if c.doc == "README.md"}
     assert "qcli quantize sample_weights/tiny-llama.safetensors --force" in shown
     assert ("qcli quantize sample_weights/tiny-llama.safetensors --recipe sample_weights/tiny-llama.toml "
-            "--dry-run") in shown
+            "--dry-run --force") in shown
 
 
 def test_the_expected_exit_is_read_from_the_text():

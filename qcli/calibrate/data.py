@@ -19,13 +19,16 @@ import torch
 
 from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN
 from qcli.errors import InputError, UsageError
-from qcli.io.files import NOT_REGULAR_HINT, not_regular_problem
+from qcli.io.files import NOT_REGULAR_HINT, checked_json, not_regular_problem, read_bounded
 from qcli.text import printable
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 MIN_WINDOWS = 2  # fewer whole windows than this in the text is an error, not a warning
+# Bytes of calibration text read at most: the default windows take 65,536 tokens, a few hundred kB of text,
+# and the whole text is tokenized (a token id is a Python int), so a larger file is cut by its user.
+MAX_TEXT_BYTES = 64 << 20
 
 TEXT_HINT = 'pass a UTF-8 text file, or JSON lines each with a "text" field'
 
@@ -67,13 +70,12 @@ def read_calibration_text(path: Path | str) -> CalibrationText:
                          hint=NOT_REGULAR_HINT)
     if not path.is_file():
         raise UsageError(printable(f"cannot read calibration text {path}: no such file"), hint=TEXT_HINT)
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise InputError(printable(f"cannot read calibration text {path}: {err.strerror}"), hint=TEXT_HINT) from err
+    data = read_bounded(path, MAX_TEXT_BYTES, "calibration text",
+                        hint=f"calibration reads at most {MAX_TEXT_BYTES >> 20} MiB of text, far more than its windows "
+                        "take: give a part of the file (head -c 10M FILE > part.txt)")
     text = _decoded(path, data)
     lines = [(number, line) for number, line in enumerate(text.split("\n"), 1) if line.strip()]
-    objects = _json_objects(lines)
+    objects = _json_objects(path, lines)
     documents = [text] if objects is None else _texts(path, objects)
     if not any(document.strip() for document in documents):
         raise InputError(printable(f"calibration text {path} is empty"), hint=TEXT_HINT)
@@ -91,17 +93,22 @@ def _decoded(path: Path, data: bytes) -> str:
                          hint=TEXT_HINT) from err
 
 
-def _json_objects(lines: list[tuple[int, str]]) -> list[tuple[int, dict]] | None:
-    """`(line number, object)` for each line, where every line is a JSON object; else None (plain text)."""
+def _json_objects(path: Path, lines: list[tuple[int, str]]) -> list[tuple[int, dict]] | None:
+    """`(line number, object)` for each line, where every line is a JSON object (each shallow and holding no
+    lone surrogate, `checked_json`); else None (plain text)."""
     objects = []
     for number, line in lines:
+        if not line.lstrip().startswith("{"):
+            return None
         try:
             value = json.loads(line)
+        except RecursionError:  # `{"text": [[[[...`: JSON lines, but nested past the interpreter's stack
+            raise InputError(printable(f"{path}:{number}: a JSON line nested too deeply"), hint=TEXT_HINT) from None
         except ValueError:
             return None
         if not isinstance(value, dict):
             return None
-        objects.append((number, value))
+        objects.append((number, checked_json(path, value, TEXT_HINT, f"JSON line {number}")))
     return objects
 
 

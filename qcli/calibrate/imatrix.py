@@ -38,6 +38,7 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,13 +46,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from qcli.errors import InputError, OutputError, UsageError
-from qcli.io.files import NOT_REGULAR_HINT, NotRegularFile, open_regular
+from qcli.io.files import open_regular, read_bounded, unreadable
+from qcli.io.gguf import ARRAY, UINT32, GgufSource
 from qcli.io.gguf_names import ARCHITECTURES, HF_PREFIXES, hf_bases, name_table, split_suffix
 from qcli.io.temporary import TemporaryFile, sync
-from qcli.text import printable, quoted, shown
+from qcli.text import clipped, printable, quoted, shown
 
 if TYPE_CHECKING:
     import gguf
+    import torch
+
+    from qcli.io.source import TensorInfo
 
 MAGIC = b"GGUF"
 IMATRIX_TYPE = "imatrix"  # general.type
@@ -59,6 +64,8 @@ DATASETS, CHUNK_COUNT, CHUNK_SIZE = "imatrix.datasets", "imatrix.chunk_count", "
 SUM2, SUM, COUNTS = ".in_sum2", ".in_sum", ".counts"
 LEGACY_CHUNK_SIZE = 512  # llama-imatrix's default context, the tokens a legacy file's chunk is taken as
 MAX_U32 = (1 << 32) - 1
+# Bytes of a legacy `.dat` file read at most (it is read whole): a 256-expert MoE's matrix is about 1.3 GB.
+MAX_LEGACY_BYTES = 2 << 30
 MAX_BLOCKS = 1024  # blocks the name tables are built for at most (their cost grows with the count)
 _HINT = "the file is damaged or is not an importance matrix; compute it again with llama-imatrix"
 _BLOCK = re.compile(r"(?:^|\.)(\d{1,9})\.")  # a block's number: the first of a name's parts that is one, both sides
@@ -121,13 +128,12 @@ def read_imatrix(path: Path | str, legacy_chunk_size: int = LEGACY_CHUNK_SIZE) -
     try:
         with open_regular(path) as file:
             head = file.read(len(MAGIC))
-            data = None if head == MAGIC else head + file.read()
-    except NotRegularFile as exc:
-        raise InputError(printable(f"cannot read {path}: {exc}"), hint=NOT_REGULAR_HINT) from exc
     except OSError as exc:
-        raise InputError(printable(f"cannot read {path}: {exc.strerror or exc}"),
-                         hint="check the path and its permissions") from exc
-    return _read_gguf(path) if data is None else _Legacy(path, data).read(legacy_chunk_size)
+        raise unreadable(path, exc) from exc
+    if head == MAGIC:
+        return _read_gguf(path)
+    data = read_bounded(path, MAX_LEGACY_BYTES, "a legacy importance matrix", _HINT)
+    return _Legacy(path, data).read(legacy_chunk_size)
 
 
 def _fail(path: Path, message: str, hint: str = _HINT) -> InputError:
@@ -151,67 +157,61 @@ def _checked(path: Path, name: str, squares: np.ndarray, counts: np.ndarray,
 
 
 def _read_gguf(path: Path) -> Imatrix:
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(path)
-    except (ValueError, KeyError, IndexError, OverflowError) as exc:  # what it raises on a bad or short file
-        raise _fail(path, f"not a readable GGUF file ({shown(str(exc))})") from exc
-    except OSError as exc:
-        raise InputError(printable(f"cannot read {path}: {exc.strerror or exc}"),
-                         hint="check the path and its permissions") from exc
-    kind = _field(path, reader, "general.type", gguf.GGUFValueType.STRING, required=False)
-    if kind is not None and kind != IMATRIX_TYPE:
-        raise _fail(path, f"a GGUF file of general.type {shown(kind)}, not an importance matrix",
-                    hint="give the imatrix file llama-imatrix wrote (imatrix.gguf), not a model")
-    datasets = _field(path, reader, DATASETS, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)
-    chunk_count = _field(path, reader, CHUNK_COUNT, gguf.GGUFValueType.UINT32)
-    chunk_size = _field(path, reader, CHUNK_SIZE, gguf.GGUFValueType.UINT32)
-    parts: dict[str, dict[str, gguf.ReaderTensor]] = {}
-    for tensor in reader.tensors:
-        for suffix in (SUM2, SUM, COUNTS):
-            if tensor.name.endswith(suffix):
-                parts.setdefault(tensor.name[: -len(suffix)], {})[suffix] = tensor
-    if not parts:
-        raise _fail(path, f"holds no {SUM2} and {COUNTS} tensors, so no importance")
-    entries = {name: _gguf_entry(path, name, parts[name]) for name in sorted(parts)}
-    return Imatrix(entries, tuple(datasets), chunk_count, chunk_size)
+    """The GGUF form, read by qcli's own GGUF reader (`GgufSource`), which checks every count and length
+    against the file before it reads or allocates (the gguf package's reader loops on a huge claimed array)."""
+    with GgufSource.open(path) as source:
+        metadata = source.metadata
+        kind = metadata.get("general.type")
+        if kind is not None and kind != IMATRIX_TYPE:
+            raise _fail(path, f"a GGUF file of general.type {shown(kind)}, not an importance matrix",
+                        hint="give the imatrix file llama-imatrix wrote (imatrix.gguf), not a model")
+        datasets = _field(path, source, DATASETS, ARRAY)
+        if not all(isinstance(name, str) for name in datasets):
+            raise _fail(path, f"{DATASETS} is not an array of strings")
+        chunk_count, chunk_size = _field(path, source, CHUNK_COUNT, UINT32), _field(path, source, CHUNK_SIZE, UINT32)
+        parts: dict[str, dict[str, TensorInfo]] = {}
+        for info in source.infos():
+            for suffix in (SUM2, SUM, COUNTS):
+                if info.name.endswith(suffix):
+                    parts.setdefault(info.name[: -len(suffix)], {})[suffix] = info
+        if not parts:
+            raise _fail(path, f"holds no {SUM2} and {COUNTS} tensors, so no importance")
+        entries = {name: _gguf_entry(path, name, parts[name], source.load) for name in sorted(parts)}
+    return Imatrix(entries, datasets, chunk_count, chunk_size)
 
 
-def _field(path: Path, reader: gguf.GGUFReader, key: str, kind: gguf.GGUFValueType,
-           item: gguf.GGUFValueType | None = None, required: bool = True) -> object:
-    """A metadata value of the type llama.cpp writes it in (it reads no other)."""
-    field = reader.fields.get(key)
-    if field is None:
-        if required:
-            raise _fail(path, f"lacks {key}, which llama-quantize needs of an imatrix")
-        return None
-    if field.types[:1] != [kind] or (item is not None and field.types[-1:] != [item]):
-        raise _fail(path, f"{key} is {'/'.join(t.name for t in field.types)}, not {kind.name}")
-    try:
-        return field.contents()
-    except UnicodeDecodeError as exc:
-        raise _fail(path, f"{key} is not UTF-8 text") from exc
+def _field(path: Path, source: GgufSource, key: str, kind: int) -> object:
+    """A metadata value llama-quantize needs, of the GGUF value type llama.cpp writes it in (it reads no
+    other): a u32, or an array (of strings, a short one, which the reader keeps)."""
+    value = source.metadata.get(key)
+    if value is None:
+        raise _fail(path, f"lacks {key}, which llama-quantize needs of an imatrix")
+    if source.value_types.get(key) != kind or (kind == ARRAY and not isinstance(value, tuple)):
+        raise _fail(path, f"{key} is {shown(value)} of GGUF value type {source.value_types.get(key)}, not "
+                    f"{'a u32' if kind == UINT32 else 'an array of strings'}")
+    return value
 
 
-def _gguf_entry(path: Path, name: str, parts: dict[str, gguf.ReaderTensor]) -> ImatrixEntry:
-    import gguf
-
+def _gguf_entry(path: Path, name: str, parts: dict[str, TensorInfo], load: Callable[[str], torch.Tensor]
+                ) -> ImatrixEntry:
     if SUM2 not in parts or COUNTS not in parts:
         missing = SUM2 if SUM2 not in parts else COUNTS
         raise _fail(path, f"{quoted(name)} has no {missing} tensor beside its {' and '.join(parts)}")
-    for tensor in parts.values():
-        if tensor.tensor_type != gguf.GGMLQuantizationType.F32:
-            raise _fail(path, f"{quoted(tensor.name)} is {tensor.tensor_type.name}, not F32")
-    counts = np.array(parts[COUNTS].data, dtype=np.float64).reshape(-1)
-    squares = np.array(parts[SUM2].data, dtype=np.float64).reshape(-1)
+    for info in parts.values():
+        if info.dtype != "F32":
+            raise _fail(path, f"{quoted(info.name)} is {info.dtype}, not F32")
+
+    def values(suffix: str) -> np.ndarray:
+        return load(parts[suffix].name).numpy().astype(np.float64).reshape(-1)
+
+    counts, squares = values(COUNTS), values(SUM2)
     if counts.size == 0 or squares.size == 0 or squares.size % counts.size:
         raise _fail(path, f"{quoted(name)} has {squares.size} sums of squares, not a whole number of columns for "
                     f"each of its {counts.size} counts")
     shape = (counts.size, -1) if counts.size > 1 else (-1,)
     sums = None
     if SUM in parts:
-        sums = np.array(parts[SUM].data, dtype=np.float64).reshape(-1)
+        sums = values(SUM)
         if sums.size != squares.size:
             raise _fail(path, f"{quoted(name)} has {sums.size} sums but {squares.size} sums of squares")
         sums = sums.reshape(shape)
@@ -318,7 +318,8 @@ def write_imatrix(imatrix: Imatrix, path: Path | str, before_commit: Callable[[]
             before_commit()
         temporary.commit()
     except BaseException as exc:
-        writer.close()
+        with suppress(OSError):  # closing flushes what is buffered, onto the disk that just failed
+            writer.close()
         temporary.discard()
         if isinstance(exc, OSError):
             raise OutputError(printable(f"cannot write {path}: {exc.strerror or exc}"),
@@ -359,7 +360,8 @@ def hf_to_gguf_names(names: Iterable[str], arch: str) -> dict[str, str]:
 
 def _table(names: list[str], arch: str) -> gguf.TensorNameMap:
     if arch not in ARCHITECTURES:
-        raise UsageError(printable(f"qcli maps the tensor names of {', '.join(ARCHITECTURES)} models, not {arch!r}"),
+        raise UsageError(printable(f"qcli maps the tensor names of {', '.join(ARCHITECTURES)} models, not "
+                                   f"{clipped(arch)!r}"),
                          hint="keep llama.cpp's names, or name the architecture the model is of")
     numbers = [int(found[1]) for name in names if (found := _BLOCK.search(name))]
     blocks = max(numbers, default=-1) + 1

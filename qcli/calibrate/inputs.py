@@ -8,10 +8,14 @@ from pathlib import Path
 
 from qcli.errors import UsageError
 from qcli.scheme import Calibration
+from qcli.text import shown
 
 SAMPLES = 128  # windows of calibration tokens
 SEQ_LEN = 512  # tokens a window
 SEED = 0  # of the generator that places the windows
+# Tokens a calibration holds at most (windows × their length, or either alone): its activations are cached
+# for every window, hidden size × 8 bytes a token, so this many is past any device already.
+MAX_WINDOW_TOKENS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -47,8 +51,16 @@ class CalibrationInput:
         self.check_windows()
 
     def check_windows(self) -> None:
-        """UsageError for windows that hold nothing."""
-        for name, value in (("--samples", self.samples), ("--seq-len", self.seq_len)):
-            if value < 1:
-                raise UsageError(f"{name} must be at least 1, not {value}", hint=f"the default is {name} "
-                                 f"{SAMPLES if name == '--samples' else SEQ_LEN}")
+        """UsageError for windows that hold nothing or more than MAX_WINDOW_TOKENS, or a seed past 64 bits: the
+        one place every command checks them, before anything is read (a dry run too)."""
+        for name, value, default in (("--samples", self.samples, SAMPLES), ("--seq-len", self.seq_len, SEQ_LEN)):
+            if not 1 <= value <= MAX_WINDOW_TOKENS:
+                raise UsageError(f"{name} must be between 1 and {MAX_WINDOW_TOKENS:,}, not {shown(value)}",
+                                 hint=f"the default is {name} {default}")
+        if self.samples * self.seq_len > MAX_WINDOW_TOKENS:
+            raise UsageError(f"--samples {self.samples} × --seq-len {self.seq_len} is {self.samples * self.seq_len:,} "
+                             f"tokens, more than the {MAX_WINDOW_TOKENS:,} a calibration holds",
+                             hint=f"the defaults take {SAMPLES * SEQ_LEN:,}; pass fewer --samples")
+        if not 0 <= self.seed < 1 << 64:
+            raise UsageError(f"--seed {shown(self.seed)} is not between 0 and 2^64 - 1",
+                             hint=f"the default is --seed {SEED}")

@@ -11,7 +11,8 @@ spelling transformers renames on loading (BERT's `LayerNorm.gamma`), or one tens
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,15 +22,29 @@ import torch
 from torch import nn
 
 from qcli.errors import InputError, UsageError
-from qcli.text import printable, quoted
+from qcli.io.files import load_json
+from qcli.plan.decisions import EMBEDDING_MODULES
+from qcli.text import clipped, printable, quoted
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+    from qcli.io.source import TensorInfo
 
 CALIBRATE_HINT = "pip install 'qcli[calibrate]'"
 FOLDER_HINT = "calibration needs the model's folder as Hugging Face saves it: config.json, the tokenizer's files"
 # The files a tokenizer is loaded from: a fast tokenizer's, or a slow one's that transformers converts.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.txt", "vocab.json")
+# The JSON files transformers reads for the tokenizer, read first by qcli's bounded reader (`load_json`).
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                  "vocab.json")
+CONFIG_HINT = "config.json does not describe the checkpoint beside it; use the config.json saved with these weights"
+# config.json's counts and sizes that shape what transformers builds (`_size`, `_dim`, `_heads`, `_experts`,
+# `_layers` and their `num_` forms): none is larger than the checkpoint's largest tensor axis or its count
+# of tensors, or transformers would build modules (on the meta device, but each a Python object) to no end.
+_COUNT = re.compile(r"(?:num_\w+|\w+_(?:size|dim|heads|experts|layers))")
+MAX_POSITIONS = 1 << 24  # max_position_embeddings read at most: models may build buffers of that length
+_BLOCK = re.compile(r"^(.*?)\.(\d{1,9})\.")  # a name's first numbered part: `model.layers.3.` -> model.layers, 3
 
 
 @dataclass(frozen=True)
@@ -72,37 +87,115 @@ def transformers_module():
     return transformers
 
 
-def load_config(folder: Path | str) -> PretrainedConfig:
-    """The model's config, from `folder`'s config.json (nothing downloaded)."""
+def load_config(folder: Path | str, checkpoint: Sequence[TensorInfo] | None = None) -> PretrainedConfig:
+    """The model's config, from `folder`'s config.json (nothing downloaded), read first by qcli's bounded
+    reader; with the `checkpoint`'s tensors, checked against them (`check_config`) before anything is built
+    from it."""
     folder = Path(folder)
     transformers = transformers_module()
-    if not (folder / "config.json").is_file():
+    path = folder / "config.json"
+    if not path.is_file():
         raise UsageError(printable(f"{folder} has no config.json, which calibration builds the model from"),
                          hint=FOLDER_HINT)
+    load_json(path, FOLDER_HINT)
     try:
-        return transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
     except ValueError as err:
         raise UsageError(printable(f"transformers {transformers.__version__} cannot build the model of "
-                                   f"{folder / 'config.json'}: {_first_line(err)}"),
+                                   f"{path}: {_first_line(err)}"),
                          hint="upgrade transformers, or quantize without calibration") from err
-    except OSError as err:
-        raise InputError(printable(f"cannot read {folder / 'config.json'}: {_first_line(err)}"),
-                         hint=FOLDER_HINT) from err
+    except (OSError, TypeError, AttributeError) as err:  # a value of the wrong type where transformers reads it
+        raise InputError(printable(f"cannot read {path}: {_first_line(err)}"), hint=FOLDER_HINT) from err
+    if checkpoint is not None:
+        check_config(path, config, checkpoint)
+    return config
+
+
+def check_config(path: Path, config: PretrainedConfig, checkpoint: Sequence[TensorInfo]) -> None:
+    """InputError where config.json (at `path`) does not describe the checkpoint's tensors, found before a
+    model is built from it: a layer count that is not the checkpoint's count of blocks (more would build
+    layers without weights, an absurd count until memory runs out; fewer would leave blocks uncalibrated),
+    a vocabulary or hidden size that is not its token embedding's shape, a `max_position_embeddings` that is
+    not its position embedding's rows (or past MAX_POSITIONS), or any count or size (`_COUNT`) larger
+    than anything the checkpoint holds."""
+    text = config.get_text_config()
+    largest = max([len(checkpoint), *(max(i.shape, default=0) for i in checkpoint)])
+    for key, value in sorted(vars(text).items()):
+        if _COUNT.fullmatch(key) and isinstance(value, int) and not isinstance(value, bool) and value > largest:
+            raise _not_described(path, f"gives {key} {value}, larger than any axis or count of the checkpoint's "
+                                 f"{len(checkpoint)} tensors (at most {largest})")
+    layers = getattr(text, "num_hidden_layers", None)
+    blocks = _block_counts(checkpoint)
+    if isinstance(layers, int) and layers not in blocks.values():
+        prefix, count = max(blocks.items(), key=lambda item: item[1], default=("", 0))
+        held = f"{count} blocks ({clipped(prefix)}.0 to .{count - 1})" if count else "no numbered blocks"
+        raise _not_described(path, f"gives num_hidden_layers {layers}, but the checkpoint holds {held}")
+    embedding = _embedding(checkpoint, EMBEDDING_MODULES)
+    width = "embedding_size" if isinstance(getattr(text, "embedding_size", None), int) else "hidden_size"
+    for key, axis in (("vocab_size", 0), (width, 1)):  # ALBERT's embeddings are narrower than its blocks
+        value = getattr(text, key, None)
+        if embedding is not None and isinstance(value, int) and value != embedding.shape[axis]:
+            raise _not_described(path, f"gives {key} {value}, but the token embedding {quoted(embedding.name)} "
+                                 f"has shape {list(embedding.shape)}")
+    positions = getattr(text, "max_position_embeddings", None)
+    learned = _embedding(checkpoint, ("position_embeddings", "wpe", "embed_positions"))
+    if isinstance(positions, int) and (positions > MAX_POSITIONS or learned is not None
+                                       and positions > learned.shape[0]):
+        rows = f"the position embedding {quoted(learned.name)} has {learned.shape[0]} rows" if learned else \
+            f"qcli reads at most {MAX_POSITIONS}"
+        raise _not_described(path, f"gives max_position_embeddings {positions}, but {rows}")
+
+
+def _not_described(path: Path, problem: str) -> InputError:
+    return InputError(printable(f"{path} {problem}"), hint=CONFIG_HINT)
+
+
+def _block_counts(checkpoint: Sequence[TensorInfo]) -> dict[str, int]:
+    """The numbered blocks of the checkpoint, by the path before their number (`model.layers`): how many
+    (the largest number + 1)."""
+    counts: dict[str, int] = {}
+    for info in checkpoint:
+        found = _BLOCK.match(info.name)
+        if found:
+            counts[found[1]] = max(counts.get(found[1], 0), int(found[2]) + 1)
+    return counts
+
+
+def _embedding(checkpoint: Sequence[TensorInfo], modules: Sequence[str]) -> TensorInfo | None:
+    """The checkpoint's 2-D `weight` of a module named one of `modules` (outside the numbered blocks)."""
+    return next((i for i in checkpoint if len(i.shape) == 2 and i.name.endswith(".weight")
+                 and i.name.rsplit(".", 2)[-2] in modules and not _BLOCK.match(i.name)), None)
+
+
+def check_positions(config: PretrainedConfig, seq_len: int) -> None:
+    """UsageError for windows longer than the model's positions (`max_position_embeddings`): a model of
+    learned positions cannot run them, one of rotary positions was never trained on them."""
+    positions = getattr(config.get_text_config(), "max_position_embeddings", None)
+    if isinstance(positions, int) and seq_len > positions:
+        raise UsageError(f"--seq-len {seq_len} is longer than the model's {positions} positions "
+                         "(max_position_embeddings in config.json)", hint=f"pass --seq-len {positions} or less")
 
 
 def load_tokenizer(folder: Path | str) -> PreTrainedTokenizerBase:
-    """The checkpoint's own tokenizer, from `folder` (nothing downloaded)."""
+    """The checkpoint's own tokenizer, from `folder` (nothing downloaded), its JSON files read first by
+    qcli's bounded reader."""
     folder = Path(folder)
     transformers = transformers_module()
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise UsageError(printable(f"{folder} has no tokenizer ({', '.join(TOKENIZER_FILES)})"),
                          hint=FOLDER_HINT)
+    for name in TOKENIZER_JSON:
+        if (folder / name).exists():
+            load_json(folder / name, TOKENIZER_HINT)
     try:
         return transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError, KeyError) as err:
+    except Exception as err:  # noqa: BLE001 - whatever transformers or tokenizers raise on files they cannot take
         raise InputError(printable(f"cannot load the tokenizer of {folder}: {_first_line(err)}"),
-                         hint="check the tokenizer's files; without a tokenizer.json, transformers may need "
-                              "sentencepiece or tiktoken to convert them") from err
+                         hint=TOKENIZER_HINT) from err
+
+
+TOKENIZER_HINT = ("check the tokenizer's files; without a tokenizer.json, transformers may need sentencepiece or "
+                  "tiktoken to convert them")
 
 
 def build_model(config: PretrainedConfig) -> nn.Module:
@@ -141,12 +234,12 @@ def _parameters_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = register
 
 
-def open_model(folder: Path | str, checkpoint: Iterable[str], tensor: Callable[[str], torch.Tensor]
+def open_model(folder: Path | str, checkpoint: Sequence[TensorInfo], tensor: Callable[[str], torch.Tensor]
                ) -> CalibrationModel:
-    """The model of `folder`'s config.json, its parameters mapped to the names of the checkpoint's tensors
-    (`checkpoint`), read through `tensor` as the runner needs them."""
-    module = build_model(load_config(folder))
-    names, assembled = parameter_names(module, checkpoint)
+    """The model of `folder`'s config.json, once checked against the `checkpoint`'s tensors
+    (`check_config`), its parameters mapped to their names, read through `tensor` as the runner needs them."""
+    module = build_model(load_config(folder, checkpoint))
+    names, assembled = parameter_names(module, [info.name for info in checkpoint])
     return CalibrationModel(module, names, tensor, assembled)
 
 
@@ -212,4 +305,5 @@ def _renaming(module: nn.Module) -> Callable[[str], tuple[str, bool]]:
 
 
 def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+    """Another library's message, its first line cut short (`clipped`): it may quote a config's values."""
+    return clipped((str(err).strip().splitlines() or [type(err).__name__])[0])

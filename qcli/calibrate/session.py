@@ -28,7 +28,7 @@ from qcli.calibrate.data import (
     special_frame,
 )
 from qcli.calibrate.gptq import gptq, output_error, workspace_bytes
-from qcli.calibrate.model import CalibrationModel, load_tokenizer, open_model
+from qcli.calibrate.model import CalibrationModel, check_positions, load_tokenizer, open_model
 from qcli.calibrate.runner import (
     BlockDone,
     LinearStats,
@@ -44,13 +44,13 @@ from qcli.problem import Kind, Problem, Severity
 from qcli.report.quantize import CalibrationRecord
 from qcli.resident import peak_resident_bytes, resident_bytes
 from qcli.scheme import Calibration
-from qcli.text import quoted
+from qcli.text import printable, quoted
 
 if TYPE_CHECKING:
     from qcli.calibrate.imatrix import Imatrix
     from qcli.calibrate.inputs import CalibrationInput
     from qcli.codec.quantize import QuantizedParts
-    from qcli.io.source import Source
+    from qcli.io.source import Source, TensorInfo
     from qcli.plan.entries import Plan, PlanEntry
 
 BlockProgress = Callable[[BlockDone], None]
@@ -75,15 +75,18 @@ class Calibrated:
 def reachable(folder: Path, source: Source) -> frozenset[str]:
     """The checkpoint names of the Linear weights in the model's repeated blocks: what GPTQ calibrates
     (the model built on the meta device from `folder`'s config.json; no weight is read)."""
-    return frozenset(block_linears(open_model(folder, [i.name for i in source.infos()], source.load)))
+    return frozenset(block_linears(open_model(folder, source.infos(), source.load)))
 
 
-def estimate(folder: Path, calibrating: CalibrationInput, gptq_run: bool) -> int:
+def estimate(folder: Path, checkpoint: list[TensorInfo], calibrating: CalibrationInput, gptq_run: bool) -> int:
     """The device memory one block and the cached activations take (`runner.estimate_memory`), with GPTQ's
-    work on the widest Linear for `gptq_run`."""
-    from qcli.calibrate.model import load_config
+    work on the widest Linear for `gptq_run`; first the config checked against the `checkpoint`'s tensors
+    and the windows against its positions, as the run checks them (a dry run refuses what the run would)."""
+    from qcli.calibrate.model import check_positions, load_config
 
-    return estimate_memory(load_config(folder), calibrating.samples, calibrating.seq_len,
+    config = load_config(folder, checkpoint)
+    check_positions(config, calibrating.seq_len)
+    return estimate_memory(config, calibrating.samples, calibrating.seq_len,
                            on_linear_bytes=_gptq_bytes if gptq_run else None)
 
 
@@ -202,8 +205,16 @@ def _opened(source: Source, folder: Path, calibrating: CalibrationInput
             ) -> tuple[CalibrationModel, CalibrationText, CalibrationSet]:
     """The model `folder` describes over `source`'s tensors, the calibration text, and its windows."""
     text = read_calibration_text(calibrating.data)
-    model = open_model(folder, [i.name for i in source.infos()], source.load)
-    return model, text, windows(text, load_tokenizer(folder), calibrating)
+    model = open_model(folder, source.infos(), source.load)
+    check_positions(model.module.config, calibrating.seq_len)
+    tokens = windows(text, load_tokenizer(folder), calibrating)
+    rows = model.module.get_input_embeddings().num_embeddings
+    if int(tokens.tokens.max()) >= rows:
+        raise InputError(printable(f"the tokenizer of {folder} gives token id {int(tokens.tokens.max())} on the "
+                                   f"calibration text, past the {rows} rows of the model's token embedding"),
+                         hint="the tokenizer's files and the weights are of different models; calibrate with the "
+                              "tokenizer saved with these weights")
+    return model, text, tokens
 
 
 def windows(text: CalibrationText, tokenizer, calibrating: CalibrationInput) -> CalibrationSet:

@@ -14,7 +14,7 @@ from qcli.io.readers import open_source
 from qcli.io.reads import Reads, refuse_special
 from qcli.io.source import checkpoint_folder
 from qcli.output import read_beside
-from qcli.pipeline.device import DEVICES
+from qcli.pipeline.device import require_device
 from qcli.text import printable
 
 TARGET_HINT = "give -o another path for the importance matrix"
@@ -54,8 +54,7 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
     given = CalibrationInput(Path(calibration_data), SAMPLES if samples is None else samples,
                              SEQ_LEN if seq_len is None else seq_len, SEED if seed is None else seed)
     given.check_windows()
-    if device not in DEVICES:
-        raise UsageError(f"unknown device {device!r}", hint="use --device auto, cpu or cuda")
+    require_device(device)
     input = Path(input)
     target = Path(output) if output is not None else default_output(input)
     refuse_special(target, TARGET_HINT)

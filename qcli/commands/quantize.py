@@ -29,7 +29,7 @@ from qcli.output import (
     read_beside,
     side_files,
 )
-from qcli.pipeline.device import Runtime
+from qcli.pipeline.device import Runtime, require_device
 from qcli.pipeline.prepared import rest_of, with_prepared
 from qcli.plan.decisions import make_plan
 from qcli.plan.entries import Plan, PlanEntry
@@ -102,7 +102,9 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
     loaded_recipe = load_recipe(options.recipe) if options.recipe is not None else None
     folder_warnings = [] if folder is None else check_folder(folder, force, dry_run)
     refuse_special(target, TARGET_HINT)  # a dry run refuses what the run would (docs/cli.md)
-    if target.exists() and not (force or dry_run):  # a dry run warns of it instead (Output.prepare)
+    if dry_run:
+        require_device(options.device)
+    if target.exists() and not force:
         raise UsageError(
             printable(f"{target} already exists"), hint="pass --force to replace it, or -o to write somewhere else"
         )
@@ -135,7 +137,7 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
             tensors=[TensorRow.of(e) for e in plan.entries],
             totals=plan.totals(),
             warnings=plan.warnings(),
-            calibration=_calibration_record(plan, input, options),
+            calibration=_calibration_record(plan, input, source.infos(), options),
         )
         stats, verify = options.stats, options.verify
         if runtime is not None:
@@ -195,8 +197,10 @@ def gptq_names(plan: Plan) -> frozenset[str]:
     return frozenset(e.name for e in plan.calibrated_by(Calibration.Gptq))
 
 
-def _calibration_record(plan: Plan, input: Path, options: QuantizeOptions) -> CalibrationRecord | None:
-    """What the run will calibrate on, with the dry run's memory estimate; None when nothing is calibrated."""
+def _calibration_record(plan: Plan, input: Path, checkpoint: list[TensorInfo], options: QuantizeOptions
+                        ) -> CalibrationRecord | None:
+    """What the run will calibrate on, with the dry run's memory estimate (its config checked against the
+    `checkpoint`'s tensors); None when nothing is calibrated."""
     given = options.calibrating
     weighed = given.data is not None or given.imatrix is not None
     gptq = bool(plan.calibrated_by(Calibration.Gptq))
@@ -213,7 +217,7 @@ def _calibration_record(plan: Plan, input: Path, options: QuantizeOptions) -> Ca
     text = read_calibration_text(given.data)  # its faults refused here, a dry run's too
     return CalibrationRecord("gptq" if gptq else "mse", str(given.data), text.sha256,
                              samples=given.samples, seq_len=given.seq_len, seed=given.seed,
-                             memory_estimate_bytes=estimate(checkpoint_folder(input), given, gptq))
+                             memory_estimate_bytes=estimate(checkpoint_folder(input), checkpoint, given, gptq))
 
 
 def _warm_runtime() -> int:

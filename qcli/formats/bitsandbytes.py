@@ -21,7 +21,6 @@ what bitsandbytes' `dequantize_4bit` does, in the same f32 operations.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -31,8 +30,9 @@ from qcli.errors import InputError
 from qcli.formats.found import Encoded, Found, Load
 from qcli.formats.fp8 import Fp8
 from qcli.formats.grid import ScaleGrid
+from qcli.io.files import parse_json
 from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY, PackedU32, QuantScheme, QuantValue
-from qcli.text import printable
+from qcli.text import printable, quoted, shown
 
 if TYPE_CHECKING:
     import torch
@@ -110,7 +110,8 @@ class Codebook(Encoded):
         the tensor when it is not what bitsandbytes writes."""
         name = self.companions[-1].name
         try:
-            state = json.loads(bytes(load(name).reshape(-1).tolist()).decode())
+            state = parse_json(self.weight.file, bytes(load(name).reshape(-1).tolist()), STATE_HINT,
+                               f"tensor {quoted(name)}'s quant_state")
             shape, blocksize = [int(d) for d in state["shape"]], int(state["blocksize"])
             absmax, table, n = self.companion("absmax"), self.companion("quant_map"), math.prod(shape)
             fits = (state["quant_type"].upper() == self.quant_type and state["dtype"] in DTYPES and blocksize > 0
@@ -122,11 +123,11 @@ class Codebook(Encoded):
                     and (not nested(state) or int(state["nested_blocksize"]) > 0
                          and math.isfinite(float(state["nested_offset"]))))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise InputError(printable(f"tensor '{name}' is not bitsandbytes' quant_state JSON: {exc}"),
-                             hint=STATE_HINT) from None
+            raise InputError(printable(f"tensor {quoted(name)} is not bitsandbytes' quant_state JSON: "
+                                       f"{shown(str(exc))}"), hint=STATE_HINT) from None
         if not fits:
             raise InputError(printable(f"tensor '{name}' does not describe {self.weight.name} "
-                                       f"({self.weight.nbytes} bytes of codes): {json.dumps(state)}"), hint=STATE_HINT)
+                                       f"({self.weight.nbytes} bytes of codes): {shown(state)}"), hint=STATE_HINT)
         return replace(self, state={**state, "shape": shape, "blocksize": blocksize})
 
     @property

@@ -42,7 +42,7 @@ from qcli.patterns import PatternRefused, regex_matcher
 from qcli.presets import REQUANTIZE_NARROW, REQUANTIZE_WIDE, ZERO_POINT_WHY
 from qcli.problem import Kind
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
-from qcli.text import printable
+from qcli.text import printable, shown
 
 if TYPE_CHECKING:
     import torch
@@ -139,8 +139,10 @@ def groups(config: dict) -> list[Group]:
         if not isinstance(group, dict) or group.get("weights") is None:
             continue
         targets = group.get("targets")
+        form = group.get("format") or top
         found.append(Group(str(name), tuple(t for t in targets if isinstance(t, str)) if isinstance(targets, list)
-                           else (), group.get("format") or top, Weights.of(group["weights"])))
+                           else (), form if form is None or isinstance(form, str) else shown(form),
+                           Weights.of(group["weights"])))
     return found
 
 

@@ -13,16 +13,16 @@ nothing quantized is ever planned as if it were float.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from qcli.errors import InputError
 from qcli.formats.found import Encoded, Found, Load, Transcode
-from qcli.io.files import open_regular
+from qcli.io.files import load_json
 from qcli.problem import Kind
-from qcli.text import printable
+from qcli.text import clipped, printable
 
 if TYPE_CHECKING:
     import torch
@@ -103,13 +103,13 @@ def declaration(folder: Path) -> Declaration | None:
 
 
 def _json(path: Path) -> object:
-    """The JSON in `path`, or None for a missing, unreadable or not regular file (a FIFO would block), one over
-    MAX_BYTES, or text that is not JSON (nested past the interpreter's stack included)."""
+    """The JSON in `path` (`load_json`: a regular file of at most MAX_BYTES, shallow), or None for a missing
+    file or one `load_json` refuses: a file that is not a declaration declares nothing."""
+    if not path.exists():
+        return None
     try:
-        with open_regular(path) as file:
-            text = file.read(MAX_BYTES + 1)
-        return json.loads(text) if len(text) <= MAX_BYTES else None
-    except (OSError, ValueError, RecursionError):
+        return load_json(path, "", MAX_BYTES)
+    except InputError:
         return None
 
 
@@ -117,7 +117,7 @@ def _method(raw: dict, implied: str) -> str:
     """`quant_method` in lowercase; bitsandbytes' older configs name none but say `load_in_4bit`/`_8bit`."""
     method = raw.get("quant_method")
     if isinstance(method, str) and method:
-        return method.lower()
+        return clipped(method.lower())  # every message names it: a megabyte-long one is cut
     if "load_in_4bit" in raw or "load_in_8bit" in raw:
         return "bitsandbytes"
     return implied  # "" for a config.json that names none: its tensors decide

@@ -30,7 +30,7 @@ from qcli.formats.grid import ScaleGrid
 from qcli.presets import REQUANTIZE_NARROW, REQUANTIZE_WIDE
 from qcli.problem import Kind
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
-from qcli.text import printable
+from qcli.text import printable, shown
 
 if TYPE_CHECKING:
     import torch
@@ -68,8 +68,8 @@ class Config:
             "checkpoint_format", config.get("format", "gptq"))
         if not isinstance(bits, int) or not isinstance(group, int) or not (group == -1 or group > 0):
             return f"its {source} has no integer bits and group_size"
-        if form not in FORMATS:
-            return f"its {source} says checkpoint format {form!r}: qcli reads {' and '.join(FORMATS)}"
+        if not isinstance(form, str) or form not in FORMATS:  # a list or an object where a name belongs
+            return f"its {source} says checkpoint format {shown(form)}: qcli reads {' and '.join(FORMATS)}"
         in_order = not config.get("desc_act", False) or bool(config.get("static_groups", False))
         return Config(bits, group, bool(config.get("sym", True)), in_order, FORMATS[form], source)
 

@@ -18,15 +18,16 @@ quanto serializes a quantized weight `m.weight` by its inner tensors:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from qcli.errors import InputError
 from qcli.formats import fp8
 from qcli.formats.found import Encoded, Found, Load
 from qcli.formats.grid import ScaleGrid
+from qcli.io.files import load_json
 from qcli.presets import REQUANTIZE_NARROW, ZERO_POINT_WHY
 from qcli.problem import Kind
 from qcli.scheme import PackedU32, QuantScheme, QuantValue
@@ -125,10 +126,11 @@ def detect(infos: Sequence[TensorInfo], declared: Declaration | None) -> dict[st
 def weight_types(path) -> dict[str, str]:
     """`quanto_qmap.json`'s weight type by module, or {} where there is none or it is not quanto's."""
     try:
-        qmap = json.loads(path.read_text())
-        return {m: q["weights"] for m, q in qmap.items() if isinstance(q, dict) and isinstance(q.get("weights"), str)}
-    except (OSError, ValueError, AttributeError):
+        qmap = load_json(path, "") if path.exists() else {}
+    except InputError:
         return {}
+    return {m: q["weights"] for m, q in qmap.items() if isinstance(q, dict) and isinstance(q.get("weights"), str)} \
+        if isinstance(qmap, dict) else {}
 
 
 def per_channel(info: TensorInfo, scale: TensorInfo) -> Found:

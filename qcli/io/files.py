@@ -1,6 +1,8 @@
 """Reading files that may be hostile, for every reader: only regular files opened (`open_regular`), reads that
-fill their buffer or say the file ended (`read_into`), an OSError as the user's `InputError` (`unreadable`),
-and JSON parsed with duplicate keys, nesting past the stack and oversized integers refused (`read_json`)."""
+fill their buffer or say the file ended (`read_into`), whole files read only up to a size (`read_bounded`),
+an OSError as the user's `InputError` (`unreadable`), and JSON parsed with duplicate keys, nesting past the
+stack and oversized integers refused (`read_json`), and for a JSON document a side file of a checkpoint
+(config, tokenizer, index, record) bounded in size and depth as well (`load_json`)."""
 
 from __future__ import annotations
 
@@ -116,17 +118,83 @@ def _unique_keys(path: Path, hint: str) -> Callable[[list[tuple[str, object]]], 
     return hook
 
 
-def read_json(path: Path, data: bytes, hint: str) -> object:
-    """The JSON document `data` read from `path`; where it is none, an `InputError` saying why, with `hint`."""
+def read_json(path: Path, data: bytes | str, hint: str, what: str = "the JSON header") -> object:
+    """The JSON document `data` read from `path`; where it is none, an `InputError` saying why, with `hint`.
+    `what` names the document in the message."""
     try:
-        return json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys(path, hint))
+        return json.loads(data if isinstance(data, str) else data.decode("utf-8"),
+                          object_pairs_hook=_unique_keys(path, hint))
     except UnicodeDecodeError as exc:
-        raise _invalid(path, f"the JSON header is not UTF-8 ({exc.reason} at byte {exc.start})", hint) from None
+        raise _invalid(path, f"{what} is not UTF-8 ({exc.reason} at byte {exc.start})", hint) from None
     except json.JSONDecodeError as exc:
-        raise _invalid(path, f"the JSON header does not parse: {exc}", hint) from None
+        raise _invalid(path, f"{what} does not parse: {exc}", hint) from None
     except RecursionError:  # `[[[[...` deeper than the interpreter's stack; a real header nests 3 deep
-        raise _invalid(path, "the JSON header is nested too deeply (arrays or objects inside each other "
+        raise _invalid(path, f"{what} is nested too deeply (arrays or objects inside each other "
                        "past Python's recursion limit)", hint) from None
     except ValueError:  # json's only other ValueError: an integer past int's digit limit
-        raise _invalid(path, f"the JSON header holds an integer of more than {sys.get_int_max_str_digits()} "
+        raise _invalid(path, f"{what} holds an integer of more than {sys.get_int_max_str_digits()} "
                        "digits", hint) from None
+
+
+# A checkpoint's JSON side files (config.json, tokenizer.json, an index, qcli.json) are read whole up to this
+# size, the safetensors library's largest header (the largest tokenizer.json is a few tens of MB), and nest
+# at most this deep: a config nests 4 deep, a tokenizer 6; what transformers and tokenizers then parse again
+# is a document qcli has read in full.
+MAX_JSON_BYTES = 100_000_000
+MAX_JSON_DEPTH = 64
+
+
+def read_bounded(path: Path, limit: int, what: str, hint: str) -> bytes:
+    """The bytes of the regular file at `path` (`open_regular`), at most `limit` of them: a larger file (by
+    its size, or one that grows while it is read) is an `InputError` naming `what` it is, with `hint`; an
+    OSError is `unreadable`'s."""
+    try:
+        with open_regular(path) as file:
+            size = os.fstat(file.fileno()).st_size
+            data = file.read(limit + 1) if size <= limit else b""
+    except OSError as exc:
+        raise unreadable(path, exc) from exc
+    if size > limit or len(data) > limit:
+        raise _invalid(path, f"{what} of {max(size, len(data)):,} bytes is larger than the {limit:,} qcli reads",
+                       hint)
+    return data
+
+
+def load_json(path: Path, hint: str, limit: int = MAX_JSON_BYTES, what: str = "the JSON") -> object:
+    """The JSON document in the file at `path`, read by `read_bounded` and parsed by `parse_json`."""
+    return parse_json(path, read_bounded(path, limit, what, hint), hint, what)
+
+
+def parse_json(path: Path, data: bytes | str, hint: str, what: str = "the JSON",
+               depth: int = MAX_JSON_DEPTH) -> object:
+    """`read_json`, then `checked_json`: what qcli hands on is plain, shallow, encodable JSON."""
+    return checked_json(path, read_json(path, data, hint, what), hint, what, depth)
+
+
+def checked_json(path: Path, document: object, hint: str, what: str = "the JSON",
+                 depth: int = MAX_JSON_DEPTH) -> object:
+    """`document`, parsed JSON, once its nesting is measured (without recursion) and found within `depth`,
+    and its strings hold no lone surrogate (a `\\ud800` escape, which is no Unicode character and which
+    tokenizers and encoders fail on); else an `InputError` naming `what` it is, with `hint`."""
+    pending = [(document, 1)]
+    while pending:
+        value, level = pending.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                _encodable(path, value, what, hint)
+            continue
+        if not isinstance(value, dict | list):
+            continue
+        if level > depth:
+            raise _invalid(path, f"{what} nests arrays or objects more than {depth} deep", hint)
+        items = [*value, *value.values()] if isinstance(value, dict) else value
+        pending.extend((item, level + 1) for item in items)
+    return document
+
+
+def _encodable(path: Path, text: str, what: str, hint: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _invalid(path, f"{what} holds a lone surrogate ({text[exc.start]!r} at character {exc.start} of a "
+                       "string), which is no Unicode character", hint) from None

@@ -42,7 +42,8 @@ VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ITEMS = 1 << 24  # metadata array items walked in all: a tokenizer has a few hundred thousand
-SHORT_ARRAY = 1024  # a numeric array up to this long is kept as a tuple (per-layer head counts, say)
+SHORT_ARRAY = 1024  # an array of numbers or strings up to this long is kept as a tuple (per-layer head
+# counts, an importance matrix's datasets)
 _CORRUPT_HINT = "the file is damaged or was not written as GGUF; download or convert it again"
 
 
@@ -107,11 +108,12 @@ class GgufSource:
     format: ClassVar[str] = "gguf"
 
     def __init__(self, path: Path, infos: list[TensorInfo], metadata: dict[str, object], version: int,
-                 opened: FileState) -> None:
+                 opened: FileState, value_types: dict[str, int] | None = None) -> None:
         self.files = [path]
         self.index = None  # a GGUF model is one file
         self.opened = {path: opened}  # its state when its header was read
         self.metadata = metadata
+        self.value_types = value_types or {}  # each metadata key's GGUF value type (UINT32, ...)
         self.version = version
         self._infos = infos
         self._by_name = {info.name: info for info in infos}
@@ -123,10 +125,11 @@ class GgufSource:
         try:
             with open_regular(path) as file:
                 opened = FileState.of(file.fileno())
-                version, metadata, infos = _Header(path, file, opened.size).read()
+                header = _Header(path, file, opened.size)
+                version, metadata, infos = header.read()
         except OSError as exc:
             raise unreadable(path, exc) from exc
-        return GgufSource(path, infos, metadata, version, opened)
+        return GgufSource(path, infos, metadata, version, opened, header.types)
 
     def __enter__(self) -> GgufSource:
         return self
@@ -147,7 +150,8 @@ class GgufSource:
         """This file with its tensors under other `names` (old -> new), the rows of those in `rows` (by old
         name) read in that order: what `load` and `infos` give from then on."""
         infos = [replace(i, name=names.get(i.name, i.name), rows=rows.get(i.name)) for i in self._infos]
-        return GgufSource(self.files[0], infos, self.metadata, self.version, self.opened[self.files[0]])
+        return GgufSource(self.files[0], infos, self.metadata, self.version, self.opened[self.files[0]],
+                          self.value_types)
 
     def load(self, name: str) -> torch.Tensor:
         """One tensor as stored, on the CPU, in memory of its own: a plain type's elements of `shape`, a
@@ -179,6 +183,7 @@ class _Header:
         self.path, self.file, self.size = path, file, size
         self.pos = 0
         self.items = 0  # metadata array items walked so far
+        self.types: dict[str, int] = {}  # each metadata key's value type
 
     def fail(self, message: str, hint: str = _CORRUPT_HINT) -> InputError:
         return InputError(printable(f"{self.path}: {message}"), hint=hint)
@@ -239,6 +244,8 @@ class _Header:
         if self.items > MAX_ITEMS:
             raise self.fail(f"the metadata holds more than {MAX_ITEMS} array items",
                             hint="qcli reads GGUF headers up to that size; no model file needs more")
+        if item == STRING and count <= SHORT_ARRAY:
+            return tuple(self.value(item, key, depth + 1) for _ in range(count))
         for _ in range(count):
             self.value(item, key, depth + 1)
         return Array(item, count)
@@ -267,7 +274,8 @@ class _Header:
             key = self.string("a metadata key")
             if key in metadata:
                 raise self.fail(f"metadata {quoted(key)} appears twice")
-            metadata[key] = self.value(self.scalar("<I", f"the type of {quoted(key)}"), key)
+            self.types[key] = self.scalar("<I", f"the type of {quoted(key)}")
+            metadata[key] = self.value(self.types[key], key)
         alignment = self.alignment(metadata)
         self.split(metadata)
         described = [self.tensor() for _ in range(tensor_count)]

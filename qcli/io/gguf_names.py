@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from qcli.errors import UsageError
 from qcli.io.gguf import GgufSource
-from qcli.text import printable
+from qcli.text import printable, shown
 
 if TYPE_CHECKING:
     import gguf
@@ -41,7 +41,7 @@ def hf_names(source: GgufSource) -> GgufSource:
     arch = metadata.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise UsageError(printable(f"{path}: --names hf maps the names of {', '.join(ARCHITECTURES)} models; this "
-                                   f"file's general.architecture is {arch!r}"), hint=_HINT)
+                                   f"file's general.architecture is {shown(arch)}"), hint=_HINT)
     table = name_table(arch, _count(source, f"{arch}.block_count"))
     hf = hf_bases(table)
     names, rows = {}, {}

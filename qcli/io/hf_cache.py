@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from qcli.errors import InputError, UsageError
+from qcli.io.files import read_bounded
 from qcli.text import printable
 
 DEFAULT_REVISION = "main"
@@ -60,12 +61,18 @@ def snapshot(name: str, revision: str | None = None) -> Path:
     return folder
 
 
+MAX_REF_BYTES = 4096  # a ref file holds a 40-hex commit
+
+
 def _read_ref(ref: Path) -> str | None:
-    """The commit a ref file names, or None where there is none."""
-    try:
-        text = ref.read_text(encoding="ascii").strip()
-    except (OSError, ValueError):
+    """The commit a ref file names, or None where there is none. The ref is read as a regular file of at most
+    MAX_REF_BYTES (`read_bounded`): a FIFO or a link to /dev/zero there is refused, never waited on or read
+    forever."""
+    if not ref.exists():
         return None
+    data = read_bounded(ref, MAX_REF_BYTES, "the ref file",
+                        hint="a ref of the Hugging Face cache holds a commit; download the model again")
+    text = data.decode("ascii", "replace").strip()
     return text if _COMMIT.fullmatch(text) else None
 
 

@@ -4,16 +4,14 @@ output too: read, each shard checked to be a regular file, and held to what the 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from qcli.errors import InputError
-from qcli.io.files import NOT_REGULAR_HINT, not_regular_problem, open_regular, read_json, unreadable
+from qcli.io.files import MAX_JSON_BYTES, NOT_REGULAR_HINT, load_json, not_regular_problem
 from qcli.text import printable, quoted
 
 # A safetensors checkpoint's file that does not read as one: its index, or a shard's header.
 CORRUPT_HINT = "the file is damaged or was not written as safetensors; download or export it again"
-MAX_INDEX_SIZE = 100_000_000  # bytes of an index read at most: the safetensors library's largest header
 _INDEX_HINT = "the index and its shards do not belong together; download or export the checkpoint again"
 
 
@@ -24,14 +22,7 @@ def _fail(path: Path, message: str, hint: str = CORRUPT_HINT) -> InputError:
 def read_weight_map(index: Path, format: str) -> dict[str, Path]:
     """The tensor-to-shard map of a sharded checkpoint's index (Hugging Face's `weight_map`, which qcli
     writes for sharded burnpack output too), each shard a regular file beside the index."""
-    try:
-        with open_regular(index) as file:
-            if os.fstat(file.fileno()).st_size > MAX_INDEX_SIZE:
-                raise _fail(index, f"the index is larger than {MAX_INDEX_SIZE} bytes")
-            data = file.read(MAX_INDEX_SIZE + 1)
-        document = read_json(index, data, CORRUPT_HINT)
-    except OSError as exc:
-        raise unreadable(index, exc) from exc
+    document = load_json(index, CORRUPT_HINT, MAX_JSON_BYTES, "the index")
     weight_map = document.get("weight_map") if isinstance(document, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise _fail(index, "no 'weight_map' of tensor names to shard files",

@@ -33,13 +33,9 @@ def select_pipeline(device: str, environ: Mapping[str, str] = os.environ) -> tup
     else:
         import torch
 
+        require_device(device, environ)
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        elif device == "cuda" and not torch.cuda.is_available():
-            raise UsageError(
-                "--device cuda: torch sees no CUDA device",
-                hint="use --device cpu (or auto), or install a CUDA build of torch before qcli",
-            )
     if device == "cpu":
         from qcli.pipeline import cpu
 
@@ -51,6 +47,19 @@ def select_pipeline(device: str, environ: Mapping[str, str] = os.environ) -> tup
             f"the GPU pipeline is unavailable: {exc}", hint="use --device cpu, or install qcli with triton"
         ) from None
     return device, partial(gpu.run, settings=GpuSettings.from_env(environ))
+
+
+def require_device(device: str, environ: Mapping[str, str] = os.environ) -> None:
+    """UsageError for a device the run cannot have: an unknown one, or `cuda` where torch sees none (outside
+    Triton's interpreter, QCLI_KERNELS=triton). A dry run asks too, so that it exits as its run would."""
+    if device not in DEVICES:
+        raise UsageError(f"unknown device {device!r}", hint="use --device auto, cpu or cuda")
+    if device == "cuda" and environ.get("QCLI_KERNELS") != "triton":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: torch sees no CUDA device",
+                             hint="use --device cpu (or auto), or install a CUDA build of torch before qcli")
 
 
 class Runtime:

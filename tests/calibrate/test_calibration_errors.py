@@ -105,7 +105,8 @@ def test_an_interrupt_during_calibration_leaves_nothing(llama, tmp_path, monkeyp
     (("--calibration", "minmax", "--calibration-data", "x.txt"), "--calibration-data feeds"),
     (("--calibration", "gptq", "--imatrix", "x.gguf"), "--calibration gptq needs calibration text"),
     (("--calibration", "mse", "--imatrix", "x.gguf", "--calibration-data", "x.txt"), "both give"),
-    (("--calibration", "gptq", "--calibration-data", "x.txt", "--samples", "0"), "--samples must be at least 1"),
+    (("--calibration", "gptq", "--calibration-data", "x.txt", "--samples", "0"),
+     "--samples must be between 1 and 16,777,216"),
 ])
 def test_options_that_cannot_work_together_are_usage_errors(llama, tmp_path, options, message):
     lines = assert_user_error(cli("quantize", llama, "-o", tmp_path / "out.bpk", *options), 2)

@@ -40,7 +40,7 @@ def windows(folder: Path) -> CalibrationSet:
 
 def opened(folder: Path, tensor=None) -> CalibrationModel:
     source = open_source(folder)
-    return open_model(folder, [info.name for info in source.infos()], tensor or source.load)
+    return open_model(folder, source.infos(), tensor or source.load)
 
 
 def run(folder: Path, on_linear, device: str = "cpu", linears=None, **options):
@@ -309,7 +309,8 @@ def test_a_tensor_missing_or_of_another_shape_is_an_input_error(folders):
     folder = folders["llama"]
     source = open_source(folder)
     names = [info.name for info in source.infos()]
-    missing = open_model(folder, [n for n in names if n != "model.layers.1.mlp.up_proj.weight"], source.load)
+    missing = open_model(folder, [i for i in source.infos() if i.name != "model.layers.1.mlp.up_proj.weight"],
+                         source.load)
     with pytest.raises(InputError, match="no tensor for the model's parameter 'model.layers.1.mlp.up_proj.weight'"):
         run_blocks(missing, windows(folder), names, lambda name, weight, stats: None)
 
@@ -317,7 +318,8 @@ def test_a_tensor_missing_or_of_another_shape_is_an_input_error(folders):
         return source.load(name)[:, :-1] if name == "model.layers.0.mlp.down_proj.weight" else source.load(name)
 
     with pytest.raises(InputError, match=r"'model.layers.0.mlp.down_proj.weight' has shape \[64, 127\]; the model"):
-        run_blocks(open_model(folder, names, tensor), windows(folder), names, lambda name, weight, stats: None)
+        run_blocks(open_model(folder, source.infos(), tensor), windows(folder), names,
+                   lambda name, weight, stats: None)
 
 
 def test_a_folder_without_config_or_tokenizer_is_a_usage_error(folders, tmp_path):
@@ -330,10 +332,13 @@ def test_a_folder_without_config_or_tokenizer_is_a_usage_error(folders, tmp_path
 
 def test_a_corrupt_config_or_tokenizer_is_an_input_error(folders, tmp_path):
     (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(InputError, match="cannot read .*config.json"):
+    with pytest.raises(InputError, match="config.json: the JSON does not parse"):
         open_model(tmp_path, [], lambda name: None)
     (tmp_path / "config.json").write_bytes((folders["llama"] / "config.json").read_bytes())
     (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(InputError, match="tokenizer.json: the JSON does not parse"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text('{"version": "1.0"}')  # JSON, but no tokenizer
     with pytest.raises(InputError, match="cannot load the tokenizer of"):
         load_tokenizer(tmp_path)
 

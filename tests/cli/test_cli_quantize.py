@@ -190,22 +190,19 @@ def test_existing_output_is_refused_without_force(tmp_path):
 
 
 @pytest.mark.parametrize("shards", [[], ["--max-shard-size", "300KB"]], ids=["file", "shards"])
-def test_a_dry_run_warns_of_an_existing_output_and_leaves_it(tmp_path, shards):
-    """A dry run writes nothing, so an output already there is no reason to stop it: it says that the run
-    would refuse the file, exits 0, and the file is as it was."""
+def test_a_dry_run_refuses_an_existing_output_as_the_run_does(tmp_path, shards):
+    """A dry run predicts its run (what CI runs it for): an output already there without --force is exit 2 in
+    both, with the same error, and the file is as it was."""
     out = tmp_path / "t.bpk"
     first = Path(cli("quantize", SINGLE, "-o", out, *shards, "--dry-run", "--json").json["outputs"][0])
     first.write_bytes(b"old")
-    result = cli("quantize", SINGLE, "-o", out, *shards, "--dry-run")
-    assert result.code == 0, result.err
-    assert f"warning: {first} already exists" in result.err and "--force" in result.err
-    assert "would write" in result.out and first.read_bytes() == b"old"
+    dry = assert_user_error(cli("quantize", SINGLE, "-o", out, *shards, "--dry-run"), 2)
+    run = assert_user_error(cli("quantize", SINGLE, "-o", out, *shards, "--device", "cpu"), 2)
+    assert dry == run and f"{first} already exists" in dry[0] and "--force" in dry[-1]
     flex = ("--burn-backend", "flex")  # where the default preset computes: no backend warning beside
-    doc = cli("quantize", SINGLE, "-o", out, *shards, *flex, "--dry-run", "--json").json
-    assert [w["kind"] for w in doc["warnings"]] == ["output-exists"]
+    doc = cli("quantize", SINGLE, "-o", out, *shards, *flex, "--dry-run", "--force", "--json").json
+    assert doc["warnings"] == []
     validate_json(doc)
-    assert cli("quantize", SINGLE, "-o", out, *shards, *flex, "--dry-run", "--force", "--json").json["warnings"] == []
-    assert assert_user_error(cli("quantize", SINGLE, "-o", out, *shards, "--device", "cpu"), 2)
     assert first.read_bytes() == b"old"
 
 

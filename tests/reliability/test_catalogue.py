@@ -595,7 +595,7 @@ HOSTILE = [
     Case("st-index-nested-100k", lambda f: (
         (f / "model.safetensors.index.json").write_bytes(nested_json(100_000)),
         ["quantize", f / "model.safetensors.index.json", "-o", f / "out.bpk"])[1], 3,
-         ("model.safetensors.index.json", "the JSON header is nested too deeply")),
+         ("model.safetensors.index.json", "the index is nested too deeply")),
     Case("st-json-integer-5000-digits", lambda f: quantize(st_file(
         f, None, bytes(4), raw=b'{"w": {"dtype": "F32", "shape": [' + b"7" * 5000 + b'], "data_offsets": [0, 4]}}')),
          3, ("in.safetensors", "the JSON header holds an integer of more than 4300 digits")),
