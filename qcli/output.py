@@ -2,7 +2,7 @@
 
 The container is Burn's burnpack (`qcli.io.burnpack`, which names Burn's limits): one file under Burn's file
 limit, or with `--max-shard-size` shards beside the target (`split`) and their index (`qcli.io.burnpack_index`);
-`is_container` tells its files from a checkpoint's for `inspect`. A model folder
+A model folder
 (`-o DIR/`) holds them as `model.bpk`, beside the source's config and tokenizer files and a record of the
 run (`ModelFolder`). The files are written beside their targets under temporary names, read back
 (`qcli.verify`) and renamed into place together at one commit point; until then the targets are untouched.
@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -22,9 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from qcli import __version__
 from qcli.errors import Interrupted, OutputError, PlanError, UsageError
 from qcli.io.burnpack import (
-    EXTENSION,
     GIB,
-    MAGIC_NUMBER,
     MAX_FILE_SIZE,
     MAX_TENSOR_COUNT,
     BurnpackWriter,
@@ -34,7 +31,7 @@ from qcli.io.burnpack import (
     gib,
     size_bound,
 )
-from qcli.io.burnpack_index import IndexWriter, index_path, standing_index
+from qcli.io.burnpack_index import IndexWriter, index_path
 from qcli.io.files import not_regular_problem
 from qcli.io.staged import StagedFile
 from qcli.io.temporary import left_by_killed_run, leftover_temporaries
@@ -64,19 +61,6 @@ def default_output(input: Path) -> Path:
         folder = input.resolve().parent
         return folder.parent / f"{folder.name}.bpk"
     return input.with_suffix(".bpk")
-
-
-def is_container(path: Path) -> bool:
-    """Whether `path` is a file of the container qcli writes, or the index of its shards: by the extension,
-    else by the container's magic number at the start."""
-    if standing_index(path) is not None:
-        return True
-    if path.suffix == EXTENSION:
-        return True
-    if not path.is_file():
-        return False
-    with path.open("rb") as f:
-        return f.read(4) == struct.pack("<I", MAGIC_NUMBER)
 
 
 def is_folder_output(output: str | Path) -> bool:

@@ -25,7 +25,8 @@ def inspect(
     file: Annotated[
         Path,
         typer.Argument(
-            help="A .bpk, a .safetensors file, directory or index, or a .gguf file.", metavar="FILE", show_default=False
+            help="A .bpk, a .safetensors file, directory or index, a .gguf file, or ORG/NAME: a model in the"
+            " local Hugging Face cache.", metavar="FILE", show_default=False
         ),
     ],
     json_output: Annotated[
@@ -42,8 +43,8 @@ def inspect(
         typer.Option(
             "--compare",
             metavar="SOURCE",
-            help="Check a .bpk against its source (safetensors or GGUF): kept tensors byte for byte, quantized "
-            "ones block by block against their scheme's error bound; exit 1 on any mismatch.",
+            help="Check a .bpk against its source (safetensors, GGUF or ORG/NAME): kept tensors byte for byte,"
+            " quantized ones block by block against their scheme's error bound; exit 1 on any mismatch.",
         ),
     ] = None,
     names: NamesOption = Names.file,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from qcli.calibrate.inputs import CalibrationInput
 from qcli.errors import UsageError
-from qcli.io.readers import open_source
+from qcli.io.readers import locate, open_source
 from qcli.pipeline.device import DEVICES
 from qcli.text import printable
 
@@ -30,8 +30,11 @@ class ImatrixReport:
     device: str
 
 
-def default_output(input: Path) -> Path:
-    """`x.safetensors` or a folder `x` -> `x.imatrix.gguf` beside it."""
+def default_output(input: Path, model: str | None = None) -> Path:
+    """`x.safetensors` or a folder `x` -> `x.imatrix.gguf` beside it; a model `ORG/NAME` in the Hugging Face
+    cache -> `NAME.imatrix.gguf` here (never inside the cache)."""
+    if model is not None:
+        return Path(f"{model.split('/')[1]}.imatrix.gguf")
     base = input.resolve()
     return base.parent / f"{base.name if base.is_dir() else base.stem}.imatrix.gguf"
 
@@ -42,7 +45,8 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
     """Run the model of `input` (its folder's config.json and tokenizer) block by block on `calibration_data`
     and write, for every Linear in its repeated blocks, the sum of squares of each input channel over the
     tokens and their count (`qcli.calibrate.imatrix`), to `output` (default `default_output(input)`); the
-    file is renamed into place only once complete."""
+    file is renamed into place only once complete. `input` may be a model `ORG/NAME` in the local Hugging
+    Face cache (`qcli.io.readers.locate`)."""
     from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN
 
     given = CalibrationInput(Path(calibration_data), SAMPLES if samples is None else samples,
@@ -50,8 +54,9 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
     given.check_windows()
     if device not in DEVICES:
         raise UsageError(f"unknown device {device!r}", hint="use --device auto, cpu or cuda")
-    input = Path(input)
-    target = Path(output) if output is not None else default_output(input)
+    named = str(input)
+    input, model = locate(input)
+    target = Path(output) if output is not None else default_output(input, model)
     if target.exists() and not force:
         raise UsageError(printable(f"{target} already exists"),
                          hint="pass --force to replace it, or -o to write somewhere else")
@@ -63,6 +68,6 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
     from qcli.calibrate.imatrix import write_imatrix
 
     write_imatrix(measured.imatrix, target)
-    return ImatrixReport(str(input), str(target), sorted(measured.imatrix.entries), measured.samples,
+    return ImatrixReport(named, str(target), sorted(measured.imatrix.entries), measured.samples,
                          measured.seq_len, measured.tokens, time.perf_counter() - started, measured.device)
 

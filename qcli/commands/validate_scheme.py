@@ -24,7 +24,7 @@ from qcli.errors import UsageError
 from qcli.formats import detect
 from qcli.formats.found import Found
 from qcli.io.files import NOT_REGULAR_HINT, not_regular_problem
-from qcli.io.readers import open_source
+from qcli.io.readers import locate, open_source
 from qcli.io.source import Source, TensorInfo
 from qcli.plan.checks import count_and_first, preset_or_scheme, rule_refusal
 from qcli.plan.decisions import make_plan
@@ -70,7 +70,7 @@ def validate_scheme(
     if model is None:
         problems = [p for path in paths for p in recipe_problems(path, None, preset, backend, version)]
     else:
-        with open_source(Path(model)) as source:
+        with open_source(locate(model)[0]) as source:
             infos = source.infos()
             found = detect(infos, None if requantized is None else source.load)
             problems = [p for path in paths for p in recipe_problems(

@@ -260,7 +260,7 @@ def test_a_cached_model_at_a_revision_and_into_a_file(hub, tmp_path):
 def test_a_model_not_in_the_cache_says_where_it_looked_and_how_to_get_it(hub, tmp_path):
     lines = assert_user_error(cli("quantize", "tiny/other", "--dry-run"), 3)
     assert str(tmp_path / "hub" / "models--tiny--other") in lines[0]
-    assert lines[-1].startswith("hint: download it first with `huggingface-cli download tiny/other`")
+    assert lines[-1].startswith("hint: download it first with `hf download tiny/other`")
     assert os.listdir(tmp_path / "work") == []
 
 
@@ -273,3 +273,32 @@ def test_a_path_that_exists_wins_over_a_cache_name(hub, tmp_path):
     assert "would write tiny/llama.bpk" in done.out
     lines = assert_user_error(cli("quantize", "tiny/llama", "--revision", "main", "--dry-run"), 2)
     assert "--revision" in lines[0]
+
+
+def test_every_command_that_reads_a_checkpoint_takes_a_cached_model_name(hub, tmp_path):
+    """inspect, its --compare, validate-scheme --model and imatrix find ORG/NAME as quantize does: the same
+    report as for the file the cache holds, and the same cache miss."""
+    recipe = SINGLE.with_name("tiny-llama.toml")
+    by_name = cli("inspect", "tiny/llama", "--json")
+    by_path = cli("inspect", hub / "model.safetensors", "--json")
+    assert by_name.code == 0, by_name.err
+    assert by_name.json["path"] == "tiny/llama" and by_name.json["tensors"] == by_path.json["tensors"]
+    checked = cli("validate-scheme", recipe, "--model", "tiny/llama", "--json")
+    assert checked.code == 0, checked.err
+    assert checked.json["problems"] == cli("validate-scheme", recipe, "--model", SINGLE, "--json").json["problems"]
+    out = tmp_path / "x.bpk"
+    assert cli("quantize", "tiny/llama", "-o", out, "--device", "cpu").code == 0
+    compared = cli("inspect", out, "--compare", "tiny/llama")
+    assert compared.code == 0 and "all tensors match" in compared.out
+    for command in (["inspect", "tiny/other"], ["validate-scheme", recipe, "--model", "tiny/other"],
+                    ["imatrix", "tiny/other", "--calibration-data", recipe]):
+        lines = assert_user_error(cli(*command), 3)
+        assert "models--tiny--other" in lines[0] and "`hf download tiny/other`" in lines[-1], command
+
+
+def test_imatrix_of_a_cached_model_writes_here_not_into_the_cache():
+    from pathlib import Path
+
+    from qcli.commands.imatrix import default_output
+
+    assert default_output(Path("/cache/snapshots/abc"), "tiny/llama") == Path("llama.imatrix.gguf")

@@ -502,6 +502,32 @@ def test_the_input_is_never_the_output(tmp_path):
     assert src.read_bytes() == SINGLE.read_bytes()
 
 
+def test_a_burnpack_given_as_a_checkpoint_is_refused_as_qcli_output(tmp_path):
+    """By its suffix, or (renamed) by burnpack's magic number, burn-store's u32 0x4255524E little-endian, for
+    every command that reads a checkpoint: before the output beside it (the input itself) is looked at."""
+    named = tmp_path / "m.bpk"
+    named.write_bytes(b"NRUB" + bytes(60))
+    renamed = tmp_path / "weights"
+    renamed.write_bytes(named.read_bytes())
+    recipe = SINGLE.with_name("tiny-llama.toml")
+    for command in (["quantize", named], ["quantize", renamed, "-o", tmp_path / "x.bpk", "--force"],
+                    ["validate-scheme", recipe, "--model", named], ["imatrix", named, "--calibration-data", recipe]):
+        lines = assert_user_error(cli(*command), 2)
+        assert "is a burnpack (.bpk) file, which qcli writes" in lines[0], lines
+        assert lines[-1].startswith("hint: `qcli inspect ") and "give the checkpoint it was written from" in lines[-1]
+    assert named.read_bytes() == b"NRUB" + bytes(60) and not (tmp_path / "x.bpk").exists()
+
+
+def test_an_output_named_without_a_suffix_or_slash_is_refused_not_guessed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    lines = assert_user_error(cli("quantize", SINGLE, "-o", "mydir", "--dry-run"), 2)
+    assert lines == ["error: -o mydir names neither a .bpk file nor a folder",
+                     "hint: write -o mydir/ for a model folder, or -o mydir.bpk for a file"]
+    assert os.listdir(tmp_path) == []
+    (tmp_path / "mine").write_bytes(b"x")  # an existing file is the file named, replaced under --force
+    assert cli("quantize", SINGLE, "-o", "mine", "--dry-run").code == 0
+
+
 def test_a_recipe_error_names_file_line_and_suggestion(tmp_path):
     recipe = tmp_path / "typo.toml"
     recipe.write_text('version = 1\n\n[[rule]]\nmatch = "*"\nvalue = "Q4S"\nblok = [32]\n')
