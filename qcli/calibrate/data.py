@@ -17,17 +17,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN
+from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN, TEXT_HINT
 from qcli.errors import InputError, UsageError
-from qcli.io.files import NOT_REGULAR_HINT, not_regular_problem
+from qcli.io.files import NOT_REGULAR_HINT, named_file, not_regular_problem
 from qcli.text import printable
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 MIN_WINDOWS = 2  # fewer whole windows than this in the text is an error, not a warning
-
-TEXT_HINT = 'pass a UTF-8 text file, or JSON lines each with a "text" field'
 
 
 @dataclass(frozen=True)
@@ -65,8 +63,7 @@ def read_calibration_text(path: Path | str) -> CalibrationText:
     if kind is not None:
         raise UsageError(printable(f"cannot read calibration text {path}: not a regular file ({kind})"),
                          hint=NOT_REGULAR_HINT)
-    if not path.is_file():
-        raise UsageError(printable(f"cannot read calibration text {path}: no such file"), hint=TEXT_HINT)
+    named_file(path, "calibration text", TEXT_HINT)
     try:
         data = path.read_bytes()
     except OSError as err:

@@ -52,6 +52,7 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
     given = CalibrationInput(Path(calibration_data), SAMPLES if samples is None else samples,
                              SEQ_LEN if seq_len is None else seq_len, SEED if seed is None else seed)
     given.check_windows()
+    given.check_files()  # before the slow imports
     if device not in DEVICES:
         raise UsageError(f"unknown device {device!r}", hint="use --device auto, cpu or cuda")
     named = str(input)

@@ -11,6 +11,7 @@ from qcli import BURN_VERSION
 from qcli.burn_backends import BurnBackend, resolve_backend, resolve_version
 from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN, CalibrationInput
 from qcli.errors import UsageError
+from qcli.io.files import named_file
 from qcli.io.readers import locate
 from qcli.io.source import Names
 from qcli.output import MODEL_FILE, default_output, is_folder_output
@@ -90,7 +91,7 @@ class QuantizeOptions:
         calibrating.check(chosen)
         return cls(
             preset=resolve_preset(scheme),
-            recipe=None if recipe is None else Path(recipe),
+            recipe=None if recipe is None else named_file(recipe, "recipe", "check the path given to --recipe"),
             calibration=chosen,
             requantize=None if requantize is None else resolve_preset(requantize),
             device=device,
