@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qcli.calibrate.inputs import CalibrationInput
-from qcli.errors import UsageError
+from qcli.errors import UsageError, one_of
 from qcli.io.readers import locate, open_source
 from qcli.pipeline.device import DEVICES
 from qcli.text import printable
@@ -53,8 +53,7 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
                              SEQ_LEN if seq_len is None else seq_len, SEED if seed is None else seed)
     given.check_windows()
     given.check_files()  # before the slow imports
-    if device not in DEVICES:
-        raise UsageError(f"unknown device {device!r}", hint="use --device auto, cpu or cuda")
+    device = one_of(device, DEVICES, "--device")
     named = str(input)
     input, model = locate(input)
     target = Path(output) if output is not None else default_output(input, model)

@@ -10,7 +10,7 @@ from pathlib import Path
 from qcli import BURN_VERSION
 from qcli.burn_backends import BurnBackend, resolve_backend, resolve_version
 from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN, CalibrationInput
-from qcli.errors import UsageError
+from qcli.errors import UsageError, one_of
 from qcli.io.files import named_file
 from qcli.io.readers import locate
 from qcli.io.source import Names
@@ -75,12 +75,8 @@ class QuantizeOptions:
             known = [*(p for p in inspect.signature(cls.parse).parameters if p != "flags"), *_FLAGS]
             raise UsageError(f"unknown quantize option {sorted(unknown)[0]!r}",
                              hint=f"the options are {', '.join(known)}")
-        if device not in DEVICES:
-            raise UsageError(f"unknown device {device!r}", hint="use --device auto, cpu or cuda")
-        try:
-            names = Names(str(names).lower())
-        except ValueError:
-            raise UsageError(f"unknown tensor names {str(names)!r}", hint="use --names file or hf") from None
+        device = one_of(device, DEVICES, "--device")
+        names = Names(one_of(str(names), list(Names), "--names"))
         if isinstance(max_shard_size, str):
             max_shard_size = parse_size(max_shard_size, "--max-shard-size")
         chosen = None if calibration is None else resolve_calibration(str(calibration))

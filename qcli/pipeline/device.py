@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from functools import partial
 from typing import TYPE_CHECKING
 
-from qcli.errors import UsageError
+from qcli.errors import UsageError, one_of
 from qcli.pipeline import GpuSettings, Pipeline
 from qcli.pipeline.prefetch import Prefetch
 
@@ -26,8 +26,7 @@ log = logging.getLogger(__name__)
 def select_pipeline(device: str, environ: Mapping[str, str] = os.environ) -> tuple[str, Pipeline]:
     """`(device, run)`: auto is cuda when torch sees a GPU; QCLI_KERNELS=triton forces the GPU pipeline,
     which takes its `GpuSettings` from `environ`."""
-    if device not in DEVICES:
-        raise UsageError(f"unknown device {device!r}", hint="use --device auto, cpu or cuda")
+    device = one_of(device, DEVICES, "--device")
     if environ.get("QCLI_KERNELS") == "triton":
         device = "triton"
     else:

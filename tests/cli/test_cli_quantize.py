@@ -854,6 +854,22 @@ def test_click_parse_errors_are_one_error_and_one_hint_line(args):
     assert "--help" in lines[1]
 
 
+@pytest.mark.parametrize(("args", "error", "hint"), [
+    (("quantize", SINGLE, "--calibration", "gtpq"), "--calibration: 'gtpq' is not one of minmax, absmean, mse, gptq",
+     "did you mean --calibration gptq? run 'qcli quantize --help' for the usage"),
+    (("quantize", SINGLE, "--burn-backend", "WGU"), "--burn-backend: 'WGU' is not one of flex, ndarray, wgpu",
+     "did you mean --burn-backend wgpu? run 'qcli quantize --help' for the usage"),
+    (("inspect", SINGLE, "--names", "x"), "--names: 'x' is not one of file, hf", "run 'qcli inspect --help' for the usage"),
+    (("validate-scheme", SINGLE, "--format", "githb"), "--format: 'githb' is not one of text, json, github",
+     "did you mean --format github? run 'qcli validate-scheme --help' for the usage"),
+    (("imatrix", SINGLE, "--calibration-data", SINGLE, "--device", "cdua"), "--device: 'cdua' is not one of auto, cpu, "
+     "cuda", "did you mean --device cuda?"),
+], ids=["calibration", "backend", "names", "format", "imatrix-device"])
+def test_a_bad_choice_is_said_in_qclis_words_with_the_closest_choice(args, error, hint):
+    """Every enum-like option, parsed by Typer or by qcli, one wording: the choices and difflib's closest."""
+    assert assert_user_error(cli(*args), 2) == [f"error: {error}", f"hint: {hint}"]
+
+
 def test_an_unknown_option_hint_offers_the_close_one():
     lines = assert_user_error(cli("quantize", SINGLE, "--forse"), 2)
     assert len(lines) == 2 and "--force" in lines[1] and "--help" in lines[1]
