@@ -47,10 +47,12 @@ INDEX_SUFFIX = ".safetensors.index.json"  # a sharded safetensors checkpoint's i
 MODEL_FILE = "model.bpk"  # a model folder's weights (or the name its shards and index take)
 RECORD_FILE = "qcli.json"  # a model folder's record of the run (docs/output.md)
 # What a Burn user needs beside the weights to build and run the model, copied from the source's folder
-# unchanged where it has them: Hugging Face's config files and every tokenizer's files.
+# unchanged where it has them: Hugging Face's config files, the tokenizer files transformers reads and writes
+# (tokenization_utils_base's, and the vocabularies of the Llama, GPT-2, BERT and T5 families), and the chat
+# template (transformers' `chat_template.jinja`, or the older `chat_template.json`).
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-              "special_tokens_map.json", "tokenizer.model", "vocab.txt", "vocab.json", "merges.txt",
-              "added_tokens.json")
+              "special_tokens_map.json", "added_tokens.json", "tokenizer.model", "spiece.model", "vocab.txt",
+              "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
 
 
 def default_output(input: Path) -> Path:

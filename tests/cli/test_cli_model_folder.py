@@ -22,7 +22,8 @@ from tests.cli_support import SCHEMA, SHARDED, SINGLE, assert_user_error, cli, v
 from tests.hf_cache_support import cached_model
 
 SIDE = {"config.json": b'{"model_type": "llama", "hidden_size": 128}\n', "tokenizer.json": b'{"version": "1.0"}',
-        "tokenizer.model": bytes(range(256)), "generation_config.json": b"{}"}
+        "tokenizer.model": bytes(range(256)), "generation_config.json": b"{}",
+        "chat_template.jinja": b"{% for message in messages %}{{ message['content'] }}{% endfor %}"}
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
@@ -69,6 +70,25 @@ def test_a_folder_output_holds_the_weights_the_side_files_unchanged_and_the_reco
         (source / n).stat().st_size for n in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")]
     assert record["tensors"] == {"total": 21, "quantized": 16, "kept": 5, "transposed": 0}
     assert record["options"]["scheme"] == "q4s-b32"
+
+
+def test_the_side_files_are_the_ones_transformers_reads_beside_a_model():
+    """Every file name transformers gives a config, a generation config, a tokenizer's files, its vocabulary
+    (for the families qcli calibrates and their kin) or a chat template is copied."""
+    import importlib
+
+    from transformers import tokenization_utils_base as base
+    from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME
+    from transformers.utils.hub import CHAT_TEMPLATE_FILE, LEGACY_PROCESSOR_CHAT_TEMPLATE_FILE
+
+    from qcli.output import SIDE_FILES
+
+    names = {CONFIG_NAME, GENERATION_CONFIG_NAME, CHAT_TEMPLATE_FILE, LEGACY_PROCESSOR_CHAT_TEMPLATE_FILE,
+             base.SPECIAL_TOKENS_MAP_FILE, base.ADDED_TOKENS_FILE, base.TOKENIZER_CONFIG_FILE, base.FULL_TOKENIZER_FILE}
+    for family in ("llama", "gpt2", "bert", "t5", "qwen2"):
+        names |= set(importlib.import_module(f"transformers.models.{family}.tokenization_{family}")
+                     .VOCAB_FILES_NAMES.values())
+    assert names == set(SIDE_FILES)
 
 
 def test_an_existing_empty_folder_is_a_folder_output_without_the_slash(tmp_path):
