@@ -197,7 +197,8 @@ class Output:
 
     def prepare(self, inputs: list[tuple[Path, str]], *, force: bool, dry_run: bool) -> list[Problem]:
         """Refuse files the run must not write (an input, a special file, one in a missing folder, a shard
-        already there without `force`; the target alone, or its model folder, is checked before the plan),
+        already there without `force`; the target alone, or its model folder, is checked before the plan, and
+        so is not reported again here),
         and warn of the temporary files killed runs left beside them, removed unless `dry_run`. A dry run
         writes nothing, so a file already there is a warning that the run would refuse it."""
         for path in self.paths if self.index or self.folder else []:
@@ -209,7 +210,8 @@ class Output:
             if not folder.is_dir():
                 raise OutputError(printable(f"cannot write {path}: its folder {folder} does not exist"),
                                   hint="create the folder, or give -o a path in an existing one; nothing was written")
-        taken = [] if force else [path for path in self.paths if path.exists()]
+        # a model folder's files are there only where the folder holds files, which `check_folder` said
+        taken = [] if force or self.folder else [path for path in self.paths if path.exists()]
         hint = f"pass --force to replace {'it' if len(taken) == 1 else 'them'}, or -o to write somewhere else"
         if taken and dry_run:
             more = f" (and {len(taken) - 1} more of its files)" if len(taken) > 1 else ""

@@ -123,8 +123,11 @@ def test_a_folder_with_files_needs_force_and_keeps_what_qcli_does_not_write(sour
     assert lines[0] == f"error: {out} already exists and is not empty"
     assert "--force" in lines[-1]
     assert files(out) == {"notes.txt": b"mine", "config.json": b"old"}
-    dry = cli("quantize", source, "-o", f"{out}/", "--dry-run")  # a dry run warns that the run refuses it
+    dry = cli("quantize", source, "-o", f"{out}/", "--dry-run")  # a dry run warns that the run refuses it, once
     assert dry.code == 0 and f"warning: {out} already exists and is not empty" in dry.err
+    assert [line for line in dry.err.splitlines() if "already exists" in line] == [
+        f"warning: {out} already exists and is not empty: the run refuses to write into it without --force (hint: "
+        "pass --force to replace the files qcli writes there, or -o to write somewhere else)"]
     assert files(out) == {"notes.txt": b"mine", "config.json": b"old"}
     assert cli("quantize", source, "-o", f"{out}/", "--device", "cpu", "--force").code == 0
     assert files(out)["notes.txt"] == b"mine" and files(out)["config.json"] == SIDE["config.json"]
