@@ -99,8 +99,9 @@ def shard_paths(target: Path, count: int) -> list[Path]:
     return [target.with_name(name.format(i)) for i in range(1, count + 1)]
 
 
-def metadata(report: QuantizeReport) -> dict[str, str]:
-    """The burnpack metadata map (docs/output.md)."""
+def metadata(report: QuantizeReport, calibration: str | None = None) -> dict[str, str]:
+    """The burnpack metadata map (docs/output.md); `calibration`, the `--calibration` asked for (`mse`),
+    recorded with no file where the run has no calibration data."""
     meta = {
         "format": "burnpack",
         "producer": "qcli",
@@ -113,11 +114,14 @@ def metadata(report: QuantizeReport) -> dict[str, str]:
     }
     if report.recipe_sha256 is not None:
         meta["recipe_sha256"] = report.recipe_sha256
-    calibration = report.calibration
-    if calibration is not None:  # what it is asked to run on: the windows a short text gives are fewer
-        meta["calibration"] = json.dumps({"method": calibration.method, "file": Path(calibration.file).name,
-                                          "sha256": calibration.sha256, "samples": calibration.samples,
-                                          "seq_len": calibration.seq_len, "seed": calibration.seed})
+    record = report.calibration
+    if record is not None:  # what it is asked to run on: the windows a short text gives are fewer
+        meta["calibration"] = json.dumps({"method": record.method, "file": Path(record.file).name,
+                                          "sha256": record.sha256, "samples": record.samples,
+                                          "seq_len": record.seq_len, "seed": record.seed})
+    elif calibration is not None:  # chosen from the weights alone
+        meta["calibration"] = json.dumps({"method": calibration, "file": None, "sha256": None, "samples": None,
+                                          "seq_len": None, "seed": None})
     return meta
 
 

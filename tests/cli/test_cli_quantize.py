@@ -116,7 +116,14 @@ def test_metadata_map_records_producer_sources_and_layout(written):
     assert json.loads(meta["source_files"]) == [{"name": SINGLE.name, "bytes": SINGLE.stat().st_size}]
     assert meta["preset"] == "q4s-b32"
     assert json.loads(meta["transposed"]) == []
-    assert "recipe_sha256" not in meta
+    assert "recipe_sha256" not in meta and "calibration" not in meta
+
+
+def test_the_calibration_asked_for_is_recorded_without_calibration_data(tmp_path):
+    out = tmp_path / "mse.bpk"
+    assert cli("quantize", SINGLE, "-o", out, "--calibration", "mse", "--device", "cpu", "--no-verify").code == 0
+    assert json.loads(read_bpk(out).metadata["calibration"]) == {
+        "method": "mse", "file": None, "sha256": None, "samples": None, "seq_len": None, "seed": None}
 
 
 def test_json_document_validates_and_its_errors_are_the_decoded_ones(written):
