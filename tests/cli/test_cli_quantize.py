@@ -535,6 +535,23 @@ def test_an_output_named_without_a_suffix_or_slash_is_refused_not_guessed(tmp_pa
     assert cli("quantize", SINGLE, "-o", "mine", "--dry-run").code == 0
 
 
+def test_a_refusals_requantize_hint_names_the_users_own_preset(tmp_path):
+    """GGUF Q4_1 (a minimum per block: no Burn scheme) is refused with `--requantize`: into q4s-b32 by
+    default, into the user's own preset where one was asked for, and the run that takes the hint plans."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+
+    from tests.gguf_support import write_gguf
+
+    source = tmp_path / "m.gguf"
+    write_gguf(source, {"blk.0.ffn_up.weight": (np.linspace(-1, 1, 64 * 128, dtype=np.float32).reshape(64, 128),
+                                                GGMLQuantizationType.Q4_1)})
+    for scheme, offered in ((), "q4s-b32"), (("--scheme", "q8s-b32"), "q8s-b32"):
+        lines = assert_user_error(cli("quantize", source, "--dry-run", *scheme), 2)
+        assert f"--requantize {offered} (" in lines[-1], lines
+        assert cli("quantize", source, "--dry-run", *scheme, "--requantize", offered).code == 0
+
+
 def test_a_recipe_error_names_file_line_and_suggestion(tmp_path):
     recipe = tmp_path / "typo.toml"
     recipe.write_text('version = 1\n\n[[rule]]\nmatch = "*"\nvalue = "Q4S"\nblok = [32]\n')
