@@ -883,7 +883,8 @@ def test_click_parse_errors_are_one_error_and_one_hint_line(args):
      "did you mean --calibration gptq? run 'qcli quantize --help' for the usage"),
     (("quantize", SINGLE, "--burn-backend", "WGU"), "--burn-backend: 'WGU' is not one of flex, ndarray, wgpu",
      "did you mean --burn-backend wgpu? run 'qcli quantize --help' for the usage"),
-    (("inspect", SINGLE, "--names", "x"), "--names: 'x' is not one of file, hf", "run 'qcli inspect --help' for the usage"),
+    (("inspect", SINGLE, "--names", "x"), "--names: 'x' is not one of file, hf",
+     "run 'qcli inspect --help' for the usage"),
     (("validate-scheme", SINGLE, "--format", "githb"), "--format: 'githb' is not one of text, json, github",
      "did you mean --format github? run 'qcli validate-scheme --help' for the usage"),
     (("imatrix", SINGLE, "--calibration-data", SINGLE, "--device", "cdua"), "--device: 'cdua' is not one of auto, cpu, "
