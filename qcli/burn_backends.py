@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from qcli import BURN_VERSION
-from qcli.errors import UsageError
+from qcli.errors import UsageError, one_of
 from qcli.io.dtypes import DType, Plain, QFloat
 from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype, symmetric_integer
 
@@ -225,11 +225,7 @@ def resolve_backend(name: str | None) -> BurnBackend | None:
     """The Burn backend `--burn-backend` names, or None for the common backends."""
     if name is None:
         return None
-    try:
-        return BurnBackend(name.lower())
-    except ValueError:
-        raise UsageError(f"unknown Burn backend {name!r}",
-                         hint=f"use one of {', '.join(BurnBackend)} (docs/output.md says what each loads)") from None
+    return BurnBackend(one_of(name, list(BurnBackend), "--burn-backend"))
 
 
 def resolve_version(name: str | None) -> str:

@@ -6,10 +6,12 @@ into the table that `qcli --help`, the README and docs/cli.md show.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from qcli.problem import Problem
+from qcli.text import printable, quoted
 
 if TYPE_CHECKING:
     import torch
@@ -50,6 +52,24 @@ class UsageError(QcliError):
     exit_code = 2
     meaning = ("a usage error (an unknown option, a missing argument, a bad choice, an existing output without "
                "`--force`)")
+
+
+def one_of(value: str, choices: Sequence[str], option: str) -> str:
+    """The choice of `option` that `value` names (any case); else `bad_choice`'s error."""
+    key = value.strip().lower()
+    for choice in choices:
+        if choice.lower() == key:
+            return choice
+    raise bad_choice(value, choices, option)
+
+
+def bad_choice(value: str, choices: Sequence[str], option: str, more: str = "") -> UsageError:
+    """The error of every enum-like option given a value it does not take: the choices, and the closest one
+    (difflib) in the hint, followed by `more`."""
+    close = difflib.get_close_matches(value.strip().lower(), [c.lower() for c in choices], n=1, cutoff=0.5)
+    hint = " ".join(filter(None, [f"did you mean {option} {close[0]}?" if close else "", more]))
+    return UsageError(printable(f"{option}: {quoted(value)} is not one of {', '.join(choices)}"),
+                      hint=hint or f"give {option} one of them")
 
 
 class SchemeError(QcliError):

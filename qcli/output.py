@@ -2,7 +2,7 @@
 
 The container is Burn's burnpack (`qcli.io.burnpack`, which names Burn's limits): one file under Burn's file
 limit, or with `--max-shard-size` shards beside the target (`split`) and their index (`qcli.io.burnpack_index`);
-`is_container` tells its files from a checkpoint's for `inspect`. A model folder
+A model folder
 (`-o DIR/`) holds them as `model.bpk`, beside the source's config and tokenizer files and a record of the
 run (`ModelFolder`). The files are written beside their targets under temporary names, read back
 (`qcli.verify`) and renamed into place together at one commit point; until then the targets are untouched.
@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -24,9 +23,7 @@ from qcli import __version__
 from qcli.errors import InputError, Interrupted, OutputError, PlanError, UsageError
 from qcli.formats.declaration import SIDE_FILES as DECLARATIONS
 from qcli.io.burnpack import (
-    EXTENSION,
     GIB,
-    MAGIC_NUMBER,
     MAX_FILE_SIZE,
     MAX_TENSOR_COUNT,
     BurnpackWriter,
@@ -36,7 +33,7 @@ from qcli.io.burnpack import (
     gib,
     size_bound,
 )
-from qcli.io.burnpack_index import IndexWriter, index_path, standing_index
+from qcli.io.burnpack_index import IndexWriter, index_path
 from qcli.io.files import load_json
 from qcli.io.reads import Reads
 from qcli.io.staged import StagedFile
@@ -53,10 +50,12 @@ INDEX_SUFFIX = ".safetensors.index.json"  # a sharded safetensors checkpoint's i
 MODEL_FILE = "model.bpk"  # a model folder's weights (or the name its shards and index take)
 RECORD_FILE = "qcli.json"  # a model folder's record of the run (docs/output.md)
 # What a Burn user needs beside the weights to build and run the model, copied from the source's folder
-# unchanged where it has them: Hugging Face's config files and every tokenizer's files.
+# unchanged where it has them: Hugging Face's config files, the tokenizer files transformers reads and writes
+# (tokenization_utils_base's, and the vocabularies of the Llama, GPT-2, BERT and T5 families), and the chat
+# template (transformers' `chat_template.jinja`, or the older `chat_template.json`).
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-              "special_tokens_map.json", "tokenizer.model", "vocab.txt", "vocab.json", "merges.txt",
-              "added_tokens.json")
+              "special_tokens_map.json", "added_tokens.json", "tokenizer.model", "spiece.model", "vocab.txt",
+              "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
 # The names of the weights qcli writes into a model folder: MODEL_FILE, its shards and their index.
 _OWN_WEIGHTS = re.compile(r"model(-\d{5,}-of-\d{5,})?\.bpk|model\.bpk\.index\.json")
 TARGET_HINT = "give -o another path"
@@ -70,19 +69,6 @@ def default_output(input: Path) -> Path:
         folder = input.resolve().parent
         return folder.parent / f"{folder.name}.bpk"
     return input.with_suffix(".bpk")
-
-
-def is_container(path: Path) -> bool:
-    """Whether `path` is a file of the container qcli writes, or the index of its shards: by the extension,
-    else by the container's magic number at the start."""
-    if standing_index(path) is not None:
-        return True
-    if path.suffix == EXTENSION:
-        return True
-    if not path.is_file():
-        return False
-    with path.open("rb") as f:
-        return f.read(4) == struct.pack("<I", MAGIC_NUMBER)
 
 
 def is_folder_output(output: str | Path) -> bool:
@@ -126,8 +112,9 @@ def shard_paths(target: Path, count: int) -> list[Path]:
     return [target.with_name(name.format(i)) for i in range(1, count + 1)]
 
 
-def metadata(report: QuantizeReport) -> dict[str, str]:
-    """The burnpack metadata map (docs/output.md)."""
+def metadata(report: QuantizeReport, calibration: str | None = None) -> dict[str, str]:
+    """The burnpack metadata map (docs/output.md); `calibration`, the `--calibration` asked for (`mse`),
+    recorded with no file where the run has no calibration data."""
     meta = {
         "format": "burnpack",
         "producer": "qcli",
@@ -140,11 +127,14 @@ def metadata(report: QuantizeReport) -> dict[str, str]:
     }
     if report.recipe_sha256 is not None:
         meta["recipe_sha256"] = report.recipe_sha256
-    calibration = report.calibration
-    if calibration is not None:  # what it is asked to run on: the windows a short text gives are fewer
-        meta["calibration"] = json.dumps({"method": calibration.method, "file": Path(calibration.file).name,
-                                          "sha256": calibration.sha256, "samples": calibration.samples,
-                                          "seq_len": calibration.seq_len, "seed": calibration.seed})
+    record = report.calibration
+    if record is not None:  # what it is asked to run on: the windows a short text gives are fewer
+        meta["calibration"] = json.dumps({"method": record.method, "file": Path(record.file).name,
+                                          "sha256": record.sha256, "samples": record.samples,
+                                          "seq_len": record.seq_len, "seed": record.seed})
+    elif calibration is not None:  # chosen from the weights alone
+        meta["calibration"] = json.dumps({"method": calibration, "file": None, "sha256": None, "samples": None,
+                                          "seq_len": None, "seed": None})
     return meta
 
 

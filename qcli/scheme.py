@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from qcli.errors import SchemeError, UsageError
+from qcli.errors import SchemeError, one_of
 from qcli.problem import Kind, Problem
 
 F32_MIN_POSITIVE = 1.1754943508222875e-38  # f32::MIN_POSITIVE, 2^-126
@@ -280,10 +280,8 @@ WEIGHT_CALIBRATIONS = (Calibration.MinMax, Calibration.AbsMean, Calibration.Mse)
 
 def resolve_calibration(name: str) -> Calibration:
     """A calibration by name, any case (`mse`, `MinMax`)."""
-    for member in Calibration:
-        if member.name.lower() == name.strip().lower():
-            return member
-    raise UsageError(f"unknown calibration {name!r}", hint=f"one of {', '.join(m.name.lower() for m in Calibration)}")
+    by_name = {member.name.lower(): member for member in Calibration}
+    return by_name[one_of(name, list(by_name), "--calibration")]
 
 
 MAX_BLOCK_DIMS = 5

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN
+from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN, TEXT_HINT
 from qcli.errors import InputError, UsageError
-from qcli.io.files import NOT_REGULAR_HINT, checked_json, not_regular_problem, read_bounded
+from qcli.io.files import NOT_REGULAR_HINT, checked_json, named_file, not_regular_problem, read_bounded
 from qcli.text import printable
 
 if TYPE_CHECKING:
@@ -29,8 +29,6 @@ MIN_WINDOWS = 2  # fewer whole windows than this in the text is an error, not a 
 # Bytes of calibration text read at most: the default windows take 65,536 tokens, a few hundred kB of text,
 # and the whole text is tokenized (a token id is a Python int), so a larger file is cut by its user.
 MAX_TEXT_BYTES = 64 << 20
-
-TEXT_HINT = 'pass a UTF-8 text file, or JSON lines each with a "text" field'
 
 
 @dataclass(frozen=True)
@@ -68,8 +66,7 @@ def read_calibration_text(path: Path | str) -> CalibrationText:
     if kind is not None:
         raise UsageError(printable(f"cannot read calibration text {path}: not a regular file ({kind})"),
                          hint=NOT_REGULAR_HINT)
-    if not path.is_file():
-        raise UsageError(printable(f"cannot read calibration text {path}: no such file"), hint=TEXT_HINT)
+    named_file(path, "calibration text", TEXT_HINT)
     data = read_bounded(path, MAX_TEXT_BYTES, "calibration text",
                         hint=f"calibration reads at most {MAX_TEXT_BYTES >> 20} MiB of text, far more than its windows "
                         "take: give a part of the file (head -c 10M FILE > part.txt)")

@@ -7,12 +7,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qcli.errors import UsageError
+from qcli.io.files import named_file
 from qcli.scheme import Calibration
 from qcli.text import shown
 
 SAMPLES = 128  # windows of calibration tokens
 SEQ_LEN = 512  # tokens a window
 SEED = 0  # of the generator that places the windows
+TEXT_HINT = 'pass a UTF-8 text file, or JSON lines each with a "text" field'
+
 # Tokens a calibration holds at most (windows × their length, or either alone): its activations are cached
 # for every window, hidden size × 8 bytes a token, so this many is past any device already.
 MAX_WINDOW_TOKENS = 1 << 24
@@ -33,7 +36,7 @@ class CalibrationInput:
     def check(self, calibration: Calibration | None) -> None:
         """UsageError for a combination that cannot work: GPTQ without text, or with only an importance
         matrix (it needs each layer's whole XᵀX); importance for a calibration that does not search; both
-        files at once."""
+        files at once; a file that is not there (`check_files`)."""
         if self.data is not None and self.imatrix is not None:
             raise UsageError("--calibration-data and --imatrix both give the importance of each input channel",
                              hint="pass one of them")
@@ -49,6 +52,14 @@ class CalibrationInput:
             raise UsageError("--calibration-data feeds --calibration gptq, or weighs the search of --calibration mse",
                              hint="add --calibration gptq or --calibration mse, or drop --calibration-data")
         self.check_windows()
+        self.check_files()
+
+    def check_files(self) -> None:
+        """UsageError for a file named that is not there, found as the options are parsed (`named_file`)."""
+        if self.data is not None:
+            named_file(self.data, "calibration text", TEXT_HINT)
+        if self.imatrix is not None:
+            named_file(self.imatrix, "importance matrix", "pass the file `qcli imatrix` or llama-imatrix wrote")
 
     def check_windows(self) -> None:
         """UsageError for windows that hold nothing or more than MAX_WINDOW_TOKENS, or a seed past 64 bits: the

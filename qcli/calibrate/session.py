@@ -40,6 +40,7 @@ from qcli.calibrate.runner import (
 from qcli.errors import DeviceMemoryError, InputError, UsageError
 from qcli.io.files import file_sha256
 from qcli.io.source import checkpoint_folder
+from qcli.plan.checks import count_and_first
 from qcli.problem import Kind, Problem, Severity
 from qcli.report.quantize import CalibrationRecord
 from qcli.resident import peak_resident_bytes, resident_bytes
@@ -104,7 +105,7 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
         return None
     started = time.perf_counter()
     if calibrating.imatrix is not None:
-        done = _from_imatrix(calibrating.imatrix, folder, weighed)
+        done = _from_imatrix(calibrating.imatrix, folder, weighed, reachable(folder, source))
         done.seconds = time.perf_counter() - started
         return done
     model, text, tokens = _opened(source, folder, calibrating)
@@ -228,10 +229,12 @@ def windows(text: CalibrationText, tokenizer, calibrating: CalibrationInput) -> 
     return framed(calibration_tokens(text, tokenizer, calibrating.samples, body, calibrating.seed), tokenizer)
 
 
-def _from_imatrix(path: Path, folder: Path, weighed: list[PlanEntry]) -> Calibrated:
+def _from_imatrix(path: Path, folder: Path, weighed: list[PlanEntry], blocks: frozenset[str]) -> Calibrated:
     """The importance of each searched tensor's input channels from a llama.cpp importance matrix, its names
     mapped from the model's (config.json's `model_type`); a tensor it lacks is searched unweighted, said in
-    a warning."""
+    a warning: one for those outside the model's blocks (`blocks`: the Linears in them), which `qcli imatrix`
+    never measures (the token embedding, the output head), another for block Linears the matrix should
+    have held."""
     from qcli.calibrate.imatrix import hf_to_gguf_names, read_imatrix
     from qcli.calibrate.model import load_config
 
@@ -250,12 +253,19 @@ def _from_imatrix(path: Path, folder: Path, weighed: list[PlanEntry]) -> Calibra
                              f"input channels; the tensor has {columns}",
                              hint="use the importance matrix computed for this model")
         done.importance[entry.info.name] = torch.from_numpy(found.importance.astype("float64"))
-    if missing:
+    outside = [name for name in missing if name not in blocks]
+    if outside:
         done.warnings.append(Problem(
-            Kind.calibration, f"{path} holds no importance for {len(missing)} of the tensors the mse search "
-            f"weighs: {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}",
-            "they are searched unweighted; compute the matrix on this model (qcli imatrix)", Severity.warning,
-            tensors=tuple(missing)))
+            Kind.calibration, f"{path} measures the Linears in the model's blocks: {count_and_first(outside)} "
+            f"outside them {'is' if len(outside) == 1 else 'are'} not weighed",
+            "nothing to do: their scales are searched unweighted",
+            Severity.warning, tensors=tuple(outside)))
+    lacking = [name for name in missing if name in blocks]
+    if lacking:
+        done.warnings.append(Problem(
+            Kind.calibration, f"{path} holds no importance for {count_and_first(lacking)} of the model's blocks "
+            "that the mse search weighs", "they are searched unweighted; compute the matrix on this model "
+            "(qcli imatrix)", Severity.warning, tensors=tuple(lacking)))
     return done
 
 

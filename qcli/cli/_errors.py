@@ -12,11 +12,13 @@ import os
 import signal
 import sys
 import traceback
+import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import Enum
 from types import FrameType
 
-from qcli.errors import InternalError, Interrupted, PlanError, QcliError, UsageError
+from qcli.errors import InternalError, Interrupted, PlanError, QcliError, UsageError, bad_choice
 from qcli.text import printable
 
 
@@ -31,12 +33,16 @@ def is_usage_error(exc: Exception) -> bool:
 
 
 def usage(exc: Exception) -> int:
-    """A Click parse error (unknown option, missing argument, bad choice) as `error:` and `hint:` lines."""
-    message = exc.format_message() if callable(getattr(exc, "format_message", None)) else str(exc)
-    first, _, rest = printable(message).partition("\n")
+    """A Click parse error (unknown option, missing argument, bad choice) as `error:` and `hint:` lines; a bad
+    choice of an enum option in qcli's words (`bad_choice`), as qcli's own enum-like options give it."""
     ctx = getattr(exc, "ctx", None)
     path = getattr(ctx, "command_path", None) or "qcli"
     hint = f"run '{path} --help' for the usage"
+    choice = _bad_choice(exc, hint)
+    if choice is not None:
+        return emit(choice)
+    message = exc.format_message() if callable(getattr(exc, "format_message", None)) else str(exc)
+    first, _, rest = printable(message).partition("\n")
     possibilities = sorted(getattr(exc, "possibilities", None) or [])
     if possibilities:
         first = first.split(" Did you mean")[0].split(" (Possible options")[0].rstrip()
@@ -45,6 +51,23 @@ def usage(exc: Exception) -> int:
                      f"hint: {hint}\n")
     code = getattr(exc, "exit_code", UsageError.exit_code)
     return code if isinstance(code, int) else UsageError.exit_code
+
+
+def _bad_choice(exc: Exception, hint: str) -> UsageError | None:
+    """The error for a value an enum-typed option does not take, or None for any other parse error. Typer
+    validates enums with pydantic, whose error (the `__cause__`) holds the value given."""
+    param = getattr(exc, "param", None)
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    kind = next((t for t in (annotation, *typing.get_args(annotation)) if isinstance(t, type) and issubclass(t, Enum)),
+                None)  # `Choice` or `Choice | None`
+    errors = getattr(exc.__cause__, "errors", None)
+    if kind is None or not callable(errors):
+        return None
+    given = next((e.get("input") for e in errors() if isinstance(e.get("input"), str)), None)
+    option = max(getattr(param, "opts", None) or [""], key=len)
+    if given is None or not option:
+        return None
+    return bad_choice(given, [str(member.value) for member in kind], option, hint)
 
 
 def emit(error: QcliError) -> int:

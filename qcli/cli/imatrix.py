@@ -16,7 +16,8 @@ from qcli.text import printable
 def imatrix(
     input: Annotated[
         Path,
-        typer.Argument(help="A safetensors checkpoint (file, folder or index) beside its config.json and tokenizer.",
+        typer.Argument(help="A safetensors checkpoint (file, folder or index) beside its config.json and tokenizer,"
+                       " or ORG/NAME: a model in the local Hugging Face cache.",
                        metavar="INPUT", show_default=False),
     ],
     calibration_data: Annotated[
@@ -27,7 +28,8 @@ def imatrix(
     output: Annotated[
         Path | None,
         typer.Option("--output", "-o", metavar="OUTPUT", show_default=False,
-                     help="The imatrix.gguf to write. Default: the input's name with .imatrix.gguf, beside it."),
+                     help="The imatrix.gguf to write. Default: the input's name with .imatrix.gguf, beside it;"
+                     " for ORG/NAME, NAME.imatrix.gguf here."),
     ] = None,
     samples: Annotated[
         int | None, typer.Option("--samples", metavar="N", help=f"Windows of tokens. Default: {SAMPLES}.")

@@ -25,7 +25,8 @@ def inspect(
     file: Annotated[
         Path,
         typer.Argument(
-            help="A .bpk, a .safetensors file, directory or index, or a .gguf file.", metavar="FILE", show_default=False
+            help="A .bpk, a .safetensors file, directory or index, a .gguf file, or ORG/NAME: a model in the"
+            " local Hugging Face cache.", metavar="FILE", show_default=False
         ),
     ],
     json_output: Annotated[
@@ -42,8 +43,8 @@ def inspect(
         typer.Option(
             "--compare",
             metavar="SOURCE",
-            help="Check a .bpk against its source (safetensors or GGUF): kept tensors byte for byte, quantized "
-            "ones block by block against their scheme's error bound; exit 1 on any mismatch.",
+            help="Check a .bpk against its source (safetensors, GGUF or ORG/NAME): kept tensors byte for byte,"
+            " quantized ones block by block against their scheme's error bound; exit 1 on any mismatch.",
         ),
     ] = None,
     names: NamesOption = Names.file,
@@ -88,7 +89,8 @@ def render(report: InspectReport) -> None:
         row += [_output.number(report.bits_per_weight(t), ".2f")] if qfloat else []
         if plan is not None:
             planned = plan.tensors[t.name]
-            decision = planned.decision if planned.scheme is None else short_decision(str(planned.scheme))
+            decision = ("refused" if planned.refused else planned.decision if planned.scheme is None
+                        else short_decision(str(planned.scheme)))
             row += [decision, reasons.key(printable(planned.reason))]
         rows.append(row)
     out.print(_output.tensor_table(columns, rows, out.width))
@@ -121,12 +123,15 @@ def render(report: InspectReport) -> None:
 
 
 def _render_plan(plan: SourcePlan, out: Console) -> None:
-    """The formats found, and the problems that would stop (or deserve a look before) `qcli quantize`."""
+    """The formats found, and the problems that would stop (or deserve a look before) `qcli quantize`: its
+    words, whose hints name its options, under a line that says so."""
     out.print(f"declaration: {printable(plan.declaration)}", soft_wrap=True)
     for summary in plan.formats():
         out.print(printable(summary.text), soft_wrap=True)
+    if plan.problems:
+        out.print("`qcli quantize` says of this plan (its options in the hints):", soft_wrap=True)
     for p in plan.problems:
-        out.print(f"{p.severity}: {printable(str(p))} (hint: {printable(p.hint)})")  # prose: wrapped at spaces
+        out.print(f"  {p.severity}: {printable(str(p))} (hint: {printable(p.hint)})")  # prose: wrapped at spaces
     errors = sum(p.severity is Severity.error for p in plan.problems)
     if errors:
         out.print(f"quantize stops on {errors} problem{'s' if errors > 1 else ''} before reading a weight",

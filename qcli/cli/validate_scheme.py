@@ -33,7 +33,8 @@ def validate_scheme(
     model: Annotated[
         Path | None,
         typer.Option(
-            "--model", metavar="INPUT", help="Also plan this checkpoint from its headers (no weight is read)."
+            "--model", metavar="INPUT", help="Also plan this checkpoint (a path, or ORG/NAME in the local Hugging Face"
+            " cache) from its headers (no weight is read)."
         ),
     ] = None,
     scheme: Annotated[

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from qcli.calibrate.inputs import CalibrationInput
 from qcli.errors import UsageError
-from qcli.io.readers import open_source
+from qcli.io.readers import locate, open_source
 from qcli.io.reads import Reads, refuse_special
 from qcli.io.source import checkpoint_folder
 from qcli.output import read_beside
@@ -35,8 +35,11 @@ class ImatrixReport:
     device: str
 
 
-def default_output(input: Path) -> Path:
-    """`x.safetensors` or a folder `x` -> `x.imatrix.gguf` beside it."""
+def default_output(input: Path, model: str | None = None) -> Path:
+    """`x.safetensors` or a folder `x` -> `x.imatrix.gguf` beside it; a model `ORG/NAME` in the Hugging Face
+    cache -> `NAME.imatrix.gguf` here (never inside the cache)."""
+    if model is not None:
+        return Path(f"{model.split('/')[1]}.imatrix.gguf")
     base = input.resolve()
     return base.parent / f"{base.name if base.is_dir() else base.stem}.imatrix.gguf"
 
@@ -48,15 +51,18 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
     and write, for every Linear in its repeated blocks, the sum of squares of each input channel over the
     tokens and their count (`qcli.calibrate.imatrix`), to `output` (default `default_output(input)`); the
     file is renamed into place only once complete, and only if no file the run read changed meanwhile. A
-    file the run reads, or one that is not a regular file, is never `output` (`qcli.io.reads`)."""
+    file the run reads, or one that is not a regular file, is never `output` (`qcli.io.reads`). `input` may
+    be a model `ORG/NAME` in the local Hugging Face cache (`qcli.io.readers.locate`)."""
     from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN
 
     given = CalibrationInput(Path(calibration_data), SAMPLES if samples is None else samples,
                              SEQ_LEN if seq_len is None else seq_len, SEED if seed is None else seed)
     given.check_windows()
-    require_device(device)
-    input = Path(input)
-    target = Path(output) if output is not None else default_output(input)
+    given.check_files()  # before the slow imports
+    device = require_device(device)
+    named = str(input)
+    input, model = locate(input)
+    target = Path(output) if output is not None else default_output(input, model)
     refuse_special(target, TARGET_HINT)
     if target.exists() and not force:
         raise UsageError(printable(f"{target} already exists"),
@@ -74,6 +80,6 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
     from qcli.calibrate.imatrix import write_imatrix
 
     write_imatrix(measured.imatrix, target, before_commit=reads.unchanged)
-    return ImatrixReport(str(input), str(target), sorted(measured.imatrix.entries), measured.samples,
+    return ImatrixReport(named, str(target), sorted(measured.imatrix.entries), measured.samples,
                          measured.seq_len, measured.tokens, time.perf_counter() - started, measured.device)
 

@@ -17,11 +17,10 @@ from qcli.errors import InputError, UsageError
 from qcli.formats import detect, verdict
 from qcli.formats.found import Encoded, Found, Transcode
 from qcli.io.burnpack import TensorEntry, metadata_json
-from qcli.io.burnpack_index import BurnpackSet
+from qcli.io.burnpack_index import BurnpackSet, is_container
 from qcli.io.dtypes import FLOAT_DTYPES, TORCH_DTYPE_NAMES, Bool, BoolStore, DType, Plain, QFloat, torch_dtype
-from qcli.io.readers import open_source
+from qcli.io.readers import locate, open_source
 from qcli.io.source import Source, TensorInfo
-from qcli.output import is_container
 from qcli.plan.entries import PlanEntry
 from qcli.report.documents import SourceFile
 from qcli.report.inspect import (
@@ -100,19 +99,21 @@ def inspect_file(
 ) -> InspectReport:
     """List a checkpoint (safetensors or GGUF) with its default plan, or a burnpack file; optionally one tensor's
     statistics, or a comparison of a burnpack file against its source. `names`: a GGUF source's tensor names
-    as in the file, or `hf`, Hugging Face's (`qcli.io.source.Names`)."""
+    as in the file, or `hf`, Hugging Face's (`qcli.io.source.Names`). A checkpoint (`path`, or `compare`)
+    may be a model `ORG/NAME` in the local Hugging Face cache (`qcli.io.readers.locate`)."""
 
-    path = Path(path)
+    given, path = str(path), Path(path)
     if is_container(path):
         return _inspect_burnpack(path, tensor, compare, names)
     if compare is not None:
         raise UsageError(
             "--compare checks a .bpk against its source", hint="run `qcli inspect OUTPUT.bpk --compare INPUT`"
         )
+    path, _ = locate(path)
     with collector_paused() as resume, open_source(path, names) as source:
         infos = source.infos()
         report = InspectReport(
-            path=str(path),
+            path=given,
             format=source.format,
             files=[SourceFile(f.name, f.stat().st_size) for f in source.files],
             tensors=[ListedTensor(i.name, i.dtype, i.dtype, tuple(i.shape), i.nbytes) for i in infos],
@@ -192,11 +193,11 @@ def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None
                                 if isinstance(entry.dtype, QFloat) else (None, None))
         report.tensor_stats = TensorStats(tensor, values, scales, global_scale)
     if compare is not None:
-        report.compare = _compare(reader, entries, Path(compare), names)
+        report.compare = _compare(reader, entries, compare, names)
     return report
 
 
-def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path, names: str) -> CompareReport:
+def _compare(reader: BurnpackSet, entries: list[TensorEntry], compare: str | Path, names: str) -> CompareReport:
     """Each written tensor against its source: kept ones must be byte-identical (to the source cast to the
     written dtype, for a kept tensor a recipe's cast wrote in another floating dtype), quantized ones
     measured."""
@@ -212,6 +213,7 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path,
             hint="the file was not written by qcli, or was edited; write it again from its source",
         )
     rows: list[CompareRow] = []
+    source_path, _ = locate(compare)
     with open_source(source_path, names) as source:
         infos = {i.name: i for i in source.infos()}
         # an already-quantized weight's values are what its format dequantizes it to, from its companions
@@ -266,7 +268,7 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], source_path: Path,
             rows.append(CompareRow(e.name, text, flip, error.max_abs == 0.0, error, problem,
                                    block, block_error, bound, mean_ratio))
     return CompareReport(
-        source=str(source_path),
+        source=str(compare),
         rows=rows,
         missing=sorted(set(infos) - written),
         extra=sorted(written - set(infos)),

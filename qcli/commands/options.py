@@ -10,9 +10,9 @@ from pathlib import Path
 from qcli import BURN_VERSION
 from qcli.burn_backends import BurnBackend, resolve_backend, resolve_version
 from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN, CalibrationInput
-from qcli.errors import UsageError
-from qcli.io.hf_cache import is_model_name, snapshot
-from qcli.io.readers import SUFFIXES
+from qcli.errors import UsageError, one_of
+from qcli.io.files import named_file
+from qcli.io.readers import locate
 from qcli.io.source import Names
 from qcli.output import MODEL_FILE, default_output, is_folder_output
 from qcli.pipeline.device import DEVICES
@@ -75,12 +75,8 @@ class QuantizeOptions:
             known = [*(p for p in inspect.signature(cls.parse).parameters if p != "flags"), *_FLAGS]
             raise UsageError(f"unknown quantize option {sorted(unknown)[0]!r}",
                              hint=f"the options are {', '.join(known)}")
-        if device not in DEVICES:
-            raise UsageError(f"unknown device {device!r}", hint="use --device auto, cpu or cuda")
-        try:
-            names = Names(str(names).lower())
-        except ValueError:
-            raise UsageError(f"unknown tensor names {str(names)!r}", hint="use --names file or hf") from None
+        device = one_of(device, DEVICES, "--device")
+        names = Names(one_of(str(names), list(Names), "--names"))
         if isinstance(max_shard_size, str):
             max_shard_size = parse_size(max_shard_size, "--max-shard-size")
         chosen = None if calibration is None else resolve_calibration(str(calibration))
@@ -91,7 +87,7 @@ class QuantizeOptions:
         calibrating.check(chosen)
         return cls(
             preset=resolve_preset(scheme),
-            recipe=None if recipe is None else Path(recipe),
+            recipe=None if recipe is None else named_file(recipe, "recipe", "check the path given to --recipe"),
             calibration=chosen,
             requantize=None if requantize is None else resolve_preset(requantize),
             device=device,
@@ -129,26 +125,16 @@ class Destination:
     def of(cls, input: str | Path, output: str | Path | None, revision: str | None = None) -> Destination:
         """`input` as a path, or a model `ORG/NAME` in the Hugging Face cache (at `revision`) where no such
         path exists; `output` a file, `DIR/` or an existing directory (a model folder), or None: beside the
-        input, or for a model name the folder `NAME/` here."""
-        path, model = _located(input, revision)
+        input, or for a model name the folder `NAME/` here. A new `output` without a suffix is refused: it
+        may mean a file or a folder, and either guess writes what the user did not ask for."""
+        path, model = locate(input, revision)
         folder = None
         if output is None and model is not None:
             folder = Path(model.split("/")[1])
         elif output is not None and is_folder_output(output):
             folder = Path(output)
+        elif output is not None and not Path(output).suffix and not Path(output).exists():
+            raise UsageError(printable(f"-o {output} names neither a .bpk file nor a folder"),
+                             hint=printable(f"write -o {output}/ for a model folder, or -o {output}.bpk for a file"))
         target = folder / MODEL_FILE if folder else Path(output) if output is not None else default_output(path)
         return cls(str(input), path, model, target, folder)
-
-
-def _located(input: str | Path, revision: str | None) -> tuple[Path, str | None]:
-    """The path to read, and the model name when `input` named one in the Hugging Face cache: a path that
-    exists always wins, and a name with a checkpoint's suffix is a path."""
-    path = Path(input)
-    named = str(input)
-    if path.exists() or not is_model_name(named) or named.lower().endswith(SUFFIXES):
-        if revision is not None:
-            raise UsageError(printable(f"--revision picks a revision of a model in the Hugging Face cache; "
-                                       f"{named} is a path"),
-                             hint="drop --revision, or give the model's ORG/NAME")
-        return path, None
-    return snapshot(named, revision), named

@@ -144,7 +144,8 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
             runtime.warm(rest_of(plan, gptq_names(plan)), measure=stats or verify)
         record = folder_record(report, input, options.record())
         folder_output = None if folder is None else ModelFolder(folder, copies, record)
-        outputs = Output(plan, target, options.max_shard_size, metadata(report), folder_output)
+        outputs = Output(plan, target, options.max_shard_size, metadata(report, options.record()["calibration"]),
+                         folder_output)
         report.outputs = [str(path) for path in outputs.paths]
         report.warnings += folder_warnings + outputs.prepare(reads, force=force, dry_run=dry_run)
         if dry_run:

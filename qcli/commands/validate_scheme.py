@@ -19,14 +19,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from qcli import BURN_VERSION
-from qcli.burn_backends import BurnBackend, load_problem, loads_instead, resolve_backend, resolve_version
+from qcli.burn_backends import BurnBackend, load_problem, resolve_backend, resolve_version
 from qcli.errors import UsageError
 from qcli.formats import detect
 from qcli.formats.found import Found
 from qcli.io.files import NOT_REGULAR_HINT, not_regular_problem
-from qcli.io.readers import open_source
+from qcli.io.readers import locate, open_source
 from qcli.io.source import Source, TensorInfo
-from qcli.plan.checks import count_and_first, preset_or_scheme, rule_refusal
+from qcli.plan.checks import backend_way_out, count_and_first, rule_refusal
 from qcli.plan.decisions import make_plan
 from qcli.plan.entries import Plan
 from qcli.presets import Preset, resolve_preset
@@ -70,7 +70,7 @@ def validate_scheme(
     if model is None:
         problems = [p for path in paths for p in recipe_problems(path, None, preset, backend, version)]
     else:
-        with open_source(Path(model)) as source:
+        with open_source(locate(model)[0]) as source:
             infos = source.infos()
             found = detect(infos, None if requantized is None else source.load)
             problems = [p for path in paths for p in recipe_problems(
@@ -133,9 +133,7 @@ def _backend_refusals(rules: Iterable[Rule], backend: BurnBackend, version: str)
     for rule in rules:
         why = None if rule.scheme is None or rule.refusals else load_problem(backend, rule.scheme, (), version)
         if why is not None:
-            instead = loads_instead(backend, rule.scheme, (), version)
-            hint = (f"use {preset_or_scheme(instead)}, which {backend} loads" if instead is not None
-                    else "keep those tensors (keep = true), or load the file on another backend")
+            hint = backend_way_out(backend, rule.scheme, (), version, rule)
             problems.append(Problem(Kind.backend, f"rule (match {rule.match!r}) asks for {rule.describe()}, "
                                     f"which Burn {version}'s {backend} backend cannot load: {why}", hint,
                                     file=rule.file, line=rule.line))

@@ -139,8 +139,7 @@ class Refused(Encoded):
     def why(self) -> str:
         return self.cause
 
-    @property
-    def hint(self) -> str:
+    def hint(self, preset: str | None = None) -> str:
         return self.way_out
 
     @property

@@ -74,11 +74,10 @@ class Encoded(ABC):
     offered: ClassVar[str] = REQUANTIZE_NARROW  # the preset the refusal offers
     requantizable: ClassVar[bool] = True  # whether `dequantize` is a way out: `--requantize`
 
-    @property
-    def hint(self) -> str:
-        """What to do about its refusal."""
-        return (f"requantize them into a Burn scheme: --requantize {self.offered} ({self.decoded_as}; --stats "
-                "shows the error added to the dequantized weights)")
+    def hint(self, preset: str | None = None) -> str:
+        """What to do about its refusal: requantize into `preset` (the user's own), else the one offered."""
+        return (f"requantize them into a Burn scheme: --requantize {preset or self.offered} ({self.decoded_as}; "
+                "--stats shows the error added to the dequantized weights)")
 
     @property
     def name(self) -> str:

@@ -10,10 +10,12 @@ its way.
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 
-from qcli.io.burnpack import EXTENSION, BurnpackReader, TensorEntry
+from qcli.io.burnpack import EXTENSION, MAGIC_NUMBER, BurnpackReader, TensorEntry
+from qcli.io.files import open_regular
 from qcli.io.hf_index import check_weight_map, read_weight_map
 from qcli.io.staged import StagedFile
 
@@ -38,6 +40,20 @@ def standing_index(path: Path) -> Path | None:
     if not path.exists() and index_path(path).exists():
         return index_path(path)
     return None
+
+
+def is_container(path: Path) -> bool:
+    """Whether `path` is a file of the container qcli writes, or the index of its shards: by the extension,
+    else by the container's magic number at the start (a regular file only: nothing else is opened)."""
+    if standing_index(path) is not None or path.suffix == EXTENSION:
+        return True
+    if not path.is_file():
+        return False
+    try:
+        with open_regular(path) as f:
+            return f.read(4) == struct.pack("<I", MAGIC_NUMBER)
+    except OSError:  # unreadable: its reader says why
+        return False
 
 
 class IndexWriter(StagedFile):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from qcli.errors import InputError
+from qcli.errors import InputError, UsageError
 from qcli.text import printable, quoted
 
 READ_MAX = 1 << 30  # bytes per read call (Linux reads at most 2 GiB - 4 KiB at once)
@@ -60,6 +60,15 @@ def open_regular(path: Path | str) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def named_file(path: Path | str, what: str, hint: str) -> Path:
+    """A file an option names (`what` it is, for the message), checked to be there as the options are parsed,
+    so that a missing one is a UsageError before the slow imports (torch, transformers) a run makes."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(printable(f"cannot read {what} {path}: no such file"), hint=hint)
+    return path
 
 
 def not_regular_problem(path: Path) -> str | None:

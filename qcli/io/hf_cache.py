@@ -56,7 +56,7 @@ def snapshot(name: str, revision: str | None = None) -> Path:
         raise InputError(
             printable(f"{name} is neither a file or folder here nor a model in the Hugging Face cache at "
                       f"revision {revision} (looked for {looked})"),
-            hint=printable(f"download it first with `huggingface-cli download {name}` (or set HF_HUB_CACHE "
+            hint=printable(f"download it first with `hf download {name}` (or set HF_HUB_CACHE "
                            "to the cache that holds it); qcli never downloads"))
     return folder
 

@@ -13,10 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qcli.errors import UsageError
+from qcli.io.burnpack_index import is_container
 from qcli.io.gguf import SUFFIX, GgufSource, is_gguf
 from qcli.io.gguf_names import hf_names
+from qcli.io.hf_cache import is_model_name, snapshot
 from qcli.io.safetensors import SafetensorsSource
 from qcli.io.source import Names, Source
+from qcli.text import printable
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,27 @@ READERS = (
     Reader(SafetensorsSource.format, (".safetensors", ".json"), _the_rest, SafetensorsSource.open),
 )
 SUFFIXES = tuple(suffix for reader in READERS for suffix in reader.suffixes)
+
+
+def locate(input: str | Path, revision: str | None = None) -> tuple[Path, str | None]:
+    """The checkpoint `input` names, as every command that reads one takes it: the path to read, and the model
+    name when `input` named one in the local Hugging Face cache (`ORG/NAME`, read at `revision`: its
+    snapshot folder). A path that exists always wins, and a name with a checkpoint's suffix is a path. A
+    burnpack file is refused: it is qcli's output, not a checkpoint."""
+    path = Path(input)
+    named = str(input)
+    if is_container(path):
+        raise UsageError(printable(f"{named} is a burnpack (.bpk) file, which qcli writes; a checkpoint to read "
+                                   "is a safetensors file, folder or index, or a GGUF file"),
+                         hint=printable(f"`qcli inspect {named}` shows what it holds; give the checkpoint it was "
+                                        "written from instead"))
+    if path.exists() or not is_model_name(named) or named.lower().endswith(SUFFIXES):
+        if revision is not None:
+            raise UsageError(printable(f"--revision picks a revision of a model in the Hugging Face cache; "
+                                       f"{named} is a path"),
+                             hint="drop --revision, or give the model's ORG/NAME")
+        return path, None
+    return snapshot(named, revision), named
 
 
 def open_source(path: Path | str, names: Names | str = Names.file) -> Source:

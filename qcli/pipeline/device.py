@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from functools import partial
 from typing import TYPE_CHECKING
 
-from qcli.errors import UsageError
+from qcli.errors import UsageError, one_of
 from qcli.pipeline import GpuSettings, Pipeline
 from qcli.pipeline.prefetch import Prefetch
 
@@ -26,16 +26,13 @@ log = logging.getLogger(__name__)
 def select_pipeline(device: str, environ: Mapping[str, str] = os.environ) -> tuple[str, Pipeline]:
     """`(device, run)`: auto is cuda when torch sees a GPU; QCLI_KERNELS=triton forces the GPU pipeline,
     which takes its `GpuSettings` from `environ`."""
-    if device not in DEVICES:
-        raise UsageError(f"unknown device {device!r}", hint="use --device auto, cpu or cuda")
+    device = require_device(device, environ)
     if environ.get("QCLI_KERNELS") == "triton":
         device = "triton"
-    else:
+    elif device == "auto":
         import torch
 
-        require_device(device, environ)
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         from qcli.pipeline import cpu
 
@@ -49,17 +46,18 @@ def select_pipeline(device: str, environ: Mapping[str, str] = os.environ) -> tup
     return device, partial(gpu.run, settings=GpuSettings.from_env(environ))
 
 
-def require_device(device: str, environ: Mapping[str, str] = os.environ) -> None:
-    """UsageError for a device the run cannot have: an unknown one, or `cuda` where torch sees none (outside
-    Triton's interpreter, QCLI_KERNELS=triton). A dry run asks too, so that it exits as its run would."""
-    if device not in DEVICES:
-        raise UsageError(f"unknown device {device!r}", hint="use --device auto, cpu or cuda")
+def require_device(device: str, environ: Mapping[str, str] = os.environ) -> str:
+    """The device `device` names (`one_of` DEVICES); UsageError for one the run cannot have: an unknown one,
+    or `cuda` where torch sees none (outside Triton's interpreter, QCLI_KERNELS=triton). A dry run asks too,
+    so that it exits as its run would."""
+    device = one_of(device, DEVICES, "--device")
     if device == "cuda" and environ.get("QCLI_KERNELS") != "triton":
         import torch
 
         if not torch.cuda.is_available():
             raise UsageError("--device cuda: torch sees no CUDA device",
                              hint="use --device cpu (or auto), or install a CUDA build of torch before qcli")
+    return device
 
 
 class Runtime:

@@ -15,7 +15,7 @@ from qcli.burn_backends import BurnBackend, hold_problem, kept_problem, load_pro
 from qcli.formats.found import Encoded
 from qcli.io.burnpack import MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, align, gib
 from qcli.plan.entries import Plan, PlanEntry
-from qcli.presets import PRESETS, REQUANTIZE_NARROW, REQUANTIZE_WIDE
+from qcli.presets import DEFAULT_PRESET, PRESETS, REQUANTIZE_NARROW, REQUANTIZE_WIDE, Preset
 from qcli.problem import Kind, Problem, Severity
 from qcli.recipe import OnIndivisible, Rule
 from qcli.scheme import QuantScheme, accept_problems
@@ -32,11 +32,14 @@ class Checks:
                                      rule.line if rule else None, tuple(tensors)))
 
     def encoded_problems(self) -> None:
-        """One error per format refused: why no Burn scheme holds it, and `--requantize` the way out."""
+        """One error per format refused: why no Burn scheme holds it, and `--requantize` the way out, into the
+        user's own `--scheme` where one other than the default was asked for, else the preset the format
+        offers (one at least as wide as its codes)."""
+        chosen = None if self.preset.name == DEFAULT_PRESET else self.preset.name
         for format, refused in self.refused.items():
             names, first = [e.weight.name for e in refused], refused[0]
             are = "is" if len(names) == 1 else "are"
-            self.problem(first.kind, f"{count_and_first(names)} {are} {format}: {first.why}", first.hint, names)
+            self.problem(first.kind, f"{count_and_first(names)} {are} {format}: {first.why}", first.hint(chosen), names)
 
     def rule_problems(self, rule: Rule, names: list[str], entries: Sequence[PlanEntry]) -> None:
         refused = rule_refusal(rule, names)
@@ -194,11 +197,9 @@ class Checks:
                 hint = (f"they are the checkpoint's own codes, written exactly: {self.requantize_into(backend, first)}"
                         "load the file on a backend that reads them (docs/input-formats.md)")
             else:
-                instead = loads_instead(backend, first.decision.scheme, first.out_shape, version)
-                hint = (f"use {preset_or_scheme(instead)}, which {backend} loads" if instead is not None
-                        else "keep them (keep = true), or load the file on another backend")
+                hint = backend_way_out(backend, first.decision.scheme, first.out_shape, version, first.decision.rule)
             if self.backend is None:
-                hint += "; name the backend you load with by --burn-backend to check for it alone"
+                hint += f"; --burn-backend {'|'.join(BurnBackend)} checks only the one you load with"
             self.problem(
                 Kind.backend, f"Burn {version}'s {backend} backend cannot load {count_and_first(names)} as {written}: "
                 f"{why}", hint, names, severity=Severity.error if self.backend else Severity.warning,
@@ -242,10 +243,35 @@ def rule_refusal(rule: Rule, covered: Sequence[str] | None = None) -> Problem | 
     return Problem(first.kind, message, first.hint, file=rule.file, line=rule.line, tensors=tuple(covered or ()))
 
 
-def preset_or_scheme(scheme: QuantScheme) -> str:
-    """The preset whose scheme `scheme` is (`preset q8s-b32`), else the scheme itself."""
-    preset = next((p.name for p in PRESETS.values() if p.scheme == scheme), None)
-    return f"preset {preset}" if preset is not None else str(scheme)
+def backend_way_out(backend: BurnBackend, scheme: QuantScheme, shape: Sequence[int], version: str,
+                    rule: Rule | None) -> str:
+    """What to write instead of `scheme`, which `backend` cannot load or compute with for `shape`, in names
+    `--scheme` and a recipe accept: the nearest preset it does load (`--scheme NAME`, or for a `rule`'s
+    tensors `preset = "NAME"` there), and where the nearest scheme it loads keeps the width under a tensor
+    scale (wgpu dequantizes such a weight before its matmul), that way too."""
+    preset = nearest_preset(backend, scheme, shape, version)
+    if preset is None:
+        return "keep them (keep = true), or load the file on another backend"
+    hint = f"use {f'--scheme {preset.name}' if rule is None else f'preset = {preset.name!r} in that rule'}, which " \
+           f"{backend} loads"
+    instead = loads_instead(backend, scheme, shape, version)
+    if instead is not None and instead.value is scheme.value and instead.is_two_level() and not scheme.is_two_level():
+        hint += f", or keep {scheme.value.size_bits()} bits with tensor_scale = \"F32\" in a recipe rule"
+    return hint
+
+
+def nearest_preset(backend: BurnBackend, scheme: QuantScheme, shape: Sequence[int], version: str) -> Preset | None:
+    """The preset `backend` loads and computes with for `shape` that is nearest to `scheme`: of its width, else
+    the narrowest wider one, else the widest narrower one; then of its value, then of its block."""
+    width = scheme.value.size_bits()
+
+    def distance(preset: Preset) -> tuple:
+        bits = preset.scheme.value.size_bits()
+        value, block = preset.scheme.value is not scheme.value, preset.scheme.block != scheme.block
+        return bits < width, abs(bits - width), value, block
+
+    return next((p for p in sorted(PRESETS.values(), key=distance)
+                 if load_problem(backend, p.scheme, shape, version) is None), None)
 
 
 def count_and_first(names: Sequence[str]) -> str:

@@ -449,8 +449,11 @@ def test_an_fp8_source_burn_cannot_hold_is_refused_by_name(tmp_path):
     lines = assert_user_error(cli("quantize", source, "--dry-run", "-o", tmp_path / "f8.bpk"), 2)
     text = cli("inspect", source).out
     for line in ("F8_E5M2: 1 tensor, refused (quantize stops on it)", "quantize stops on 2 problems",
-                 "error: bare.weight (F8_E4M3) cannot be kept: Burn has no F8_E4M3 dtype"):
+                 "`qcli quantize` says of this plan (its options in the hints):",
+                 "  error: bare.weight (F8_E4M3) cannot be kept: Burn has no F8_E4M3 dtype"):
         assert line in text, text
+    rows = {row[0]: row for row in table_rows(text)}
+    assert rows["e5m2.weight"][4] == rows["bare.weight"][4] == "refused" and rows["w.weight"][4] == "Q4S [32] F16"
     assert any("e5m2.weight" in line for line in lines)
 
 

@@ -22,7 +22,8 @@ from tests.cli_support import SCHEMA, SHARDED, SINGLE, assert_user_error, cli, v
 from tests.hf_cache_support import cached_model
 
 SIDE = {"config.json": b'{"model_type": "llama", "hidden_size": 128}\n', "tokenizer.json": b'{"version": "1.0"}',
-        "tokenizer.model": bytes(range(256)), "generation_config.json": b"{}"}
+        "tokenizer.model": bytes(range(256)), "generation_config.json": b"{}",
+        "chat_template.jinja": b"{% for message in messages %}{{ message['content'] }}{% endfor %}"}
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
@@ -69,6 +70,25 @@ def test_a_folder_output_holds_the_weights_the_side_files_unchanged_and_the_reco
         (source / n).stat().st_size for n in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")]
     assert record["tensors"] == {"total": 21, "quantized": 16, "kept": 5, "transposed": 0}
     assert record["options"]["scheme"] == "q4s-b32"
+
+
+def test_the_side_files_are_the_ones_transformers_reads_beside_a_model():
+    """Every file name transformers gives a config, a generation config, a tokenizer's files, its vocabulary
+    (for the families qcli calibrates and their kin) or a chat template is copied."""
+    import importlib
+
+    from transformers import tokenization_utils_base as base
+    from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME
+    from transformers.utils.hub import CHAT_TEMPLATE_FILE, LEGACY_PROCESSOR_CHAT_TEMPLATE_FILE
+
+    from qcli.output import SIDE_FILES
+
+    names = {CONFIG_NAME, GENERATION_CONFIG_NAME, CHAT_TEMPLATE_FILE, LEGACY_PROCESSOR_CHAT_TEMPLATE_FILE,
+             base.SPECIAL_TOKENS_MAP_FILE, base.ADDED_TOKENS_FILE, base.TOKENIZER_CONFIG_FILE, base.FULL_TOKENIZER_FILE}
+    for family in ("llama", "gpt2", "bert", "t5", "qwen2"):
+        names |= set(importlib.import_module(f"transformers.models.{family}.tokenization_{family}")
+                     .VOCAB_FILES_NAMES.values())
+    assert names == set(SIDE_FILES)
 
 
 def test_an_existing_empty_folder_is_a_folder_output_without_the_slash(tmp_path):
@@ -260,7 +280,7 @@ def test_a_cached_model_at_a_revision_and_into_a_file(hub, tmp_path):
 def test_a_model_not_in_the_cache_says_where_it_looked_and_how_to_get_it(hub, tmp_path):
     lines = assert_user_error(cli("quantize", "tiny/other", "--dry-run"), 3)
     assert str(tmp_path / "hub" / "models--tiny--other") in lines[0]
-    assert lines[-1].startswith("hint: download it first with `huggingface-cli download tiny/other`")
+    assert lines[-1].startswith("hint: download it first with `hf download tiny/other`")
     assert os.listdir(tmp_path / "work") == []
 
 
@@ -273,3 +293,32 @@ def test_a_path_that_exists_wins_over_a_cache_name(hub, tmp_path):
     assert "would write tiny/llama.bpk" in done.out
     lines = assert_user_error(cli("quantize", "tiny/llama", "--revision", "main", "--dry-run"), 2)
     assert "--revision" in lines[0]
+
+
+def test_every_command_that_reads_a_checkpoint_takes_a_cached_model_name(hub, tmp_path):
+    """inspect, its --compare, validate-scheme --model and imatrix find ORG/NAME as quantize does: the same
+    report as for the file the cache holds, and the same cache miss."""
+    recipe = SINGLE.with_name("tiny-llama.toml")
+    by_name = cli("inspect", "tiny/llama", "--json")
+    by_path = cli("inspect", hub / "model.safetensors", "--json")
+    assert by_name.code == 0, by_name.err
+    assert by_name.json["path"] == "tiny/llama" and by_name.json["tensors"] == by_path.json["tensors"]
+    checked = cli("validate-scheme", recipe, "--model", "tiny/llama", "--json")
+    assert checked.code == 0, checked.err
+    assert checked.json["problems"] == cli("validate-scheme", recipe, "--model", SINGLE, "--json").json["problems"]
+    out = tmp_path / "x.bpk"
+    assert cli("quantize", "tiny/llama", "-o", out, "--device", "cpu").code == 0
+    compared = cli("inspect", out, "--compare", "tiny/llama")
+    assert compared.code == 0 and "all tensors match" in compared.out
+    for command in (["inspect", "tiny/other"], ["validate-scheme", recipe, "--model", "tiny/other"],
+                    ["imatrix", "tiny/other", "--calibration-data", recipe]):
+        lines = assert_user_error(cli(*command), 3)
+        assert "models--tiny--other" in lines[0] and "`hf download tiny/other`" in lines[-1], command
+
+
+def test_imatrix_of_a_cached_model_writes_here_not_into_the_cache():
+    from pathlib import Path
+
+    from qcli.commands.imatrix import default_output
+
+    assert default_output(Path("/cache/snapshots/abc"), "tiny/llama") == Path("llama.imatrix.gguf")

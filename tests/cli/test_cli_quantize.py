@@ -116,7 +116,14 @@ def test_metadata_map_records_producer_sources_and_layout(written):
     assert json.loads(meta["source_files"]) == [{"name": SINGLE.name, "bytes": SINGLE.stat().st_size}]
     assert meta["preset"] == "q4s-b32"
     assert json.loads(meta["transposed"]) == []
-    assert "recipe_sha256" not in meta
+    assert "recipe_sha256" not in meta and "calibration" not in meta
+
+
+def test_the_calibration_asked_for_is_recorded_without_calibration_data(tmp_path):
+    out = tmp_path / "mse.bpk"
+    assert cli("quantize", SINGLE, "-o", out, "--calibration", "mse", "--device", "cpu", "--no-verify").code == 0
+    assert json.loads(read_bpk(out).metadata["calibration"]) == {
+        "method": "mse", "file": None, "sha256": None, "samples": None, "seq_len": None, "seed": None}
 
 
 def test_json_document_validates_and_its_errors_are_the_decoded_ones(written):
@@ -499,6 +506,49 @@ def test_the_input_is_never_the_output(tmp_path):
     assert src.read_bytes() == SINGLE.read_bytes()
 
 
+def test_a_burnpack_given_as_a_checkpoint_is_refused_as_qcli_output(tmp_path):
+    """By its suffix, or (renamed) by burnpack's magic number, burn-store's u32 0x4255524E little-endian, for
+    every command that reads a checkpoint: before the output beside it (the input itself) is looked at."""
+    named = tmp_path / "m.bpk"
+    named.write_bytes(b"NRUB" + bytes(60))
+    renamed = tmp_path / "weights"
+    renamed.write_bytes(named.read_bytes())
+    recipe = SINGLE.with_name("tiny-llama.toml")
+    for command in (["quantize", named], ["quantize", renamed, "-o", tmp_path / "x.bpk", "--force"],
+                    ["validate-scheme", recipe, "--model", named], ["imatrix", named, "--calibration-data", recipe]):
+        lines = assert_user_error(cli(*command), 2)
+        assert "is a burnpack (.bpk) file, which qcli writes" in lines[0], lines
+        assert lines[-1].startswith("hint: `qcli inspect ") and "give the checkpoint it was written from" in lines[-1]
+    assert named.read_bytes() == b"NRUB" + bytes(60) and not (tmp_path / "x.bpk").exists()
+
+
+def test_an_output_named_without_a_suffix_or_slash_is_refused_not_guessed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    lines = assert_user_error(cli("quantize", SINGLE, "-o", "mydir", "--dry-run"), 2)
+    assert lines == ["error: -o mydir names neither a .bpk file nor a folder",
+                     "hint: write -o mydir/ for a model folder, or -o mydir.bpk for a file"]
+    assert os.listdir(tmp_path) == []
+    (tmp_path / "mine").write_bytes(b"x")  # an existing file is the file named, replaced under --force
+    assert cli("quantize", SINGLE, "-o", "mine", "--dry-run", "--force").code == 0
+
+
+def test_a_refusals_requantize_hint_names_the_users_own_preset(tmp_path):
+    """GGUF Q4_1 (a minimum per block: no Burn scheme) is refused with `--requantize`: into q4s-b32 by
+    default, into the user's own preset where one was asked for, and the run that takes the hint plans."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+
+    from tests.gguf_support import write_gguf
+
+    source = tmp_path / "m.gguf"
+    write_gguf(source, {"blk.0.ffn_up.weight": (np.linspace(-1, 1, 64 * 128, dtype=np.float32).reshape(64, 128),
+                                                GGMLQuantizationType.Q4_1)})
+    for scheme, offered in ((), "q4s-b32"), (("--scheme", "q8s-b32"), "q8s-b32"):
+        lines = assert_user_error(cli("quantize", source, "--dry-run", *scheme), 2)
+        assert f"--requantize {offered} (" in lines[-1], lines
+        assert cli("quantize", source, "--dry-run", *scheme, "--requantize", offered).code == 0
+
+
 def test_a_recipe_error_names_file_line_and_suggestion(tmp_path):
     recipe = tmp_path / "typo.toml"
     recipe.write_text('version = 1\n\n[[rule]]\nmatch = "*"\nvalue = "Q4S"\nblok = [32]\n')
@@ -823,6 +873,23 @@ def test_click_parse_errors_are_one_error_and_one_hint_line(args):
     lines = assert_user_error(result, 2)
     assert len(lines) == 2, result.err
     assert "--help" in lines[1]
+
+
+@pytest.mark.parametrize(("args", "error", "hint"), [
+    (("quantize", SINGLE, "--calibration", "gtpq"), "--calibration: 'gtpq' is not one of minmax, absmean, mse, gptq",
+     "did you mean --calibration gptq? run 'qcli quantize --help' for the usage"),
+    (("quantize", SINGLE, "--burn-backend", "WGU"), "--burn-backend: 'WGU' is not one of flex, ndarray, wgpu",
+     "did you mean --burn-backend wgpu? run 'qcli quantize --help' for the usage"),
+    (("inspect", SINGLE, "--names", "x"), "--names: 'x' is not one of file, hf",
+     "run 'qcli inspect --help' for the usage"),
+    (("validate-scheme", SINGLE, "--format", "githb"), "--format: 'githb' is not one of text, json, github",
+     "did you mean --format github? run 'qcli validate-scheme --help' for the usage"),
+    (("imatrix", SINGLE, "--calibration-data", SINGLE, "--device", "cdua"), "--device: 'cdua' is not one of auto, cpu, "
+     "cuda", "did you mean --device cuda?"),
+], ids=["calibration", "backend", "names", "format", "imatrix-device"])
+def test_a_bad_choice_is_said_in_qclis_words_with_the_closest_choice(args, error, hint):
+    """Every enum-like option, parsed by Typer or by qcli, one wording: the choices and difflib's closest."""
+    assert assert_user_error(cli(*args), 2) == [f"error: {error}", f"hint: {hint}"]
 
 
 def test_an_unknown_option_hint_offers_the_close_one():

@@ -1,4 +1,5 @@
-"""`import qcli`, `qcli --help` and `qcli validate-scheme RECIPE` (no --model) load neither torch nor triton.
+"""`import qcli`, `qcli --help` and `qcli validate-scheme RECIPE` (no --model) load neither torch nor triton;
+a file an option names that is not there is refused before torch or transformers is loaded.
 
 Each case runs in a fresh interpreter, so nothing imported by other tests can hide an import.
 """
@@ -25,7 +26,7 @@ preset = "q4s-b32"
 PROBE = """
 import json, sys
 {body}
-print(json.dumps({{"code": code, "heavy": sorted(m for m in ("torch", "triton") if m in sys.modules)}}))
+print(json.dumps({{"code": code, "heavy": sorted(m for m in ("torch", "triton", "transformers") if m in sys.modules)}}))
 """
 
 
@@ -67,3 +68,14 @@ def test_validate_scheme_without_model_is_lean(tmp_path):
 
 def test_the_probe_sees_torch_when_it_is_imported():
     assert probe("import torch\ncode = 0")["heavy"] == ["torch"]
+
+
+@pytest.mark.parametrize("args", [
+    ["quantize", "sample_weights/tiny-llama-sharded", "--calibration", "gptq", "--calibration-data", "missing.txt"],
+    ["quantize", "sample_weights/tiny-llama-sharded", "--calibration", "mse", "--calibration-data", "missing.txt"],
+    ["quantize", "sample_weights/tiny-llama-sharded", "--calibration", "mse", "--imatrix", "missing.gguf"],
+    ["quantize", "sample_weights/tiny-llama.safetensors", "--recipe", "missing.toml"],
+    ["imatrix", "sample_weights/tiny-llama-sharded", "--calibration-data", "missing.txt"],
+], ids=["gptq-text", "mse-text", "imatrix", "recipe", "imatrix-command"])
+def test_a_missing_file_is_found_as_the_options_are_parsed(args):
+    assert probe(run_cli(args)) == {"code": 2, "heavy": []}

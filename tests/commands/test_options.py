@@ -32,10 +32,10 @@ def test_defaults_are_the_commands_defaults():
 
 @pytest.mark.parametrize(("given", "message"), [
     ({"scheme": "q5z"}, "q5z"),
-    ({"calibration": "best"}, "unknown calibration"),
-    ({"device": "tpu"}, "unknown device"),
-    ({"names": "gguf"}, "unknown tensor names"),
-    ({"burn_backend": "cuda"}, "unknown Burn backend"),
+    ({"calibration": "best"}, "--calibration: 'best' is not one of minmax, absmean, mse, gptq"),
+    ({"device": "tpu"}, "--device: 'tpu' is not one of auto, cpu, cuda"),
+    ({"names": "gguf"}, "--names: 'gguf' is not one of file, hf"),
+    ({"burn_backend": "cuda"}, "--burn-backend: 'cuda' is not one of flex, ndarray, wgpu"),
     ({"burn_version": "0.9"}, "not a release"),
     ({"max_shard_size": "lots"}, "--max-shard-size"),
     ({"dryrun": True}, "unknown quantize option 'dryrun'"),

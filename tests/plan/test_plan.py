@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -87,8 +88,26 @@ def test_default_policy_on_a_llama_checkpoint() -> None:
     assert (ids.decision.reason, ids.out_dtype) == ("default: keep, integer tensor (I64)", "I64")
     assert own_problems(plan.problems) == []
     (wgpu,) = [p for p in plan.problems if p not in own_problems(plan.problems)]
-    assert "73728 bytes" in wgpu.message and "global F32" in wgpu.hint  # the two-level way out
+    assert "73728 bytes" in wgpu.message
+    assert wgpu.hint == ('use --scheme q8s-b32, which wgpu loads, or keep 4 bits with tensor_scale = "F32" in a '
+                         "recipe rule; --burn-backend flex|ndarray|wgpu checks only the one you load with")
     assert plan.preset is PRESETS["q4s-b32"]
+
+
+@pytest.mark.parametrize("backend", ["flex", "ndarray", "wgpu"])
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_a_backend_hint_names_a_preset_that_backend_loads(preset, backend):
+    """Whatever the preset a backend refuses, the hint's `--scheme NAME` is a preset, and planning with it
+    leaves that backend nothing to refuse (the kept norms' dtype aside: their hint is cast, not a preset)."""
+    from qcli.burn_backends import BurnBackend
+
+    plan = make_plan(LLAMA, preset=PRESETS[preset], backend=BurnBackend(backend))
+    named = {word for p in plan.problems if p.kind == "backend" and "--scheme" in p.hint
+             for word in re.findall(r"--scheme (\S+?),", p.hint)}
+    for other in named:
+        assert other in PRESETS
+        again = make_plan(LLAMA, preset=PRESETS[other], backend=BurnBackend(backend))
+        assert not [p for p in again.problems if p.kind == "backend" and "cast" not in p.hint], (preset, other)
 
 
 def test_quantized_sizes_worked_by_hand() -> None:
