@@ -102,7 +102,7 @@ def test_an_interrupt_during_calibration_leaves_nothing(llama, tmp_path, monkeyp
 
 @pytest.mark.parametrize(("options", "message"), [
     (("--calibration", "gptq"), "--calibration gptq needs calibration text"),
-    (("--calibration", "minmax", "--calibration-data", "x.txt"), "--calibration-data feeds"),
+    (("--calibration", "minmax", "--imatrix", "x.gguf"), "--imatrix weighs the scale search"),
     (("--calibration", "gptq", "--imatrix", "x.gguf"), "--calibration gptq needs calibration text"),
     (("--calibration", "mse", "--imatrix", "x.gguf", "--calibration-data", "x.txt"), "both give"),
     (("--calibration", "gptq", "--calibration-data", "x.txt", "--samples", "0"), "--samples must be at least 1"),
