@@ -104,9 +104,9 @@ def quantize(
         typer.Option(
             "--calibration-data",
             metavar="FILE",
-            help="Text the model runs on for --calibration gptq or mse: plain UTF-8, or JSON lines with a"
-            " \"text\" field; tokenized with the checkpoint's own tokenizer, the model built from its"
-            " config.json (needs qcli[calibrate]).",
+            help="Text the model runs on for --calibration gptq or mse (with minmax or absmean: to measure"
+            " their output error, `out err`): plain UTF-8, or JSON lines with a \"text\" field; tokenized with"
+            " the checkpoint's own tokenizer, the model built from its config.json (needs qcli[calibrate]).",
         ),
     ] = None,
     samples: Annotated[
@@ -181,7 +181,8 @@ def quantize(
             "--verbose",
             "-v",
             help=f"Print the full per-tensor table. Default: totals, and every tensor up to {FULL_TABLE_MAX}; above"
-            f" that the {WORST} with the lowest SQNR (a dry run: the count of each decision).",
+            f" that the {WORST} with the lowest SQNR, or the highest output error where calibration text measured"
+            " it (a dry run: the count of each decision).",
         ),
     ] = False,
 ) -> None:
