@@ -121,6 +121,7 @@ def test_gptq_errs_no_more_than_minmax_on_its_calibration_inputs_in_burns_decode
     burn_minmax = burn_harness.dequantize(BurnBackend.flex, tmp_path / "minmax.bpk", tmp_path / "minmax.safetensors")
     source = load_file(folder / "model.safetensors")
     inputs = block_inputs(folder, arch, burn_gptq)
+    float_inputs = block_inputs(folder, arch, source)
     reported = {t["name"]: t["output_error"] for t in gptq["tensors"] if t["output_error"] is not None}
     measured = {t["name"]: t["output_error"] for t in minmax["tensors"] if t["output_error"] is not None}
     assert set(measured) == set(inputs)
@@ -131,7 +132,9 @@ def test_gptq_errs_no_more_than_minmax_on_its_calibration_inputs_in_burns_decode
         plain = relative_error(x, source[name], burn_minmax[name])
         assert ours <= plain, (name, ours, plain)
         assert reported[name] == pytest.approx(ours, rel=REPORTED_RTOL[device]), name
-        assert measured[name] == pytest.approx(plain, rel=REPORTED_RTOL[device]), name
+        # MinMax's on the inputs of the float blocks before it: the run that measured it left them float
+        assert measured[name] == pytest.approx(relative_error(float_inputs[name], source[name], burn_minmax[name]),
+                                               rel=REPORTED_RTOL[device]), name
         ratios.append(ours / plain)
     assert sum(ratios) / len(ratios) < 0.95, ratios  # and below it on the whole, not merely tied
     assert all(t["output_error"] is None for t in gptq["tensors"] if t["name"] not in inputs)
