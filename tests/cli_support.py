@@ -37,6 +37,17 @@ class Result:
     def json(self) -> dict:
         return json.loads(self.out)
 
+    @property
+    def warnings(self) -> list[str]:
+        """Each `warning:` on stderr as one line (`unwrapped`)."""
+        return [line for line in unwrapped(self.err).splitlines() if line.startswith("warning:")]
+
+
+def unwrapped(text: str) -> str:
+    """`text` with each line qcli wrapped (`fill`: the later lines indented by two spaces) joined again by
+    a space; table rows, which are indented too, are joined to the line above them as well."""
+    return re.sub(r"\n  +(?=\S)", " ", text)
+
 
 def cli(*args: str | Path) -> Result:
     """Run `qcli ARGS` in this process through `qcli.cli.run` (what the console script calls)."""

@@ -35,8 +35,9 @@ class CalibrationInput:
 
     def check(self, calibration: Calibration | None) -> None:
         """UsageError for a combination that cannot work: GPTQ without text, or with only an importance
-        matrix (it needs each layer's whole XᵀX); importance for a calibration that does not search; both
-        files at once; a file that is not there (`check_files`)."""
+        matrix (it needs each layer's whole XᵀX); an importance matrix for a calibration that does not
+        search; both files at once; a file that is not there (`check_files`). Text with a calibration that
+        does not use it (MinMax, AbsMean) measures their output error."""
         if self.data is not None and self.imatrix is not None:
             raise UsageError("--calibration-data and --imatrix both give the importance of each input channel",
                              hint="pass one of them")
@@ -48,9 +49,6 @@ class CalibrationInput:
         if self.imatrix is not None and calibration is not Calibration.Mse:
             raise UsageError("--imatrix weighs the scale search of --calibration mse",
                              hint="add --calibration mse, or drop --imatrix")
-        if self.data is not None and calibration not in (Calibration.Gptq, Calibration.Mse):
-            raise UsageError("--calibration-data feeds --calibration gptq, or weighs the search of --calibration mse",
-                             hint="add --calibration gptq or --calibration mse, or drop --calibration-data")
         self.check_windows()
         self.check_files()
 

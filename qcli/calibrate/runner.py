@@ -68,17 +68,18 @@ OnLinear = Callable[[str, torch.Tensor, LinearStats], "torch.Tensor | None"]
 
 @dataclass(frozen=True)
 class BlockDone:
-    """A block done: `index` of `count`, `tokens` run through it, in `seconds` (its load, both passes and
-    the Linears' callbacks)."""
+    """How far a calibration run is: `done` blocks of `count` (0 as it starts), `tokens` run through each,
+    in `seconds` since it started (the embeddings, and each block's load, both passes and the Linears'
+    callbacks)."""
 
-    index: int
+    done: int
     count: int
     tokens: int
     seconds: float
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else float("inf")
+        return self.done * self.tokens / self.seconds if self.seconds > 0 else float("inf")
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def run_blocks(model: CalibrationModel, tokens: CalibrationSet, linears: Collect
     """Run `tokens`' windows through `model` block by block on `device`, computing in `dtype`; for each
     nn.Linear whose weight's checkpoint name is in `linears`, in the order of the block's modules, call
     `on_linear` with the stats of its input and put in place the weight it returns. `progress` hears of
-    each block done. The model's buffers are left on `device`."""
+    the start and of each block done. The model's buffers are left on `device`."""
     device = torch.device(device)
     module = model.module
     path, blocks = repeated_blocks(module)
@@ -132,18 +133,20 @@ def run_blocks(model: CalibrationModel, tokens: CalibrationSet, linears: Collect
     for sub in module.modules():  # small, and needed where the blocks run
         sub._buffers.update({name: b.to(device) for name, b in sub._buffers.items() if b is not None})
     stats: dict[str, LinearStats] = {}
+    start = time.perf_counter()
+    if progress is not None:
+        progress(BlockDone(0, len(blocks), tokens.used, 0.0))
     with torch.no_grad():
         hidden, extras = _block_inputs(model, blocks, tokens.tokens, device, dtype)
         spare = torch.empty_like(hidden)
         for index, block in enumerate(blocks):
-            start = time.perf_counter()
             with _checkpoint_weights(model, device, dtype) as load:
                 for name, sub in block.named_modules(prefix=f"{path}.{index}"):
                     load(sub, name)
                 stats |= _calibrated(block, asked[index], hidden, extras, spare, on_linear)
             hidden, spare = spare, hidden
             if progress is not None:
-                progress(BlockDone(index, len(blocks), tokens.used, time.perf_counter() - start))
+                progress(BlockDone(index + 1, len(blocks), tokens.used, time.perf_counter() - start))
     every = {model.names.get(f"{name}.weight") for name, sub in module.named_modules() if isinstance(sub, nn.Linear)}
     return CalibrationRun(stats, sorted((wanted & every) - stats.keys()), sorted(wanted - every), len(blocks))
 

@@ -101,7 +101,8 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
     quantized = {e.info.name: e for e in plan.calibrated_by(Calibration.Gptq)}
     weighed = plan.calibrated_by(Calibration.Mse)
     weighed_by_name = {e.info.name: e for e in weighed}
-    if not quantized and not (weighed and (calibrating.data or calibrating.imatrix)):
+    measured = {e.info.name: e for e in plan.codec_calibrated()} if calibrating.data is not None else {}
+    if not quantized and not (weighed and (calibrating.data or calibrating.imatrix)) and not measured:
         return None
     started = time.perf_counter()
     if calibrating.imatrix is not None:
@@ -119,6 +120,8 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
         done.bytes += weight.numel() * weight.element_size()
         entry = quantized.get(name) or weighed_by_name.get(name)
         if entry is None:
+            if name in measured:  # the codec's scales, only measured: the pipeline writes the same bytes
+                done.errors[measured[name].name] = _codec_output_error(measured[name], weight, stats.hessian)
             return None
         decision, shape = entry.decision, tuple(entry.out_shape)
         if decision.calibration is Calibration.Gptq:
@@ -130,12 +133,8 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
             payload = qcli.codec.pack(_on_cpu(result.parts), decision.scheme, shape)
             dequantized, error = result.dequantized, result.error
         else:  # the mse search, each input channel weighed by its mean square: the pipeline's bytes
-            written = weight.t() if decision.transpose else weight
             importance = stats.importance[:, None] if decision.transpose else stats.importance
-            payload = qcli.codec.encode(written.cpu(), decision.scheme, Calibration.Mse, name=name,
-                                        importance=importance)
-            dequantized = qcli.codec.decode(payload, decision.scheme, shape)
-            dequantized = dequantized.t() if decision.transpose else dequantized
+            payload, dequantized = _encoded(entry, weight, importance)
             error = output_error(weight, dequantized, stats.hessian)
         done.payloads[entry.name], done.errors[entry.name] = payload, error
         # GPTQ's blocks after this one see what the quantized weights give; the mse search leaves them float
@@ -148,8 +147,8 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
         torch.cuda.reset_peak_memory_stats(target)
     before = resident_bytes()
     try:
-        run = run_blocks(model, tokens, set(quantized) | {e.info.name for e in weighed}, on_linear, target,
-                         progress=progress)
+        run = run_blocks(model, tokens, set(quantized) | {e.info.name for e in weighed} | set(measured), on_linear,
+                         target, progress=progress)
     except torch.OutOfMemoryError as exc:
         raise _out_of_memory(target, estimate_bytes, calibrating) from exc
     give_back_cached(target)  # the pipeline that writes the file allocates its own buffers next
@@ -157,18 +156,41 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
     # run, CUDA's own context aside); on the CPU, what the process grew by: its peak resident bytes over those
     # before the run
     peak = torch.cuda.max_memory_reserved(target) if target.type == "cuda" else peak_resident_bytes() - before
-    if run.outside or run.not_linear:
-        left = [*run.outside, *run.not_linear]
+    left = [name for name in (*run.outside, *run.not_linear) if name in quantized or name in weighed_by_name]
+    if left:  # those only measured go without an output error, which their rows show
         done.warnings.append(Problem(
             Kind.calibration, f"{len(left)} tensors are not Linears in the model's repeated blocks and are not "
             f"calibrated: {', '.join(left[:3])}{', ...' if len(left) > 3 else ''}",
             "their scales are the data-free ones; a recipe rule can keep them", Severity.warning, tensors=tuple(left)))
     done.record = CalibrationRecord(
-        "gptq" if quantized else "mse", text.name, text.sha256, samples=int(tokens.tokens.shape[0]),
+        "gptq" if quantized else "mse" if weighed else codec_method(list(measured.values())),
+        text.name, text.sha256, samples=int(tokens.tokens.shape[0]),
         seq_len=int(tokens.tokens.shape[1]), seed=calibrating.seed, tokens=tokens.available,
         blocks=run.blocks, memory_estimate_bytes=estimate_bytes, peak_device_bytes=int(peak))
     done.seconds = time.perf_counter() - started
     return done
+
+
+def codec_method(entries: list[PlanEntry]) -> str:
+    """The record's method of a run that only measures: the codec's calibration (`minmax`, `absmean`)."""
+    return entries[0].decision.calibration.name.lower() if entries else "minmax"
+
+
+def _encoded(entry: PlanEntry, weight: torch.Tensor, importance: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The codec's payload of a Linear's `weight` ([out, in]) under its entry's scheme and calibration (the
+    pipeline's bytes), and its decode on W's axes."""
+    decision = entry.decision
+    written = weight.t() if decision.transpose else weight
+    payload = qcli.codec.encode(written.cpu(), decision.scheme, decision.calibration, name=entry.name,
+                                importance=importance)
+    dequantized = qcli.codec.decode(payload, decision.scheme, tuple(entry.out_shape))
+    return payload, dequantized.t() if decision.transpose else dequantized
+
+
+def _codec_output_error(entry: PlanEntry, weight: torch.Tensor, hessian: torch.Tensor) -> float:
+    """`output_error` of the codec's own quantization of `weight` (`_encoded`)."""
+    return output_error(weight, _encoded(entry, weight)[1], hessian)
 
 
 @dataclass(frozen=True)

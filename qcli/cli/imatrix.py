@@ -51,8 +51,10 @@ def imatrix(
     calibration tokens and their count (llama.cpp's in_sum2 and counts); `llama-quantize --imatrix` and
     `qcli quantize --calibration mse --imatrix` read it. Needs qcli[calibrate].
     """
-    report = command.imatrix_file(input, output, calibration_data=calibration_data, samples=samples,
-                                  seq_len=seq_len, seed=seed, device=device, force=force)
+    with _output.run_progress(_output.progress_enabled()) as progress:
+        report = command.imatrix_file(input, output, calibration_data=calibration_data, samples=samples,
+                                      seq_len=seq_len, seed=seed, device=device, force=force,
+                                      progress=progress and progress.blocks)
     _output.stdout().print(f"{len(report.tensors)} tensors measured on {report.samples} × {report.seq_len} tokens "
                            f"on {report.device} in {report.seconds:.1f} s", soft_wrap=True)
     _output.stdout().print(f"wrote {printable(report.output)}", soft_wrap=True)

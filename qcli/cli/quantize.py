@@ -20,7 +20,7 @@ from qcli.errors import QcliError, UsageError
 from qcli.io.source import Names
 from qcli.presets import DEFAULT_PRESET, PRESETS
 from qcli.report.documents import JSON_SCHEMA_VERSION
-from qcli.report.quantize import QuantizeReport
+from qcli.report.quantize import QuantizeReport, TensorRow
 from qcli.text import printable
 
 # The default output prints every tensor (in a narrow table) up to this many; above it, a summary: the
@@ -104,9 +104,9 @@ def quantize(
         typer.Option(
             "--calibration-data",
             metavar="FILE",
-            help="Text the model runs on for --calibration gptq or mse: plain UTF-8, or JSON lines with a"
-            " \"text\" field; tokenized with the checkpoint's own tokenizer, the model built from its"
-            " config.json (needs qcli[calibrate]).",
+            help="Text the model runs on for --calibration gptq or mse (with minmax or absmean: to measure"
+            " their output error, `out err`): plain UTF-8, or JSON lines with a \"text\" field; tokenized with"
+            " the checkpoint's own tokenizer, the model built from its config.json (needs qcli[calibrate]).",
         ),
     ] = None,
     samples: Annotated[
@@ -181,7 +181,8 @@ def quantize(
             "--verbose",
             "-v",
             help=f"Print the full per-tensor table. Default: totals, and every tensor up to {FULL_TABLE_MAX}; above"
-            f" that the {WORST} with the lowest SQNR (a dry run: the count of each decision).",
+            f" that the {WORST} with the lowest SQNR, or the highest output error where calibration text measured"
+            " it (a dry run: the count of each decision).",
         ),
     ] = False,
 ) -> None:
@@ -194,7 +195,8 @@ def quantize(
     try:
         if quiet and verbose:
             raise UsageError("--quiet and --verbose cannot be used together", hint="pass one of them")
-        report = _run(input, output, scheme=scheme, recipe=recipe, calibration=calibration, device=device,
+        shown = _output.progress_enabled(quiet=quiet, json=json_output)
+        report = _run(input, output, shown, scheme=scheme, recipe=recipe, calibration=calibration, device=device,
                       dry_run=dry_run, force=force, verify=verify, max_shard_size=max_shard_size,
                       burn_backend=burn_backend, burn_version=burn_version, stats=stats, requantize=requantize,
                       names=names, revision=revision, calibration_data=calibration_data, samples=samples,
@@ -221,11 +223,10 @@ def error_json(exc: QcliError) -> dict:
     }
 
 
-def _run(input, output, **given) -> QuantizeReport:
+def _run(input, output, shown: bool, **given) -> QuantizeReport:
     options = QuantizeOptions.parse(**given)  # every value checked before anything is read
-    shown = _output.progress_enabled()
-    with _output.blocks_bar(shown) as blocks, _output.progress_bar(shown) as hook:
-        report = command.quantize(input, output, options, hook, blocks)
+    with _output.run_progress(shown) as progress:
+        report = command.quantize(input, output, options, progress and progress.tensors, progress and progress.blocks)
     dry_run = options.dry_run
     target = Path(report.output)
     if target.name.lower().endswith(".safetensors"):  # after the plan: refusals come first
@@ -245,9 +246,20 @@ def short_decision(text: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"PackedU32\(0\)|\bblock\b", "", text)).strip()
 
 
-def _sqnr(t) -> float:
-    value = t.error and t.error.sqnr_db
-    return float("inf") if value is None else value
+def worst(rows: list[TensorRow]) -> tuple[list[TensorRow], str]:
+    """The WORST tensors in natural order and the title that says which: by the output error on the
+    calibration tokens where the run measured it (GPTQ lowers SQNR on purpose, to lower that error), else
+    by SQNR."""
+    ordered = sorted(rows, key=lambda t: natural_key(t.name))
+    calibrated = [t for t in ordered if t.output_error is not None]
+    if calibrated:
+        chosen = sorted(calibrated, key=lambda t: -t.output_error)[:WORST]
+        what = f"the highest output error (out err) of the {len(calibrated)} measured"
+    else:
+        measured = [t for t in ordered if t.error is not None and t.error.sqnr_db is not None]
+        chosen, what = sorted(measured, key=lambda t: t.error.sqnr_db)[:WORST], "the lowest SQNR"
+    return (sorted(chosen, key=lambda t: natural_key(t.name)),
+            f"the {len(chosen)} tensors with {what} (--verbose: all {len(rows)})")
 
 
 def render(report: QuantizeReport, mode: str = "default") -> None:
@@ -268,10 +280,7 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
         rows = sorted(rows, key=lambda t: natural_key(t.name))
     else:
         if written:
-            measured = [t for t in sorted(rows, key=lambda t: natural_key(t.name))
-                        if t.error is not None and t.error.sqnr_db is not None]
-            rows = sorted(sorted(measured, key=_sqnr)[:WORST], key=lambda t: natural_key(t.name))
-            title = f"the {len(rows)} tensors with the lowest SQNR (--verbose: all {len(report.tensors)})"
+            rows, title = worst(rows)
         else:
             rows, title = [], None
             out.print("plan (dry run: nothing read or written); --verbose prints every tensor")
@@ -283,19 +292,21 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
     if rows or title:
         _table(out, rows, title, written, wide)
     totals = report.totals
-    out.print(
-        f"{totals.tensors} tensors: {totals.quantized} quantized, {totals.kept} kept,"
-        f" {totals.transposed} transposed" + (" (T: written as [in, out])" if totals.transposed else "")
-    )
-    out.print(
-        f"{_output.human_bytes(totals.bytes_in)} → {_output.human_bytes(totals.bytes_out)}"
-        f" ({totals.ratio:.2f}× smaller, {totals.bits_per_weight:.2f} bits/weight over all tensors)"
-    )
-    out.print(f"the tensors need {_output.human_bytes(totals.peak_bytes)} of memory at most")
+    size = _output.human_bytes
+
+    def say(text: str) -> None:  # wrapped at its spaces to the width, never inside a glued figure
+        out.print(_output.fill(text, out.width), soft_wrap=True)
+
+    say(f"{totals.tensors} tensors: {totals.quantized} quantized, {totals.kept} kept,"
+        f" {totals.transposed} transposed" + (" (T: written as [in, out])" if totals.transposed else ""))
+    say(f"{_output.glued(size(totals.bytes_in))} → {_output.glued(size(totals.bytes_out))}"
+        f" ({size_change(totals.bytes_in, totals.bytes_out)},"
+        f" {_output.glued(f'{totals.bits_per_weight:.2f} bits/weight')} over all tensors)")
+    say(f"the tensors need {_output.glued(size(totals.peak_bytes))} of memory at most")
     if report.calibration is not None:
-        out.print(calibration_line(report), soft_wrap=True)
+        say(calibration_line(report))
     if report.timings is None:
-        out.print(f"would write {printable(', '.join(report.outputs))}", soft_wrap=True)
+        say(f"would write {printable(', '.join(report.outputs))}")
         return
     timings = report.timings
     phases = []
@@ -303,27 +314,38 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
         phase = getattr(timings, name)
         if phase is not None:
             rate = f", {phase.gb_per_s:.3g} GB/s" if phase.gb_per_s is not None else ""
-            phases.append(f"{name} {phase.seconds:.2f} s{rate}")
-    out.print("; ".join(phases) + f"; total {timings.total_seconds:.2f} s on {report.device}")
+            phases.append(_output.glued(f"{name} {phase.seconds:.2f} s{rate}"))
+    say("; ".join(phases) + f"; {_output.glued(f'total {timings.total_seconds:.2f} s')} on {report.device}")
     memory = report.memory
-    out.print(f"peak memory {_output.human_bytes(memory.peak_bytes)}: the tensors"
-              f" {_output.human_bytes(memory.tensors_bytes)} beside the runtime's"
-              f" {_output.human_bytes(memory.runtime_bytes)}")
-    out.print(f"wrote {printable(', '.join(report.outputs))}", soft_wrap=True)
+    say(f"peak memory {_output.glued(size(memory.peak_bytes))}: the tensors"
+        f" {_output.glued(size(memory.tensors_bytes))} beside the runtime's"
+        f" {_output.glued(size(memory.runtime_bytes))}")
+    say(f"wrote {printable(', '.join(report.outputs))}")
+
+
+def size_change(before: int, after: int) -> str:
+    """The output's size against the input's, in percent: `69 % smaller`, `12 % larger`."""
+    if before == 0 or after == before:
+        return "the same size"
+    change = round(abs(after - before) / before * 100)
+    return f"{change or '<1'} % {'smaller' if after < before else 'larger'}"
 
 
 def calibration_line(report: QuantizeReport) -> str:
     """What the calibration ran on (a dry run: what it will run on, and its memory estimate)."""
-    record = report.calibration
+    record, glued = report.calibration, _output.glued
     if record.samples is None:
         return f"calibration: {record.method}, weighed by the importance matrix {printable(record.file)}"
-    windows = f"{record.samples} × {record.seq_len} tokens of {printable(record.file)}"
-    estimate = _output.human_bytes(record.memory_estimate_bytes or 0)
+    windows = f"{glued(f'{record.samples} × {record.seq_len} tokens')} of {printable(record.file)}"
+    estimate = glued(_output.human_bytes(record.memory_estimate_bytes or 0))
     if report.dry_run:
-        return (f"calibration: {record.method} on {windows} (seed {record.seed}); one block and the activations"
-                f" take about {estimate} on the device")
-    return (f"calibrated: {record.method} on {windows} ({record.tokens:,} in the text), {record.blocks} blocks;"
-            f" peak {_output.human_bytes(record.peak_device_bytes or 0)} (estimated {estimate})")
+        what = f"{record.method}'s output error measured" if record.measures_only else record.method
+        return (f"calibration: {what} on {windows} ({glued(f'seed {record.seed}')}); one block and the"
+                f" activations take about {estimate} on the device")
+    head = f"measured: {record.method}'s output error" if record.measures_only else f"calibrated: {record.method}"
+    return (f"{head} on {windows} ({record.tokens:,} in the text),"
+            f" {glued(f'{record.blocks} blocks')}; peak {glued(_output.human_bytes(record.peak_device_bytes or 0))}"
+            f" (estimated {estimate})")
 
 
 def _table(out, rows, title: str | None, written: bool, wide: bool) -> None:
@@ -361,7 +383,11 @@ def _table(out, rows, title: str | None, written: bool, wide: bool) -> None:
             row += [_output.number(err and err.sqnr_db, ".1f")]
             row += [_output.number(t.output_error, ".2e")] if calibrated else []
         cells.append(row)
-    table = _output.tensor_table(columns, cells, None if wide else out.width)
+    # at a narrow width the shape goes first, then what the scheme says again (bits/w), then the scheme
+    droppable = ["shape", "bits/w"] + (["decision"] if written else [])
+    table = _output.tensor_table(columns, cells, None if wide else out.width, droppable)
     (_output.wide(columns, cells) if wide else out).print(table)
+    if table.note("--verbose"):
+        out.print(table.note("--verbose"), soft_wrap=True)
     if reasons.texts:
         out.print(reasons.table("reason"))

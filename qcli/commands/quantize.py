@@ -205,7 +205,9 @@ def _calibration_record(plan: Plan, input: Path, checkpoint: list[TensorInfo], o
     given = options.calibrating
     weighed = given.data is not None or given.imatrix is not None
     gptq = bool(plan.calibrated_by(Calibration.Gptq))
-    if not gptq and not (weighed and plan.calibrated_by(Calibration.Mse)):
+    searched = weighed and bool(plan.calibrated_by(Calibration.Mse))
+    measured = [] if given.data is None else plan.codec_calibrated()  # their output error only
+    if not gptq and not searched and not measured:
         return None
     if given.data is None:
         from qcli.calibrate.imatrix import read_imatrix
@@ -213,10 +215,11 @@ def _calibration_record(plan: Plan, input: Path, checkpoint: list[TensorInfo], o
         read_imatrix(given.imatrix)  # its faults refused here, a dry run's too
         return CalibrationRecord("mse", str(given.imatrix), file_sha256(given.imatrix))
     from qcli.calibrate.data import read_calibration_text
-    from qcli.calibrate.session import estimate
+    from qcli.calibrate.session import codec_method, estimate
 
     text = read_calibration_text(given.data)  # its faults refused here, a dry run's too
-    return CalibrationRecord("gptq" if gptq else "mse", str(given.data), text.sha256,
+    return CalibrationRecord("gptq" if gptq else "mse" if searched else codec_method(measured), str(given.data),
+                             text.sha256,
                              samples=given.samples, seq_len=given.seq_len, seed=given.seed,
                              memory_estimate_bytes=estimate(checkpoint_folder(input), checkpoint, given, gptq))
 

@@ -171,6 +171,13 @@ class Plan:
         return [e for e in self.entries if e.decision.scheme is not None and e.decision.calibration is calibration
                 and e.decision.transcode is None and e.decision.requantize is None]
 
+    def codec_calibrated(self) -> list[PlanEntry]:
+        """The entries quantized from their own float values whose scales the codec chooses from the
+        weights alone (MinMax, AbsMean): a run on calibration text only measures their output error."""
+        return [e for e in self.entries if e.decision.scheme is not None and e.decision.transcode is None
+                and e.decision.requantize is None
+                and e.decision.calibration in (Calibration.MinMax, Calibration.AbsMean)]
+
     def consumed(self) -> set[str]:
         """The source tensors written inside another's payload, not as entries: transcoded tensors' scales,
         requantized codebook tensors' companions."""

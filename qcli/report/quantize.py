@@ -152,7 +152,8 @@ class MemoryUse:
 
 @dataclass
 class CalibrationRecord:
-    """What a calibrated run measured its activations on: the text file (`file`, its `sha256`), the
+    """What a calibrated run measured its activations on (`method`: gptq or mse; minmax or absmean where the
+    text only measured their output error): the text file (`file`, its `sha256`), the
     `samples` windows of `seq_len` tokens drawn with `seed` from the `tokens` it holds, or an importance
     matrix file (`imatrix`); the device memory the dry run estimates for one block, and the peak measured."""
 
@@ -166,6 +167,12 @@ class CalibrationRecord:
     blocks: int | None = None
     memory_estimate_bytes: int | None = None
     peak_device_bytes: int | None = None
+
+    @property
+    def measures_only(self) -> bool:
+        """The scales are the codec's from the weights alone (MinMax, AbsMean): the text only measured
+        their output error, to judge a calibrated run against."""
+        return self.method in ("minmax", "absmean")
 
     def to_json(self) -> dict:
         return dict(vars(self))

@@ -46,6 +46,24 @@ def quantized(folder: Path, out: Path, device: str, *calibration: str) -> dict:
     return json.loads(result.out)
 
 
+def test_calibration_text_with_minmax_measures_its_output_error_and_writes_the_same_tensors(checkpoints, tmp_path):
+    """A MinMax run given calibration text reports an output error for every Linear of the blocks, and its
+    tensors are those of a run without the text, byte for byte (only the metadata records the text)."""
+    from qcli.io.burnpack import BurnpackReader
+
+    folder = checkpoints["llama"]
+    data = ("--calibration-data", folder / "calibration.txt")
+    measured = quantized(folder, tmp_path / "measured.bpk", "cpu", *data)
+    plain = quantized(folder, tmp_path / "plain.bpk", "cpu")
+    linears = {t["name"] for t in plain["tensors"] if t["decision"] == "quantize" and ".layers." in t["name"]}
+    assert {t["name"] for t in measured["tensors"] if t["output_error"] is not None} == linears
+    assert all(0 < t["output_error"] < 1 for t in measured["tensors"] if t["name"] in linears)
+    assert not [w for w in measured["warnings"] if "not calibrated" in w["message"]]
+    a, b = (BurnpackReader.open(tmp_path / f"{name}.bpk") for name in ("measured", "plain"))
+    assert [(e.name, bytes(a.read(e.name))) for e in a.entries()] == [(e.name, bytes(b.read(e.name)))
+                                                                       for e in b.entries()]
+
+
 def windows(folder: Path) -> torch.Tensor:
     from transformers import AutoTokenizer
 
@@ -95,14 +113,18 @@ def test_gptq_errs_no_more_than_minmax_on_its_calibration_inputs_in_burns_decode
     folder = checkpoints[arch]
     data = ("--calibration-data", folder / "calibration.txt")
     gptq = quantized(folder, tmp_path / "gptq.bpk", device, "--calibration", "gptq", *data)
-    quantized(folder, tmp_path / "minmax.bpk", device, "--calibration", "minmax")
+    minmax = quantized(folder, tmp_path / "minmax.bpk", device, "--calibration", "minmax", *data)
+    assert minmax["calibration"]["method"] == "minmax"  # the text measures MinMax's output error alone
     assert gptq["calibration"]["method"] == "gptq" and gptq["calibration"]["samples"] == len(windows(folder))
     assert [w["kind"] for w in gptq["warnings"]].count("calibration") >= 1  # the text is shorter than asked
     burn_gptq = burn_harness.dequantize(BurnBackend.flex, tmp_path / "gptq.bpk", tmp_path / "gptq.safetensors")
     burn_minmax = burn_harness.dequantize(BurnBackend.flex, tmp_path / "minmax.bpk", tmp_path / "minmax.safetensors")
     source = load_file(folder / "model.safetensors")
     inputs = block_inputs(folder, arch, burn_gptq)
+    float_inputs = block_inputs(folder, arch, source)
     reported = {t["name"]: t["output_error"] for t in gptq["tensors"] if t["output_error"] is not None}
+    measured = {t["name"]: t["output_error"] for t in minmax["tensors"] if t["output_error"] is not None}
+    assert set(measured) == set(inputs)
     assert set(reported) == set(inputs), set(reported) ^ set(inputs)
     ratios = []
     for name, x in inputs.items():
@@ -110,6 +132,9 @@ def test_gptq_errs_no_more_than_minmax_on_its_calibration_inputs_in_burns_decode
         plain = relative_error(x, source[name], burn_minmax[name])
         assert ours <= plain, (name, ours, plain)
         assert reported[name] == pytest.approx(ours, rel=REPORTED_RTOL[device]), name
+        # MinMax's on the inputs of the float blocks before it: the run that measured it left them float
+        assert measured[name] == pytest.approx(relative_error(float_inputs[name], source[name], burn_minmax[name]),
+                                               rel=REPORTED_RTOL[device]), name
         ratios.append(ours / plain)
     assert sum(ratios) / len(ratios) < 0.95, ratios  # and below it on the whole, not merely tied
     assert all(t["output_error"] is None for t in gptq["tensors"] if t["name"] not in inputs)

@@ -224,8 +224,9 @@ def test_progress_hears_of_every_block(folders):
     heard = []
     result, _ = run(folders["llama"], lambda name, weight, stats: None, progress=heard.append)
     assert result.blocks == 2
-    assert [(done.index, done.count, done.tokens) for done in heard] == [(0, 2, 128), (1, 2, 128)]
-    assert all(done.seconds > 0 and done.tokens_per_s == done.tokens / done.seconds for done in heard)
+    assert [(done.done, done.count, done.tokens) for done in heard] == [(0, 2, 128), (1, 2, 128), (2, 2, 128)]
+    assert heard[0].seconds == 0 and 0 < heard[1].seconds <= heard[2].seconds
+    assert all(done.tokens_per_s == done.done * 128 / done.seconds for done in heard[1:])
 
 
 def test_a_head_checkpoint_with_legacy_names_runs_under_the_base_model(folders, tmp_path):
