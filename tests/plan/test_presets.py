@@ -70,7 +70,7 @@ def test_the_docs_and_quantize_help_name_the_default_preset() -> None:
     assert re.findall(r"The default is \*\*`([\w-]+)`\*\*", presets) == [DEFAULT_PRESET]
     assert re.findall(r"^\| `([\w-]+)` \|.*\*\*default\*\*", presets, re.M) == [DEFAULT_PRESET]
     shown = " ".join(cli("quantize", "--help").out.split())
-    assert re.findall(r"the default scheme \(([\w-]+)\)", shown) == [DEFAULT_PRESET]
+    assert re.findall(r"the default scheme \(([\w-]+)[,)]", shown) == [DEFAULT_PRESET]
 
 
 # What `--burn-backend` writes without `--scheme`: the form bench/best_form.py measured best there
