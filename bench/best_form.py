@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from bench import burn_sweep
 from bench.markdown import replace_section
@@ -45,7 +45,16 @@ from qcli.codec.stats import ErrorSums
 from qcli.io.burnpack import BurnpackWriter, TensorEntry
 from qcli.plan.decisions import shape_problem, smaller_block
 from qcli.presets import PRESETS
-from qcli.scheme import Calibration, Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype, accept_problems
+from qcli.scheme import (
+    Calibration,
+    Native,
+    PackedNative,
+    PackedU32,
+    QuantScheme,
+    QuantValue,
+    ScaleDtype,
+    accept_problems,
+)
 
 SECTION = "## The best 4-bit form per Burn backend (this 2-core machine)"
 BACKENDS = tuple(BurnBackend)
@@ -112,8 +121,8 @@ def write_cases(path: Path, cases: list[QuantScheme]) -> dict[str, torch.Tensor]
 
 
 def measure(work: Path, cases: list[QuantScheme], backends: list[BurnBackend]) -> dict[str, dict[str, str]]:
-    """Per backend of `backends`, per scheme: "computes", "decodes" (exactly, but an op fails: the first failure after it)
-    or "no: BURN'S ERROR" (not decoded bit for bit)."""
+    """Per backend of `backends`, per scheme: "computes", "decodes: FIRST FAILURE" (decoded exactly, but an op
+    fails) or "no: BURN'S ERROR" (not decoded bit for bit)."""
     from tests.burn_harness import compute, probe, same_bits
 
     expected = write_cases(work / "forms.bpk", cases)

@@ -29,7 +29,8 @@ WEIGHTS = {"model.layers.0.mlp.up_proj.weight": (256, 128), "model.layers.0.mlp.
 
 
 def source(folder: Path) -> Path:
-    return save_f32(folder / "mlp.safetensors", {name: sample(shape, i) for i, (name, shape) in enumerate(WEIGHTS.items())})
+    weights = {name: sample(shape, i) for i, (name, shape) in enumerate(WEIGHTS.items())}
+    return save_f32(folder / "mlp.safetensors", weights)
 
 
 @pytest.mark.parametrize("backend", MEASURED, ids=str)

@@ -9,8 +9,8 @@ import pytest
 from qcli import BURN_VERSION, layout
 from qcli.burn_backends import BurnBackend, compute_problem, decode_problem, default_preset
 from qcli.commands.options import QuantizeOptions
-from qcli.plan.decisions import make_plan
 from qcli.errors import SchemeError, UsageError
+from qcli.plan.decisions import make_plan
 from qcli.presets import DEFAULT_PRESET, PRESETS, get_preset
 from qcli.scheme import Calibration, QuantScheme, accept_problems
 from tests.cli_support import ROOT, cli
