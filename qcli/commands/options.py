@@ -29,8 +29,8 @@ class QuantizeOptions:
     `preset`: the default scheme (without `scheme`, `burn_backend`'s best form); `calibration`: replaces the
     presets' and covers every recipe rule that names none (None: the presets'); `requantize`: the preset for
     weights no Burn scheme holds; `max_shard_size`: bytes per output file, None for one file; `burn_backend`
-    and `burn_version`: the Burn the file is for (None: the common backends); `names`: a GGUF file's tensor names; `revision`: for a model
-    in the Hugging Face cache."""
+    and `burn_version`: the Burn the file is for (None: the common backends); `names`: a GGUF file's tensor
+    names; `revision`: for a model in the Hugging Face cache."""
 
     preset: Preset
     recipe: Path | None = None
