@@ -24,6 +24,7 @@ from enum import StrEnum
 from qcli import BURN_VERSION
 from qcli.errors import UsageError, one_of
 from qcli.io.dtypes import DType, Plain, QFloat
+from qcli.presets import DEFAULT_PRESET
 from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype, symmetric_integer
 
 # Burn 0.21 reads a scheme's scales from the keys `param` and `level`, 0.22 from `tensor` and `block`.
@@ -56,7 +57,9 @@ class Capability:
     a packed tensor whose last axis is not a whole number of u32 words still loads (0: never);
     `block_axes` the most axes a block may span; `partial_blocks` whether a block may overhang the edge
     of the tensor; `unsupported` says, per failure, what Burn does, for the message; `computes` the
-    decoded schemes a model's ops still fail with.
+    decoded schemes a model's ops still fail with; `best_preset` the preset `--burn-backend` writes without
+    `--scheme` (`default_preset`): the lowest-error 4-bit form measured computing there (bench/best_form.py),
+    the 8-bit blocks where no 4-bit value loads.
     """
 
     stores: dict[type, frozenset[QuantValue]]
@@ -68,6 +71,7 @@ class Capability:
     partial_blocks: bool = True
     two_level: bool = True
     computes: tuple[ComputeFailure, ...] = ()
+    best_preset: str | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,7 @@ _FLEX_0_22 = Capability(
         "ragged": "flex unpacks the words of a tensor as one run, so padded rows panic or decode wrongly",
     },
     computes=_FLEX_COMPUTES,
+    best_preset="q4s-b32",
 )
 _NDARRAY_0_22 = Capability(
     stores={PackedU32: _EIGHT_BIT_INTEGERS, Native: _EIGHT_BIT_INTEGERS, PackedNative: _NONE},
@@ -159,6 +164,7 @@ _NDARRAY_0_22 = Capability(
         "ragged": "ndarray needs whole u32 words in every row",
         "kept": "ndarray has no F16 or BF16 tensors (\"Unsupported dtype\")",
     },
+    best_preset="q8s-b32",  # no 4-bit value loads on ndarray
 )
 _WGPU_0_22 = Capability(
     stores={PackedU32: frozenset(QuantValue), Native: _NONE, PackedNative: _NONE},
@@ -173,6 +179,7 @@ _WGPU_0_22 = Capability(
         "ragged": "wgpu panics on a row that is not a whole number of u32 words (\"Can't store in u32\")",
     },
     computes=_WGPU_COMPUTES,
+    best_preset="q4f-b32-global",
 )
 # Burn 0.21's CPU backends read every scale as f32 and a block as a run of consecutive values.
 _CPU_0_21 = {
@@ -237,6 +244,13 @@ def resolve_version(name: str | None) -> str:
         raise UsageError(f"Burn {name!r} is not a release qcli writes for",
                          hint=f"use one of {', '.join(BURN_VERSIONS)} (the default is {BURN_VERSION})")
     return chosen[0]
+
+
+def default_preset(backend: BurnBackend | None, version: str = BURN_VERSION) -> str:
+    """The preset a run for `backend` of Burn `version` quantizes with when no `--scheme` names one: the
+    lowest-error form measured computing there (`Capability.best_preset`), else qcli's default."""
+    best = None if backend is None else CAPABILITIES[version][backend].best_preset
+    return best or DEFAULT_PRESET
 
 
 def load_problem(backend: BurnBackend, scheme: QuantScheme, shape: Sequence[int],

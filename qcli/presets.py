@@ -59,6 +59,9 @@ _PRESET_LIST = [
            "4-bit integers, one F16 scale per 128 values: smallest 4-bit preset"),
     Preset("q4f-b32", _blocked(QuantValue.Q4F, 32), _MINMAX,
            "4-bit integers over the full range [-8, 7], one F16 scale per 32 values"),
+    Preset("q4f-b32-global", _blocked(QuantValue.Q4F, 32).per_tensor(ScaleDtype.F32), _MINMAX,
+           "q4f-b32's blocks under one F32 scale per tensor: the 4-bit form a Burn wgpu model computes with "
+           "lowest error"),
     Preset("q2s-b32", _blocked(QuantValue.Q2S, 32), _MINMAX,
            "2-bit integers {-1, 0, 1}, one F16 scale per 32 values: ternary weights"),
     Preset("e4m3", _per_tensor(QuantValue.E4M3), _MINMAX,
@@ -153,9 +156,10 @@ def foreign_preset(name: str) -> SchemeError | UsageError | None:
     return None
 
 
-def resolve_preset(name: str | None) -> Preset:
-    """The preset `--scheme` names (any case), or the default; codebook and zero-point names are refused."""
-    return get_preset(DEFAULT_PRESET if name is None else name)
+def resolve_preset(name: str | None, default: str = DEFAULT_PRESET) -> Preset:
+    """The preset `--scheme` names (any case), or `default` (a Burn backend's: `burn_backends.default_preset`);
+    codebook and zero-point names are refused."""
+    return get_preset(default if name is None else name)
 
 
 def get_preset(name: str) -> Preset:

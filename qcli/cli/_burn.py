@@ -15,7 +15,8 @@ BurnBackendOption = Annotated[
         "--burn-backend",
         metavar="flex|ndarray|wgpu",
         help="The Burn backend the file is for: refuse every tensor (or, without a model, scheme) it cannot"
-        " load or compute with (docs/output.md). Default: warn about what flex or wgpu cannot.",
+        " load or compute with (docs/output.md); without --scheme, quantize with its best 4-bit form"
+        " (docs/presets.md). Default: warn about what flex or wgpu cannot.",
     ),
 ]
 BurnVersionOption = Annotated[

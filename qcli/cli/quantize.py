@@ -77,7 +77,8 @@ def quantize(
         typer.Option(
             "--scheme",
             metavar="NAME",
-            help=f"Preset replacing the default scheme ({DEFAULT_PRESET}): {', '.join(PRESETS)}.",
+            help=f"Preset replacing the default scheme ({DEFAULT_PRESET}, or with --burn-backend that"
+            f" backend's best 4-bit form): {', '.join(PRESETS)}.",
         ),
     ] = None,
     requantize: requantize_option(" --stats reports the error added to the dequantized weights.") = None,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qcli import BURN_VERSION
-from qcli.burn_backends import BurnBackend, resolve_backend, resolve_version
+from qcli.burn_backends import BurnBackend, default_preset, resolve_backend, resolve_version
 from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN, CalibrationInput
 from qcli.errors import UsageError, one_of
 from qcli.io.files import named_file
@@ -26,11 +26,11 @@ from qcli.text import printable
 class QuantizeOptions:
     """A quantize run's options (`qcli.commands.quantize.quantize`; docs/cli.md says what each does).
 
-    `preset`: the default scheme; `calibration`: replaces the presets' and covers every recipe rule that
-    names none (None: the presets'); `requantize`: the preset for weights no Burn scheme holds;
-    `max_shard_size`: bytes per output file, None for one file; `burn_backend` and `burn_version`: the Burn
-    the file is for (None: the common backends); `names`: a GGUF file's tensor names; `revision`: for a model
-    in the Hugging Face cache."""
+    `preset`: the default scheme (without `scheme`, `burn_backend`'s best form); `calibration`: replaces the
+    presets' and covers every recipe rule that names none (None: the presets'); `requantize`: the preset for
+    weights no Burn scheme holds; `max_shard_size`: bytes per output file, None for one file; `burn_backend`
+    and `burn_version`: the Burn the file is for (None: the common backends); `names`: a GGUF file's tensor
+    names; `revision`: for a model in the Hugging Face cache."""
 
     preset: Preset
     recipe: Path | None = None
@@ -85,15 +85,17 @@ class QuantizeOptions:
             samples=SAMPLES if samples is None else samples, seq_len=SEQ_LEN if seq_len is None else seq_len,
             seed=SEED if seed is None else seed, imatrix=None if imatrix is None else Path(imatrix))
         calibrating.check(chosen)
+        backend = resolve_backend(None if burn_backend is None else str(burn_backend))
+        version = resolve_version(burn_version)
         return cls(
-            preset=resolve_preset(scheme),
+            preset=resolve_preset(scheme, default_preset(backend, version)),
             recipe=None if recipe is None else named_file(recipe, "recipe", "check the path given to --recipe"),
             calibration=chosen,
             requantize=None if requantize is None else resolve_preset(requantize),
             device=device,
             max_shard_size=max_shard_size,
-            burn_backend=resolve_backend(None if burn_backend is None else str(burn_backend)),
-            burn_version=resolve_version(burn_version),
+            burn_backend=backend,
+            burn_version=version,
             names=names,
             calibrating=calibrating,
             **flags,

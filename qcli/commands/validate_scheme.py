@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from qcli import BURN_VERSION
-from qcli.burn_backends import BurnBackend, load_problem, resolve_backend, resolve_version
+from qcli.burn_backends import BurnBackend, default_preset, load_problem, resolve_backend, resolve_version
 from qcli.errors import UsageError
 from qcli.formats import detect
 from qcli.formats.found import Found
@@ -64,9 +64,9 @@ def validate_scheme(
                 hint="pass the path of a TOML recipe (docs/recipes.md)",
             )
     requantized = None if requantize is None else resolve_preset(requantize)
-    preset = resolve_preset(scheme)
     backend = resolve_backend(burn_backend)
     version = resolve_version(burn_version)
+    preset = resolve_preset(scheme, default_preset(backend, version))
     if model is None:
         problems = [p for path in paths for p in recipe_problems(path, None, preset, backend, version)]
     else:

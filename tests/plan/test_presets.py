@@ -7,11 +7,14 @@ import re
 import pytest
 
 from qcli import BURN_VERSION, layout
-from qcli.burn_backends import BurnBackend, compute_problem, decode_problem
+from qcli.burn_backends import BurnBackend, compute_problem, decode_problem, default_preset
+from qcli.commands.options import QuantizeOptions
 from qcli.errors import SchemeError, UsageError
+from qcli.plan.decisions import make_plan
 from qcli.presets import DEFAULT_PRESET, PRESETS, get_preset
 from qcli.scheme import Calibration, QuantScheme, accept_problems
 from tests.cli_support import ROOT, cli
+from tests.plan.test_plan import info
 
 
 def _block(n: int, dtype: str) -> dict:
@@ -31,6 +34,7 @@ EXPECTED = {
     "q4s-b64": _serde("Q4S", U32, None, _block(64, "F16")),
     "q4s-b128": _serde("Q4S", U32, None, _block(128, "F16")),
     "q4f-b32": _serde("Q4F", U32, None, _block(32, "F16")),
+    "q4f-b32-global": _serde("Q4F", U32, "F32", _block(32, "F16")),
     "q2s-b32": _serde("Q2S", U32, None, _block(32, "F16")),
     "e4m3": _serde("E4M3", U32, "F32", None),
     "e5m2": _serde("E5M2", U32, "F32", None),
@@ -66,7 +70,35 @@ def test_the_docs_and_quantize_help_name_the_default_preset() -> None:
     assert re.findall(r"The default is \*\*`([\w-]+)`\*\*", presets) == [DEFAULT_PRESET]
     assert re.findall(r"^\| `([\w-]+)` \|.*\*\*default\*\*", presets, re.M) == [DEFAULT_PRESET]
     shown = " ".join(cli("quantize", "--help").out.split())
-    assert re.findall(r"the default scheme \(([\w-]+)\)", shown) == [DEFAULT_PRESET]
+    assert re.findall(r"the default scheme \(([\w-]+)[,)]", shown) == [DEFAULT_PRESET]
+
+
+# What `--burn-backend` writes without `--scheme`: the form bench/best_form.py measured best there
+# (docs/benchmarks.md), in Burn's serde form.
+BEST = {"flex": EXPECTED["q4s-b32"], "wgpu": EXPECTED["q4f-b32-global"], "ndarray": EXPECTED["q8s-b32"]}
+
+
+@pytest.mark.parametrize("backend", sorted(BEST))
+def test_burn_backend_without_scheme_plans_that_backends_best_form(backend: str) -> None:
+    layer = [info("model.layers.0.mlp.up_proj.weight", "F32", [256, 128])]
+    options = QuantizeOptions.parse(burn_backend=backend)
+    plan = make_plan(layer, preset=options.preset, backend=options.burn_backend)
+    assert plan.entries[0].decision.scheme.to_serde() == BEST[backend]
+    assert not [p for p in plan.problems if p.severity == "error"]
+    assert QuantizeOptions.parse(burn_backend=backend, scheme="q8s").preset.name == "q8s"  # --scheme still wins
+
+
+def test_without_burn_backend_or_for_burn_0_21_the_default_preset_stays() -> None:
+    assert QuantizeOptions.parse().preset.name == DEFAULT_PRESET
+    assert QuantizeOptions.parse(burn_backend="wgpu", burn_version="0.21").preset.name == DEFAULT_PRESET
+
+
+def test_the_readme_says_what_burn_backend_writes_by_default() -> None:
+    readme = (ROOT / "README.md").read_text()
+    [row] = [line for line in readme.splitlines() if line.startswith("| best 4-bit here |")]
+    assert backend_marks(row, len(BurnBackend)) == [
+        f"`{default_preset(b)}`" if PRESETS[default_preset(b)].scheme.value.size_bits() == 4 else "none"
+        for b in BurnBackend]
 
 
 def test_get_preset_is_case_insensitive() -> None:
