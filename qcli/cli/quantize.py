@@ -20,7 +20,7 @@ from qcli.errors import QcliError, UsageError
 from qcli.io.source import Names
 from qcli.presets import DEFAULT_PRESET, PRESETS
 from qcli.report.documents import JSON_SCHEMA_VERSION
-from qcli.report.quantize import QuantizeReport
+from qcli.report.quantize import RUST, BurnLoad, QuantizeReport
 from qcli.text import printable
 
 # The default output prints every tensor (in a narrow table) up to this many; above it, a summary: the
@@ -85,6 +85,15 @@ def quantize(
     recipe: Annotated[
         Path | None, typer.Option("--recipe", metavar="FILE", help="TOML recipe: rules per tensor name.")
     ] = None,
+    transpose: Annotated[
+        bool,
+        typer.Option(
+            "--transpose",
+            help="Write every Linear weight (a 2-D *.weight that is no embedding table) as [in, out], Burn's"
+            " default LinearLayout::Row, as a recipe's transpose = true does; embeddings stay as they are."
+            " A recipe rule that says transpose decides for its tensors.",
+        ),
+    ] = False,
     calibration: Annotated[
         CalibrationChoice | None,
         typer.Option(
@@ -198,7 +207,7 @@ def quantize(
                       dry_run=dry_run, force=force, verify=verify, max_shard_size=max_shard_size,
                       burn_backend=burn_backend, burn_version=burn_version, stats=stats, requantize=requantize,
                       names=names, revision=revision, calibration_data=calibration_data, samples=samples,
-                      seq_len=seq_len, seed=seed, imatrix=imatrix)
+                      seq_len=seq_len, seed=seed, imatrix=imatrix, transpose=transpose)
     except QcliError as exc:
         if json_output:
             _output.print_json(error_json(exc))
@@ -296,6 +305,7 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
         out.print(calibration_line(report), soft_wrap=True)
     if report.timings is None:
         out.print(f"would write {printable(', '.join(report.outputs))}", soft_wrap=True)
+        out.print("\n".join(load_lines(report.load, out.width)))
         return
     timings = report.timings
     phases = []
@@ -310,6 +320,36 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
               f" {_output.human_bytes(memory.tensors_bytes)} beside the runtime's"
               f" {_output.human_bytes(memory.runtime_bytes)}")
     out.print(f"wrote {printable(', '.join(report.outputs))}", soft_wrap=True)
+    out.print("\n".join(load_lines(report.load, out.width)))
+
+
+# What each LinearLayout reads, for the closing lines.
+WRITTEN = {"Row": "[in, out]", "Col": "[out, in]"}
+
+
+def load_lines(load: BurnLoad, width: int) -> list[str]:
+    """How to load the file in Burn, in lines of at most `width` columns (80 at most): the LinearLayout
+    each group of Linear weights needs (a group's first name where there are several), the backends that
+    compute it as written and how many tensors each other one cannot use, and where the Rust is."""
+    width = min(width, _output.DEFAULT_WIDTH)
+    lines = [f"load it in Burn {load.burn_version} (BurnpackStore, Module::load_from):"]
+    groups = [(f"LinearLayout::{layout}", f"{len(names)} Linear weights written {WRITTEN[layout]}", names)
+              for layout, names in load.layouts.items() if names]
+    if load.unsure:
+        groups.append(("Row if GPT-2's Conv1D, else Col", f"{len(load.unsure)} weights", load.unsure))
+    for layout, what, names in groups:
+        line = f"  {layout}: {what}"
+        if len(groups) > 1:  # which weights each group is
+            room = width - len(line) - len(" ()")
+            line += f" ({_output.fit_name(printable(names[0]), room)}{', …' if len(names) > 1 else ''})"
+        lines.append(line)
+    lines.append(f"  computes as written on {', '.join(load.computes_on) or 'no backend'}")
+    cannot = [f"{backend} ({len(names)} tensor{'s' if len(names) > 1 else ''})"
+              for backend, names in load.cannot.items() if names]
+    if cannot:  # why: the plan's warnings, or --burn-backend's errors
+        lines.append(f"  not on {', '.join(cannot)}")
+    lines.append(f"  the Rust: {', '.join(RUST)}")
+    return lines
 
 
 def calibration_line(report: QuantizeReport) -> str:
