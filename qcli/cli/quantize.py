@@ -20,7 +20,7 @@ from qcli.errors import QcliError, UsageError
 from qcli.io.source import Names
 from qcli.presets import DEFAULT_PRESET, PRESETS
 from qcli.report.documents import JSON_SCHEMA_VERSION
-from qcli.report.quantize import RUST, BurnLoad, QuantizeReport
+from qcli.report.quantize import RUST, WRITTEN, BurnLoad, QuantizeReport
 from qcli.text import printable
 
 # The default output prints every tensor (in a narrow table) up to this many; above it, a summary: the
@@ -323,8 +323,8 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
     out.print("\n".join(load_lines(report.load, out.width)))
 
 
-# What each LinearLayout reads, for the closing lines.
-WRITTEN = {"Row": "[in, out]", "Col": "[out, in]"}
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def load_lines(load: BurnLoad, width: int) -> list[str]:
@@ -333,19 +333,19 @@ def load_lines(load: BurnLoad, width: int) -> list[str]:
     compute it as written and how many tensors each other one cannot use, and where the Rust is."""
     width = min(width, _output.DEFAULT_WIDTH)
     lines = [f"load it in Burn {load.burn_version} (BurnpackStore, Module::load_from):"]
-    groups = [(f"LinearLayout::{layout}", f"{len(names)} Linear weights written {WRITTEN[layout]}", names)
-              for layout, names in load.layouts.items() if names]
+    groups = [(f"LinearLayout::{layout}", f"{_count(len(names), 'Linear weight')} {WRITTEN[layout]}",
+               names) for layout, names in load.layouts.items() if names]
     if load.unsure:
-        groups.append(("Row if GPT-2's Conv1D, else Col", f"{len(load.unsure)} weights", load.unsure))
+        groups.append(("Row if GPT-2's Conv1D, else Col", _count(len(load.unsure), "weight"), load.unsure))
     for layout, what, names in groups:
         line = f"  {layout}: {what}"
         if len(groups) > 1:  # which weights each group is
-            room = width - len(line) - len(" ()")
-            line += f" ({_output.fit_name(printable(names[0]), room)}{', …' if len(names) > 1 else ''})"
+            more = ", …" if len(names) > 1 else ""
+            room = max(width - len(line) - len(" ()") - len(more), _output.MIN_NAME)
+            line += f" ({_output.fit_name(printable(names[0]), room)}{more})"
         lines.append(line)
     lines.append(f"  computes as written on {', '.join(load.computes_on) or 'no backend'}")
-    cannot = [f"{backend} ({len(names)} tensor{'s' if len(names) > 1 else ''})"
-              for backend, names in load.cannot.items() if names]
+    cannot = [f"{backend} ({_count(len(names), 'tensor')})" for backend, names in load.cannot.items() if names]
     if cannot:  # why: the plan's warnings, or --burn-backend's errors
         lines.append(f"  not on {', '.join(cannot)}")
     lines.append(f"  the Rust: {', '.join(RUST)}")

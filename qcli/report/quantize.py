@@ -21,8 +21,10 @@ if TYPE_CHECKING:
 # Where the Rust that loads a qcli file is: the README's section, and the example program it shows, which the
 # tests compile and run.
 RUST = ("README.md#load-it-in-burn", "tests/burn/examples/load_qcli.rs")
-# Burn's `LinearLayout` that computes a Linear weight written as transposed (True) or as the source has it.
+# Burn's `LinearLayout` that computes a Linear weight written as transposed (True) or as the source has it,
+# and the orientation each reads.
 LAYOUTS = {True: "Row", False: "Col"}
+WRITTEN = {"Row": "[in, out]", "Col": "[out, in]"}
 
 
 @dataclass(frozen=True)
