@@ -93,7 +93,8 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
     model in the Hugging Face cache, a model folder. With calibration data (`options.calibrating`), the
     model runs on it block by block before the write (`qcli.calibrate.session`; `blocks` hears of each
     block done): GPTQ's tensors are quantized there, and the mse search weighs each input channel by its
-    activations.
+    activations. `transpose`: every Linear weight no recipe rule orients is written `[in, out]`
+    (`make_plan`). The report says how Burn loads the file (`BurnLoad`).
     """
     where = Destination.of(input, output, options.revision)
     input, target, folder = where.input, where.target, where.folder

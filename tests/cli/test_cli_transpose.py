@@ -17,7 +17,7 @@ import torch
 from qcli import BURN_VERSION
 from qcli.io.burnpack import BurnpackReader
 from tests.burn_harness import save_f32
-from tests.cli_support import ROOT, assert_user_error, cli, validate_json
+from tests.cli_support import ROOT, SINGLE, assert_user_error, cli, validate_json
 from tests.gguf_support import T, write_gguf
 
 EMBEDDING, HEAD = "model.embed_tokens.weight", "lm_head.weight"
@@ -131,6 +131,15 @@ def test_the_closing_lines_name_the_layout_the_backends_and_the_rust(model, tmp_
 def test_the_rust_the_closing_lines_name_is_there():
     assert (ROOT / "tests" / "burn" / "examples" / "load_qcli.rs").is_file()
     assert "\n## Load it in Burn\n" in (ROOT / "README.md").read_text()
+
+
+@pytest.mark.parametrize(("doc", "flags"), [("README.md", ["--transpose"]), ("docs/cli.md", [])])
+def test_the_docs_show_the_closing_lines_the_sample_gives(doc, flags, tmp_path):
+    text = (ROOT / doc).read_text()
+    start = text.index(HEADER)
+    shown = text[start:text.index("```", start)].splitlines()
+    result = cli("quantize", SINGLE, "-o", tmp_path / "tiny.bpk", "--dry-run", *flags)
+    assert closing_lines(result.out) == shown
 
 
 TRANSPOSE_FALSE = """
