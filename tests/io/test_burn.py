@@ -428,12 +428,12 @@ def test_the_readmes_burn_example_compiles_and_loads_a_qcli_file(transpose, tmp_
         "down.weight": torch.randn(64, 128, generator=generator), "down.bias": torch.randn(64, generator=generator),
     })
     out = tmp_path / "model.bpk"
-    flag = ["--transpose"] if transpose else []
-    assert cli("quantize", source, "-o", out, "--burn-backend", "flex", *flag).code == 0
-    done = subprocess.run([example("load_qcli"), out, *flag], capture_output=True, text=True, timeout=300)
+    assert cli("quantize", source, "-o", out, "--burn-backend", "flex", *(["--transpose"] if transpose else [])
+               ).code == 0
+    layout, other = ("row", "col") if transpose else ("col", "row")
+    done = subprocess.run([example("load_qcli"), out, layout], capture_output=True, text=True, timeout=300)
     assert (done.returncode, done.stdout.strip()) == (0, "[1, 64]"), done.stderr
-    other = [] if transpose else ["--transpose"]
-    assert subprocess.run([example("load_qcli"), out, *other], capture_output=True, timeout=300).returncode != 0
+    assert subprocess.run([example("load_qcli"), out, other], capture_output=True, timeout=300).returncode != 0
 
 
 def test_transpose_writes_what_burns_row_layout_computes_as_torch_does(tmp_path):

@@ -27,8 +27,9 @@ fn linear(d_input: usize, d_output: usize, transposed: bool, device: &Device) ->
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let path = args.next().expect("usage: load_qcli MODEL.bpk [--transpose]");
-    let transposed = args.next().as_deref() == Some("--transpose"); // as the file was written
+    let path = args.next().expect("usage: load_qcli MODEL.bpk [row|col]");
+    // row (the default) for a file `qcli quantize --transpose` wrote, col for one written without it
+    let transposed = args.next().as_deref() != Some("col");
     let device = Device::flex(); // or Device::wgpu(DeviceKind::DefaultDevice)
     let mut model = Mlp {
         up: linear(256, 128, transposed, &device),
