@@ -94,7 +94,7 @@ class Rule:
     keep: bool
     scheme: QuantScheme | None
     calibration: Calibration | None  # None: not said, so `--calibration`'s, else the preset's or MinMax
-    transpose: bool
+    transpose: bool | None  # None: not said, so `--transpose`'s for Linear weights, else false
     preset: str | None
     mode: QuantMode | ZeroPoint = QuantMode.Symmetric
     refusals: tuple[Problem, ...] = ()
@@ -382,7 +382,7 @@ class _Parser:
         misspelt = len(self.faults) > before  # a misspelt keep/value/preset: don't also say it is missing
         match = self.pattern(table.get("match"), line("match") if "match" in table else header)
         keep = self.boolean(table, "keep", line)
-        transpose = self.boolean(table, "transpose", line)
+        transpose = self.boolean(table, "transpose", line) if "transpose" in table else None
         scheme_keys = [k for k in SCHEME_KEYS if k in table]
         preset_name = table.get("preset")
         mode = self.mode(table, line)

@@ -20,7 +20,7 @@ from qcli.errors import QcliError, UsageError
 from qcli.io.source import Names
 from qcli.presets import DEFAULT_PRESET, PRESETS
 from qcli.report.documents import JSON_SCHEMA_VERSION
-from qcli.report.quantize import QuantizeReport, TensorRow
+from qcli.report.quantize import RUST, WRITTEN, BurnLoad, QuantizeReport, TensorRow
 from qcli.text import printable
 
 # The default output prints every tensor (in a narrow table) up to this many; above it, a summary: the
@@ -86,6 +86,15 @@ def quantize(
     recipe: Annotated[
         Path | None, typer.Option("--recipe", metavar="FILE", help="TOML recipe: rules per tensor name.")
     ] = None,
+    transpose: Annotated[
+        bool,
+        typer.Option(
+            "--transpose",
+            help="Write every Linear weight (a 2-D *.weight that is no embedding table) as [in, out], Burn's"
+            " default LinearLayout::Row, as a recipe's transpose = true does; embeddings stay as they are."
+            " A recipe rule that says transpose decides for its tensors.",
+        ),
+    ] = False,
     calibration: Annotated[
         CalibrationChoice | None,
         typer.Option(
@@ -201,7 +210,7 @@ def quantize(
                       dry_run=dry_run, force=force, verify=verify, max_shard_size=max_shard_size,
                       burn_backend=burn_backend, burn_version=burn_version, stats=stats, requantize=requantize,
                       names=names, revision=revision, calibration_data=calibration_data, samples=samples,
-                      seq_len=seq_len, seed=seed, imatrix=imatrix)
+                      seq_len=seq_len, seed=seed, imatrix=imatrix, transpose=transpose)
     except QcliError as exc:
         if json_output:
             _output.print_json(error_json(exc))
@@ -308,6 +317,7 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
         say(calibration_line(report))
     if report.timings is None:
         say(f"would write {printable(', '.join(report.outputs))}")
+        out.print("\n".join(load_lines(report.load, out.width)))
         return
     timings = report.timings
     phases = []
@@ -322,6 +332,7 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
         f" {_output.glued(size(memory.tensors_bytes))} beside the runtime's"
         f" {_output.glued(size(memory.runtime_bytes))}")
     say(f"wrote {printable(', '.join(report.outputs))}")
+    out.print("\n".join(load_lines(report.load, out.width)))
 
 
 def size_change(before: int, after: int) -> str:
@@ -330,6 +341,35 @@ def size_change(before: int, after: int) -> str:
         return "the same size"
     change = round(abs(after - before) / before * 100)
     return f"{change or '<1'} % {'smaller' if after < before else 'larger'}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def load_lines(load: BurnLoad, width: int) -> list[str]:
+    """How to load the file in Burn, in lines of at most `width` columns (80 at most): the LinearLayout
+    each group of Linear weights needs (a group's first name where there are several), the backends that
+    compute it as written and how many tensors each other one cannot use, and where the Rust is."""
+    width = min(width, _output.DEFAULT_WIDTH)
+    lines = [f"load it in Burn {load.burn_version} (BurnpackStore, Module::load_from):"]
+    groups = [(f"LinearLayout::{layout}", f"{_count(len(names), 'Linear weight')} {WRITTEN[layout]}",
+               names) for layout, names in load.layouts.items() if names]
+    if load.unsure:
+        groups.append(("Row if GPT-2's Conv1D, else Col", _count(len(load.unsure), "weight"), load.unsure))
+    for layout, what, names in groups:
+        line = f"  {layout}: {what}"
+        if len(groups) > 1:  # which weights each group is
+            more = ", …" if len(names) > 1 else ""
+            room = max(width - len(line) - len(" ()") - len(more), _output.MIN_NAME)
+            line += f" ({_output.fit_names([printable(names[0])], room)[0]}{more})"
+        lines.append(line)
+    lines.append(f"  computes as written on {', '.join(load.computes_on) or 'no backend'}")
+    cannot = [f"{backend} ({_count(len(names), 'tensor')})" for backend, names in load.cannot.items() if names]
+    if cannot:  # why: the plan's warnings, or --burn-backend's errors
+        lines.append(f"  not on {', '.join(cannot)}")
+    lines.append(f"  the Rust: {', '.join(RUST)}")
+    return lines
 
 
 def calibration_line(report: QuantizeReport) -> str:

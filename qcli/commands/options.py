@@ -30,7 +30,8 @@ class QuantizeOptions:
     presets' and covers every recipe rule that names none (None: the presets'); `requantize`: the preset for
     weights no Burn scheme holds; `max_shard_size`: bytes per output file, None for one file; `burn_backend`
     and `burn_version`: the Burn the file is for (None: the common backends); `names`: a GGUF file's tensor
-    names; `revision`: for a model in the Hugging Face cache."""
+    names; `revision`: for a model in the Hugging Face cache; `transpose`: Linear weights written `[in, out]`,
+    for Burn's `LinearLayout::Row`."""
 
     preset: Preset
     recipe: Path | None = None
@@ -47,6 +48,7 @@ class QuantizeOptions:
     names: Names = Names.file
     revision: str | None = None
     calibrating: CalibrationInput = CalibrationInput()
+    transpose: bool = False
 
     @classmethod
     def parse(
@@ -105,10 +107,10 @@ class QuantizeOptions:
         """The options that shaped the plan, as a model folder's record states them (`qcli.output`)."""
         return {"calibration": None if self.calibration is None else self.calibration.name.lower(),
                 "requantize": None if self.requantize is None else self.requantize.name,
-                "names": str(self.names), "max_shard_size": self.max_shard_size}
+                "names": str(self.names), "max_shard_size": self.max_shard_size, "transpose": self.transpose}
 
 
-_FLAGS = ("dry_run", "force", "stats", "verify", "revision")  # taken by `parse` as they are
+_FLAGS = ("dry_run", "force", "stats", "verify", "revision", "transpose")  # taken by `parse` as they are
 
 
 @dataclass(frozen=True)

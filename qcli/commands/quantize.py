@@ -37,7 +37,7 @@ from qcli.presets import Preset
 from qcli.problem import Problem
 from qcli.recipe import Recipe, load_recipe
 from qcli.report.documents import SourceFile
-from qcli.report.quantize import CalibrationRecord, MemoryUse, Phase, QuantizeReport, TensorRow, Timings
+from qcli.report.quantize import BurnLoad, CalibrationRecord, MemoryUse, Phase, QuantizeReport, TensorRow, Timings
 from qcli.resident import peak_resident_bytes, resident_bytes
 from qcli.scheme import Calibration
 from qcli.text import printable
@@ -94,7 +94,8 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
     model in the Hugging Face cache, a model folder. With calibration data (`options.calibrating`), the
     model runs on it block by block before the write (`qcli.calibrate.session`; `blocks` hears of each
     block done): GPTQ's tensors are quantized there, and the mse search weighs each input channel by its
-    activations.
+    activations. `transpose`: every Linear weight no recipe rule orients is written `[in, out]`
+    (`make_plan`). The report says how Burn loads the file (`BurnLoad`).
     """
     where = Destination.of(input, output, options.revision)
     input, target, folder = where.input, where.target, where.folder
@@ -121,7 +122,7 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
                                  split=options.max_shard_size is not None, backend=options.burn_backend,
                                  burn_version=options.burn_version, calibration=options.calibration,
                                  requantize=options.requantize, found=found,
-                                 calibrated=_reachable(input, source) if gptq else ())
+                                 calibrated=_reachable(input, source) if gptq else (), transpose=options.transpose)
         copies = [] if folder is None or is_gguf(input) else side_files(checkpoint_folder(input))
         report = QuantizeReport(
             input=where.given,
@@ -136,6 +137,7 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
             source_files=[SourceFile(f.name, f.stat().st_size) for f in source.files],
             tensors=[TensorRow.of(e) for e in plan.entries],
             totals=plan.totals(),
+            load=BurnLoad.of(plan, options.burn_version),
             warnings=plan.warnings(),
             calibration=_calibration_record(plan, input, source.infos(), options),
         )

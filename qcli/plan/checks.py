@@ -177,16 +177,10 @@ class Checks:
         failing: dict[tuple[int, object, str], list[PlanEntry]] = {}
         version = self.burn_version
         for entry in entries:
-            scheme = entry.decision.scheme
-            if scheme is not None and hold_problem(scheme, version) is not None:
-                continue  # `version_problems` reports it once, for every backend
-            dtype = entry.out_dtype
-            if dtype is None:
-                continue  # `output_problems` reports it: Burn has no such dtype
-            why = (kept_problem(backend, dtype, version) if scheme is None
-                   else load_problem(backend, scheme, entry.out_shape, version))
+            why = backend_problem(backend, entry)
             if why is not None:
-                failing.setdefault((id(entry.decision.rule), scheme or dtype, why), []).append(entry)
+                failing.setdefault((id(entry.decision.rule), entry.decision.scheme or entry.out_dtype, why),
+                                   []).append(entry)
         for (_, written, why), group in failing.items():  # `written`: a scheme or a dtype, shown as text
             first = group[0]
             names = [e.info.name for e in group]
@@ -216,6 +210,22 @@ class Checks:
         named = "" if self.backend else f" --burn-backend {backend}"
         return f"requantize them into a preset {backend} loads (--requantize {offered}{named}), or "
 
+    def transpose_problems(self) -> None:
+        """What --transpose cannot do: a weight whose name does not tell its orientation (an error), and
+        transcoded Linear weights, which keep their codes' (a warning)."""
+        if self.unsure:
+            self.problem(
+                Kind.transpose, f"--transpose cannot tell whether {count_and_first(self.unsure)} hold a Linear "
+                "weight [out, in] or GPT-2's Conv1D weight [in, out] (Burn's Row already): both modules take "
+                "these names", "say it in a recipe rule for them: transpose = false for GPT-2's Conv1D, "
+                "transpose = true for a Linear (Qwen's first release)", self.unsure)
+        if self.untransposed:
+            self.problem(
+                Kind.transcoded, f"--transpose leaves {count_and_first(self.untransposed)} [out, in]: they are "
+                "transcoded, their codes written as they are", "build their Linear layers with "
+                "LinearLayout::Col: the run's last lines name the layout each group of weights needs",
+                self.untransposed, severity=Severity.warning)
+
     def file_problems(self, plan: Plan) -> None:
         """Burn's per-file reader limits: the tensor count and the file size (data alone, aligned)."""
         count = len(plan.entries)
@@ -228,6 +238,20 @@ class Checks:
                          f"refuses a file over {gib(MAX_FILE_SIZE)}",
                          "split the output with --max-shard-size 50GB, quantize more tensors, or use a smaller "
                          "scheme")
+
+
+def backend_problem(backend: BurnBackend, entry: PlanEntry) -> str | None:
+    """Why a model on `backend` cannot use `entry` as written (Burn does not build, decode or compute with
+    it), or None; None too where the entry fails on every backend, which other checks report once: a
+    scheme its Burn release has no form for, a dtype Burn lacks."""
+    scheme, version = entry.decision.scheme, entry.burn_version
+    if scheme is not None and hold_problem(scheme, version) is not None:
+        return None  # `version_problems`
+    dtype = entry.out_dtype
+    if dtype is None:
+        return None  # `output_problems`
+    return (kept_problem(backend, dtype, version) if scheme is None
+            else load_problem(backend, scheme, entry.out_shape, version))
 
 
 def rule_refusal(rule: Rule, covered: Sequence[str] | None = None) -> Problem | None:

@@ -40,6 +40,12 @@ EMBEDDING_MODULES = ("embed_tokens", "wte", "tok_embeddings", "word_embeddings",
 HEAD_MODULES = ("lm_head", "embed_out")
 HEAD_NAMES = ("output.weight",)  # Meta's Llama: a top-level `output` module
 WIDE_PRESET = "q8s-b32"
+# Lookup tables besides the token embedding, which no Linear reads: positions (GPT-2's `wpe`, BERT's
+# `position_embeddings`, llama.cpp's `position_embd`) and token types, named so wherever they appear.
+TABLE_MARKS = ("embed", "embd", "wpe", "token_types")
+# GPT-2's Conv1D keeps its weight [in, out], Burn's Row already, under names that other models (Qwen's
+# first release) give Linear weights [out, in]: the name cannot tell which a tensor holds.
+CONV1D_MODULES = ("c_attn", "c_proj", "c_fc", "q_attn")
 
 
 def shape_problem(scheme: QuantScheme, shape: Sequence[int]) -> str | None:
@@ -85,6 +91,22 @@ def tensor_role(name: str) -> str | None:
     return "output head" if module in HEAD_MODULES else None
 
 
+def linear_weight(name: str, shape: Sequence[int]) -> bool | None:
+    """Whether `name` is a Linear layer's weight, PyTorch's `[out, in]` (a 2-D `*.weight` of a module that
+    is no lookup table: the output head is one, the token and position embeddings are not); None where its
+    name is GPT-2's Conv1D's (`CONV1D_MODULES`), which holds `[in, out]` in GPT-2 and `[out, in]` elsewhere."""
+    parts = name.split(".")
+    if len(shape) != 2 or len(parts) < 2 or parts[-1] != "weight":
+        return False
+    role = tensor_role(name)
+    if role is not None:
+        return role == "output head"
+    module = parts[-2]
+    if any(mark in module for mark in TABLE_MARKS):
+        return False
+    return None if module in CONV1D_MODULES else True
+
+
 def smaller_block(scheme: QuantScheme, shape: Sequence[int], calibration: Calibration = Calibration.MinMax
                   ) -> QuantScheme | None:
     """`scheme` with its one-axis block halved until `shape` can take it, no smaller than the values one
@@ -107,7 +129,7 @@ def make_plan(
     infos: Iterable[TensorInfo], recipe: Recipe | None = None, preset: Preset | None = None,
     *, split: bool = False, backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
     calibration: Calibration | None = None, requantize: Preset | None = None,
-    found: Mapping[str, Found] | None = None, calibrated: Collection[str] = (),
+    found: Mapping[str, Found] | None = None, calibrated: Collection[str] = (), transpose: bool = False,
 ) -> Plan:
     """One decision per tensor and every problem found from the headers (see the module docstring).
 
@@ -122,19 +144,27 @@ def make_plan(
     already-quantized weights (`qcli.formats.detect`), the encoded ones' states read for `requantize`.
     `calibrated`: the tensors a calibration run reaches (the Linear weights in the model's blocks): GPTQ
     applies to them only, every other tensor takes its preset's calibration instead, its reason says so.
+    `transpose` (`--transpose`): every Linear weight (`linear_weight`) whose recipe rule says nothing of
+    transpose is written transposed, `[in, out]`, as a rule's `transpose = true` writes it; a rule that says
+    `transpose` decides for its tensors. A transcoded weight keeps its codes' orientation (a warning names
+    it), and a name that cannot tell a Linear's weight from GPT-2's Conv1D's is an error.
     """
     return _Planner(list(infos), recipe, preset or PRESETS[DEFAULT_PRESET], split, backend, burn_version,
-                    calibration, requantize, found, calibrated).plan()
+                    calibration, requantize, found, calibrated, transpose).plan()
 
 
 class _Planner(Checks):
     def __init__(self, infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False,
                  backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
                  calibration: Calibration | None = None, requantize: Preset | None = None,
-                 found: Mapping[str, Found] | None = None, calibrated: Collection[str] = ()) -> None:
+                 found: Mapping[str, Found] | None = None, calibrated: Collection[str] = (),
+                 transpose: bool = False) -> None:
         self.calibrated = frozenset(calibrated)
         self.backend = backend
         self.burn_version = burn_version
+        self.transpose = transpose
+        self.unsure: list[str] = []  # --transpose: tensors whose name cannot tell [out, in] from [in, out]
+        self.untransposed: list[str] = []  # --transpose: transcoded Linear weights, written as their codes are
         self.requantize = requantize
         self.found = dict(found) if found is not None else detect(infos)
         if requantize is not None:
@@ -180,6 +210,7 @@ class _Planner(Checks):
         for rule in rules:
             self.rule_problems(rule, covered[id(rule)], entries)
         self.default_problems([e.info.name for e in entries if e.decision.rule is None])
+        self.transpose_problems()
         self.encoded_problems()
         for entry in entries:
             self.output_problems(entry)
@@ -212,6 +243,7 @@ class _Planner(Checks):
         rank = len(info.shape)
         transcode = self.found.get(info.name)
         if isinstance(transcode, Transcode):
+            self.not_transposed(transcode, None)
             return Decision(transcode.scheme, Calibration.MinMax, False, f"default: {transcode.reason}", None,
                             transcode=transcode)
         if is_quantized(info.dtype):
@@ -224,15 +256,18 @@ class _Planner(Checks):
             return keep(f"{kind} tensor ({info.dtype})")
         if rank < 2:
             return keep("0-D tensor (scalar)" if rank == 0 else "1-D tensor (norm/bias)")
+        transpose = self.transposed(info.name, info.shape, None)
         role = tensor_role(info.name)
         if role is not None and self.preset.scheme.value.size_bits() < 8:
-            wide = self.default_scheme(info, PRESETS[WIDE_PRESET], f"default: {role}, 8 bits")
+            wide = self.default_scheme(info, PRESETS[WIDE_PRESET], f"default: {role}, 8 bits", transpose)
             if wide is not None:
                 return wide
-        decision = self.default_scheme(info, self.preset)
+        decision = self.default_scheme(info, self.preset, transpose=transpose)
         if decision is not None:
             return decision
-        return keep(f"cannot take {self.preset.name}: {shape_problem(self.preset.scheme, info.shape)}")
+        shape = info.shape[::-1] if transpose else info.shape
+        reason = f"default: keep, cannot take {self.preset.name}: {shape_problem(self.preset.scheme, shape)}"
+        return self.kept(info, reason, None, transpose)
 
     def by_encoded(self, info: TensorInfo, encoded: Encoded) -> Decision:
         """A tensor no Burn scheme holds: refused (reported by format in `encoded_problems`) or, with
@@ -242,31 +277,52 @@ class _Planner(Checks):
             self.refused.setdefault(encoded.format, []).append(encoded)
             return Decision(None, Calibration.MinMax, False, f"refused: {encoded.format} is {encoded.encoding}", None)
         decoded = replace(info, dtype=encoded.dtype, shape=encoded.shape)
-        decision = self.default_scheme(decoded, self.requantize, f"requantize {encoded.format}")
+        transpose = self.transposed(encoded.name, encoded.shape, None)
+        decision = self.default_scheme(decoded, self.requantize, f"requantize {encoded.format}", transpose)
         if decision is None:
-            why = shape_problem(self.requantize.scheme, encoded.shape)
+            why = shape_problem(self.requantize.scheme, encoded.shape[::-1] if transpose else encoded.shape)
             self.problem(Kind.shape, f"{info.name} {list(encoded.shape)} ({encoded.format}) cannot take "
                          f"--requantize {self.requantize.name}: {why}", "requantize into a preset of a smaller block",
                          [info.name])
             return Decision(None, Calibration.MinMax, False, f"requantize {encoded.format}: {why}", None)
         return replace(decision, requantize=encoded)
 
-    def default_scheme(self, info: TensorInfo, preset: Preset, why: str | None = None) -> Decision | None:
-        """`preset` for a floating tensor of rank >= 2, with a smaller block (`smaller_block`) when its own does
-        not divide the row; None when the shape takes neither. `why` replaces the reason's start (kept short:
-        the reason is a column of quantize's table)."""
+    def default_scheme(self, info: TensorInfo, preset: Preset, why: str | None = None, transpose: bool = False
+                       ) -> Decision | None:
+        """`preset` for a floating tensor of rank >= 2 (as written: transposed with `transpose`), with a
+        smaller block (`smaller_block`) when its own does not divide the row; None when the shape takes
+        neither. `why` replaces the reason's start (kept short: the reason is a column of quantize's table)."""
         reason = f"{why or f'default: {info.dtype} tensor of rank {len(info.shape)}'} -> {preset.name}"
         scheme = preset.scheme
+        shape = info.shape[::-1] if transpose else info.shape
         calibration, unreached = self.reached(info, self.calibration or preset.calibration, preset.calibration)
         reason += unreached
-        if shape_problem(scheme, info.shape) is not None:
-            smaller = smaller_block(scheme, info.shape, calibration)
+        if shape_problem(scheme, shape) is not None:
+            smaller = smaller_block(scheme, shape, calibration)
             if smaller is None:
                 return None
-            reason += (f" → block {smaller.block.size}: {info.shape[-1]} is not a multiple of "
+            reason += (f" → block {smaller.block.size}: {shape[-1]} is not a multiple of "
                        f"{scheme.block.size.dims()[0]}")
             scheme = smaller
-        return Decision(scheme, calibration, False, reason, None)
+        return Decision(scheme, calibration, transpose, reason, None)
+
+    def transposed(self, name: str, shape: Sequence[int], rule: Rule | None, floating: bool = True) -> bool:
+        """Whether tensor `name` is written transposed: as its rule says where it says (a tensor that is not
+        2-D never is: the rule's problem), else with --transpose where it is a `floating` Linear weight; a
+        name that cannot tell (`linear_weight` None) is recorded for `transpose_problems`, written as it is."""
+        if rule is not None and rule.transpose is not None:
+            return rule.transpose and len(shape) == 2
+        if not self.transpose or not floating:
+            return False
+        linear = linear_weight(name, shape)
+        if linear is None:
+            self.unsure.append(name)
+        return bool(linear)
+
+    def not_transposed(self, transcode: Transcode, rule: Rule | None) -> None:
+        """A transcoded weight keeps its codes' orientation: recorded where it would have been transposed."""
+        if self.transposed(transcode.name, transcode.shape, rule):
+            self.untransposed.append(transcode.name)
 
     def by_rule(self, info: TensorInfo, rule: Rule) -> Decision:
         where = f"rule {rule.location}"
@@ -274,7 +330,7 @@ class _Planner(Checks):
         if rule.refusals:
             reason = f"refused: {where} asks for {rule.describe()}"
             return Decision(None, calibration, False, reason, rule)
-        transpose = rule.transpose and len(info.shape) == 2
+        transpose = self.transposed(info.name, info.shape, rule, info.dtype in FLOAT_DTYPES)
         if rule.transpose and not transpose:
             self.not_2d.setdefault(id(rule), []).append(info.name)
         if rule.keep:
@@ -286,6 +342,7 @@ class _Planner(Checks):
         transcode = self.found.get(info.name)
         if isinstance(transcode, Transcode):  # qcli does not requantize: the codes are written as they are
             self.transcoded.setdefault(id(rule), []).append(info.name)
+            self.not_transposed(transcode, rule)
             return Decision(transcode.scheme, calibration, False, f"{where}: {transcode.reason}", rule,
                             transcode=transcode)
         shape = info.shape[::-1] if transpose else info.shape

@@ -1,4 +1,5 @@
-"""`qcli quantize`'s report: the plan's rows, totals, timings, memory and calibration, and its `--json` document."""
+"""`qcli quantize`'s report: the plan's rows, totals, timings, memory, calibration and how Burn loads the file,
+and its `--json` document."""
 
 from __future__ import annotations
 
@@ -6,13 +7,24 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from qcli import __version__
+from qcli.burn_backends import BurnBackend
 from qcli.error_stats import ErrorStats
+from qcli.plan.checks import backend_problem
+from qcli.plan.decisions import linear_weight
 from qcli.problem import Problem
 from qcli.report.documents import JSON_SCHEMA_VERSION, SourceFile, error_json, problem_json
 
 if TYPE_CHECKING:
-    from qcli.plan.entries import PlanEntry, Totals
+    from qcli.plan.entries import Plan, PlanEntry, Totals
     from qcli.scheme import QuantScheme
+
+# Where the Rust that loads a qcli file is: the README's section, and the example program it shows, which the
+# tests compile and run.
+RUST = ("README.md#load-it-in-burn", "tests/burn/examples/load_qcli.rs")
+# Burn's `LinearLayout` that computes a Linear weight written as transposed (True) or as the source has it,
+# and the orientation each reads.
+LAYOUTS = {True: "Row", False: "Col"}
+WRITTEN = {"Row": "[in, out]", "Col": "[out, in]"}
 
 
 @dataclass(frozen=True)
@@ -178,6 +190,46 @@ class CalibrationRecord:
         return dict(vars(self))
 
 
+@dataclass(frozen=True)
+class BurnLoad:
+    """How a Burn model loads the file as written: the `LinearLayout` each Linear weight needs (`layouts`:
+    `Row` for those written `[in, out]`, `Col` for PyTorch's `[out, in]`; `unsure`: those whose name cannot
+    tell a Linear's from GPT-2's Conv1D's, `qcli.plan.decisions.linear_weight`), the tensors each Burn backend
+    cannot use as written (`qcli.burn_backends`' facts; none: it computes the whole file), and where the Rust is."""
+
+    burn_version: str
+    layouts: dict[str, list[str]]
+    unsure: list[str]
+    cannot: dict[BurnBackend, list[str]]
+
+    @property
+    def computes_on(self) -> list[BurnBackend]:
+        return [backend for backend, names in self.cannot.items() if not names]
+
+    @staticmethod
+    def of(plan: Plan, burn_version: str) -> BurnLoad:
+        layouts: dict[str, list[str]] = {layout: [] for layout in LAYOUTS.values()}
+        unsure = []
+        for entry in plan.entries:
+            linear = linear_weight(entry.name, entry.shape)
+            if linear is None:
+                unsure.append(entry.name)
+            elif linear:
+                layouts[LAYOUTS[entry.decision.transpose]].append(entry.name)
+        cannot = {backend: [e.name for e in plan.entries if backend_problem(backend, e)] for backend in BurnBackend}
+        return BurnLoad(burn_version, layouts, unsure, cannot)
+
+    def to_json(self) -> dict:
+        return {
+            "burn_version": self.burn_version,
+            "linear_layouts": self.layouts,
+            "unsure": self.unsure,
+            "computes_on": [str(b) for b in self.computes_on],
+            "cannot_compute": {str(b): names for b, names in self.cannot.items()},
+            "rust": list(RUST),
+        }
+
+
 @dataclass
 class QuantizeReport:
     """The result of `qcli.commands.quantize.quantize_file`: the plan, and for a real run the errors and timings."""
@@ -194,6 +246,7 @@ class QuantizeReport:
     source_files: list[SourceFile]
     tensors: list[TensorRow]
     totals: Totals
+    load: BurnLoad
     warnings: list[Problem] = field(default_factory=list)  # of severity warning
     timings: Timings | None = None
     memory: MemoryUse | None = None  # a real run's
@@ -223,4 +276,5 @@ class QuantizeReport:
             "timings": None if self.timings is None else self.timings.to_json(),
             "memory": None if self.memory is None else self.memory.to_json(),
             "calibration": None if self.calibration is None else self.calibration.to_json(),
+            "load": self.load.to_json(),
         }

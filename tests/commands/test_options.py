@@ -16,12 +16,14 @@ from qcli.scheme import Calibration
 
 def test_names_as_a_user_writes_them_become_typed_values():
     options = QuantizeOptions.parse(scheme="Q8S-B32", calibration="MSE", burn_backend="WGPU", burn_version="0.21",
-                                    max_shard_size="1KiB", names="HF", requantize="q4s-b32", dry_run=True)
+                                    max_shard_size="1KiB", names="HF", requantize="q4s-b32", dry_run=True,
+                                    transpose=True)
     assert options.preset.name == "q8s-b32" and options.requantize.name == "q4s-b32"
     assert options.calibration is Calibration.Mse and options.burn_backend is BurnBackend.wgpu
     assert options.burn_version == "0.21.0" and options.max_shard_size == 1024 and options.names is Names.hf
     assert options.dry_run and options.stats and options.verify and not options.force
-    assert options.record() == {"calibration": "mse", "requantize": "q4s-b32", "names": "hf", "max_shard_size": 1024}
+    assert options.record() == {"calibration": "mse", "requantize": "q4s-b32", "names": "hf", "max_shard_size": 1024,
+                                "transpose": True}
 
 
 def test_defaults_are_the_commands_defaults():

@@ -415,9 +415,11 @@ def readme_rust_example() -> str:
     return text[start : text.index("```", start)]
 
 
-def test_the_readmes_burn_example_compiles_and_loads_a_qcli_file(tmp_path):
+@pytest.mark.parametrize("transpose", [True, False], ids=["row", "col"])
+def test_the_readmes_burn_example_compiles_and_loads_a_qcli_file(transpose, tmp_path):
     """The README's Rust snippet is the harness's example program, which cargo compiled; run on a qcli
-    file written as the README says, it loads it with `load_from` and runs the model."""
+    file written with `--transpose` (its Linears in `LinearLayout::Row`) or without (`Col`), it loads it with
+    `load_from` and runs the model, and refuses the file in the other layout (its weights are not square)."""
     require(BurnBackend.flex)
     assert readme_rust_example() in (CRATE / "examples" / "load_qcli.rs").read_text()
     generator = torch.Generator().manual_seed(6)
@@ -425,11 +427,51 @@ def test_the_readmes_burn_example_compiles_and_loads_a_qcli_file(tmp_path):
         "up.weight": torch.randn(128, 256, generator=generator), "up.bias": torch.randn(128, generator=generator),
         "down.weight": torch.randn(64, 128, generator=generator), "down.bias": torch.randn(64, generator=generator),
     })
-    (tmp_path / "row.toml").write_text(ROW_RECIPE)
     out = tmp_path / "model.bpk"
-    assert cli("quantize", source, "-o", out, "--recipe", tmp_path / "row.toml", "--burn-backend", "flex").code == 0
-    done = subprocess.run([example("load_qcli"), out], capture_output=True, text=True, timeout=300)
+    assert cli("quantize", source, "-o", out, "--burn-backend", "flex", *(["--transpose"] if transpose else [])
+               ).code == 0
+    layout, other = ("row", "col") if transpose else ("col", "row")
+    done = subprocess.run([example("load_qcli"), out, layout], capture_output=True, text=True, timeout=300)
     assert (done.returncode, done.stdout.strip()) == (0, "[1, 64]"), done.stderr
+    assert subprocess.run([example("load_qcli"), out, other], capture_output=True, timeout=300).returncode != 0
+
+
+def test_transpose_writes_what_burns_row_layout_computes_as_torch_does(tmp_path):
+    """`--transpose` without a recipe: a stack of a non-square and a square Linear loaded into Burn's default
+    `LinearLayout::Row` computes torch's `nn.Linear` on the source weights, within their 8-bit rounding,
+    and exactly what the weights qcli decodes give."""
+    require(BurnBackend.flex)
+    generator = torch.Generator().manual_seed(8)
+    weights = {
+        "layers.0.weight": torch.randn(96, 64, generator=generator) * 0.1,  # [out, in], not square
+        "layers.0.bias": torch.randn(96, generator=generator) * 0.1,
+        "layers.1.weight": torch.randn(96, 96, generator=generator) * 0.1,  # square: Row or Col, no error
+        "layers.1.bias": torch.randn(96, generator=generator) * 0.1,
+    }
+    source = save_f32(tmp_path / "model.safetensors", weights)
+    out = tmp_path / "model.bpk"
+    assert cli("quantize", source, "-o", out, "--transpose", "--scheme", "q8s-b32", "--device", "cpu").code == 0
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(9))
+    save_f32(tmp_path / "x.safetensors", {"x": x})
+    done = run("forward", "--backend", "flex", "--layout", "row", out, tmp_path / "x.safetensors",
+               tmp_path / "y.safetensors")
+    assert done.code == 0, done.err
+    y = load_file(tmp_path / "y.safetensors")["y"].double()
+    reference = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 96)).double()
+    reference.load_state_dict({name.removeprefix("layers."): t.double() for name, t in weights.items()})
+    with torch.no_grad():
+        expected = reference(x.double())
+    torch.testing.assert_close(y, expected, rtol=0, atol=0.02 * float(expected.abs().max()))
+    decoded = qcli_decodes(out)
+    for i in range(2):
+        assert decoded[f"layers.{i}.weight"].shape == weights[f"layers.{i}.weight"].T.shape
+    mine = x.double()
+    for i in range(2):
+        mine = mine @ decoded[f"layers.{i}.weight"].double() + decoded[f"layers.{i}.bias"].double()
+    torch.testing.assert_close(y, mine, rtol=1e-5, atol=1e-5)
+    wrong = x.double() @ weights["layers.0.weight"].double().T + weights["layers.0.bias"].double()
+    wrong = wrong @ weights["layers.1.weight"].double() + weights["layers.1.bias"].double()  # square not transposed
+    assert not torch.allclose(y, wrong, atol=0.1 * float(expected.abs().max()))
 
 
 def test_a_bf16_model_loads_on_ndarray_with_its_kept_tensors_cast_to_f32(tmp_path):

@@ -89,7 +89,7 @@ def test_default_policy_on_a_llama_checkpoint() -> None:
     assert own_problems(plan.problems) == []
     (wgpu,) = [p for p in plan.problems if p not in own_problems(plan.problems)]
     assert "73728 bytes" in wgpu.message
-    assert wgpu.hint == ('use --scheme q8s-b32, which wgpu loads, or keep 4 bits with tensor_scale = "F32" in a '
+    assert wgpu.hint == ('use --scheme q4f-b32-global, which wgpu loads, or keep 4 bits with tensor_scale = "F32" in a '
                          "recipe rule; --burn-backend flex|ndarray|wgpu checks only the one you load with")
     assert plan.preset is PRESETS["q4s-b32"]
 

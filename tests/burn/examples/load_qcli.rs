@@ -1,9 +1,10 @@
 //! The README's example of loading qcli's output in Burn, compiled and run by tests/io/test_burn.py.
 //!
-//! `qcli quantize model.safetensors --recipe row.toml --burn-backend flex` wrote `up` and `down` as
-//! `[d_input, d_output]` (`transpose = true`), the layout of Burn's default `LinearLayout::Row`.
+//! `qcli quantize model.safetensors --transpose` wrote `up` and `down` as `[d_input, d_output]`, the layout
+//! of Burn's default `LinearLayout::Row`; without `--transpose` they are PyTorch's `[d_output, d_input]`,
+//! which `LinearLayout::Col` reads. The run's last lines name the layout the file needs.
 
-use burn::nn::{Linear, LinearConfig};
+use burn::nn::{Linear, LinearConfig, LinearLayout};
 use burn::prelude::*;
 use burn_store::{BurnpackStore, ModuleSnapshot};
 
@@ -13,12 +14,26 @@ struct Mlp {
     down: Linear,
 }
 
+/// A Linear for a weight qcli wrote: `[d_input, d_output]` with `--transpose` (Burn's default
+/// `LinearLayout::Row`), else PyTorch's `[d_output, d_input]` (`LinearLayout::Col`).
+fn linear(d_input: usize, d_output: usize, transposed: bool, device: &Device) -> Linear {
+    let config = LinearConfig::new(d_input, d_output);
+    if transposed {
+        config.init(device)
+    } else {
+        config.with_layout(LinearLayout::Col).init(device)
+    }
+}
+
 fn main() {
-    let path = std::env::args().nth(1).expect("usage: load_qcli MODEL.bpk");
+    let mut args = std::env::args().skip(1);
+    let path = args.next().expect("usage: load_qcli MODEL.bpk [row|col]");
+    // row (the default) for a file `qcli quantize --transpose` wrote, col for one written without it
+    let transposed = args.next().as_deref() != Some("col");
     let device = Device::flex(); // or Device::wgpu(DeviceKind::DefaultDevice)
     let mut model = Mlp {
-        up: LinearConfig::new(256, 128).init(&device),
-        down: LinearConfig::new(128, 64).init(&device),
+        up: linear(256, 128, transposed, &device),
+        down: linear(128, 64, transposed, &device),
     };
     // The weights stay quantized (QFloat) in the module; Burn dequantizes them as it computes.
     model
