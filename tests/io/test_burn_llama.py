@@ -42,9 +42,11 @@ BACKENDS = (BurnBackend.flex, BurnBackend.wgpu)
 
 
 def quantize(source: Path, out: Path, backend: BurnBackend, form: str, *extra: str | Path) -> Path:
-    """`qcli quantize SOURCE -o OUT/` for `backend`, at `form` (a preset, or BEST: no `--scheme`)."""
-    scheme = () if form == BEST else ("--scheme", form)
-    result = cli("quantize", source, "-o", f"{out}/", "--device", "cpu", "--burn-backend", backend, *scheme, *extra)
+    """`qcli quantize SOURCE -o OUT/` at `form`: a preset by name (the table of `--burn-backend wgpu` is an
+    NVIDIA GPU's, where lavapipe computes more, so a preset is written without it), or BEST, what
+    `--burn-backend BACKEND` writes without `--scheme`."""
+    form_args = ("--burn-backend", backend) if form == BEST else ("--scheme", form)
+    result = cli("quantize", source, "-o", f"{out}/", "--device", "cpu", *form_args, *extra)
     assert result.code == 0, result.err
     return out
 
@@ -54,10 +56,10 @@ def prompt_ids(vocab: int, seed: int = 0) -> list[int]:
     return torch.randint(0, vocab, (PROMPT,), generator=generator).tolist()
 
 
-def burn_llama(backend: BurnBackend, command: str, folder: Path, *args: str | Path) -> str:
-    """The example's `command` on `folder`; its stdout."""
+def burn_llama(backend: BurnBackend, command: str, *args: str | Path) -> str:
+    """The example's `command` with `args` (options, then the model folder and any output); its stdout."""
     require(backend)
-    done = run_program(example("llama"), command, "--backend", backend.value, *args, folder)
+    done = run_program(example("llama"), command, "--backend", backend.value, *args)
     assert done.code == 0, f"llama {command} failed on {backend}:\n{done.err[-4000:]}"
     return done.out
 
@@ -99,9 +101,9 @@ def agreement(folder: Path, backend: BurnBackend, tmp_path: Path) -> Agreement:
     config = json.loads((folder / "config.json").read_text())
     prompt = prompt_ids(config["vocab_size"])
     ids = ",".join(map(str, prompt))
-    burn_llama(backend, "forward", folder, "--ids", ids, tmp_path / "logits.safetensors")
+    burn_llama(backend, "forward", "--ids", ids, folder, tmp_path / "logits.safetensors")
     logits = load_file(tmp_path / "logits.safetensors")["logits"]
-    generated = json.loads(burn_llama(backend, "generate", folder, "--ids", ids, "--tokens", str(CONTINUATION)))
+    generated = json.loads(burn_llama(backend, "generate", "--ids", ids, "--tokens", str(CONTINUATION), folder))
     model = torch_llama(folder)
     with torch.no_grad():
         expected = model(torch.tensor([prompt])).logits[0]
