@@ -65,8 +65,8 @@ def table(rows: list[tuple[str, str, dict]], prompt: int) -> str:
         if "error" in r:
             lines.append(f"| {form} | {backend} | {r.get('file_mib', 0):.0f} | failed: {r['error']} |||||||")
             continue
-        lines.append(f"| {form} | {backend} | {r['file_mib']:.0f} | {r['load_s']:.2f} | {r['rss_after_load_mib']:.0f} | "
-                     f"{r['peak_load_mib']:.0f} | {r['peak_forward_mib']:.0f} | {r['first_token_s']:.2f} | "
+        lines.append(f"| {form} | {backend} | {r['file_mib']:.0f} | {r['load_s']:.2f} | "
+                     f"{r['rss_after_load_mib']:.0f} | {r['peak_load_mib']:.0f} | {r['peak_forward_mib']:.0f} | {r['first_token_s']:.2f} | "
                      f"{r['prompt_tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.2f} |")
     return "\n".join(lines)
 
