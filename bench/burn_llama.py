@@ -35,6 +35,7 @@ def write(source: Path, out: Path, form: str, backend: str, extra: list[str]) ->
         shutil.rmtree(out)
     args: list[str | Path] = ["quantize", source, "-o", f"{out}/", "--device", "cpu", *extra]
     if form in FLOATS:
+        out.parent.mkdir(parents=True, exist_ok=True)
         recipe = out.parent / f"{form}.toml"
         recipe.write_text(f'version = 1\n[[rule]]\nmatch = "*"\nkeep = true\ncast = "{FLOATS[form]}"\n')
         args += ["--recipe", recipe]
@@ -66,7 +67,8 @@ def table(rows: list[tuple[str, str, dict]], prompt: int) -> str:
             lines.append(f"| {form} | {backend} | {r.get('file_mib', 0):.0f} | failed: {r['error']} |||||||")
             continue
         lines.append(f"| {form} | {backend} | {r['file_mib']:.0f} | {r['load_s']:.2f} | "
-                     f"{r['rss_after_load_mib']:.0f} | {r['peak_load_mib']:.0f} | {r['peak_forward_mib']:.0f} | {r['first_token_s']:.2f} | "
+                     f"{r['rss_after_load_mib']:.0f} | {r['peak_load_mib']:.0f} | {r['peak_forward_mib']:.0f} | "
+                     f"{r['first_token_s']:.2f} | "
                      f"{r['prompt_tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.2f} |")
     return "\n".join(lines)
 
