@@ -110,13 +110,41 @@ class Run:
 
 
 def run(*args: str | Path, version: str = BURN_VERSION) -> Run:
-    """The harness of Burn `version` with `args`; wgpu gets a runtime directory of its own so it does not
-    warn about one."""
+    """The harness of Burn `version` with `args`."""
+    return run_program(harness(version), *args)
+
+
+def run_program(program: Path, *args: str | Path) -> Run:
+    """A program of the harness crate (the harness, an example) with `args`; wgpu gets a runtime directory
+    of its own so it does not warn about one."""
     env = dict(os.environ)
     env.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
-    done = subprocess.run([str(harness(version)), *map(str, args)], capture_output=True, text=True, env=env,
-                          timeout=600)
+    done = subprocess.run([str(program), *map(str, args)], capture_output=True, text=True, env=env, timeout=600)
     return Run(done.returncode, done.stdout, done.stderr)
+
+
+KEPT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def qcli_decodes(bpk: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a qcli file as qcli decodes it, kept float tensors widened to f32."""
+    from qcli.codec import decode
+    from qcli.io.burnpack import BurnpackReader
+    from qcli.io.dtypes import QFloat
+
+    reader = BurnpackReader.open(bpk)
+    decoded = {}
+    for entry in reader.entries():
+        data = bytearray(reader.read(entry.name))
+        if isinstance(entry.dtype, QFloat):
+            decoded[entry.name] = decode(bytes(data), entry.dtype.scheme, entry.shape)
+        else:
+            decoded[entry.name] = torch.frombuffer(data, dtype=KEPT_DTYPES[entry.dtype]).reshape(entry.shape).float()
+    return decoded
+
+
+# Figures the tests measured in Burn, one line each, for the terminal summary (tests/conftest.py).
+FIGURES: list[str] = []
 
 
 def dequantize(backend: BurnBackend, bpk: Path, out: Path, version: str = BURN_VERSION) -> dict[str, torch.Tensor]:

@@ -57,6 +57,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         burn_harness.build_before_tests(lambda line: terminal.write_line(line) if terminal else None)
 
 
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The figures tests measured in Burn (whole models' agreement with torch), so CI logs show them."""
+    from tests import burn_harness
+
+    if burn_harness.FIGURES:
+        terminalreporter.section("measured in Burn")
+        for line in burn_harness.FIGURES:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def device(pytestconfig: pytest.Config) -> str:
     """The torch device the kernel tests put their tensors on (--device)."""

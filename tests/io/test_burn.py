@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from bench.burn_sweep import computed
 from qcli import BURN_VERSION
 from qcli.burn_backends import BURN_VERSIONS, CPU, LAVAPIPE, BurnBackend, compute_failures, decode_problem
-from qcli.codec import decode, encode
+from qcli.codec import encode
 from qcli.codec.decode import block_scales
 from qcli.io.burnpack import BurnpackReader, BurnpackWriter, TensorEntry
 from qcli.io.dtypes import QFloat
@@ -36,6 +36,7 @@ from tests.burn_harness import (
     dequantize,
     example,
     probe,
+    qcli_decodes,
     require,
     run,
     same_bits,
@@ -60,22 +61,6 @@ def checkpoint(path: Path, seed: int = 0) -> Path:
     tensors["layers.0.weight"][3, 17] = 1.5
     tensors["layers.1.weight"][40, 100] = -1.2
     return save_f32(path, tensors)
-
-
-KEPT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-
-
-def qcli_decodes(bpk: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a qcli file as qcli decodes it, kept float tensors widened to f32."""
-    reader = BurnpackReader.open(bpk)
-    decoded = {}
-    for entry in reader.entries():
-        data = bytearray(reader.read(entry.name))
-        if isinstance(entry.dtype, QFloat):
-            decoded[entry.name] = decode(bytes(data), entry.dtype.scheme, entry.shape)
-        else:
-            decoded[entry.name] = torch.frombuffer(data, dtype=KEPT_DTYPES[entry.dtype]).reshape(entry.shape).float()
-    return decoded
 
 
 @pytest.mark.parametrize("version", BURN_VERSIONS)
