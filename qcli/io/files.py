@@ -13,7 +13,7 @@ import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from qcli.errors import InputError, UsageError
 from qcli.text import printable, quoted
@@ -207,3 +207,27 @@ def _encodable(path: Path, text: str, what: str, hint: str) -> None:
     except UnicodeEncodeError as exc:
         raise _invalid(path, f"{what} holds a lone surrogate ({text[exc.start]!r} at character {exc.start} of a "
                        "string), which is no Unicode character", hint) from None
+
+
+class FileState(NamedTuple):
+    """What tells a file's contents changed without reading them: its identity, size and times."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, file: Path | int) -> FileState:
+        """The state of the file at a path (after links) or of an open descriptor; OSError where there is none."""
+        st = os.fstat(file) if isinstance(file, int) else os.stat(file)
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def change(self, now: FileState) -> str:
+        """What differs in `now`, in words."""
+        if (now.device, now.inode) != (self.device, self.inode):
+            return "it was replaced by another file"
+        if now.size != self.size:
+            return f"its size went from {self.size} to {now.size} bytes"
+        return "it was written to"

@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING, BinaryIO, ClassVar
 
 from qcli.errors import InputError
 from qcli.io.dtypes import torch_dtype
-from qcli.io.files import open_regular, read_into, unreadable
-from qcli.io.reads import FileState
+from qcli.io.files import FileState, open_regular, read_into, unreadable
 from qcli.io.source import TensorInfo, in_row_order
 from qcli.text import printable, quoted, shown
 

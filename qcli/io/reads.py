@@ -17,38 +17,14 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from qcli.errors import InputError, UsageError
-from qcli.io.files import not_regular_problem
+from qcli.io.files import FileState, not_regular_problem
 from qcli.text import printable
 
 if TYPE_CHECKING:
     from qcli.io.source import Source
-
-
-class FileState(NamedTuple):
-    """What tells a file's contents changed without reading them: its identity, size and times."""
-
-    device: int
-    inode: int
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-
-    @classmethod
-    def of(cls, file: Path | int) -> FileState:
-        """The state of the file at a path (after links) or of an open descriptor; OSError where there is none."""
-        st = os.fstat(file) if isinstance(file, int) else os.stat(file)
-        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-    def change(self, now: FileState) -> str:
-        """What differs in `now`, in words."""
-        if (now.device, now.inode) != (self.device, self.inode):
-            return "it was replaced by another file"
-        if now.size != self.size:
-            return f"its size went from {self.size} to {now.size} bytes"
-        return "it was written to"
 
 
 @dataclass(frozen=True)

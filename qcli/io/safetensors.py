@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 from qcli.errors import InputError
 from qcli.io.dtypes import SAFETENSORS_BITS, SAFETENSORS_TORCH_NAMES, torch_dtype
-from qcli.io.files import open_regular, read_into, read_json, unreadable
+from qcli.io.files import FileState, open_regular, read_into, read_json, unreadable
 from qcli.io.hf_index import CORRUPT_HINT, check_weight_map, read_weight_map
-from qcli.io.reads import FileState
 from qcli.io.source import TensorInfo
 from qcli.text import printable, quoted, shown
 

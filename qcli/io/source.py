@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from qcli.io.reads import FileState
+    from qcli.io.files import FileState
 
 
 @dataclass(frozen=True)
