@@ -1,11 +1,11 @@
 """The files a quantize run writes: the one place that chooses the container, keeps its limits and shards it.
 
 The container is Burn's burnpack (`qcli.io.burnpack`, which names Burn's limits): one file under Burn's file
-limit, or with `--max-shard-size` shards beside the target (`split`) and their index (`qcli.io.burnpack_index`);
-A model folder
-(`-o DIR/`) holds them as `model.bpk`, beside the source's config and tokenizer files and a record of the
-run (`ModelFolder`). The files are written beside their targets under temporary names, read back
-(`qcli.verify`) and renamed into place together at one commit point; until then the targets are untouched.
+limit, or with `--max-shard-size` shards beside the target (`split`) and their index (`qcli.io.burnpack_index`).
+A model folder (`-o DIR/`) holds them as
+`model.bpk`, beside the source's config and tokenizer files and a record of the run (`ModelFolder`). The
+files are written beside their targets under temporary names, read back (`qcli.verify`) and renamed into
+place together at one commit point; until then the targets are untouched.
 """
 
 from __future__ import annotations
@@ -336,7 +336,7 @@ def _recorded_files(folder: Path) -> list[Path]:
     return [folder / name for name in own]
 
 
-def check_folder(folder: Path, force: bool, dry_run: bool = False) -> list[Problem]:
+def check_folder(folder: Path, force: bool) -> None:
     """A model folder is written into a new or empty folder (the temporary files of a killed run aside),
     or with `force` into one that has files (those qcli writes are replaced, the others left as they are);
     never onto a file. A dry run refuses what the run would."""
@@ -346,7 +346,6 @@ def check_folder(folder: Path, force: bool, dry_run: bool = False) -> list[Probl
     if folder.is_dir() and not force and not all(map(left_by_killed_run, folder.iterdir())):
         raise UsageError(printable(f"{folder} already exists and is not empty"),
                          hint="pass --force to replace the files qcli writes there, or -o to write somewhere else")
-    return []
 
 
 @contextmanager

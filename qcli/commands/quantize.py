@@ -101,7 +101,8 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
     input, target, folder = where.input, where.target, where.folder
     force, dry_run = options.force, options.dry_run
     loaded_recipe = load_recipe(options.recipe) if options.recipe is not None else None
-    folder_warnings = [] if folder is None else check_folder(folder, force, dry_run)
+    if folder is not None:
+        check_folder(folder, force)
     refuse_special(target, TARGET_HINT)  # a dry run refuses what the run would (docs/cli.md)
     if dry_run:
         require_device(options.device)
@@ -144,12 +145,13 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
         stats, verify = options.stats, options.verify
         if runtime is not None:
             runtime.warm(rest_of(plan, gptq_names(plan)), measure=stats or verify)
-        record = folder_record(report, input, options.record())
+        recorded = options.record()
+        record = folder_record(report, input, recorded)
         folder_output = None if folder is None else ModelFolder(folder, copies, record)
-        outputs = Output(plan, target, options.max_shard_size, metadata(report, options.record()["calibration"]),
+        outputs = Output(plan, target, options.max_shard_size, metadata(report, recorded["calibration"]),
                          folder_output)
         report.outputs = [str(path) for path in outputs.paths]
-        report.warnings += folder_warnings + outputs.prepare(reads, force=force, dry_run=dry_run)
+        report.warnings += outputs.prepare(reads, force=force, dry_run=dry_run)
         if dry_run:
             return report
         resume()
