@@ -5,12 +5,13 @@ Run from the repository root, after the harness is built (`python3 -m pytest tes
 or `.ci/run` builds it):
 
     python3 -m bench.burn_llama SOURCE WORKDIR [--backends flex,wgpu] [--forms f32,bf16,q8s-b32,q4s-b32]
-                                [--prompt 128] [--tokens 16] [--layout col]
+                                [--prompt 128] [--tokens 16] [--layout col] [--matmul module,direct]
 
 SOURCE is what `qcli quantize` takes: a Hugging Face folder (config.json beside the weights), or a GGUF
 file with `--names hf` (give `--extra=--names --extra=hf`). Each form is written once under WORKDIR
 (`f32` and `bf16`: every tensor kept and cast, a recipe; `best`: `--burn-backend B` without `--scheme`;
-any other: a preset), then timed per backend: load time, VmRSS after load, the peak (VmHWM) of the load and
+any other: a preset), then timed per backend and `--matmul` way (the example's: `module`, Burn's `Linear`,
+or `direct`, a matmul on the weight as loaded): load time, VmRSS after load, the peak (VmHWM) of the load and
 of a forward, the time to the first token of a `--prompt`-token prompt and the greedy decode's tokens a
 second over `--tokens` tokens. One JSON line per run, then a markdown table, on stdout.
 """
@@ -49,24 +50,26 @@ def write(source: Path, out: Path, form: str, backend: str, extra: list[str]) ->
     return out
 
 
-def time(folder: Path, backend: str, args: argparse.Namespace) -> dict:
+def time(folder: Path, backend: str, matmul: str, args: argparse.Namespace) -> dict:
     layout = ["--layout", args.layout] if args.layout else []
-    done = run_program(example("llama"), "time", "--backend", backend, "--prompt", str(args.prompt),
-                       "--tokens", str(args.tokens), *layout, folder)
+    done = run_program(example("llama"), "time", "--backend", backend, "--matmul", matmul, "--prompt",
+                       str(args.prompt), "--tokens", str(args.tokens), *layout, folder)
     if done.code != 0:
-        return {"error": done.err.strip().splitlines()[-1] if done.err.strip() else f"exit {done.code}"}
+        return {"matmul": matmul,
+                "error": done.err.strip().splitlines()[-1] if done.err.strip() else f"exit {done.code}"}
     return json.loads(done.out)
 
 
 def table(rows: list[tuple[str, str, dict]], prompt: int) -> str:
-    lines = [f"| form | backend | file MiB | load s | RSS after load MiB | peak load MiB | peak forward MiB | "
+    lines = [f"| form | backend | matmul | file MiB | load s | RSS after load MiB | peak load MiB | peak forward MiB | "
              f"first token s ({prompt}-token prompt) | prompt tokens/s | decode tokens/s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for form, backend, r in rows:
         if "error" in r:
-            lines.append(f"| {form} | {backend} | {r.get('file_mib', 0):.0f} | failed: {r['error']} |||||||")
+            lines.append(f"| {form} | {backend} | {r['matmul']} | {r.get('file_mib', 0):.0f} | failed: {r['error']} "
+                         "|||||||")
             continue
-        lines.append(f"| {form} | {backend} | {r['file_mib']:.0f} | {r['load_s']:.2f} | "
+        lines.append(f"| {form} | {backend} | {r['matmul']} | {r['file_mib']:.0f} | {r['load_s']:.2f} | "
                      f"{r['rss_after_load_mib']:.0f} | {r['peak_load_mib']:.0f} | {r['peak_forward_mib']:.0f} | "
                      f"{r['first_token_s']:.2f} | "
                      f"{r['prompt_tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.2f} |")
@@ -82,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--layout", choices=("row", "col"))
+    parser.add_argument("--matmul", default="module", help="module, direct or both: module,direct")
     parser.add_argument("--extra", action="append", default=[], help="an argument for qcli quantize")
     args = parser.parse_args(argv)
     rows = []
@@ -92,10 +96,11 @@ def main(argv: list[str] | None = None) -> None:
             folder = args.workdir / name
             if not (folder / "model.bpk").exists():
                 write(args.source, folder, form, backend, args.extra)
-            result = time(folder, backend, args)
-            result["file_mib"] = (folder / "model.bpk").stat().st_size / 2**20
-            print(json.dumps({"form": form, **result}), flush=True)
-            rows.append((form, backend, result))
+            for matmul in args.matmul.split(","):
+                result = time(folder, backend, matmul, args)
+                result["file_mib"] = (folder / "model.bpk").stat().st_size / 2**20
+                print(json.dumps({"form": form, **result}), flush=True)
+                rows.append((form, backend, result))
     print(table(rows, args.prompt))
 
 

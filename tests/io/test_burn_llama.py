@@ -97,21 +97,23 @@ class Agreement:
     torch_ids: list[int]
 
 
-def agreement(folder: Path, backend: BurnBackend, tmp_path: Path, *, cached: bool) -> Agreement:
+def agreement(folder: Path, backend: BurnBackend, tmp_path: Path, *, cached: bool, matmul: str) -> Agreement:
     """Burn's and torch's logits over a prompt and greedy continuations of it, on `folder`. `cached`: Burn
     generates token by token with its KV cache; else its continuation is read from one forward over the
     prompt and torch's continuation (teacher forcing: where Burn's top-1 at each of those positions is
-    torch's next token, its greedy continuation is torch's), which a large model needs on CI's cores."""
+    torch's next token, its greedy continuation is torch's), which a large model needs on CI's cores.
+    `matmul`: how the example computes the projections (`--matmul`)."""
     config = json.loads((folder / "config.json").read_text())
     prompt = prompt_ids(config["vocab_size"])
     model = torch_llama(folder)
     torch_ids = torch_greedy(model, prompt, CONTINUATION)
     forced = prompt if cached else prompt + torch_ids[:-1]
-    burn_llama(backend, "forward", "--ids", ",".join(map(str, forced)), folder, tmp_path / "logits.safetensors")
+    burn_llama(backend, "forward", "--matmul", matmul, "--ids", ",".join(map(str, forced)), folder,
+               tmp_path / "logits.safetensors")
     logits = load_file(tmp_path / "logits.safetensors")["logits"]
     if cached:
-        burn_ids = json.loads(burn_llama(backend, "generate", "--ids", ",".join(map(str, prompt)), "--tokens",
-                                         str(CONTINUATION), folder))["ids"]
+        burn_ids = json.loads(burn_llama(backend, "generate", "--matmul", matmul, "--ids", ",".join(map(str, prompt)),
+                                         "--tokens", str(CONTINUATION), folder))["ids"]
     else:
         burn_ids = logits[PROMPT - 1:].argmax(-1).tolist()
     with torch.no_grad():
@@ -127,14 +129,16 @@ def agreement(folder: Path, backend: BurnBackend, tmp_path: Path, *, cached: boo
     )
 
 
-def check(name: str, folder: Path, backend: BurnBackend, tmp_path: Path, *, cached: bool = True) -> None:
+def check(name: str, folder: Path, backend: BurnBackend, tmp_path: Path, *, cached: bool = True,
+          matmul: str = "module") -> None:
     """The agreement of item `name`, printed in the terminal summary, then held to the tolerances."""
-    a = agreement(folder, backend, tmp_path, cached=cached)
+    a = agreement(folder, backend, tmp_path, cached=cached, matmul=matmul)
     same = a.burn_ids == a.torch_ids
     scheme = json.loads((folder / "qcli.json").read_text())["options"]["scheme"]
     how = "generated with the KV cache" if cached else "read from one forward"
-    FIGURES.append(f"{name} on {backend} ({scheme}): max |logit difference| {a.max_abs:.2e} (largest logit "
-                   f"{a.max_logit:.1f}), top-1 agreement {a.top1:.4f} over {PROMPT} positions, "
+    computed = "" if matmul == "module" else f", --matmul {matmul}"
+    FIGURES.append(f"{name} on {backend} ({scheme}{computed}): max |logit difference| {a.max_abs:.2e} (largest "
+                   f"logit {a.max_logit:.1f}), top-1 agreement {a.top1:.4f} over {PROMPT} positions, "
                    f"{CONTINUATION}-token greedy continuation ({how}) {'identical' if same else 'DIFFERENT'}")
     assert a.max_abs <= LOGIT_TOLERANCE * a.max_logit, a
     assert a.top1 >= TOP1, a
@@ -146,6 +150,14 @@ def check(name: str, folder: Path, backend: BurnBackend, tmp_path: Path, *, cach
 def test_the_sample_model_runs_in_burn_as_in_torch_on_qcli_s_decode(backend, form, tmp_path):
     folder = quantize(TINY, tmp_path / "out", backend, form)
     check("tiny-llama", folder, backend, tmp_path)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=str)
+def test_the_direct_matmul_runs_the_sample_model_as_torch_does(backend, tmp_path):
+    """`--matmul direct` (the benchmark's way round Burn's per-call reshape of a quantized weight) computes
+    the same model, a tied head included."""
+    folder = quantize(tied_llama3(tmp_path / "tied"), tmp_path / "out", backend, "q4s-b32")
+    check("tiny-llama tied", folder, backend, tmp_path, matmul="direct")
 
 
 def tied_llama3(folder: Path) -> Path:

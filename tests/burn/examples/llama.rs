@@ -2,9 +2,9 @@
 //! Hugging Face writes it) and `model.bpk`, whose weights stay quantized (QFloat) in the modules.
 //!
 //! ```text
-//! llama forward  --backend flex|wgpu --ids 1,2,3 [--layout row|col] MODEL_DIR LOGITS.safetensors
-//! llama generate --backend flex|wgpu --ids 1,2,3 --tokens N [--layout row|col] MODEL_DIR
-//! llama time     --backend flex|wgpu [--prompt 128] [--tokens 16] [--layout row|col] MODEL_DIR
+//! llama forward  --backend flex|wgpu --ids 1,2,3 [--layout row|col] [--matmul module|direct] MODEL_DIR LOGITS.safetensors
+//! llama generate --backend flex|wgpu --ids 1,2,3 --tokens N [--layout row|col] [--matmul module|direct] MODEL_DIR
+//! llama time     --backend flex|wgpu [--prompt 128] [--tokens 16] [--layout row|col] [--matmul module|direct] MODEL_DIR
 //! ```
 //!
 //! `forward` writes the logits of every prompt position (`logits`, f32 `[positions, vocab]`); `generate`
@@ -17,6 +17,15 @@
 //! rename the store does as it loads. A Linear weight written `[out, in]` (PyTorch's orientation, qcli's
 //! default) loads with `LinearLayout::Col`, one written `[in, out]` (`transpose = true`) with `Row`: each
 //! is told by its shape, and a square one by `--layout` or the others.
+//!
+//! `--matmul module` (the default) computes each projection with `Linear::forward` and a tied head with
+//! `linear`, as Burn's docs show. Burn 0.22.1's `linear` reshapes a quantized weight to the input's rank
+//! first (burn-tensor `src/tensor/module.rs`, `weight.unsqueeze::<D>()` for a batch of one), and flex
+//! dequantizes and requantizes a block-scaled tensor on every reshape or transpose (burn-flex
+//! `src/ops/qtensor.rs`, `block_safe_layout_op`). `--matmul direct` multiplies the flattened activations
+//! by the weight as loaded (`[rows, d_input] @ [d_input, d_output]`) and a tied head as `embedding @ hᵀ`,
+//! so no quantized weight is reshaped or transposed per call: what is left is the dequantization Burn's
+//! default `q_matmul` does per call.
 
 #[path = "../common/cli.rs"]
 mod cli;
@@ -45,9 +54,9 @@ use serde_json::{Value, json};
 use crate::cli::{Args, Failure};
 
 const USAGE: &str = "usage:
-  llama forward  --backend flex|wgpu --ids 1,2,3 [--layout row|col] MODEL_DIR LOGITS.safetensors
-  llama generate --backend flex|wgpu --ids 1,2,3 --tokens N [--layout row|col] MODEL_DIR
-  llama time     --backend flex|wgpu [--prompt 128] [--tokens 16] [--layout row|col] MODEL_DIR";
+  llama forward  --backend flex|wgpu --ids 1,2,3 [--layout row|col] [--matmul module|direct] MODEL_DIR LOGITS.safetensors
+  llama generate --backend flex|wgpu --ids 1,2,3 --tokens N [--layout row|col] [--matmul module|direct] MODEL_DIR
+  llama time     --backend flex|wgpu [--prompt 128] [--tokens 16] [--layout row|col] [--matmul module|direct] MODEL_DIR";
 
 /// What the model's shape takes from `config.json`.
 struct Config {
@@ -170,6 +179,19 @@ struct Llama {
     lm: CausalLm,
     rope: RotaryEncoding,
     config: Config,
+    direct: bool,
+}
+
+/// `x @ weight [+ bias]` for `x` `[1, seq, d_input]`, the weight as loaded (`[d_input, d_output]`).
+fn direct(linear: &Linear, x: Tensor<3>) -> Tensor<3> {
+    let [b, seq, d_input] = x.dims();
+    let y = x.reshape([b * seq, d_input]).matmul(linear.weight.val());
+    let y = match &linear.bias {
+        Some(bias) => y + bias.val().unsqueeze::<2>(),
+        None => y,
+    };
+    let d_output = y.dims()[1];
+    y.reshape([b, seq, d_output])
 }
 
 /// The layout of a Linear weight `[d_input → d_output]` stored with `shape`: told by the shape unless it
@@ -260,7 +282,7 @@ impl Llama {
             lm_head: separate_head.then(next),
         };
         let rope = rotary(c, device)?;
-        Ok(Self { lm, rope, config })
+        Ok(Self { lm, rope, config, direct: false })
     }
 
     /// Loads a model folder's `config.json` and `model.bpk` on `device`.
@@ -302,9 +324,9 @@ impl Llama {
             let a = layer.input_layernorm.forward(h.clone());
             let attn = &layer.self_attn;
             let heads = |x: Tensor<3>, n: usize| x.reshape([1, seq, n, c.head_dim]).swap_dims(1, 2);
-            let q = self.rotate(heads(attn.q_proj.forward(a.clone()), c.heads), start);
-            let k = self.rotate(heads(attn.k_proj.forward(a.clone()), c.kv_heads), start);
-            let v = heads(attn.v_proj.forward(a), c.kv_heads);
+            let q = self.rotate(heads(self.project(&attn.q_proj, a.clone()), c.heads), start);
+            let k = self.rotate(heads(self.project(&attn.k_proj, a.clone()), c.kv_heads), start);
+            let v = heads(self.project(&attn.v_proj, a), c.kv_heads);
             let (k, v) = match cached.take() {
                 Some((k0, v0)) => (Tensor::cat(vec![k0, k], 2), Tensor::cat(vec![v0, v], 2)),
                 None => (k, v),
@@ -318,18 +340,30 @@ impl Llama {
             };
             let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
             let o = attention(q, repeat(k), repeat(v), None, None, options);
-            h = h + attn.o_proj.forward(o.swap_dims(1, 2).reshape([1, seq, c.heads * c.head_dim]));
+            h = h + self.project(&attn.o_proj, o.swap_dims(1, 2).reshape([1, seq, c.heads * c.head_dim]));
             let m = layer.post_attention_layernorm.forward(h.clone());
             let mlp = &layer.mlp;
-            h = h + mlp.down_proj.forward(silu(mlp.gate_proj.forward(m.clone())) * mlp.up_proj.forward(m));
+            let gated = silu(self.project(&mlp.gate_proj, m.clone())) * self.project(&mlp.up_proj, m);
+            h = h + self.project(&mlp.down_proj, gated);
         }
         let h = if all { h } else { h.narrow(1, seq - 1, 1) };
         let h = self.lm.model.norm.forward(h);
-        match &self.lm.lm_head {
-            Some(head) => head.forward(h),
+        let embedding = || self.lm.model.embed_tokens.weight.val();
+        match (&self.lm.lm_head, self.direct) {
+            (Some(head), _) => self.project(head, h),
             // Tied: the token embedding [vocab, hidden], transposed, is the head's [hidden → vocab] weight.
-            None => linear(h, self.lm.model.embed_tokens.weight.val().transpose(), None),
+            (None, false) => linear(h, embedding().transpose(), None),
+            (None, true) => {
+                let [b, seq, hidden] = h.dims();
+                let logits = embedding().matmul(h.reshape([b * seq, hidden]).transpose());
+                logits.transpose().unsqueeze::<3>()
+            }
         }
+    }
+
+    /// One projection of the model, as `--matmul` says.
+    fn project(&self, linear: &Linear, x: Tensor<3>) -> Tensor<3> {
+        if self.direct { direct(linear, x) } else { linear.forward(x) }
     }
 
     /// Rotary positions from `start` on `x` `[1, heads, positions, head_dim]`. Hugging Face's Llama rotates
@@ -442,11 +476,21 @@ fn run(args: &Args) -> Result<(), Failure> {
         Ok(other) => return Err(Failure::Usage(format!("--layout is row or col, not {other:?}"))),
         Err(_) => None,
     };
+    let direct = match args.option("matmul") {
+        Ok("direct") => true,
+        Ok("module") | Err(_) => false,
+        Ok(other) => return Err(Failure::Usage(format!("--matmul is module or direct, not {other:?}"))),
+    };
+    let load = |folder: &Path| -> Result<Llama, String> {
+        let mut model = Llama::load(folder, layout, &device)?;
+        model.direct = direct;
+        Ok(model)
+    };
     let started = Instant::now();
     match args.command.as_str() {
         "forward" => {
             let [folder, output]: [&PathBuf; 2] = args.paths()?;
-            let model = Llama::load(folder, layout, &device)?;
+            let model = load(folder)?;
             let prompt = ids(args)?;
             let mut cache: Cache = vec![None; model.config.layers];
             let logits = model.forward(&prompt, &mut cache, true);
@@ -456,14 +500,14 @@ fn run(args: &Args) -> Result<(), Failure> {
         }
         "generate" => {
             let [folder]: [&PathBuf; 1] = args.paths()?;
-            let model = Llama::load(folder, layout, &device)?;
+            let model = load(folder)?;
             let tokens = count(args, "tokens", 32)?;
             println!("{}", json!({"ids": model.generate(&ids(args)?, tokens)?}));
             Ok(())
         }
         "time" => {
             let [folder]: [&PathBuf; 1] = args.paths()?;
-            let model = Llama::load(folder, layout, &device)?;
+            let model = load(folder)?;
             device.sync().map_err(|err| format!("{err:?}"))?;
             let load_s = started.elapsed().as_secs_f64();
             let (rss_load, peak_load) = memory_mib();
@@ -486,6 +530,7 @@ fn run(args: &Args) -> Result<(), Failure> {
                 "{}",
                 json!({
                     "backend": args.option("backend")?, "model": folder.display().to_string(),
+                    "matmul": if direct { "direct" } else { "module" },
                     "load_s": load_s, "rss_after_load_mib": rss_load, "peak_load_mib": peak_load,
                     "peak_forward_mib": if reset { peak_forward } else { f64::NAN },
                     "prompt_tokens": positions, "first_token_s": first_token_s,
