@@ -13,7 +13,10 @@ file with `--names hf` (give `--extra=--names --extra=hf`). Each form is written
 any other: a preset), then timed per backend and `--matmul` way (the example's: `module`, Burn's `Linear`,
 or `direct`, a matmul on the weight as loaded): load time, VmRSS after load, the peak (VmHWM) of the load and
 of a forward, the time to the first token of a `--prompt`-token prompt and the greedy decode's tokens a
-second over `--tokens` tokens. One JSON line per run, then a markdown table, on stdout.
+second over `--tokens` tokens. With `--agree`, each run also holds Burn's logits to torch's (transformers'
+Llama on qcli's decode of the same file, tests/io/test_burn_llama.py): the largest logit difference, the
+top-1 agreement over the prompt and whether the greedy continuation is torch's. One JSON line per run, then
+a markdown table, on stdout.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ import argparse
 import json
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
+from qcli.burn_backends import BurnBackend
 from tests.burn_harness import example, run_program
 from tests.cli_support import cli
 
@@ -60,19 +65,37 @@ def time(folder: Path, backend: str, matmul: str, args: argparse.Namespace) -> d
     return json.loads(done.out)
 
 
+def agree(folder: Path, backend: str, matmul: str) -> dict:
+    """Burn's logits against torch's on qcli's decode of `folder` (the whole-model test's figures)."""
+    from tests.io.test_burn_llama import agreement
+
+    with tempfile.TemporaryDirectory() as scratch:
+        a = agreement(folder, BurnBackend(backend), Path(scratch), cached=False, matmul=matmul)
+    return {"max_abs_logit_diff": a.max_abs, "max_logit": a.max_logit, "top1": a.top1,
+            "continuation_identical": a.burn_ids == a.torch_ids}
+
+
+def against_torch(r: dict) -> str:
+    if "top1" not in r:
+        return "not compared"
+    same = "identical" if r["continuation_identical"] else "DIFFERENT"
+    return (f"max diff {r['max_abs_logit_diff']:.1e} of {r['max_logit']:.1f}, top-1 {r['top1']:.3f}, "
+            f"continuation {same}")
+
+
 def table(rows: list[tuple[str, str, dict]], prompt: int) -> str:
     lines = [f"| form | backend | matmul | file MiB | load s | RSS after load MiB | peak load MiB | peak forward MiB | "
-             f"first token s ({prompt}-token prompt) | prompt tokens/s | decode tokens/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"first token s ({prompt}-token prompt) | prompt tokens/s | decode tokens/s | against torch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for form, backend, r in rows:
         if "error" in r:
             lines.append(f"| {form} | {backend} | {r['matmul']} | {r.get('file_mib', 0):.0f} | failed: {r['error']} "
-                         "|||||||")
+                         "||||||||")
             continue
         lines.append(f"| {form} | {backend} | {r['matmul']} | {r['file_mib']:.0f} | {r['load_s']:.2f} | "
                      f"{r['rss_after_load_mib']:.0f} | {r['peak_load_mib']:.0f} | {r['peak_forward_mib']:.0f} | "
                      f"{r['first_token_s']:.2f} | "
-                     f"{r['prompt_tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.2f} |")
+                     f"{r['prompt_tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.2f} | {against_torch(r)} |")
     return "\n".join(lines)
 
 
@@ -87,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layout", choices=("row", "col"))
     parser.add_argument("--matmul", default="module", help="module, direct or both: module,direct")
     parser.add_argument("--extra", action="append", default=[], help="an argument for qcli quantize")
+    parser.add_argument("--agree", action="store_true", help="also hold Burn's logits to torch's")
     args = parser.parse_args(argv)
     rows = []
     for form in args.forms.split(","):
@@ -99,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
             for matmul in args.matmul.split(","):
                 result = time(folder, backend, matmul, args)
                 result["file_mib"] = (folder / "model.bpk").stat().st_size / 2**20
+                if args.agree and "error" not in result:
+                    result.update(agree(folder, backend, matmul))
                 print(json.dumps({"form": form, **result}), flush=True)
                 rows.append((form, backend, result))
     print(table(rows, args.prompt))
