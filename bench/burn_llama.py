@@ -39,9 +39,9 @@ def write(source: Path, out: Path, form: str, backend: str, extra: list[str]) ->
     """`qcli quantize SOURCE -o OUT/` at `form` (for `backend` where the form depends on it)."""
     if out.exists():
         shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     args: list[str | Path] = ["quantize", source, "-o", f"{out}/", "--device", "cpu", *extra]
     if form in FLOATS:
-        out.parent.mkdir(parents=True, exist_ok=True)
         recipe = out.parent / f"{form}.toml"
         recipe.write_text(f'version = 1\n[[rule]]\nmatch = "*"\nkeep = true\ncast = "{FLOATS[form]}"\n')
         args += ["--recipe", recipe]
