@@ -156,12 +156,12 @@ def write_fsync(path: Path, nbytes: int) -> float:
 
 
 def output_bytes(directory: Path, scheme: str) -> int:
-    from qcli.commands.quantize import make_checked_plan
     from qcli.io.safetensors import SafetensorsSource
-    from qcli.presets import resolve_preset
+    from qcli.plan.decisions import make_checked_plan
+    from qcli.plan.options import PlanOptions
 
     with SafetensorsSource.open(directory) as source:
-        plan = make_checked_plan(source.infos(), None, resolve_preset(scheme))
+        plan = make_checked_plan(source.infos(), None, PlanOptions.parse(scheme=scheme))
     return sum(e.out_nbytes for e in plan.entries)
 
 
@@ -210,15 +210,15 @@ def _rss_bytes() -> int:
 
 
 def _pipeline(directory: Path, scheme: str, target: Path) -> dict:
-    from qcli.commands.quantize import make_checked_plan
     from qcli.io.burnpack import BurnpackWriter, TensorEntry
     from qcli.io.safetensors import SafetensorsSource
     from qcli.pipeline import GpuSettings
     from qcli.pipeline.gpu import run
-    from qcli.presets import resolve_preset
+    from qcli.plan.decisions import make_checked_plan
+    from qcli.plan.options import PlanOptions
 
     with SafetensorsSource.open(directory) as source:
-        plan = make_checked_plan(source.infos(), None, resolve_preset(scheme))
+        plan = make_checked_plan(source.infos(), None, PlanOptions.parse(scheme=scheme))
         entries = [TensorEntry(e.info.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes)
                    for e in plan.entries]
         with BurnpackWriter(target, entries, {"producer": "qcli-bench"}) as writer:
@@ -250,12 +250,12 @@ def _naive(directory: Path, scheme: str, target: Path) -> dict:
     from safetensors.torch import load_file
 
     from bench.kernels import codec_on_device
-    from qcli.commands.quantize import make_checked_plan
     from qcli.io.safetensors import SafetensorsSource
-    from qcli.presets import resolve_preset
+    from qcli.plan.decisions import make_checked_plan
+    from qcli.plan.options import PlanOptions
 
     with SafetensorsSource.open(directory) as source:
-        plan = make_checked_plan(source.infos(), None, resolve_preset(scheme))
+        plan = make_checked_plan(source.infos(), None, PlanOptions.parse(scheme=scheme))
     decisions = {e.info.name: e.decision for e in plan.entries}
     compiled = torch.compile(codec_on_device, dynamic=False)
     tick = time.perf_counter()

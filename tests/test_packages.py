@@ -21,6 +21,9 @@ PACKAGE_ROOTS = {"qcli": ROOT / "qcli", "qcli.kernels": ROOT / "kernels"}
 # which imports neither.
 COMMAND_LINE = ("qcli.__main__", "qcli.cli")
 COMMANDS = "qcli.commands"
+# What the commands share (`collector_paused`, quantize's options); anything else one command needs of another's
+# (the plan by name) belongs in a layer below both.
+COMMANDS_SHARED = (COMMANDS, f"{COMMANDS}.options")
 # The vocabulary every reader and command shares, each name in its one home: no reader is imported for it.
 HOMES = {
     "qcli.io.source": ("TensorInfo", "Source", "Names", "in_row_order"),
@@ -128,6 +131,14 @@ def test_a_wheel_holds_the_kernels_as_qcli_kernels(tmp_path: Path) -> None:
 
     if search_loop.BUILT:  # where this checkout's build compiled the search loop, the wheel's does too
         assert [n for n in names if n.startswith("qcli/codec/_search.") and n.endswith(".so")], names
+
+
+def test_no_command_imports_another() -> None:
+    known = modules()
+    commands = [n for n in known if n.startswith(f"{COMMANDS}.") and n not in COMMANDS_SHARED]
+    assert commands
+    for name in commands:
+        assert not [t for t in imports(name, known[name], known) if t in commands], name
 
 
 def test_the_formats_match_names_without_the_recipe_parser() -> None:

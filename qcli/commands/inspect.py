@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from qcli import layout
 from qcli.commands import collector_paused
-from qcli.commands.quantize import plan_by_name
 from qcli.error_stats import ErrorStats, ValueStats
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect, verdict
@@ -21,6 +20,7 @@ from qcli.io.burnpack_index import BurnpackSet, is_container
 from qcli.io.dtypes import FLOAT_DTYPES, TORCH_DTYPE_NAMES, Bool, BoolStore, DType, Plain, QFloat, torch_dtype
 from qcli.io.readers import locate, open_source
 from qcli.io.source import Source, TensorInfo
+from qcli.plan.decisions import plan_by_name
 from qcli.plan.entries import PlanEntry
 from qcli.report.documents import SourceFile
 from qcli.report.inspect import (

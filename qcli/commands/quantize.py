@@ -31,9 +31,8 @@ from qcli.output import (
 )
 from qcli.pipeline.device import Runtime, require_device
 from qcli.pipeline.prepared import rest_of, with_prepared
-from qcli.plan.decisions import make_plan
+from qcli.plan.decisions import make_checked_plan
 from qcli.plan.entries import Plan, PlanEntry
-from qcli.presets import Preset
 from qcli.problem import Problem
 from qcli.recipe import Recipe, load_recipe
 from qcli.report.documents import SourceFile
@@ -50,21 +49,6 @@ if TYPE_CHECKING:
 
 # Called after each tensor with the next tensor's name (None when done), bytes read so far and in total.
 ProgressHook = Callable[[str | None, int, int], None]
-
-
-def make_checked_plan(infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, **options) -> Plan:
-    """The plan for `infos` in name order (so shards and one file give the same output), `make_plan`'s
-    `options` given; every error is raised together as one PlanError."""
-    plan = plan_by_name(infos, recipe, preset, **options)
-    plan.raise_if_errors()
-    return plan
-
-
-def plan_by_name(infos: list[TensorInfo], recipe: Recipe | None = None, preset: Preset | None = None,
-                 **options) -> Plan:
-    """`make_plan` over `infos` in name order, the order quantize writes and shards them in, so one file
-    and shards give the same output; its errors are left to the caller."""
-    return make_plan(sorted(infos, key=lambda i: i.name), recipe, preset, **options)
 
 
 def quantize_file(input: str | Path, output: str | Path | None = None, *, progress: ProgressHook | None = None,
@@ -99,7 +83,7 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
     """
     where = Destination.of(input, output, options.revision)
     input, target, folder = where.input, where.target, where.folder
-    force, dry_run = options.force, options.dry_run
+    force, dry_run, planned = options.force, options.dry_run, options.plan
     loaded_recipe = load_recipe(options.recipe) if options.recipe is not None else None
     if folder is not None:
         check_folder(folder, force)
@@ -117,28 +101,25 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
     ):
         reads = _reads(input, source, options)
         reads.refuse_target(target, TARGET_HINT)
-        found = detect(source.infos(), None if options.requantize is None else source.load)
-        gptq = Calibration.Gptq in (options.calibration, *_rule_calibrations(loaded_recipe))
-        plan = make_checked_plan(source.infos(), loaded_recipe, options.preset,
-                                 split=options.max_shard_size is not None, backend=options.burn_backend,
-                                 burn_version=options.burn_version, calibration=options.calibration,
-                                 requantize=options.requantize, found=found,
-                                 calibrated=_reachable(input, source) if gptq else (), transpose=options.transpose)
+        found = detect(source.infos(), None if planned.requantize is None else source.load)
+        gptq = Calibration.Gptq in (planned.calibration, *_rule_calibrations(loaded_recipe))
+        plan = make_checked_plan(source.infos(), loaded_recipe, planned, found=found,
+                                 calibrated=_reachable(input, source) if gptq else ())
         copies = [] if folder is None or is_gguf(input) else side_files(checkpoint_folder(input))
         report = QuantizeReport(
             input=where.given,
             output=str(target),
             device=None,
             dry_run=dry_run,
-            preset=options.preset.name,
-            burn_backend=None if options.burn_backend is None else options.burn_backend.value,
-            burn_version=options.burn_version,
+            preset=planned.preset.name,
+            burn_backend=None if planned.backend is None else planned.backend.value,
+            burn_version=planned.burn_version,
             recipe=None if options.recipe is None else str(options.recipe),
             recipe_sha256=None if loaded_recipe is None else loaded_recipe.sha256,
             source_files=[SourceFile(f.name, f.stat().st_size) for f in source.files],
             tensors=[TensorRow.of(e) for e in plan.entries],
             totals=plan.totals(),
-            load=BurnLoad.of(plan, options.burn_version),
+            load=BurnLoad.of(plan, planned.burn_version),
             warnings=plan.warnings(),
             calibration=_calibration_record(plan, input, source.infos(), options),
         )

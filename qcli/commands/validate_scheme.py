@@ -18,8 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from qcli import BURN_VERSION
-from qcli.burn_backends import BurnBackend, default_preset, load_problem, resolve_backend, resolve_version
+from qcli.burn_backends import BurnBackend, load_problem
 from qcli.errors import UsageError
 from qcli.formats import detect
 from qcli.formats.found import Found
@@ -29,7 +28,7 @@ from qcli.io.source import Source, TensorInfo
 from qcli.plan.checks import backend_way_out, count_and_first, rule_refusal
 from qcli.plan.decisions import make_plan
 from qcli.plan.entries import Plan
-from qcli.presets import Preset, resolve_preset
+from qcli.plan.options import PlanOptions
 from qcli.problem import Kind, Problem, Severity
 from qcli.recipe import Rule, read_recipe
 from qcli.report.validate import ValidateReport
@@ -63,29 +62,26 @@ def validate_scheme(
                 printable(f"cannot read recipe {path}: no such file"),
                 hint="pass the path of a TOML recipe (docs/recipes.md)",
             )
-    requantized = None if requantize is None else resolve_preset(requantize)
-    backend = resolve_backend(burn_backend)
-    version = resolve_version(burn_version)
-    preset = resolve_preset(scheme, default_preset(backend, version))
+    options = PlanOptions.parse(scheme=scheme, requantize=requantize, burn_backend=burn_backend,
+                                burn_version=burn_version)
     if model is None:
-        problems = [p for path in paths for p in recipe_problems(path, None, preset, backend, version)]
+        problems = [p for path in paths for p in recipe_problems(path, None, options)]
     else:
         with open_source(locate(model)[0]) as source:
             infos = source.infos()
-            found = detect(infos, None if requantized is None else source.load)
+            found = detect(infos, None if options.requantize is None else source.load)
             problems = [p for path in paths for p in recipe_problems(
-                path, infos, preset, backend, version, requantized, found, source if values else None)]
+                path, infos, options, found, source if values else None)]
     return ValidateReport([str(p) for p in paths], None if model is None else str(model), problems)
 
 
 def recipe_problems(
-    recipe_path: str | Path, infos: Iterable[TensorInfo] | None = None, preset: Preset | None = None,
-    backend: BurnBackend | None = None, burn_version: str = BURN_VERSION, requantize: Preset | None = None,
+    recipe_path: str | Path, infos: Iterable[TensorInfo] | None = None, options: PlanOptions = PlanOptions(),
     found: Mapping[str, Found] | None = None, values: Source | None = None,
 ) -> list[Problem]:
-    """Every problem of the recipe at `recipe_path`, and of its plan for `infos` when given (`requantize`
-    and `found` as `qcli.plan.decisions.make_plan` takes them); with `backend`, every scheme that Burn backend
-    cannot load (checked per tensor when `infos` is given); with `values` (the source of `infos`), the
+    """Every problem of the recipe at `recipe_path`, and of its plan for `infos` when given (`options` and
+    `found` as `qcli.plan.decisions.make_plan` takes them); with `options.backend`, every scheme that Burn
+    backend cannot load (checked per tensor when `infos` is given); with `values` (the source of `infos`), the
     tensors whose scales leave their scale dtype's range, when the plan has no error to stop it first.
 
     An unreadable recipe file raises `RecipeError`; everything wrong inside it is returned.
@@ -93,9 +89,9 @@ def recipe_problems(
     recipe, problems = read_recipe(recipe_path)
     if infos is None:
         problems += [p for rule in recipe.rules if (p := rule_refusal(rule)) is not None]
-        return problems + ([] if backend is None else _backend_refusals(recipe.rules, backend, burn_version))
-    plan = make_plan(infos, recipe, preset, backend=backend, burn_version=burn_version, requantize=requantize,
-                     found=found)
+        backend = options.backend
+        return problems + ([] if backend is None else _backend_refusals(recipe.rules, backend, options.burn_version))
+    plan = make_plan(infos, recipe, options, found=found)
     for problem in plan.problems:
         problems.append(replace(problem, severity=Severity.error) if problem.kind in RULE_KINDS else problem)
     uncovered = [e.info.name for e in plan.entries if e.decision.rule is None]

@@ -13,17 +13,29 @@ import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from qcli import BURN_VERSION, layout
-from qcli.burn_backends import COMMON_BACKENDS, BurnBackend, hold_problem, load_problem
+from qcli import layout
+from qcli.burn_backends import COMMON_BACKENDS, hold_problem, load_problem
 from qcli.formats import FORMAT_EMBEDDINGS, consumed, detect, scale_owners
 from qcli.formats.found import Encoded, Found, Transcode, Unloadable
 from qcli.io.burnpack import MAX_TENSOR_SIZE, gib
 from qcli.io.dtypes import FLOAT_DTYPES, is_quantized
 from qcli.io.source import TensorInfo
-from qcli.plan.checks import Checks
+from qcli.plan.checks import (
+    Findings,
+    backend_problems,
+    default_problems,
+    encoded_problems,
+    file_problems,
+    nothing_quantized,
+    output_problems,
+    rule_problems,
+    transpose_problems,
+    version_problems,
+)
 from qcli.plan.entries import Decision, Plan, PlanEntry
-from qcli.presets import DEFAULT_PRESET, PRESETS, Preset
-from qcli.problem import Kind, Problem
+from qcli.plan.options import PlanOptions
+from qcli.presets import PRESETS, Preset
+from qcli.problem import Kind
 from qcli.recipe import OnIndivisible, Recipe, Rule
 from qcli.scheme import (
     Calibration,
@@ -126,76 +138,69 @@ def smaller_block(scheme: QuantScheme, shape: Sequence[int], calibration: Calibr
 
 
 def make_plan(
-    infos: Iterable[TensorInfo], recipe: Recipe | None = None, preset: Preset | None = None,
-    *, split: bool = False, backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
-    calibration: Calibration | None = None, requantize: Preset | None = None,
-    found: Mapping[str, Found] | None = None, calibrated: Collection[str] = (), transpose: bool = False,
+    infos: Iterable[TensorInfo], recipe: Recipe | None = None, options: PlanOptions = PlanOptions(), *,
+    found: Mapping[str, Found] | None = None, calibrated: Collection[str] = (),
 ) -> Plan:
-    """One decision per tensor and every problem found from the headers (see the module docstring).
+    """One decision per tensor and every problem found from the headers (see the module docstring), as
+    `options` ask (`PlanOptions`).
 
-    `split`: the output is cut into several files (--max-shard-size), so Burn's per-file limits are
-    the split's to keep, not one file's. `backend`: every tensor that Burn backend cannot load is an
-    error; without one, what a common backend cannot load is a warning. `burn_version`: the Burn release
-    the file is for; a scheme it has no form for is an error. `calibration` (`--calibration`): the
-    calibration of every quantized tensor whose rule names none, in place of its preset's. `requantize`
-    (`--requantize`): the preset the tensors no Burn scheme holds (`qcli.formats.Encoded`: bitsandbytes NF4,
-    FP4), and the transcodable ones `burn_version` or `backend` cannot use, are quantized into once
-    dequantized; without it they are refused. `found`: the checkpoint's
-    already-quantized weights (`qcli.formats.detect`), the encoded ones' states read for `requantize`.
-    `calibrated`: the tensors a calibration run reaches (the Linear weights in the model's blocks): GPTQ
-    applies to them only, every other tensor takes its preset's calibration instead, its reason says so.
-    `transpose` (`--transpose`): every Linear weight (`linear_weight`) whose recipe rule says nothing of
-    transpose is written transposed, `[in, out]`, as a rule's `transpose = true` writes it; a rule that says
-    `transpose` decides for its tensors. A transcoded weight keeps its codes' orientation (a warning names
+    `found`: the checkpoint's already-quantized weights (`qcli.formats.detect`, run here when not given), the
+    encoded ones' states read for `options.requantize`. `calibrated`: the tensors a calibration run reaches
+    (the Linear weights in the model's blocks): GPTQ applies to them only, every other tensor takes its
+    preset's calibration instead, its reason says so. With `options.transpose`, every Linear weight
+    (`linear_weight`) whose recipe rule says nothing of transpose is written transposed, `[in, out]`, as a
+    rule's `transpose = true` writes it; a transcoded weight keeps its codes' orientation (a warning names
     it), and a name that cannot tell a Linear's weight from GPT-2's Conv1D's is an error.
     """
-    return _Planner(list(infos), recipe, preset or PRESETS[DEFAULT_PRESET], split, backend, burn_version,
-                    calibration, requantize, found, calibrated, transpose).plan()
+    return _Planner(list(infos), recipe, options, found, calibrated).plan()
 
 
-class _Planner(Checks):
-    def __init__(self, infos: list[TensorInfo], recipe: Recipe | None, preset: Preset, split: bool = False,
-                 backend: BurnBackend | None = None, burn_version: str = BURN_VERSION,
-                 calibration: Calibration | None = None, requantize: Preset | None = None,
-                 found: Mapping[str, Found] | None = None, calibrated: Collection[str] = (),
-                 transpose: bool = False) -> None:
-        self.calibrated = frozenset(calibrated)
-        self.backend = backend
-        self.burn_version = burn_version
-        self.transpose = transpose
-        self.unsure: list[str] = []  # --transpose: tensors whose name cannot tell [out, in] from [in, out]
-        self.untransposed: list[str] = []  # --transpose: transcoded Linear weights, written as their codes are
-        self.requantize = requantize
-        self.found = dict(found) if found is not None else detect(infos)
-        if requantize is not None:
-            self.found = {n: self.requantizing(f) if isinstance(f, Transcode) else f for n, f in self.found.items()}
-        self.refused: dict[str, list[Encoded]] = {}  # format -> its weights, refused without --requantize
-        companions = consumed(self.found, requantize is not None)  # no entries of their own
-        self.infos = [i for i in infos if i.name not in companions]
-        self.calibration = calibration
-        self.refused_calibration: set[int] = set()  # id(rule): rules `calibration` is refused for, reported
-        self.split = split
+def plan_by_name(infos: Iterable[TensorInfo], recipe: Recipe | None = None, options: PlanOptions = PlanOptions(), *,
+                 found: Mapping[str, Found] | None = None, calibrated: Collection[str] = ()) -> Plan:
+    """`make_plan` over `infos` in name order, the order quantize writes and shards them in, so one file
+    and shards give the same output; its errors are left to the caller."""
+    return make_plan(sorted(infos, key=lambda i: i.name), recipe, options, found=found, calibrated=calibrated)
+
+
+def make_checked_plan(infos: Iterable[TensorInfo], recipe: Recipe | None, options: PlanOptions, *,
+                      found: Mapping[str, Found] | None = None, calibrated: Collection[str] = ()) -> Plan:
+    """`plan_by_name`, every error raised together as one PlanError."""
+    plan = plan_by_name(infos, recipe, options, found=found, calibrated=calibrated)
+    plan.raise_if_errors()
+    return plan
+
+
+class _Planner:
+    """Decides each tensor, recording in `findings` what it could not do as asked; `plan` then runs the
+    passes of `qcli.plan.checks` over the decisions."""
+
+    def __init__(self, infos: list[TensorInfo], recipe: Recipe | None, options: PlanOptions,
+                 found: Mapping[str, Found] | None, calibrated: Collection[str]) -> None:
+        self.options = options
         self.recipe = recipe
-        self.preset = preset
-        self.problems: list[Problem] = []
+        self.calibrated = frozenset(calibrated)
+        self.findings = Findings()
+        self.found = dict(found) if found is not None else detect(infos)
+        if options.requantize is not None:
+            self.found = {n: self.requantizing(f) if isinstance(f, Transcode) else f for n, f in self.found.items()}
+        companions = consumed(self.found, options.requantize is not None)  # no entries of their own
+        self.infos = [i for i in infos if i.name not in companions]
+        self.refused_calibration: set[int] = set()  # id(rule): rules `calibration` is refused for, reported
         self.scale_owners = scale_owners(infos)
-        self.not_2d: dict[int, list[str]] = {}  # id(rule) -> tensors it asks to transpose that are not 2-D
-        self.not_float: dict[int, list[str]] = {}  # id(rule) -> tensors it asks to cast that are not floating
-        self.unquantized: dict[int, list[str]] = {}  # id(rule) -> its tensors that cannot take its scheme, why
-        self.transcoded: dict[int, list[str]] = {}  # id(rule) -> its F8 tensors, transcoded instead
         self.cast_kept = recipe.cast_kept if recipe is not None else None
 
     def requantizing(self, transcode: Transcode) -> Found:
         """A transcode under `--requantize`: requantized (`Unloadable`) where the Burn release, or the backend
         the file is for, cannot load or compute with its scheme; else as its format allows that option."""
-        scheme, version = transcode.scheme, self.burn_version
+        scheme, version = transcode.scheme, self.options.burn_version
         why = hold_problem(scheme, version) or (
-            self.backend is not None and load_problem(self.backend, scheme, transcode.shape, version))
+            self.options.backend is not None and load_problem(self.options.backend, scheme, transcode.shape, version))
         if not why:
             return transcode.requantizing()
         return Unloadable(transcode.weight, transcode.format, transcode.companions, transcode, why)
 
     def plan(self) -> Plan:
+        options, findings = self.options, self.findings
         rules = self.recipe.rules if self.recipe else []
         covered: dict[int, list[str]] = {id(r): [] for r in rules}
         entries = []
@@ -206,21 +211,21 @@ class _Planner(Checks):
             encoded = self.found.get(info.name)
             decision = (self.by_encoded(info, encoded) if isinstance(encoded, Encoded)
                         else self.by_rule(info, rule) if rule else self.by_default(info))
-            entries.append(PlanEntry(info, decision, self.burn_version))
+            entries.append(PlanEntry(info, decision, options.burn_version))
         for rule in rules:
-            self.rule_problems(rule, covered[id(rule)], entries)
-        self.default_problems([e.info.name for e in entries if e.decision.rule is None])
-        self.transpose_problems()
-        self.encoded_problems()
+            rule_problems(findings, self.recipe, rule, covered[id(rule)], entries)
+        default_problems(findings, options, [e.info.name for e in entries if e.decision.rule is None])
+        transpose_problems(findings)
+        encoded_problems(findings, options)
         for entry in entries:
-            self.output_problems(entry)
-        self.version_problems(entries)
-        for backend in [self.backend] if self.backend else COMMON_BACKENDS:
-            self.backend_problems(backend, entries)
-        plan = Plan(entries, self.problems, self.preset)
-        if not self.split:
-            self.file_problems(plan)
-        self.nothing_quantized(entries)
+            output_problems(findings, self.found, entry)
+        version_problems(findings, options, entries)
+        for backend in [options.backend] if options.backend else COMMON_BACKENDS:
+            backend_problems(findings, options, backend, entries)
+        plan = Plan(entries, findings.problems, options.preset)
+        if not options.split:
+            file_problems(findings, plan)
+        nothing_quantized(findings, entries)
         return plan
 
     def cast_of(self, info: TensorInfo, cast: str | None) -> str | None:
@@ -257,33 +262,34 @@ class _Planner(Checks):
         if rank < 2:
             return keep("0-D tensor (scalar)" if rank == 0 else "1-D tensor (norm/bias)")
         transpose = self.transposed(info.name, info.shape, None)
-        role = tensor_role(info.name)
-        if role is not None and self.preset.scheme.value.size_bits() < 8:
+        role, preset = tensor_role(info.name), self.options.preset
+        if role is not None and preset.scheme.value.size_bits() < 8:
             wide = self.default_scheme(info, PRESETS[WIDE_PRESET], f"default: {role}, 8 bits", transpose)
             if wide is not None:
                 return wide
-        decision = self.default_scheme(info, self.preset, transpose=transpose)
+        decision = self.default_scheme(info, preset, transpose=transpose)
         if decision is not None:
             return decision
         shape = info.shape[::-1] if transpose else info.shape
-        reason = f"default: keep, cannot take {self.preset.name}: {shape_problem(self.preset.scheme, shape)}"
+        reason = f"default: keep, cannot take {preset.name}: {shape_problem(preset.scheme, shape)}"
         return self.kept(info, reason, None, transpose)
 
     def by_encoded(self, info: TensorInfo, encoded: Encoded) -> Decision:
         """A tensor no Burn scheme holds: refused (reported by format in `encoded_problems`) or, with
         `--requantize`, dequantized and quantized into its preset, as the default policy would a tensor of
         its shape."""
-        if self.requantize is None or not encoded.requantizable:
-            self.refused.setdefault(encoded.format, []).append(encoded)
+        requantize = self.options.requantize
+        if requantize is None or not encoded.requantizable:
+            self.findings.refused.setdefault(encoded.format, []).append(encoded)
             return Decision(None, Calibration.MinMax, False, f"refused: {encoded.format} is {encoded.encoding}", None)
         decoded = replace(info, dtype=encoded.dtype, shape=encoded.shape)
         transpose = self.transposed(encoded.name, encoded.shape, None)
-        decision = self.default_scheme(decoded, self.requantize, f"requantize {encoded.format}", transpose)
+        decision = self.default_scheme(decoded, requantize, f"requantize {encoded.format}", transpose)
         if decision is None:
-            why = shape_problem(self.requantize.scheme, encoded.shape[::-1] if transpose else encoded.shape)
-            self.problem(Kind.shape, f"{info.name} {list(encoded.shape)} ({encoded.format}) cannot take "
-                         f"--requantize {self.requantize.name}: {why}", "requantize into a preset of a smaller block",
-                         [info.name])
+            why = shape_problem(requantize.scheme, encoded.shape[::-1] if transpose else encoded.shape)
+            self.findings.problem(Kind.shape, f"{info.name} {list(encoded.shape)} ({encoded.format}) cannot take "
+                                  f"--requantize {requantize.name}: {why}",
+                                  "requantize into a preset of a smaller block", [info.name])
             return Decision(None, Calibration.MinMax, False, f"requantize {encoded.format}: {why}", None)
         return replace(decision, requantize=encoded)
 
@@ -295,7 +301,7 @@ class _Planner(Checks):
         reason = f"{why or f'default: {info.dtype} tensor of rank {len(info.shape)}'} -> {preset.name}"
         scheme = preset.scheme
         shape = info.shape[::-1] if transpose else info.shape
-        calibration, unreached = self.reached(info, self.calibration or preset.calibration, preset.calibration)
+        calibration, unreached = self.reached(info, self.options.calibration or preset.calibration, preset.calibration)
         reason += unreached
         if shape_problem(scheme, shape) is not None:
             smaller = smaller_block(scheme, shape, calibration)
@@ -312,42 +318,42 @@ class _Planner(Checks):
         name that cannot tell (`linear_weight` None) is recorded for `transpose_problems`, written as it is."""
         if rule is not None and rule.transpose is not None:
             return rule.transpose and len(shape) == 2
-        if not self.transpose or not floating:
+        if not self.options.transpose or not floating:
             return False
         linear = linear_weight(name, shape)
         if linear is None:
-            self.unsure.append(name)
+            self.findings.unsure.append(name)
         return bool(linear)
 
     def not_transposed(self, transcode: Transcode, rule: Rule | None) -> None:
         """A transcoded weight keeps its codes' orientation: recorded where it would have been transposed."""
         if self.transposed(transcode.name, transcode.shape, rule):
-            self.untransposed.append(transcode.name)
+            self.findings.untransposed.append(transcode.name)
 
     def by_rule(self, info: TensorInfo, rule: Rule) -> Decision:
         where = f"rule {rule.location}"
-        calibration = rule.calibration or self.calibration or Calibration.MinMax
+        calibration = rule.calibration or self.options.calibration or Calibration.MinMax
         if rule.refusals:
             reason = f"refused: {where} asks for {rule.describe()}"
             return Decision(None, calibration, False, reason, rule)
         transpose = self.transposed(info.name, info.shape, rule, info.dtype in FLOAT_DTYPES)
         if rule.transpose and not transpose:
-            self.not_2d.setdefault(id(rule), []).append(info.name)
+            self.findings.not_2d.setdefault(id(rule), []).append(info.name)
         if rule.keep:
             if rule.cast is not None and info.dtype not in FLOAT_DTYPES:
-                self.not_float.setdefault(id(rule), []).append(info.name)
+                self.findings.not_float.setdefault(id(rule), []).append(info.name)
                 return Decision(None, calibration, transpose, f"{where}: keep", rule)
             return self.kept(info, f"{where}: keep", rule, transpose, calibration, rule.cast)
         assert rule.scheme is not None
         transcode = self.found.get(info.name)
         if isinstance(transcode, Transcode):  # qcli does not requantize: the codes are written as they are
-            self.transcoded.setdefault(id(rule), []).append(info.name)
+            self.findings.transcoded.setdefault(id(rule), []).append(info.name)
             self.not_transposed(transcode, rule)
             return Decision(transcode.scheme, calibration, False, f"{where}: {transcode.reason}", rule,
                             transcode=transcode)
         shape = info.shape[::-1] if transpose else info.shape
         why_not = self.cannot_take(info, rule.scheme, shape)
-        if why_not is None and rule.calibration is None and self.calibration is not None:
+        if why_not is None and rule.calibration is None and self.options.calibration is not None:
             refused = self.calibration_refused(info, rule)
             if refused is not None:
                 return self.kept(info, f"{where}: keep, {refused}", rule, transpose)
@@ -356,13 +362,13 @@ class _Planner(Checks):
             calibration, unreached = self.reached(info, calibration, Calibration.MinMax)
             return Decision(rule.scheme, calibration, transpose, f"{where} -> {asked}{unreached}", rule)
         if self.recipe is not None and self.recipe.on_indivisible is OnIndivisible.error:
-            self.problem(
+            self.findings.problem(
                 Kind.shape, f"{info.name} {list(info.shape)}{' transposed' if transpose else ''} cannot take "
                 f"{rule.describe()}: {why_not}",
                 "change the rule's block or store, add a keep rule for it, or set on_indivisible = \"keep\"",
                 [info.name], rule=rule,
             )
-        self.unquantized.setdefault(id(rule), []).append(
+        self.findings.unquantized.setdefault(id(rule), []).append(
             f"{info.name} {list(info.shape)}{' transposed' if transpose else ''}: {why_not}")
         reason = f"{where}: keep, cannot take the scheme: {why_not}"
         return self.kept(info, reason, rule, transpose, calibration)
@@ -377,14 +383,15 @@ class _Planner(Checks):
     def calibration_refused(self, info: TensorInfo, rule: Rule) -> str | None:
         """Why `--calibration` cannot apply to the scheme of `rule` (reported once per rule, as an error),
         or None."""
-        refusals = accept_problems(rule.scheme, self.calibration)
+        calibration = self.options.calibration
+        refusals = accept_problems(rule.scheme, calibration)
         if not refusals:
             return None
         if id(rule) not in self.refused_calibration:
             self.refused_calibration.add(id(rule))
-            self.problem(refusals[0].kind, f"--calibration {self.calibration.value} cannot apply to "
-                         f"{rule.describe()}: {refusals[0].message}", refusals[0].hint, [info.name], rule=rule)
-        return f"--calibration {self.calibration.value} does not apply"
+            self.findings.problem(refusals[0].kind, f"--calibration {calibration.value} cannot apply to "
+                                  f"{rule.describe()}: {refusals[0].message}", refusals[0].hint, [info.name], rule=rule)
+        return f"--calibration {calibration.value} does not apply"
 
     def cannot_take(self, info: TensorInfo, scheme: QuantScheme, shape: Sequence[int]) -> str | None:
         if is_quantized(info.dtype):

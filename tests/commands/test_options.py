@@ -10,6 +10,7 @@ from qcli.burn_backends import BurnBackend
 from qcli.commands.options import Destination, QuantizeOptions
 from qcli.errors import UsageError
 from qcli.io.source import Names
+from qcli.plan.options import PlanOptions
 from qcli.presets import DEFAULT_PRESET
 from qcli.scheme import Calibration
 
@@ -18,9 +19,11 @@ def test_names_as_a_user_writes_them_become_typed_values():
     options = QuantizeOptions.parse(scheme="Q8S-B32", calibration="MSE", burn_backend="WGPU", burn_version="0.21",
                                     max_shard_size="1KiB", names="HF", requantize="q4s-b32", dry_run=True,
                                     transpose=True)
-    assert options.preset.name == "q8s-b32" and options.requantize.name == "q4s-b32"
-    assert options.calibration is Calibration.Mse and options.burn_backend is BurnBackend.wgpu
-    assert options.burn_version == "0.21.0" and options.max_shard_size == 1024 and options.names is Names.hf
+    plan = options.plan
+    assert plan.preset.name == "q8s-b32" and plan.requantize.name == "q4s-b32" and plan.transpose
+    assert plan.calibration is Calibration.Mse and plan.backend is BurnBackend.wgpu
+    assert plan.burn_version == "0.21.0" and plan.split
+    assert options.max_shard_size == 1024 and options.names is Names.hf
     assert options.dry_run and options.stats and options.verify and not options.force
     assert options.record() == {"calibration": "mse", "requantize": "q4s-b32", "names": "hf", "max_shard_size": 1024,
                                 "transpose": True}
@@ -28,8 +31,10 @@ def test_names_as_a_user_writes_them_become_typed_values():
 
 def test_defaults_are_the_commands_defaults():
     options = QuantizeOptions.parse()
-    assert options.preset.name == DEFAULT_PRESET and options.calibration is None and options.burn_backend is None
-    assert options.burn_version == BURN_VERSION and options.device == "auto" and options.names is Names.file
+    assert options.plan == PlanOptions() == PlanOptions.parse()  # make_plan's defaults are the command's
+    assert options.plan.preset.name == DEFAULT_PRESET and options.plan.calibration is None
+    assert options.plan.backend is None and options.plan.burn_version == BURN_VERSION and not options.plan.split
+    assert options.device == "auto" and options.names is Names.file
 
 
 @pytest.mark.parametrize(("given", "message"), [

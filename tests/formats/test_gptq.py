@@ -37,6 +37,7 @@ from qcli.io.safetensors import SafetensorsSource
 from qcli.layout import BlockGrid
 from qcli.measure import error_bound
 from qcli.plan.decisions import make_plan
+from qcli.plan.options import PlanOptions
 from qcli.presets import PRESETS
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 from tests.burn_harness import dequantize as burn_dequantize
@@ -468,7 +469,7 @@ def test_an_autogptq_checkpoint_burn_cannot_hold_is_refused_then_requantized(cas
     layers = write_autogptq(folder, 4, 128, **options)
     assert_refused_from_the_headers(folder, "GPTQ 4-bit group 128", why, monkeypatch)
     references = {name: autogptq_dequantized(layer) for name, (layer, _) in layers.items()}
-    plan = make_plan(SafetensorsSource.open(folder).infos(), requantize=PRESETS["q4f-b32"])
+    plan = make_plan(SafetensorsSource.open(folder).infos(), options=PlanOptions(requantize=PRESETS["q4f-b32"]))
     with SafetensorsSource.open(folder) as source:  # qcli dequantizes as AutoGPTQ does, bit for bit
         for entry in plan.entries:
             if entry.decision.requantize is not None:

@@ -22,6 +22,7 @@ from qcli.io.safetensors import SafetensorsSource
 from qcli.layout import BlockGrid
 from qcli.measure import error_bound
 from qcli.plan.decisions import make_plan
+from qcli.plan.options import PlanOptions
 from qcli.presets import PRESETS
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 from tests.burn_harness import same_bits
@@ -134,6 +135,6 @@ def test_requantize_decodes_within_the_bound_of_quantos_dequantization(tmp_path,
 
 def test_qint2_codes_whose_shape_the_checkpoint_does_not_say_have_no_way_out(tmp_path):
     write(tmp_path, {"q2": ("qint2", 12, 64, False)})  # 64 inputs, no bias: [12, 64] or [6, 128] alike
-    plan = make_plan(SafetensorsSource.open(tmp_path).infos(), requantize=PRESETS["q4f-b32"])
+    plan = make_plan(SafetensorsSource.open(tmp_path).infos(), options=PlanOptions(requantize=PRESETS["q4f-b32"]))
     [error] = plan.errors()
     assert "the [out, in] its 768 codes dequantize to is not in the checkpoint" in error.message

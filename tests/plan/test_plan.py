@@ -11,7 +11,8 @@ import pytest
 from qcli.errors import PlanError
 from qcli.io.source import TensorInfo
 from qcli.plan.decisions import make_plan, shape_problem
-from qcli.plan.entries import CHUNK_WORKING_BYTES
+from qcli.plan.entries import CHUNK_WORKING_BYTES, Decision
+from qcli.plan.options import PlanOptions
 from qcli.presets import PRESETS
 from qcli.recipe import load_recipe
 from qcli.scheme import Calibration, QuantScheme, QuantValue, ScaleDtype
@@ -101,12 +102,12 @@ def test_a_backend_hint_names_a_preset_that_backend_loads(preset, backend):
     leaves that backend nothing to refuse (the kept norms' dtype aside: their hint is cast, not a preset)."""
     from qcli.burn_backends import BurnBackend
 
-    plan = make_plan(LLAMA, preset=PRESETS[preset], backend=BurnBackend(backend))
+    plan = make_plan(LLAMA, options=PlanOptions(preset=PRESETS[preset], backend=BurnBackend(backend)))
     named = {word for p in plan.problems if p.kind == "backend" and "--scheme" in p.hint
              for word in re.findall(r"--scheme (\S+?),", p.hint)}
     for other in named:
         assert other in PRESETS
-        again = make_plan(LLAMA, preset=PRESETS[other], backend=BurnBackend(backend))
+        again = make_plan(LLAMA, options=PlanOptions(preset=PRESETS[other], backend=BurnBackend(backend)))
         assert not [p for p in again.problems if p.kind == "backend" and "cast" not in p.hint], (preset, other)
 
 
@@ -195,14 +196,14 @@ def test_int8_alone_is_kept_as_already_quantized_and_burn_can_hold_it() -> None:
 def test_default_policy_keeps_a_shape_that_cannot_take_the_preset(
     preset: str, shape: list[int], why: str
 ) -> None:
-    plan = make_plan([info("w", "F32", shape)], preset=PRESETS[preset])
+    plan = make_plan([info("w", "F32", shape)], options=PlanOptions(preset=PRESETS[preset]))
     assert plan.entries[0].decision.scheme is None
     assert plan.entries[0].decision.reason == f"default: keep, cannot take {preset}: {why}"
     assert [p.kind for p in plan.problems] == ["nothing-quantized"]
 
 
 def test_native_q8_takes_any_last_dim() -> None:
-    entry = make_plan([info("w", "F16", [3, 5])], preset=PRESETS["q8s-native"]).entries[0]
+    entry = make_plan([info("w", "F16", [3, 5])], options=PlanOptions(preset=PRESETS["q8s-native"])).entries[0]
     assert entry.decision.scheme is PRESETS["q8s-native"].scheme
     assert entry.out_nbytes == 15 + 4
 
@@ -242,7 +243,7 @@ def test_burns_10_gib_tensor_limit() -> None:
     huge = info("huge", "F32", [200_000, 65_536])  # 13.1e9 values: even Q8 is over 10 GiB
     assert "10 GiB" in shape_problem(PRESETS["q8s"].scheme, huge.shape)
     assert shape_problem(PRESETS["q4s-b32"].scheme, huge.shape) is None  # 7.4 GB fits
-    plan = make_plan([huge], preset=PRESETS["q8s"])
+    plan = make_plan([huge], options=PlanOptions(preset=PRESETS["q8s"]))
     assert "exceeds Burn's 10 GiB per-tensor reader limit" in plan.entries[0].decision.reason
     assert [(p.kind, p.tensors) for p in plan.errors()] == [("size", ("huge",))]
 
@@ -256,7 +257,7 @@ def test_first_matching_rule_wins_and_the_rest_follow_the_default(tmp_path: Path
             '[[rule]]\nmatch = "re:.*\\\\.mlp\\\\..*"\npreset = "q8s"\n'
             '[[rule]]\nmatch = "*.weight"\nvalue = "Q4S"\nblock = [64]\nblock_scale = "F16"\n',
         ),
-        PRESETS["q8s"],
+        PlanOptions(preset=PRESETS["q8s"]),
     )
     entries = by_name(plan)
     file = str(tmp_path / "recipe.toml")
@@ -523,7 +524,7 @@ def test_a_rule_shadowed_by_two_rules_names_both(tmp_path: Path) -> None:
 def test_default_policy_falls_back_to_the_largest_block_that_divides_the_row(
     preset: str, shape: list[int], block: int, why: str
 ) -> None:
-    entry = make_plan([info("w", "F32", shape)], preset=PRESETS[preset]).entries[0]
+    entry = make_plan([info("w", "F32", shape)], options=PlanOptions(preset=PRESETS[preset])).entries[0]
     expected = PRESETS[preset].scheme.per_block([block], ScaleDtype.F16)  # the same value, store, scale dtype
     assert entry.decision.scheme == expected
     assert entry.decision.reason == f"default: F32 tensor of rank 2 -> {preset} → block [{block}]: {why}"
@@ -549,13 +550,16 @@ def test_a_rule_keeps_its_block_no_fallback(tmp_path: Path) -> None:
     ],
 )
 def test_the_embedding_and_the_head_take_8_bits_under_a_narrower_preset(name: str, role: str) -> None:
+    def decided(preset: str) -> Decision:
+        (entry,) = make_plan([info(name, "BF16", [256, 128])], None, PlanOptions(preset=PRESETS[preset])).entries
+        return entry.decision
+
     for preset in ("q4s-b32", "q4s-b128", "q2s-b32", "fp4-b32"):
-        decision = make_plan([info(name, "BF16", [256, 128])], preset=PRESETS[preset]).entries[0].decision
+        decision = decided(preset)
         assert decision.scheme is PRESETS["q8s-b32"].scheme, preset
         assert decision.reason == f"default: {role}, 8 bits -> q8s-b32"
     for preset in ("q8s", "e4m3", "q8s-native"):  # not narrower than 8 bits: the preset itself
-        assert make_plan([info(name, "BF16", [256, 128])], preset=PRESETS[preset]).entries[0].decision.scheme \
-            is PRESETS[preset].scheme
+        assert decided(preset).scheme is PRESETS[preset].scheme
 
 
 def test_only_those_names_take_8_bits(tmp_path: Path) -> None:
@@ -616,11 +620,11 @@ def test_cast_kept_casts_every_kept_floating_tensor(tmp_path: Path) -> None:
 def test_ndarray_loads_bf16_norms_cast_to_f32(tmp_path: Path) -> None:
     from qcli.burn_backends import BurnBackend
 
-    bf16 = make_plan(LLAMA, preset=PRESETS["q8s-b32"], backend=BurnBackend.ndarray)
+    bf16 = make_plan(LLAMA, options=PlanOptions(preset=PRESETS["q8s-b32"], backend=BurnBackend.ndarray))
     (problem,) = bf16.errors()
     assert problem.kind == "backend" and "cast = \"F32\"" in problem.hint
-    cast = make_plan(LLAMA, recipe(tmp_path, '[defaults]\ncast_kept = "F32"\n'), PRESETS["q8s-b32"],
-                     backend=BurnBackend.ndarray)
+    cast = make_plan(LLAMA, recipe(tmp_path, '[defaults]\ncast_kept = "F32"\n'),
+                     PlanOptions(preset=PRESETS["q8s-b32"], backend=BurnBackend.ndarray))
     assert cast.errors() == []
 
 
@@ -641,7 +645,7 @@ def test_calibration_comes_from_the_rule_then_the_flag_then_the_preset(tmp_path)
     recipe = load_recipe(calibration_recipe(tmp_path))
     plain = {e.info.name.split(".")[-2]: e.decision.calibration.value for e in make_plan(infos, recipe).entries}
     assert plain == {"q_proj": "AbsMean", "k_proj": "MinMax", "up_proj": "MinMax"}
-    searched = make_plan(infos, recipe, calibration=Calibration.Mse)
+    searched = make_plan(infos, recipe, PlanOptions(calibration=Calibration.Mse))
     got = {e.info.name.split(".")[-2]: e.decision.calibration.value for e in searched.entries}
     assert got == {"q_proj": "AbsMean", "k_proj": "Mse", "up_proj": "Mse"}
     assert not [p for p in searched.problems if p.severity == "error"]
@@ -650,7 +654,7 @@ def test_calibration_comes_from_the_rule_then_the_flag_then_the_preset(tmp_path)
 def test_a_flag_calibration_a_rules_scheme_cannot_take_is_an_error_at_the_rule(tmp_path):
     """AbsMean has no two-level form: `--calibration absmean` on a two-level rule names the rule."""
     infos = [info(f"{LAYER}.self_attn.v_proj.weight", "BF16", [64, 64])]
-    plan = make_plan(infos, load_recipe(calibration_recipe(tmp_path)), calibration=Calibration.AbsMean)
+    plan = make_plan(infos, load_recipe(calibration_recipe(tmp_path)), PlanOptions(calibration=Calibration.AbsMean))
     (problem,) = [p for p in plan.problems if p.severity == "error"]
     assert problem.line == 9 and "--calibration AbsMean cannot apply to" in problem.message
     assert "two-level" in problem.message
@@ -670,7 +674,7 @@ def test_a_header_of_many_tensors_is_checked_once_per_shape() -> None:
             check.cache_clear()
         infos = [info(f"model.layers.{i}.mlp.{p}.weight", "BF16", [64, 128]) for i in range(layers)
                  for p in ("up", "down")]
-        made = make_plan(infos, preset=PRESETS["q4s-b32"])
+        made = make_plan(infos, options=PlanOptions(preset=PRESETS["q4s-b32"]))
         assert len(made.entries) == 2 * layers
         assert all(e.decision.scheme == PRESETS["q4s-b32"].scheme for e in made.entries)
         return [check.cache_info().misses for check in checks]

@@ -82,15 +82,15 @@ BEST = {"flex": EXPECTED["q4s-b32"], "wgpu": EXPECTED["q4f-b32-global"], "ndarra
 def test_burn_backend_without_scheme_plans_that_backends_best_form(backend: str) -> None:
     layer = [info("model.layers.0.mlp.up_proj.weight", "F32", [256, 128])]
     options = QuantizeOptions.parse(burn_backend=backend)
-    plan = make_plan(layer, preset=options.preset, backend=options.burn_backend)
+    plan = make_plan(layer, options=options.plan)
     assert plan.entries[0].decision.scheme.to_serde() == BEST[backend]
     assert not [p for p in plan.problems if p.severity == "error"]
-    assert QuantizeOptions.parse(burn_backend=backend, scheme="q8s").preset.name == "q8s"  # --scheme still wins
+    assert QuantizeOptions.parse(burn_backend=backend, scheme="q8s").plan.preset.name == "q8s"  # --scheme still wins
 
 
 def test_without_burn_backend_or_for_burn_0_21_the_default_preset_stays() -> None:
-    assert QuantizeOptions.parse().preset.name == DEFAULT_PRESET
-    assert QuantizeOptions.parse(burn_backend="wgpu", burn_version="0.21").preset.name == DEFAULT_PRESET
+    assert QuantizeOptions.parse().plan.preset.name == DEFAULT_PRESET
+    assert QuantizeOptions.parse(burn_backend="wgpu", burn_version="0.21").plan.preset.name == DEFAULT_PRESET
 
 
 def test_the_readme_says_what_burn_backend_writes_by_default() -> None:

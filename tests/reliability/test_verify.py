@@ -23,7 +23,7 @@ from qcli.io.burnpack import BurnpackReader, BurnpackWriter, TensorEntry
 from qcli.io.dtypes import Plain, QFloat
 from qcli.io.safetensors import SafetensorsSource
 from qcli.measure import Measurement, block_errors, error_bound
-from qcli.plan.decisions import make_plan
+from qcli.plan.decisions import plan_by_name
 from qcli.presets import DEFAULT_PRESET, PRESETS
 from qcli.scheme import (
     WEIGHT_CALIBRATIONS,
@@ -149,7 +149,7 @@ def written_digests(good: Path) -> dict[str, bytes]:
 
 def check(path: Path, good: Path) -> None:
     with SafetensorsSource.open(SINGLE) as source:
-        plan = make_plan(sorted(source.infos(), key=lambda i: i.name), None, PRESETS[DEFAULT_PRESET])
+        plan = plan_by_name(source.infos())  # quantize's default plan, in its order
         verified = read_back([path], plan, [i.name for i in source.infos()], written_digests(good))
     assert verified.tensors == len(plan.entries)
     assert verified.bytes == sum(e.nbytes for e in BurnpackReader.open(path).entries())
