@@ -1,6 +1,7 @@
 //! qcli's files in the older published Burn 0.21.0, for `--burn-version 0.21`: opens burnpack files
 //! the way a Burn user does, on a chosen backend, and writes what Burn decoded as f32 safetensors.
 //! The `dequantize` and `probe` commands and their output are those of tests/burn (Burn 0.22).
+//! Built with the `cuda` feature it also runs on Burn's CUDA backend (`--backend cuda`).
 //!
 //! ```text
 //! burn-harness-021 dequantize --backend BACKEND IN.bpk OUT.safetensors
@@ -27,8 +28,7 @@ use crate::cli::{Args, Failure};
 const USAGE: &str = "usage:
   burn-harness-021 dequantize --backend BACKEND IN.bpk OUT.safetensors
   burn-harness-021 probe --backend BACKEND IN.bpk OUT.safetensors
-  burn-harness-021 version
-backends: flex, ndarray, wgpu";
+  burn-harness-021 version";
 
 /// `dequantize` or `probe` of one file, run on whichever backend is named.
 struct Decode<'a> {
@@ -72,5 +72,5 @@ fn run(args: &Args) -> Result<(), Failure> {
 }
 
 fn main() -> ExitCode {
-    cli::main(USAGE, run)
+    cli::main(&format!("{USAGE}\nbackends: {}", backend::NAMES), run)
 }
