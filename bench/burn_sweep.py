@@ -165,7 +165,9 @@ def computed(verdicts: Sequence[dict]) -> dict[str, str | None]:
         name, op = verdict["name"], verdict["op"]
         if not verdict["ok"]:
             failure = f"{op} panics ({verdict['error'].splitlines()[0][:200]})"
-        elif not verdict["max_abs"] <= TOLERANCE * verdict["max_ref"]:  # NaN fails too
+        elif verdict["max_abs"] is None:  # the harness's JSON writes a NaN as null
+            failure = f"{op} gives NaN"
+        elif not verdict["max_abs"] <= TOLERANCE * verdict["max_ref"]:
             failure = f"{op} is wrong by {verdict['max_abs'] / max(verdict['max_ref'], 1e-30):.1%} of its largest value"
         else:
             failure = None
