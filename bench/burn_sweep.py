@@ -3,7 +3,7 @@
 tests/io/test_burn_backends.py runs it through the Burn harness on every backend and holds
 `qcli.burn_backends` to the result; this module also runs it on another machine:
 
-    python3 -m bench.burn_sweep write DIR [VERSION]             # DIR/sweep.bpk and qcli's decode of it
+    python3 -m bench.burn_sweep write DIR [VERSION]             # DIR/sweep.bpk, qcli's decode, compute.bpk
     burn-harness probe --backend wgpu DIR/sweep.bpk DIR/burn.safetensors > DIR/verdicts.jsonl
     python3 -m bench.burn_sweep compare DIR [BACKEND [VERSION]] # Burn against qcli and the table
     burn-harness compute --backend wgpu DIR/compute.bpk > DIR/computes.jsonl
@@ -135,21 +135,22 @@ def compare(folder: Path, backend: BurnBackend, version: str = BURN_VERSION) -> 
     return disagree
 
 
-def computed_cases(backend: BurnBackend) -> dict[str, tuple[QuantScheme, tuple[int, ...]]]:
-    """The cases of COMPUTED that `backend` decodes; on wgpu, whose shaders lavapipe compiles for each case
-    in seconds, only the presets (per-tensor and one-axis blocks) and the other levels with F16 scales."""
+def computed_cases(backend: BurnBackend, version: str = BURN_VERSION) -> dict[str, tuple[QuantScheme, tuple[int, ...]]]:
+    """The cases of COMPUTED that `backend` of Burn `version` decodes; on wgpu, whose shaders lavapipe compiles
+    for each case in seconds, only the presets (per-tensor and one-axis blocks) and the other levels with F16
+    scales."""
     return {name: (scheme, shape) for name, (scheme, shape) in COMPUTED.items()
-            if decode_problem(backend, scheme, shape) is None and
+            if decode_problem(backend, scheme, shape, version) is None and
             (backend is not BurnBackend.wgpu or name.startswith("preset ") or
              (scheme.scale_dtype() is ScaleDtype.F16 and level(scheme) in ("nd-block", "two-level")))}
 
 
-def write_computed(folder: Path, backend: BurnBackend) -> None:
-    """`folder/compute.bpk`: every case of `computed_cases(backend)`, in Burn 0.22's serde."""
+def write_computed(folder: Path, backend: BurnBackend, version: str = BURN_VERSION) -> None:
+    """`folder/compute.bpk`: every case of `computed_cases(backend, version)`, in Burn `version`'s serde."""
     entries, payloads = [], []
-    for seed, (name, (scheme, shape)) in enumerate(computed_cases(backend).items()):
+    for seed, (name, (scheme, shape)) in enumerate(computed_cases(backend, version).items()):
         payloads.append(encode(sample(shape, seed), scheme))
-        entries.append(TensorEntry(name, qfloat(scheme), shape, payloads[-1].numel()))
+        entries.append(TensorEntry(name, qfloat(scheme, version), shape, payloads[-1].numel()))
     with BurnpackWriter(folder / "compute.bpk", entries) as writer:
         for entry, payload in zip(entries, payloads, strict=True):
             writer.write(entry.name, payload)
@@ -164,7 +165,9 @@ def computed(verdicts: Sequence[dict]) -> dict[str, str | None]:
         name, op = verdict["name"], verdict["op"]
         if not verdict["ok"]:
             failure = f"{op} panics ({verdict['error'].splitlines()[0][:200]})"
-        elif not verdict["max_abs"] <= TOLERANCE * verdict["max_ref"]:  # NaN fails too
+        elif verdict["max_abs"] is None:  # the harness's JSON writes a NaN as null
+            failure = f"{op} gives NaN"
+        elif not verdict["max_abs"] <= TOLERANCE * verdict["max_ref"]:
             failure = f"{op} is wrong by {verdict['max_abs'] / max(verdict['max_ref'], 1e-30):.1%} of its largest value"
         else:
             failure = None
@@ -204,7 +207,7 @@ if __name__ == "__main__":
     command, folder, *rest = sys.argv[1:]
     if command == "write":
         write(Path(folder), *rest)
-        write_computed(Path(folder), BurnBackend.wgpu)
+        write_computed(Path(folder), BurnBackend.wgpu, *rest)
     elif command == "computes":
         backend, device = rest or ["wgpu", NVIDIA]
         sys.exit(1 if compare_computed(Path(folder), BurnBackend(backend), device) else 0)

@@ -165,11 +165,11 @@ def probe(backend: BurnBackend, bpk: Path, out: Path, version: str = BURN_VERSIO
     return {v["name"]: decoded[v["name"]] if v["ok"] else v["error"] for v in verdicts}
 
 
-def compute(backend: BurnBackend, bpk: Path) -> list[dict]:
-    """The harness's `compute` verdicts for `bpk` on `backend`: each op a model runs on each 2-D quantized
-    tensor, against the same op on its `dequantize()`."""
-    require(backend)
-    done = run("compute", "--backend", backend.value, bpk)
+def compute(backend: BurnBackend, bpk: Path, version: str = BURN_VERSION) -> list[dict]:
+    """The `compute` verdicts of Burn `version`'s harness for `bpk` on `backend`: each op a model runs on each
+    2-D quantized tensor, against the same op on its `dequantize()`."""
+    require(backend, version)
+    done = run("compute", "--backend", backend.value, bpk, version=version)
     assert done.code == 0, f"the harness failed on {bpk.name}:\n{done.err[-4000:]}"
     return [json.loads(line) for line in done.out.splitlines()]
 

@@ -99,7 +99,22 @@ def test_every_preset_loads_in_burn_or_is_refused_for_that_backend(preset, backe
     # Refused for what a model computes: here, or (wgpu) on the NVIDIA GPU only, as docs/output.md records.
     device = LAVAPIPE if backend is BurnBackend.wgpu else CPU
     if any(device in f.devices for f in compute_failures(backend, PRESETS[preset].scheme, version)):
-        assert any(computed(compute(backend, out)).values()), f"{preset} computes right on {backend}"
+        assert any(computed(compute(backend, out, version)).values()), f"{preset} computes right on {backend}"
+
+
+@pytest.mark.parametrize("preset", ["q8s", "q8s-native"])
+def test_burn_0_21_computes_on_a_weight_as_on_its_dequantize(preset, tmp_path):
+    """The Burn 0.21 harness's `compute` (the command its CUDA build runs on a GPU), on flex: on each weight of a
+    file written for 0.21, a model's ops give what they give on Burn's own `dequantize()` of it, in the verdict
+    lines of the 0.22.1 harness's `compute`."""
+    out = tmp_path / "model.bpk"
+    assert cli("quantize", checkpoint(tmp_path / "model.safetensors"), "-o", out, "--device", "cpu", "--scheme",
+               preset, "--burn-version", "0.21.0", "--burn-backend", "flex").code == 0
+    verdicts = compute(BurnBackend.flex, out, "0.21.0")
+    newer = compute(BurnBackend.flex, out)  # 0.22.1 reads a file written for 0.21 too
+    assert sorted((v["name"], v["op"], sorted(v)) for v in verdicts) == \
+        sorted((v["name"], v["op"], sorted(v)) for v in newer)
+    assert computed(verdicts) == {"layers.0.weight": None, "layers.1.weight": None}, verdicts
 
 
 @pytest.mark.parametrize("backend", [BurnBackend.flex, BurnBackend.wgpu], ids=str)

@@ -48,10 +48,13 @@ pub fn decode<B: Backend>(
         DType::Bool(_) => Tensor::<B, D, Bool>::from_data(data, device).into_data(),
         _ => Tensor::<B, D, Int>::from_data(data, (device, dtype)).into_data(),
     });
-    // 0.21 has no `try_into_vec_as`: convert the element type first, then take the vector.
-    let values = values
-        .convert::<f32>()
+    Ok((shape, into_f32(values)?))
+}
+
+/// The values of `data` as f32, read back from the device. 0.21 has no `try_into_vec_as`: convert the
+/// element type first, then take the vector.
+pub fn into_f32(data: TensorData) -> Result<Vec<f32>, String> {
+    data.convert::<f32>()
         .into_vec::<f32>()
-        .map_err(|err| format!("{err:?}"))?;
-    Ok((shape, values))
+        .map_err(|err| format!("{err:?}"))
 }

@@ -1,19 +1,24 @@
 //! qcli's files in the older published Burn 0.21.0, for `--burn-version 0.21`: opens burnpack files
 //! the way a Burn user does, on a chosen backend, and writes what Burn decoded as f32 safetensors.
-//! The `dequantize` and `probe` commands and their output are those of tests/burn (Burn 0.22).
+//! The `dequantize`, `probe` and `compute` commands and their output are those of tests/burn (Burn 0.22).
+//! Built with the `cuda` feature it also runs on Burn's CUDA backend (`--backend cuda`).
 //!
 //! ```text
 //! burn-harness-021 dequantize --backend BACKEND IN.bpk OUT.safetensors
 //! burn-harness-021 probe      --backend BACKEND IN.bpk OUT.safetensors    (one verdict per tensor)
+//! burn-harness-021 compute    --backend BACKEND IN.bpk                 (one verdict per tensor and op)
 //! burn-harness-021 version                                              (burn-store's, as linked)
 //! ```
 
 #[path = "../../burn/common/cli.rs"]
 mod cli;
+#[path = "../../burn/common/ops.rs"]
+mod ops;
 #[path = "../../burn/common/report.rs"]
 mod report;
 
 mod backend;
+mod compute;
 mod decode;
 
 use std::path::Path;
@@ -27,8 +32,8 @@ use crate::cli::{Args, Failure};
 const USAGE: &str = "usage:
   burn-harness-021 dequantize --backend BACKEND IN.bpk OUT.safetensors
   burn-harness-021 probe --backend BACKEND IN.bpk OUT.safetensors
-  burn-harness-021 version
-backends: flex, ndarray, wgpu";
+  burn-harness-021 compute --backend BACKEND IN.bpk
+  burn-harness-021 version";
 
 /// `dequantize` or `probe` of one file, run on whichever backend is named.
 struct Decode<'a> {
@@ -49,6 +54,21 @@ impl backend::Command for Decode<'_> {
     }
 }
 
+/// `compute` of one file, run on whichever backend is named.
+struct Compute<'a> {
+    input: &'a Path,
+}
+
+impl backend::Command for Compute<'_> {
+    fn run<B: Backend>(self, device: &B::Device) -> Result<(), String> {
+        compute::compute::<B>(device, self.input)
+    }
+}
+
+fn backend_name(args: &Args) -> Result<backend::Name, Failure> {
+    backend::parse(args.option("backend")?).map_err(Failure::Usage)
+}
+
 fn run(args: &Args) -> Result<(), Failure> {
     match args.command.as_str() {
         "version" => {
@@ -57,9 +77,8 @@ fn run(args: &Args) -> Result<(), Failure> {
         }
         command @ ("dequantize" | "probe") => {
             let [input, output] = args.paths()?;
-            let name = backend::parse(args.option("backend")?).map_err(Failure::Usage)?;
             Ok(backend::run(
-                &name,
+                &backend_name(args)?,
                 Decode {
                     probe: command == "probe",
                     input,
@@ -67,10 +86,14 @@ fn run(args: &Args) -> Result<(), Failure> {
                 },
             )?)
         }
+        "compute" => {
+            let [input] = args.paths()?;
+            Ok(backend::run(&backend_name(args)?, Compute { input })?)
+        }
         other => Err(Failure::Usage(format!("unknown command {other:?}"))),
     }
 }
 
 fn main() -> ExitCode {
-    cli::main(USAGE, run)
+    cli::main(&format!("{USAGE}\nbackends: {}", backend::NAMES), run)
 }

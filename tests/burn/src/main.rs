@@ -15,6 +15,8 @@
 
 #[path = "../common/cli.rs"]
 mod cli;
+#[path = "../common/ops.rs"]
+mod ops;
 #[path = "../common/report.rs"]
 mod report;
 
