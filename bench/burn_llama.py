@@ -60,9 +60,15 @@ def time(folder: Path, backend: str, matmul: str, args: argparse.Namespace) -> d
     done = run_program(example("llama"), "time", "--backend", backend, "--matmul", matmul, "--prompt",
                        str(args.prompt), "--tokens", str(args.tokens), *layout, folder)
     if done.code != 0:
-        return {"matmul": matmul,
-                "error": done.err.strip().splitlines()[-1] if done.err.strip() else f"exit {done.code}"}
+        return {"matmul": matmul, "error": failure(done.err) or f"exit {done.code}"}
     return json.loads(done.out)
+
+
+def failure(stderr: str) -> str:
+    """What a failed run says: a Rust panic's message (the line after `panicked at`), else its last line."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    panics = [i + 1 for i, line in enumerate(lines[:-1]) if "panicked at" in line]
+    return lines[panics[0]] if panics else (lines[-1] if lines else "")
 
 
 def agree(folder: Path, backend: str, matmul: str) -> dict:

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Burn on an NVIDIA GPU, with harness programs built on another machine (a GPU machine needs no cargo):
+#
+#   LLAMA=PATH [CUDA_021=PATH] [SOURCE=HF_FOLDER] bench/burn_gpu.sh OUT
+#
+# LLAMA: tests/burn's `llama` example (Burn 0.22.1, wgpu), run through the NVIDIA Vulkan driver on the sample
+# model and, given SOURCE (a Hugging Face Llama folder), on it: bench.burn_llama writes each form, times it
+# and holds its logits to torch's on qcli's decode (--agree). CUDA_021: tests/burn-0.21 built with its `cuda`
+# feature, run on Burn 0.21's capability sweep (decode of every scheme, then a model's ops on each).
+# Everything lands under OUT; the last lines are the tables. Run from the repository root, with qcli and
+# its dependencies importable; PYTHON names the interpreter command (python3 by default).
+set -u
+out=${1:?usage: LLAMA=PATH [CUDA_021=PATH] [SOURCE=HF_FOLDER] bench/burn_gpu.sh OUT}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+
+# tests/burn_harness.py finds the examples beside the harness binary of QCLI_BURN_TARGET_DIR, so the
+# llama example goes where a build would put it, the harness's own name marking the place.
+target=$(mktemp -d)
+mkdir -p "$target/burn-harness/debug/examples"
+cp "$LLAMA" "$target/burn-harness/debug/examples/llama"
+: >"$target/burn-harness/debug/burn-harness"
+export QCLI_BURN_TARGET_DIR=$target PYTHONUNBUFFERED=1
+python=${PYTHON:-python3}
+
+forms=q8s-b32,q4s-b32,q4f-b32-global
+$python -m bench.burn_llama sample_weights/tiny-llama-sharded "$target/tiny" --backends wgpu --forms "$forms" \
+    --prompt 32 --tokens 8 --matmul module,direct --agree 2>&1 | tee "$out/tiny-wgpu.txt"
+if [ -n "${SOURCE:-}" ]; then
+    $python -m bench.burn_llama "$SOURCE" "$target/model" --backends wgpu --forms "f32,bf16,$forms" --tokens 16 \
+        --matmul module,direct --agree 2>&1 | tee "$out/model-wgpu.txt"
+fi
+
+if [ -n "${CUDA_021:-}" ]; then
+    # Burn 0.21's CUDA backend compiles its kernels with NVRTC and the toolkit's headers (CUDA_PATH, else
+    # /usr/local/cuda); the verdicts and Burn's decode come back for bench.burn_sweep to read.
+    sweep=$target/sweep-0.21
+    mkdir -p "$sweep"
+    $python -m bench.burn_sweep write "$sweep" 0.21.0
+    "$CUDA_021" probe --backend cuda "$sweep/sweep.bpk" "$sweep/burn.safetensors" >"$sweep/verdicts.jsonl"
+    echo "cuda probe: exit $?, $(wc -l <"$sweep/verdicts.jsonl") verdicts"
+    "$CUDA_021" compute --backend cuda "$sweep/compute.bpk" >"$sweep/computes.jsonl"
+    echo "cuda compute: exit $?, $(wc -l <"$sweep/computes.jsonl") verdicts"
+    mkdir -p "$out/sweep-0.21"
+    cp "$sweep"/{verdicts.jsonl,computes.jsonl,burn.safetensors,expected.safetensors} "$out/sweep-0.21/"
+fi
