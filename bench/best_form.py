@@ -39,7 +39,7 @@ from safetensors.torch import load_file
 from bench import burn_sweep
 from bench.markdown import replace_section
 from qcli import BURN_VERSION, layout
-from qcli.burn_backends import BurnBackend, load_problem, qfloat
+from qcli.burn_backends import BurnBackend, backends, load_problem, qfloat
 from qcli.codec import decode, encode
 from qcli.codec.stats import ErrorSums
 from qcli.io.burnpack import BurnpackWriter, TensorEntry
@@ -57,7 +57,7 @@ from qcli.scheme import (
 )
 
 SECTION = "## The best 4-bit form per Burn backend (this 2-core machine)"
-BACKENDS = tuple(BurnBackend)
+BACKENDS = backends()  # Burn 0.22.1's
 VALUES = tuple(v for v in QuantValue if v.size_bits() == 4)
 STORES = (PackedU32(0), PackedNative(0), Native())
 BLOCKS = ([16], [32], [64], [128], [2, 16])

@@ -12,6 +12,8 @@ source.
 
 wgpu is Burn's `wgpu` feature (WGSL shaders), measured on Mesa's lavapipe Vulkan driver and, for 0.22.1, on
 an NVIDIA H200 through its Vulkan driver: the same decodes, fewer computes (`ComputeFailure.devices`).
+cuda is Burn's `cuda` feature, measured for 0.21.0 only, on an NVIDIA H100 (tests/burn-0.21 built with
+it): 0.22.1's cannot be built without downloading LLVM at build time (`RELEASE_PROBLEMS`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class BurnBackend(StrEnum):
     flex = "flex"
     ndarray = "ndarray"
     wgpu = "wgpu"
+    cuda = "cuda"
 
 
 # The backends a plan is checked against when no --burn-backend is given: Burn's CPU backend and its
@@ -59,7 +62,8 @@ class Capability:
     of the tensor; `unsupported` says, per failure, what Burn does, for the message; `computes` the
     decoded schemes a model's ops still fail with; `best_preset` the preset `--burn-backend` writes without
     `--scheme` (`default_preset`): the lowest-error 4-bit form measured computing there (bench/best_form.py),
-    the 8-bit blocks where no 4-bit value loads.
+    the 8-bit blocks where no 4-bit value loads; `col_linear` why a quantized Linear weight loaded as
+    `LinearLayout::Col` (written `[out, in]`) computes wrong there, where it does.
     """
 
     stores: dict[type, frozenset[QuantValue]]
@@ -72,6 +76,7 @@ class Capability:
     two_level: bool = True
     computes: tuple[ComputeFailure, ...] = ()
     best_preset: str | None = None
+    col_linear: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,8 +106,8 @@ def level(scheme: QuantScheme) -> str:
 
 
 # Where a failure was measured: flex and ndarray on the CPU; wgpu on Mesa's CPU Vulkan driver and on an
-# NVIDIA GPU's.
-CPU, LAVAPIPE, NVIDIA = "cpu", "lavapipe", "nvidia-vulkan"
+# NVIDIA GPU's; cuda on an NVIDIA GPU.
+CPU, LAVAPIPE, NVIDIA, NVIDIA_CUDA = "cpu", "lavapipe", "nvidia-vulkan", "nvidia-cuda"
 _ON_CPU = frozenset({CPU})
 _BLOCKED = frozenset({"block", "nd-block", "two-level"})
 _SUB_BYTE = frozenset(v for v in QuantValue if v.size_bits() < 8)
@@ -188,6 +193,33 @@ _CPU_0_21 = {
              "axes decodes wrongly and one that overhangs the tensor's edge panics",
 }
 
+# Burn 0.21's cuda, measured on an NVIDIA H100 (driver 580.159.04, NVRTC 13.0): integer values in either
+# store and Native minifloats with F32, F16 or BF16 scales decode; a model's ops compute as their decode but
+# for a Col Linear and a 2-bit matmul.
+_CUDA_0_21 = Capability(
+    stores={PackedU32: _INTEGERS, Native: _EIGHT_BIT_INTEGERS | {QuantValue.E4M3, QuantValue.E5M2},
+            PackedNative: _NONE},
+    scale_dtypes=frozenset({ScaleDtype.F32, ScaleDtype.F16, ScaleDtype.BF16}),
+    ragged_rank=0,
+    kept_refused=frozenset(),
+    unsupported={
+        "value": "Burn 0.21's cuda decodes packed minifloats (E4M3, E5M2, E2M1) wrongly",
+        "store": "Burn 0.21's cuda panics on PackedNative (\"attempt to subtract with overflow\")",
+        "scale": "Burn 0.21's cuda reads F32, F16 and BF16 scales only: UE4M3 and UE8M0 fail (\"Error while "
+                 "reading data\")",
+        "ragged": "Burn 0.21's cuda panics on a row that is not a whole number of u32 words (\"Can't store in u32\")",
+    },
+    two_level=False,
+    computes=(
+        ComputeFailure("Burn 0.21's cuda panics in the matmul of a 2-bit weight (\"Invalid vector size\")",
+                       frozenset({QuantValue.Q2S, QuantValue.Q2F}), frozenset({"tensor", "block", "nd-block"}),
+                       frozenset({NVIDIA_CUDA})),
+    ),
+    best_preset="q4f-b32",
+    col_linear="Burn 0.21's cuda computes a quantized Linear whose weight loads as LinearLayout::Col (written "
+               "[out, in]) wrong, by up to 10^9 % of its largest output, with no error",
+)
+
 CAPABILITIES: dict[str, dict[BurnBackend, Capability]] = {
     "0.22.1": {BurnBackend.flex: _FLEX_0_22, BurnBackend.ndarray: _NDARRAY_0_22, BurnBackend.wgpu: _WGPU_0_22},
     "0.21.0": {
@@ -222,9 +254,26 @@ CAPABILITIES: dict[str, dict[BurnBackend, Capability]] = {
                          "store": "wgpu 0.21 loads PackedU32 only: Native panics, PackedNative overflows"},
             two_level=False,
         ),
+        BurnBackend.cuda: _CUDA_0_21,
     },
 }
 BURN_VERSIONS = tuple(CAPABILITIES)
+# Why a release's table lacks a backend: what stopped it being measured.
+RELEASE_PROBLEMS = {
+    ("0.22.1", BurnBackend.cuda): "Burn 0.22.1's cuda backend is not measured: its `cuda` feature builds "
+    "cubecl-llvm, whose build script (tracel-llvm-bundler 23.1.0-4) downloads LLVM from outside the package "
+    "registries, which qcli's test machines cannot reach (docs/output.md)",
+}
+
+
+def backends(version: str = BURN_VERSION) -> tuple[BurnBackend, ...]:
+    """The backends Burn `version`'s table was measured on."""
+    return tuple(CAPABILITIES[version])
+
+
+def release_problem(backend: BurnBackend, version: str) -> str | None:
+    """Why qcli knows nothing of `backend` on Burn `version`, or None where it was measured."""
+    return None if backend in CAPABILITIES[version] else RELEASE_PROBLEMS[(version, backend)]
 assert BURN_VERSIONS[0] == BURN_VERSION, "the first table is the release qcli targets by default"
 
 
@@ -244,6 +293,15 @@ def resolve_version(name: str | None) -> str:
         raise UsageError(f"Burn {name!r} is not a release qcli writes for",
                          hint=f"use one of {', '.join(BURN_VERSIONS)} (the default is {BURN_VERSION})")
     return chosen[0]
+
+
+def require_measured(backend: BurnBackend | None, version: str) -> None:
+    """UsageError where `--burn-backend` names a backend Burn `version`'s table was not measured on."""
+    why = None if backend is None else release_problem(backend, version)
+    if why is not None:
+        measured = [v for v in BURN_VERSIONS if backend in CAPABILITIES[v]]
+        raise UsageError(why, hint=f"--burn-version {measured[0].rsplit('.', 1)[0]} writes for the release qcli "
+                         "measured it on, or --burn-backend wgpu, whose best form computes on an NVIDIA GPU")
 
 
 def default_preset(backend: BurnBackend | None, version: str = BURN_VERSION) -> str:

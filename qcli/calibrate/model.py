@@ -23,7 +23,7 @@ from torch import nn
 
 from qcli.errors import InputError, UsageError
 from qcli.io.files import load_json
-from qcli.plan.decisions import EMBEDDING_MODULES
+from qcli.plan.roles import EMBEDDING_MODULES
 from qcli.text import clipped, printable, quoted
 
 if TYPE_CHECKING:

@@ -13,10 +13,11 @@ BurnBackendOption = Annotated[
     BurnBackend | None,
     typer.Option(
         "--burn-backend",
-        metavar="flex|ndarray|wgpu",
+        metavar="flex|ndarray|wgpu|cuda",
         help="The Burn backend the file is for: refuse every tensor (or, without a model, scheme) it cannot"
         " load or compute with (docs/output.md); without --scheme, quantize with its best 4-bit form"
-        " (docs/presets.md). Default: warn about what flex or wgpu cannot.",
+        " (docs/presets.md). cuda is measured for Burn 0.21 only (--burn-version 0.21). Default: warn about"
+        " what flex or wgpu cannot.",
     ),
 ]
 BurnVersionOption = Annotated[

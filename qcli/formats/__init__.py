@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 FORMATS = (fp8, nvfp4, gptq, awq, hqq, bitsandbytes, quanto, compressed_tensors, gguf)
 HANDLED = frozenset().union(*(f.METHODS for f in FORMATS))  # every quant_method a module reads
 # The token embedding's module in the formats that name tensors their own way (llama.cpp's), beside the names
-# common checkpoints give it, which the plan knows (`qcli.plan.decisions.EMBEDDING_MODULES`).
+# common checkpoints give it, which the plan knows (`qcli.plan.roles.EMBEDDING_MODULES`).
 FORMAT_EMBEDDINGS = gguf.EMBEDDING_MODULES
 
 

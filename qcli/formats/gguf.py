@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 METHODS: frozenset[str] = frozenset()  # a GGUF file declares no quant_method: its tensor types say it all
 # llama.cpp's module name for the token embedding, which the default policy keeps at 8 bits under a narrower
-# preset (`qcli.plan.decisions.tensor_role`); its output head, a top-level `output.weight`, has Meta's Llama's name.
+# preset (`qcli.plan.roles.tensor_role`); its output head, a top-level `output.weight`, has Meta's Llama's name.
 EMBEDDING_MODULES = ("token_embd",)
 DECODED_AS = "dequantized by the gguf package (gguf.quants.dequantize), then quantized"
 

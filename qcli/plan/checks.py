@@ -11,11 +11,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from qcli import BURN_VERSION
-from qcli.burn_backends import BurnBackend, hold_problem, kept_problem, load_problem, loads_instead
+from qcli.burn_backends import (
+    CAPABILITIES,
+    BurnBackend,
+    backends,
+    hold_problem,
+    kept_problem,
+    load_problem,
+    loads_instead,
+)
 from qcli.formats.found import Encoded, Found
 from qcli.io.burnpack import MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, align, gib
 from qcli.plan.entries import Plan, PlanEntry
 from qcli.plan.options import PlanOptions
+from qcli.plan.roles import linear_weight
 from qcli.presets import DEFAULT_PRESET, PRESETS, REQUANTIZE_NARROW, REQUANTIZE_WIDE, Preset
 from qcli.problem import Kind, Problem, Severity
 from qcli.recipe import OnIndivisible, Recipe, Rule
@@ -205,7 +214,10 @@ def backend_problems(findings: Findings, options: PlanOptions, backend: BurnBack
     for (_, written, why), group in failing.items():  # `written`: a scheme or a dtype, shown as text
         first = group[0]
         names = [e.info.name for e in group]
-        if first.decision.scheme is None:
+        if why == CAPABILITIES[version][backend].col_linear:
+            hint = ("write them as Burn's Row layout, [in, out], and load them with LinearLayout::Row: --transpose, "
+                    "or transpose = true on their rule")
+        elif first.decision.scheme is None:
             hint = ("load the file on flex (Burn's CPU backend), which builds every dtype, or write them as F32: "
                     "cast = \"F32\" on their keep rule, or cast_kept = \"F32\" in [defaults]")
         elif first.decision.transcode is not None:  # the checkpoint's own codes: no other scheme holds them
@@ -214,7 +226,7 @@ def backend_problems(findings: Findings, options: PlanOptions, backend: BurnBack
         else:
             hint = backend_way_out(backend, first.decision.scheme, first.out_shape, version, first.decision.rule)
         if options.backend is None:
-            hint += f"; --burn-backend {'|'.join(BurnBackend)} checks only the one you load with"
+            hint += f"; --burn-backend {'|'.join(backends(version))} checks only the one you load with"
         findings.problem(
             Kind.backend, f"Burn {version}'s {backend} backend cannot load {count_and_first(names)} as {written}: "
             f"{why}", hint, names, severity=Severity.error if options.backend else Severity.warning,
@@ -274,8 +286,16 @@ def backend_problem(backend: BurnBackend, entry: PlanEntry) -> str | None:
     dtype = entry.out_dtype
     if dtype is None:
         return None  # `output_problems`
-    return (kept_problem(backend, dtype, version) if scheme is None
-            else load_problem(backend, scheme, entry.out_shape, version))
+    if scheme is None:
+        return kept_problem(backend, dtype, version)
+    return load_problem(backend, scheme, entry.out_shape, version) or col_problem(backend, entry)
+
+
+def col_problem(backend: BurnBackend, entry: PlanEntry) -> str | None:
+    """Why `backend` computes a quantized Linear weight written `[out, in]` wrong (Burn loads it as
+    `LinearLayout::Col`), or None; a name that cannot tell a Linear's weight (GPT-2's Conv1D) counts as one."""
+    why = CAPABILITIES[entry.burn_version][backend].col_linear
+    return why if why and not entry.decision.transpose and linear_weight(entry.name, entry.shape) is not False else None
 
 
 def rule_refusal(rule: Rule, covered: Sequence[str] | None = None) -> Problem | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qcli import BURN_VERSION
-from qcli.burn_backends import BurnBackend, default_preset, resolve_backend, resolve_version
+from qcli.burn_backends import BurnBackend, default_preset, require_measured, resolve_backend, resolve_version
 from qcli.presets import DEFAULT_PRESET, PRESETS, Preset, resolve_preset
 from qcli.scheme import Calibration, resolve_calibration
 
@@ -49,6 +49,7 @@ class PlanOptions:
         chosen = None if calibration is None else resolve_calibration(str(calibration))
         backend = resolve_backend(None if burn_backend is None else str(burn_backend))
         version = resolve_version(burn_version)
+        require_measured(backend, version)
         return cls(
             preset=resolve_preset(scheme, default_preset(backend, version)),
             split=split,

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from qcli import __version__
-from qcli.burn_backends import BurnBackend
+from qcli.burn_backends import BurnBackend, backends
 from qcli.error_stats import ErrorStats
 from qcli.plan.checks import backend_problem
-from qcli.plan.decisions import linear_weight
+from qcli.plan.roles import linear_weight
 from qcli.problem import Problem
 from qcli.report.documents import JSON_SCHEMA_VERSION, SourceFile, error_json, problem_json
 
@@ -194,7 +194,7 @@ class CalibrationRecord:
 class BurnLoad:
     """How a Burn model loads the file as written: the `LinearLayout` each Linear weight needs (`layouts`:
     `Row` for those written `[in, out]`, `Col` for PyTorch's `[out, in]`; `unsure`: those whose name cannot
-    tell a Linear's from GPT-2's Conv1D's, `qcli.plan.decisions.linear_weight`), the tensors each Burn backend
+    tell a Linear's from GPT-2's Conv1D's, `qcli.plan.roles.linear_weight`), the tensors each Burn backend
     cannot use as written (`qcli.burn_backends`' facts; none: it computes the whole file), and where the Rust is."""
 
     burn_version: str
@@ -216,7 +216,8 @@ class BurnLoad:
                 unsure.append(entry.name)
             elif linear:
                 layouts[LAYOUTS[entry.decision.transpose]].append(entry.name)
-        cannot = {backend: [e.name for e in plan.entries if backend_problem(backend, e)] for backend in BurnBackend}
+        cannot = {backend: [e.name for e in plan.entries if backend_problem(backend, e)]
+                  for backend in backends(burn_version)}
         return BurnLoad(burn_version, layouts, unsure, cannot)
 
     def to_json(self) -> dict:

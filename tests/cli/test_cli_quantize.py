@@ -881,7 +881,7 @@ def test_click_parse_errors_are_one_error_and_one_hint_line(args):
 @pytest.mark.parametrize(("args", "error", "hint"), [
     (("quantize", SINGLE, "--calibration", "gtpq"), "--calibration: 'gtpq' is not one of minmax, absmean, mse, gptq",
      "did you mean --calibration gptq? run 'qcli quantize --help' for the usage"),
-    (("quantize", SINGLE, "--burn-backend", "WGU"), "--burn-backend: 'WGU' is not one of flex, ndarray, wgpu",
+    (("quantize", SINGLE, "--burn-backend", "WGU"), "--burn-backend: 'WGU' is not one of flex, ndarray, wgpu, cuda",
      "did you mean --burn-backend wgpu? run 'qcli quantize --help' for the usage"),
     (("inspect", SINGLE, "--names", "x"), "--names: 'x' is not one of file, hf",
      "run 'qcli inspect --help' for the usage"),

@@ -21,8 +21,8 @@ from qcli.layout import BlockGrid
 from qcli.measure import error_bound
 from qcli.presets import PRESETS
 from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY
+from tests.burn_harness import BACKENDS, probe, same_bits
 from tests.burn_harness import dequantize as burn_dequantize
-from tests.burn_harness import probe, same_bits
 from tests.cli_support import assert_user_error, cli, validate_json
 from tests.format_support import decoded, model_problems, pipeline_payloads, refused_from_headers
 from tests.gguf_support import T, dequantized, gguf, write_gguf
@@ -400,7 +400,7 @@ def test_no_burn_backend_loads_mxfp4_scales_narrower_than_f16(tmp_path):
         for entry, payload in zip(entries, payloads, strict=True):
             writer.write(entry.name, payload)
         writer.commit()
-    for backend in BurnBackend:
+    for backend in BACKENDS:
         got = probe(backend, tmp_path / "scales.bpk", tmp_path / f"{backend}.safetensors")
         loads = {name for name, values in want.items()
                  if isinstance(got[name], torch.Tensor) and same_bits(got[name], values)}
