@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Burn on an NVIDIA GPU, with harness programs built on another machine (a GPU machine needs no cargo):
 #
-#   LLAMA=PATH [CUDA_021=PATH] [SOURCE=HF_FOLDER] bench/burn_gpu.sh OUT
+#   LLAMA=PATH [HARNESS=PATH] [CUDA_021=PATH] [SOURCE=HF_FOLDER] bench/burn_gpu.sh OUT
 #
 # LLAMA: tests/burn's `llama` example (Burn 0.22.1, wgpu), run through the NVIDIA Vulkan driver on the sample
 # model and, given SOURCE (a Hugging Face Llama folder), on it: bench.burn_llama writes each form, times it
-# and holds its logits to torch's on qcli's decode (--agree). CUDA_021: tests/burn-0.21 built with its `cuda`
+# and holds its logits to torch's on qcli's decode (--agree). HARNESS: tests/burn's harness (wgpu), run on
+# the capability sweep's compute cases and held to qcli's table for an NVIDIA GPU's Vulkan driver. CUDA_021: tests/burn-0.21 built with its `cuda`
 # feature, run on Burn 0.21's capability sweep (decode of every scheme, then a model's ops on each).
 # Everything lands under OUT; the last lines are the tables. Run from the repository root, with qcli and
 # its dependencies importable; PYTHON names the interpreter command (python3 by default).
 set -u
-out=${1:?usage: LLAMA=PATH [CUDA_021=PATH] [SOURCE=HF_FOLDER] bench/burn_gpu.sh OUT}
+out=${1:?usage: LLAMA=PATH [HARNESS=PATH] [CUDA_021=PATH] [SOURCE=HF_FOLDER] bench/burn_gpu.sh OUT}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
@@ -29,6 +30,16 @@ $python -m bench.burn_llama sample_weights/tiny-llama-sharded "$target/tiny" --b
 if [ -n "${SOURCE:-}" ]; then
     $python -m bench.burn_llama "$SOURCE" "$target/model" --backends wgpu --forms "f32,bf16,$forms" --tokens 16 \
         --matmul module,direct --agree 2>&1 | tee "$out/model-wgpu.txt"
+fi
+
+if [ -n "${HARNESS:-}" ]; then
+    sweep=$target/sweep
+    mkdir -p "$sweep" "$out/sweep"
+    $python -m bench.burn_sweep write "$sweep"
+    "$HARNESS" compute --backend wgpu "$sweep/compute.bpk" >"$sweep/computes.jsonl"
+    echo "wgpu compute: exit $?, $(wc -l <"$sweep/computes.jsonl") verdicts"
+    cp "$sweep/computes.jsonl" "$out/sweep/"
+    $python -m bench.burn_sweep computes "$sweep" wgpu nvidia-vulkan 2>&1 | tee "$out/sweep/computes.txt"
 fi
 
 if [ -n "${CUDA_021:-}" ]; then
