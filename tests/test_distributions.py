@@ -72,3 +72,25 @@ def test_qcli_builds_transformers_models_from_the_root():
                          "print(LlamaForCausalLM.__name__)")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "LlamaForCausalLM"
+
+
+def test_from_the_root_without_the_distribution_integrations_import_once_qcli_has(tmp_path):
+    """Where Hugging Face's `kernels` is not installed, transformers finds the name, cannot read its version
+    and imports it: after `import qcli` (the suite's, the benchmarks' and `python -m qcli`'s first import) the
+    name finds nothing, as without the checkout. The interpreter sees this one's site-packages without the
+    distribution: every other entry linked into a folder of its own, read as a site folder (its .pth files too)."""
+    pytest.importorskip("transformers")
+    site_packages = Path(importlib.util.find_spec("transformers").origin).parents[1]
+    for entry in site_packages.iterdir():
+        if entry.name != "kernels" and not entry.name.startswith("kernels-"):
+            (tmp_path / entry.name).symlink_to(entry)
+    code = (f"import site, sys\nsite.addsitedir({str(tmp_path)!r})\nsys.path.insert(0, {str(ROOT)!r})\n"
+            "import importlib, importlib.util, qcli\n"
+            f"for name in {INTEGRATIONS!r}:\n"
+            "    if importlib.util.find_spec(name.split('.')[0]) is not None:\n"
+            "        importlib.import_module(name)\n"
+            "from transformers import LlamaForCausalLM\n"
+            "print(importlib.util.find_spec('kernels'))")
+    done = subprocess.run([sys.executable, "-S", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.strip() == "None"
