@@ -167,8 +167,6 @@ def _values(source: Source, name: str, found: Found | None) -> torch.Tensor:
 
 def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None, names: str) -> InspectReport:
     """One burnpack file, or through its index (`qcli.io.burnpack_index`) every shard of sharded output."""
-    from qcli.codec.stats import value_stats
-
     reader = BurnpackSet.open(path)
     entries = reader.entries()
     report = InspectReport(
@@ -186,6 +184,8 @@ def _inspect_burnpack(path: Path, tensor: str | None, compare: str | Path | None
         by_name = {e.name: e for e in entries}
         if tensor not in by_name:
             raise _suggest_tensor(tensor, list(by_name))
+        from qcli.codec.stats import value_stats
+
         entry = by_name[tensor]
         data = reader.read(tensor)
         values = value_stats(_decoded(data, entry.dtype, tuple(entry.shape)))
@@ -201,11 +201,6 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], compare: str | Pat
     """Each written tensor against its source: kept ones must be byte-identical (to the source cast to the
     written dtype, for a kept tensor a recipe's cast wrote in another floating dtype), quantized ones
     measured."""
-    import torch
-
-    from qcli.codec import error_stats
-    from qcli.pipeline.cpu import cast_kept
-
     transposed = metadata_json(reader.path, "transposed", reader.metadata.get("transposed", "[]"))
     if not isinstance(transposed, list) or not all(isinstance(n, str) for n in transposed):
         raise InputError(
@@ -215,6 +210,11 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], compare: str | Pat
     rows: list[CompareRow] = []
     source_path, _ = locate(compare)
     with open_source(source_path, names) as source:
+        import torch  # after the refusals a header gives
+
+        from qcli.codec import error_stats
+        from qcli.pipeline.cpu import cast_kept
+
         infos = {i.name: i for i in source.infos()}
         # an already-quantized weight's values are what its format dequantizes it to, from its companions
         found = {n: f for n, f in detect(source.infos()).items() if isinstance(f, Transcode | Encoded)}

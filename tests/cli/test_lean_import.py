@@ -79,3 +79,34 @@ def test_the_probe_sees_torch_when_it_is_imported():
 ], ids=["gptq-text", "mse-text", "imatrix", "recipe", "imatrix-command"])
 def test_a_missing_file_is_found_as_the_options_are_parsed(args):
     assert probe(run_cli(args)) == {"code": 2, "heavy": []}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> str:
+    """The sample model quantized with the defaults (in a process of its own: this one stays torch-free)."""
+    target = tmp_path_factory.mktemp("lean") / "tiny.bpk"
+    done = subprocess.run([sys.executable, "-m", "qcli", "quantize", "sample_weights/tiny-llama.safetensors",
+                           "-o", str(target), "--device", "cpu", "--quiet"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return str(target)
+
+
+# Header-only commands and refusals answer before torch is imported (its import alone takes seconds).
+@pytest.mark.parametrize(("args", "code"), [
+    (["inspect", "{bpk}"], 0),
+    (["inspect", "{bpk}", "--json"], 0),
+    (["inspect", "missing.bpk"], 3),
+    (["inspect", "{bpk}", "--tensor", "missing"], 2),
+    (["inspect", "{bpk}", "--compare", "missing.safetensors"], 3),
+    (["inspect", "sample_weights/tiny-llama.safetensors"], 0),
+    (["inspect", "sample_weights/tiny-llama-sharded", "--json"], 0),
+    (["inspect", "missing.safetensors"], 3),
+    (["quantize", "sample_weights/tiny-llama.safetensors", "-o", "{bpk}.new", "--dry-run"], 0),
+    (["quantize", "sample_weights/tiny-llama.safetensors", "-o", "{bpk}"], 2),
+    (["quantize", "sample_weights/tiny-llama.safetensors", "-o", "{bpk}.new", "--scheme", "missing"], 2),
+    (["quantize", "missing.safetensors", "-o", "{bpk}.new"], 3),
+], ids=["inspect-bpk", "inspect-bpk-json", "inspect-missing-bpk", "inspect-missing-tensor", "compare-missing",
+        "inspect-safetensors", "inspect-sharded-json", "inspect-missing", "dry-run", "target-exists",
+        "unknown-preset", "missing-input"])
+def test_header_only_commands_and_refusals_do_not_import_torch(written, args, code):
+    assert probe(run_cli([a.format(bpk=written) for a in args])) == {"code": code, "heavy": []}
