@@ -273,22 +273,22 @@ def windows(tokenizer, text: str, count: int, length: int):
 
 class Evaluator:
     """The reference model, its next-token log-probabilities on the windows (an f32 file in the work folder:
-    windows x (length - 1) x vocabulary), and each row's weights put in its place in turn."""
+    windows x (length - 1) x vocabulary, computed once for every row), and each row scored by qcli's own
+    evaluator (`qcli.calibrate.evaluate`, what `qcli eval` runs) with its weights swapped in."""
 
     def __init__(self, model, ids, work: Path):
-        import torch
+        from qcli.calibrate.evaluate import Evaluator as Scoring
 
         self.model, self.ids = model, ids
-        self.reference = {n: p.detach().clone() for n, p in model.named_parameters()}
+        self.scoring = Scoring(model, ids)
         shape = (ids.shape[0], ids.shape[1] - 1, model.config.vocab_size)
         self.path = work / "reference-logprobs.npy"
         self.logprobs = np.lib.format.open_memmap(self.path, "w+", np.float32, shape)
         nll = 0.0
-        with torch.inference_mode():
-            for i, window in enumerate(ids):
-                logprobs = self._logprobs(window)
-                self.logprobs[i] = logprobs.numpy()
-                nll -= logprobs.gather(-1, window[1:, None]).sum().item()
+        for i, window in enumerate(ids):
+            logprobs = self.scoring.logprobs(window).cpu()
+            self.logprobs[i] = logprobs.numpy()
+            nll -= logprobs.gather(-1, window[1:, None]).sum().item()
         self.logprobs.flush()
         self.perplexity = float(np.exp(nll / self.tokens))
 
@@ -303,36 +303,18 @@ class Evaluator:
         del self.logprobs
         self.path.unlink()
 
-    def _logprobs(self, window):
-        return self.model(window[None]).logits[0, :-1].float().log_softmax(-1)
-
     def evaluate(self, weights: dict) -> dict:
         """KL, top-1 agreement and perplexity of the model with `weights` (names of its parameters) in place
-        of the reference's, which are put back after."""
+        of the reference's, which stay the model's."""
         import torch
+
+        from qcli.calibrate.evaluate import SwappedWeights
 
         parameters = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for name, values in weights.items():
-                parameters[name].copy_(values.reshape(parameters[name].shape))
-            try:
-                return self._score()
-            finally:
-                for name in weights:
-                    parameters[name].copy_(self.reference[name])
-
-    def _score(self) -> dict:
-        import torch
-
-        kl = same = nll = 0.0
-        with torch.inference_mode():
-            for i, window in enumerate(self.ids):
-                ours, theirs = self._logprobs(window), torch.from_numpy(self.logprobs[i])
-                kl += (theirs.exp() * (theirs - ours)).sum().item()
-                same += (ours.argmax(-1) == theirs.argmax(-1)).sum().item()
-                nll -= ours.gather(-1, window[1:, None]).sum().item()
-        return {"kl": kl / self.tokens, "same_top1": same / self.tokens,
-                "perplexity": float(np.exp(nll / self.tokens))}
+        swapped = SwappedWeights(self.model, {name: values.reshape(parameters[name].shape)
+                                              for name, values in weights.items()})
+        scores = self.scoring.evaluate(swapped, source=lambda i: torch.from_numpy(self.logprobs[i]))
+        return {"kl": scores.kl, "same_top1": scores.same_top1, "perplexity": scores.perplexity}
 
 
 # --- the rows -----------------------------------------------------------------------------------------

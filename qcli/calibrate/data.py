@@ -58,35 +58,35 @@ class CalibrationSet:
         return self.tokens.numel()
 
 
-def read_calibration_text(path: Path | str) -> CalibrationText:
+def read_calibration_text(path: Path | str, role: str = "calibration text") -> CalibrationText:
     """The documents of the calibration file at `path`: JSON lines with a string `text` each, else the whole
-    file as one text."""
+    file as one text; `role` names the file in errors (`qcli eval`'s is the text it scores on)."""
     path = Path(path)
     kind = not_regular_problem(path)
     if kind is not None:
-        raise UsageError(printable(f"cannot read calibration text {path}: not a regular file ({kind})"),
+        raise UsageError(printable(f"cannot read {role} {path}: not a regular file ({kind})"),
                          hint=NOT_REGULAR_HINT)
-    named_file(path, "calibration text", TEXT_HINT)
-    data = read_bounded(path, MAX_TEXT_BYTES, "calibration text",
+    named_file(path, role, TEXT_HINT)
+    data = read_bounded(path, MAX_TEXT_BYTES, role,
                         hint=f"calibration reads at most {MAX_TEXT_BYTES >> 20} MiB of text, far more than its windows "
                         "take: give a part of the file (head -c 10M FILE > part.txt)")
-    text = _decoded(path, data)
+    text = _decoded(path, data, role)
     lines = [(number, line) for number, line in enumerate(text.split("\n"), 1) if line.strip()]
     objects = _json_objects(path, lines)
     documents = [text] if objects is None else _texts(path, objects)
     if not any(document.strip() for document in documents):
-        raise InputError(printable(f"calibration text {path} is empty"), hint=TEXT_HINT)
+        raise InputError(printable(f"{role} {path} is empty"), hint=TEXT_HINT)
     return CalibrationText(documents, path.name, hashlib.sha256(data).hexdigest())
 
 
-def _decoded(path: Path, data: bytes) -> str:
+def _decoded(path: Path, data: bytes, role: str) -> str:
     if b"\0" in data:
-        raise InputError(printable(f"calibration text {path} is binary: a NUL byte at offset {data.index(0)}"),
+        raise InputError(printable(f"{role} {path} is binary: a NUL byte at offset {data.index(0)}"),
                          hint=TEXT_HINT)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
-        raise InputError(printable(f"calibration text {path} is not UTF-8: byte {err.start} cannot be decoded"),
+        raise InputError(printable(f"{role} {path} is not UTF-8: byte {err.start} cannot be decoded"),
                          hint=TEXT_HINT) from err
 
 
@@ -144,6 +144,28 @@ def calibration_tokens(text: CalibrationText, tokenizer: PreTrainedTokenizerBase
     starts = torch.randint(0, available - seq_len + 1, (samples,), generator=generator)
     windows = stream[starts[:, None] + torch.arange(seq_len)]
     return CalibrationSet(windows, available, text.name, text.sha256)
+
+
+def consecutive_tokens(text: CalibrationText, tokenizer: PreTrainedTokenizerBase, samples: int = SAMPLES,
+                       seq_len: int = SEQ_LEN) -> CalibrationSet:
+    """At most `samples` windows of `seq_len` tokens laid end to end from the first token of `text`'s
+    documents (tokenized and joined as `calibration_tokens` does): what an evaluation scores, each token in
+    one window at most. A text too short for them gives fewer, and says so in `shortfall`; one shorter than
+    one window is an error."""
+    if samples < 1 or seq_len < 1:
+        raise UsageError(f"an evaluation needs at least one window of one token, not {samples} of {seq_len}",
+                         hint=f"the defaults are {SAMPLES} windows of {SEQ_LEN} tokens")
+    stream = torch.tensor(_stream(text.documents, tokenizer), dtype=torch.int64)
+    available = stream.numel()
+    whole = min(available // seq_len, samples)
+    if whole < 1:
+        raise InputError(printable(f"text {text.name} gives {available:,} tokens, fewer than one window of {seq_len}"),
+                         hint="give a longer text, or a shorter --seq-len")
+    shortfall = None if whole == samples else printable(
+        f"text {text.name} gives {available:,} tokens, fewer than {samples} windows of {seq_len} hold "
+        f"({samples * seq_len:,}): scoring {whole} windows")
+    return CalibrationSet(stream[: whole * seq_len].view(whole, seq_len), available, text.name, text.sha256,
+                          shortfall)
 
 
 def _stream(documents: list[str], tokenizer: PreTrainedTokenizerBase) -> list[int]:

@@ -1,4 +1,4 @@
-"""The `qcli` command line: quantize, inspect, validate-scheme, imatrix.
+"""The `qcli` command line: quantize, inspect, validate-scheme, imatrix, eval.
 
 Each command parses its arguments, calls one `qcli.commands` function and renders the report; `main()` maps
 errors to exit codes (`_errors`). Importing this package loads neither torch nor triton, so `qcli --help`
@@ -15,6 +15,7 @@ import typer
 
 from qcli import __version__
 from qcli.cli import _errors
+from qcli.cli.evaluate import evaluate
 from qcli.cli.imatrix import imatrix
 from qcli.cli.inspect import inspect
 from qcli.cli.quantize import quantize
@@ -54,6 +55,7 @@ app.command("quantize")(quantize)
 app.command("inspect")(inspect)
 app.command("validate-scheme")(validate_scheme)
 app.command("imatrix")(imatrix)
+app.command("eval")(evaluate)
 
 
 def _paths_shown_as_paths(group) -> None:

@@ -239,15 +239,16 @@ class RunProgress:
     """A command's one live display on stderr (rich's `Progress`), each phase a task on a row of its own,
     so that no two displays take turns on one line: `preparing` (the headers, the plan, the model and its
     text) until another starts; `calibrating` (blocks done of all, tokens a second, the time left from the
-    blocks' own pace); the tensor being written (bytes done of all, the rate, the time left). Every row
-    fits the console's width: the label (a tensor's name, shortened as in the tables) takes what the
-    others leave."""
+    blocks' own pace); `evaluating` (windows scored of all); the tensor being written (bytes done of all, the
+    rate, the time left). Every row fits the console's width: the label (a tensor's name, shortened as in
+    the tables) takes what the others leave."""
 
     def __init__(self, progress: Progress) -> None:
         self._progress = progress
         self._room = max(progress.console.width - PROGRESS_FIXED, 12)
         self._preparing: TaskID | None = progress.add_task("preparing", total=None, amount="", left=None)
         self._calibrating: TaskID | None = None
+        self._evaluating: TaskID | None = None
         self._writing: TaskID | None = None
         self._write_started = 0.0
 
@@ -265,6 +266,15 @@ class RunProgress:
         left = done.seconds / done.done * (done.count - done.done) if done.done else None
         self._progress.update(self._calibrating, completed=done.done, amount=f"{done.done}/{done.count} blocks{rate}",
                               left=left)
+
+    def windows(self, done: int, count: int, seconds: float) -> None:
+        """An evaluation's progress (`qcli.calibrate.evaluate.Evaluator`): windows scored of all, the time left
+        from their own pace."""
+        self._started()
+        if self._evaluating is None:
+            self._evaluating = self._progress.add_task("evaluating", total=count, amount="", left=None)
+        left = seconds / done * (count - done) if done else None
+        self._progress.update(self._evaluating, completed=done, amount=f"{done}/{count} windows", left=left)
 
     def tensors(self, current: str | None, done: int, total: int) -> None:
         """The write's progress (`qcli.commands.quantize.ProgressHook`): the tensor next, bytes read of all."""

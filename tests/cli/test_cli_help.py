@@ -13,7 +13,7 @@ import pytest
 from tests.cli_support import ROOT, cli
 
 DOC = ROOT / "docs" / "cli.md"
-COMMANDS = ["", "quantize", "inspect", "validate-scheme", "imatrix"]
+COMMANDS = ["", "quantize", "inspect", "validate-scheme", "imatrix", "eval"]
 BLOCK = re.compile(r"<!-- help: (?P<cmd>[a-z-]*) -->\n```text\n(?P<body>.*?)```\n<!-- /help -->", re.S)
 
 

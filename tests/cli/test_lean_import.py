@@ -54,7 +54,8 @@ def test_import_qcli_is_lean():
                  "qcli.pipeline.device, qcli.report.quantize\ncode = 0") == {"code": 0, "heavy": []}
 
 
-@pytest.mark.parametrize("args", [["--help"], ["quantize", "--help"], ["inspect", "--help"], ["--version"]])
+@pytest.mark.parametrize("args", [["--help"], ["quantize", "--help"], ["inspect", "--help"], ["eval", "--help"],
+                                  ["--version"]])
 def test_help_is_lean(args):
     assert probe(run_cli(args)) == {"code": 0, "heavy": []}
 
@@ -76,7 +77,8 @@ def test_the_probe_sees_torch_when_it_is_imported():
     ["quantize", "sample_weights/tiny-llama-sharded", "--calibration", "mse", "--imatrix", "missing.gguf"],
     ["quantize", "sample_weights/tiny-llama.safetensors", "--recipe", "missing.toml"],
     ["imatrix", "sample_weights/tiny-llama-sharded", "--calibration-data", "missing.txt"],
-], ids=["gptq-text", "mse-text", "imatrix", "recipe", "imatrix-command"])
+    ["eval", "sample_weights/tiny.bpk", "--against", "sample_weights/tiny-llama-sharded", "--text", "missing.txt"],
+], ids=["gptq-text", "mse-text", "imatrix", "recipe", "imatrix-command", "eval-command"])
 def test_a_missing_file_is_found_as_the_options_are_parsed(args):
     assert probe(run_cli(args)) == {"code": 2, "heavy": []}
 

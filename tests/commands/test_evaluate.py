@@ -1,0 +1,219 @@
+"""`qcli eval`: its scores held to a computation of their own (transformers' model loaded by itself, the
+quantized weights decoded by the hand decoder of tests/cli_support.py, KL by torch's kl_div), the exact
+case, what it refuses, its --json document, and a run on the sample weights."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.calibrate_support import TEXT, tiny_llama
+from tests.cli_support import SAMPLES, SHARDED, assert_user_error, cli, decode_packed, validate_json
+
+pytest.importorskip("transformers")
+
+SEQ_LEN, WINDOWS = 24, 4
+KEEP_ALL = '[[rule]]\nmatch = "*"\nkeep = true\n'
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    folder = tiny_llama(tmp_path_factory.mktemp("eval") / "llama", seed=3)
+    (folder.parent / "text.txt").write_text(TEXT)
+    return folder
+
+
+def quantized(model: Path, target: Path | str, *options: str) -> Path:
+    done = cli("quantize", model, "-o", target, "--device", "cpu", "--force", "--quiet", *options)
+    assert done.code == 0, done.err
+    return Path(target)
+
+
+def evaluate(quantized: Path, model: Path, *options: str) -> dict:
+    done = cli("eval", quantized, "--against", model, "--text", model.parent / "text.txt", "--samples",
+               str(WINDOWS), "--seq-len", str(SEQ_LEN), "--device", "cpu", "--json", *options)
+    assert done.code == 0, done.err
+    validate_json(done.json)
+    return done.json
+
+
+def hand_decoded(bpk: Path) -> dict[str, torch.Tensor]:
+    """Each tensor of `bpk` as the model takes it: a QFloat one decoded by the hand decoder (symmetric
+    integers in PackedU32 with F16 block scales of 32), the others as stored, turned back where the file's
+    metadata lists it as transposed."""
+    from qcli.io.burnpack import BurnpackReader
+    from qcli.io.dtypes import QFloat
+
+    reader = BurnpackReader.open(bpk)
+    transposed = set(json.loads(reader.metadata["transposed"]))
+    weights = {}
+    for entry in reader.entries():
+        data = bytes(reader.read(entry.name))
+        if isinstance(entry.dtype, QFloat):
+            serde = entry.dtype.scheme.to_serde()
+            assert serde["store"] == {"PackedU32": 0} and serde["block"]["dtype"] == "F16", serde
+            bits = {"Q8S": 8, "Q4S": 4}[serde["value"]]
+            values, _ = decode_packed(data, tuple(entry.shape), bits, serde["block"]["size"]["storage"][0])
+            tensor = torch.from_numpy(values)
+        else:
+            tensor = torch.from_numpy(np.frombuffer(data, dtype=np.float32).copy()).reshape(tuple(entry.shape))
+        weights[entry.name] = tensor.t() if entry.name in transposed else tensor
+    return weights
+
+
+def direct(model: Path, weights: dict[str, torch.Tensor]) -> dict:
+    """KL(source || quantized), top-1 agreement and both perplexities, from the models' logits on WINDOWS
+    windows of SEQ_LEN tokens laid end to end from the text's start (the tokenizer adds no special token)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    ids = tokenizer(TEXT, add_special_tokens=False).input_ids
+    assert tokenizer("a").input_ids == tokenizer("a", add_special_tokens=False).input_ids
+    windows = torch.tensor(ids[: WINDOWS * SEQ_LEN]).view(WINDOWS, SEQ_LEN)
+    source = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    other = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    missing, unexpected = other.load_state_dict(weights, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    with torch.no_grad():
+        p = source(windows).logits[:, :-1].double().log_softmax(-1).reshape(-1, 300)
+        q = other(windows).logits[:, :-1].double().log_softmax(-1).reshape(-1, 300)
+    targets = windows[:, 1:].reshape(-1, 1)
+    return {"kl": float(F.kl_div(q, p, log_target=True, reduction="sum")) / len(p),
+            "same_top1": float((p.argmax(-1) == q.argmax(-1)).double().mean()),
+            "source": math.exp(-float(p.gather(1, targets).mean())),
+            "quantized": math.exp(-float(q.gather(1, targets).mean())), "tokens": len(p)}
+
+
+@pytest.mark.parametrize("options", [(), ("--transpose",)], ids=["as-pytorch", "transposed"])
+def test_the_scores_are_a_direct_computations(model, tmp_path, options):
+    bpk = quantized(model, tmp_path / "q.bpk", *options)
+    got = evaluate(bpk, model)
+    want = direct(model, hand_decoded(bpk))
+    assert got["tokens"] == want["tokens"] == WINDOWS * (SEQ_LEN - 1)
+    assert got["kl"] == pytest.approx(want["kl"], rel=1e-3, abs=1e-7)
+    assert want["kl"] > 1e-6  # 4-bit weights move the predictions: the check is not of two equal models
+    assert got["same_top1"] == pytest.approx(want["same_top1"], abs=1.5 / want["tokens"])
+    assert got["perplexity"]["source"] == pytest.approx(want["source"], rel=1e-4)
+    assert got["perplexity"]["quantized"] == pytest.approx(want["quantized"], rel=1e-4)
+    assert got["tensors"]["transposed"] == (14 + 1 if options else 0)  # the blocks' Linears and the head
+    assert got["windows"] == WINDOWS and got["seq_len"] == SEQ_LEN
+
+
+def test_a_file_of_kept_tensors_scores_exactly(model, tmp_path):
+    recipe = tmp_path / "keep.toml"
+    recipe.write_text("version = 1\n" + KEEP_ALL)
+    got = evaluate(quantized(model, tmp_path / "kept.bpk", "--recipe", recipe), model)
+    assert got["kl"] == 0.0 and got["kl_max"] == 0.0 and got["same_top1"] == 1.0
+    assert got["perplexity"]["source"] == got["perplexity"]["quantized"]
+    assert got["tensors"]["quantized"] == 0
+
+
+def test_a_model_folder_gives_its_config_and_names(model, tmp_path):
+    folder = quantized(model, f"{tmp_path}/out/")
+    done = cli("eval", folder, "--against", model / "model.safetensors", "--text", model.parent / "text.txt",
+               "--samples", "2", "--seq-len", str(SEQ_LEN), "--device", "cpu")
+    assert done.code == 0, done.err
+    assert "KL " in done.out and "top-1" in done.out and str(folder / "config.json") in done.out
+    quiet = cli("eval", folder, "--against", model, "--text", model.parent / "text.txt", "--samples", "2",
+                "--seq-len", str(SEQ_LEN), "--device", "cpu", "--quiet")
+    assert quiet.code == 0 and quiet.out.strip().splitlines() == [done.out.strip().splitlines()[-1]]
+
+
+def test_a_short_text_scores_the_windows_it_holds(model, tmp_path):
+    done = cli("eval", quantized(model, tmp_path / "q.bpk"), "--against", model, "--text", model.parent / "text.txt",
+               "--samples", "1000", "--seq-len", str(SEQ_LEN), "--device", "cpu", "--json")
+    assert done.code == 0, done.err
+    assert done.json["windows"] > WINDOWS
+    assert len(done.json["warnings"]) == 1 and "fewer than 1000 windows" in done.json["warnings"][0]
+
+
+def renamed_copy(model: Path, folder: Path, rename: dict[str, str] | None = None, extra: bool = False,
+                 reshape: str | None = None) -> Path:
+    """A copy of `model`'s folder, its tensors renamed, one added, or one cut to other rows."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model, folder)
+    tensors = load_file(model / "model.safetensors")
+    tensors = {(rename or {}).get(k, k): v for k, v in tensors.items()}
+    if extra:
+        tensors["model.extra.weight"] = torch.zeros(4, 64)
+    if reshape:
+        tensors[reshape] = tensors[reshape][:32].contiguous()
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def eval_error(quantized: Path, against: Path, text: Path, code: int, *options: str) -> list[str]:
+    return assert_user_error(cli("eval", quantized, "--against", against, "--text", text, "--seq-len",
+                                 str(SEQ_LEN), "--samples", "2", "--device", "cpu", *options), code)
+
+
+def test_what_eval_refuses(model, tmp_path):
+    text = model.parent / "text.txt"
+    bpk = quantized(model, tmp_path / "q.bpk")
+    lines = eval_error(tmp_path / "none.bpk", model, text, 2)
+    assert "no such file" in lines[0]
+    lines = eval_error(model / "model.safetensors", model, text, 2)
+    assert "not a burnpack" in lines[0] and "--against" in lines[-1]
+    lines = eval_error(tmp_path, model, text, 2)
+    assert "holds no model.bpk" in lines[0]
+    lines = eval_error(bpk, model, tmp_path / "missing.txt", 2)
+    assert "no such file" in lines[0]
+    short = tmp_path / "short.txt"
+    short.write_text("The river runs.")
+    lines = eval_error(bpk, model, short, 3)
+    assert "fewer than one window" in lines[0]
+    lines = eval_error(bpk, model, text, 2, "--seq-len", "1000")
+    assert "positions" in lines[0]
+    lines = eval_error(bpk, SAMPLES / "tiny-llama.safetensors", text, 2)
+    assert "'lm_head.weight' is [300, 64]" in lines[0] and "[1000, 128]" in lines[0]
+    sample = quantized(SAMPLES / "tiny-llama.safetensors", tmp_path / "sample.bpk")
+    lines = eval_error(sample, SAMPLES / "tiny-llama.safetensors", text, 2)
+    assert "no config.json" in lines[0]
+
+
+def test_tensors_that_do_not_pair_are_refused(model, tmp_path):
+    text = model.parent / "text.txt"
+    other = renamed_copy(model, tmp_path / "renamed", {"model.norm.weight": "model.final_norm.weight"})
+    lines = eval_error(quantized(other, tmp_path / "renamed.bpk"), model, text, 2)
+    assert "are not in" in lines[0] and "'model.final_norm.weight'" in lines[0]
+    assert "written from" in lines[-1]
+    bigger = renamed_copy(model, tmp_path / "bigger", extra=True)
+    lines = eval_error(quantized(model, tmp_path / "q.bpk"), bigger, text, 2)
+    assert "lacks 1 of the tensors" in lines[0] and "'model.extra.weight'" in lines[0]
+    cut = renamed_copy(model, tmp_path / "cut", reshape="model.layers.0.mlp.up_proj.weight")
+    lines = eval_error(quantized(cut, tmp_path / "cut.bpk"), model, text, 2)
+    assert "'model.layers.0.mlp.up_proj.weight' is [32, 64]" in lines[0] and "[128, 64]" in lines[0]
+
+
+def test_a_burnpack_qcli_did_not_write_is_refused(model, tmp_path):
+    from qcli.io.burnpack import BurnpackReader, BurnpackWriter
+
+    bpk = quantized(model, tmp_path / "q.bpk")
+    reader = BurnpackReader.open(bpk)
+    entries = reader.entries()
+    metadata = {k: v for k, v in reader.metadata.items() if k != "producer"}
+    with BurnpackWriter(tmp_path / "foreign.bpk", entries, metadata) as writer:
+        for e in entries:
+            writer.write(e.name, bytearray(reader.read(e.name)))
+        writer.commit()
+    lines = eval_error(tmp_path / "foreign.bpk", model, model.parent / "text.txt", 2)
+    assert "not written by qcli" in lines[0]
+
+
+def test_the_sample_model_folder(tmp_path):
+    folder = tmp_path / "tiny"
+    assert cli("quantize", SHARDED, "-o", f"{folder}/", "--device", "cpu", "--quiet").code == 0
+    done = cli("eval", folder, "--against", SHARDED, "--text", SAMPLES / "calibration.txt", "--samples", "4",
+               "--seq-len", "64", "--device", "cpu", "--json")
+    assert done.code == 0, done.err
+    validate_json(done.json)
+    assert 0 < done.json["kl"] < 0.1 and done.json["tokens"] == 4 * 63
