@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -94,17 +94,18 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
         raise UsageError(
             printable(f"{target} already exists"), hint="pass --force to replace it, or -o to write somewhere else"
         )
-    with (
-        nullcontext() if dry_run else Runtime(options.device) as runtime,  # loads torch while the headers are read
-        collector_paused() as resume,
-        open_source(input, options.names) as source,
-    ):
+    with ExitStack() as stack:
+        resume = stack.enter_context(collector_paused())
+        source = stack.enter_context(open_source(input, options.names))
         reads = _reads(input, source, options)
         reads.refuse_target(target, TARGET_HINT)
         found = detect(source.infos(), None if planned.requantize is None else source.load)
         gptq = Calibration.Gptq in (planned.calibration, *_rule_calibrations(loaded_recipe))
         plan = make_checked_plan(source.infos(), loaded_recipe, planned, found=found,
                                  calibrated=_reachable(input, source) if gptq else ())
+        # Torch loads from here, on a thread of its own, while the output is prepared: every refusal the
+        # headers and the plan give has been made without it (its import alone takes seconds).
+        runtime = None if dry_run else stack.enter_context(Runtime(options.device))
         copies = [] if folder is None or is_gguf(input) else side_files(checkpoint_folder(input))
         report = QuantizeReport(
             input=where.given,

@@ -61,8 +61,9 @@ def require_device(device: str, environ: Mapping[str, str] = os.environ) -> str:
 
 
 class Runtime:
-    """A run's runtime, loaded on a thread of its own from the command's start, so that importing torch
-    and creating the CUDA context overlap reading the headers, planning and opening the output; then, once
+    """A run's runtime, loaded on a thread of its own once the plan is checked (every refusal the headers
+    and the plan give comes without torch), so that importing torch and creating the CUDA context overlap
+    opening the output and preparing the calibration; then, once
     the plan is known (`warm`), the kernels it launches are compiled on another (`gpu.compile_ahead`)
     while the pipeline's first reads go on, and the input is read into the page cache ahead of the
     pipeline (`qcli.pipeline.prefetch`): until the CPU pipeline starts, whose cores quantize, or to the
