@@ -31,6 +31,7 @@ from qcli.io.burnpack import (
     entry_bound,
     fixed_bound,
     gib,
+    metadata_json,
     size_bound,
 )
 from qcli.io.burnpack_index import IndexWriter, index_path
@@ -110,6 +111,15 @@ def shard_paths(target: Path, count: int) -> list[Path]:
         return [target]
     name = f"{target.stem}-{{:05d}}-of-{count:05d}{target.suffix}"
     return [target.with_name(name.format(i)) for i in range(1, count + 1)]
+
+
+def written_transposed(path: Path, metadata: Mapping[str, str]) -> set[str]:
+    """The tensors a file's metadata says `metadata` wrote `[in, out]` (none where it does not say)."""
+    listed = metadata_json(path, "transposed", metadata.get("transposed", "[]"))
+    if not isinstance(listed, list) or not all(isinstance(n, str) for n in listed):
+        raise InputError(printable(f"{path}: metadata 'transposed' is not a JSON list of tensor names"),
+                         hint="the file was not written by qcli, or was edited; write it again from its source")
+    return set(listed)
 
 
 def metadata(report: QuantizeReport, calibration: str | None = None) -> dict[str, str]:

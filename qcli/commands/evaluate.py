@@ -25,7 +25,7 @@ from qcli.io.dtypes import FLOAT_DTYPES, Plain, QFloat
 from qcli.io.files import load_json, named_file
 from qcli.io.readers import locate, open_source
 from qcli.io.source import Names, Source, TensorInfo, checkpoint_folder
-from qcli.output import MODEL_FILE, RECORD_FILE
+from qcli.output import MODEL_FILE, RECORD_FILE, written_transposed
 from qcli.pipeline.device import require_device
 from qcli.report.evaluate import EvalReport
 from qcli.text import printable, quoted
@@ -134,11 +134,7 @@ def transposed_names(reader: BurnpackSet) -> set[str]:
     if metadata.get("producer") != "qcli" or "transposed" not in metadata:
         raise UsageError(printable(f"{reader.path} was not written by qcli: which of its tensors are written "
                                    "[in, out] is not recorded"), hint=QUANTIZED_HINT)
-    listed = metadata_json(reader.path, "transposed", metadata["transposed"])
-    if not isinstance(listed, list) or not all(isinstance(n, str) for n in listed):
-        raise InputError(printable(f"{reader.path}: metadata 'transposed' is not a JSON list of tensor names"),
-                         hint="the file was not written by qcli, or was edited; write it again from its source")
-    return set(listed)
+    return written_transposed(reader.path, metadata)
 
 
 def paired(reader: BurnpackSet, infos: dict[str, TensorInfo], found: dict, transposed: set[str], against: str,

@@ -15,11 +15,12 @@ from qcli.error_stats import ErrorStats, ValueStats
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect, verdict
 from qcli.formats.found import Encoded, Found, Transcode
-from qcli.io.burnpack import TensorEntry, metadata_json
+from qcli.io.burnpack import TensorEntry
 from qcli.io.burnpack_index import BurnpackSet, is_container
 from qcli.io.dtypes import FLOAT_DTYPES, TORCH_DTYPE_NAMES, Bool, BoolStore, DType, Plain, QFloat, torch_dtype
 from qcli.io.readers import locate, open_source
 from qcli.io.source import Source, TensorInfo
+from qcli.output import written_transposed
 from qcli.plan.decisions import plan_by_name
 from qcli.plan.entries import PlanEntry
 from qcli.report.documents import SourceFile
@@ -201,12 +202,7 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], compare: str | Pat
     """Each written tensor against its source: kept ones must be byte-identical (to the source cast to the
     written dtype, for a kept tensor a recipe's cast wrote in another floating dtype), quantized ones
     measured."""
-    transposed = metadata_json(reader.path, "transposed", reader.metadata.get("transposed", "[]"))
-    if not isinstance(transposed, list) or not all(isinstance(n, str) for n in transposed):
-        raise InputError(
-            f"{reader.path}: metadata 'transposed' is not a JSON list of tensor names",
-            hint="the file was not written by qcli, or was edited; write it again from its source",
-        )
+    transposed = written_transposed(reader.path, reader.metadata)
     rows: list[CompareRow] = []
     source_path, _ = locate(compare)
     with open_source(source_path, names) as source:
