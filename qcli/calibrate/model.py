@@ -194,6 +194,28 @@ def load_tokenizer(folder: Path | str) -> PreTrainedTokenizerBase:
                          hint=TOKENIZER_HINT) from err
 
 
+def describe_gguf(path: Path, folder: Path) -> Path:
+    """`folder` given the config.json and tokenizer files that transformers' GGUF loader makes from the metadata
+    of the GGUF file at `path` (already read by qcli's own reader, which refuses what that loader would hang on)."""
+    transformers = transformers_module()
+    try:
+        config = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    except Exception as err:  # noqa: BLE001 - whatever transformers or gguf raise on metadata they cannot take
+        raise UsageError(printable(f"transformers cannot describe the model of {path} from its metadata: "
+                                   f"{_first_line(err)}"),
+                         hint="put the model's config.json and tokenizer files in the model folder") from err
+    if not getattr(config, "architectures", None):
+        # The loader names no class; a GGUF file holds a language model: transformers' causal one of its type.
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        causal = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+        config.architectures = [causal] if causal is not None else None
+    config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 TOKENIZER_HINT = ("check the tokenizer's files; without a tokenizer.json, transformers may need sentencepiece or "
                   "tiktoken to convert them")
 

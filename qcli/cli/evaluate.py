@@ -57,8 +57,8 @@ def evaluate(
 ) -> None:
     """Score a quantized model against its source: next-token KL, top-1 agreement and perplexity on a text.
 
-    Both run in the architecture transformers builds from config.json (QUANTIZED's folder's, else SOURCE's),
-    in f32, window by window: once with SOURCE's weights, once with QUANTIZED's (QFloat tensors decoded, the
+    Both run in the architecture transformers builds from config.json (QUANTIZED's folder's, else SOURCE's,
+    else made from a GGUF SOURCE's metadata), in f32, window by window: once with SOURCE's weights, once with QUANTIZED's (QFloat tensors decoded, the
     others as stored, those written [in, out] turned back). Every tensor is paired with SOURCE's of its name
     first: one either side lacks, or a shape that disagrees, is refused. Needs qcli[calibrate].
     """

@@ -10,6 +10,7 @@ lacks, or a shape that disagrees, is refused: a pairing qcli is not sure of is n
 
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from qcli.io.burnpack import TensorEntry, metadata_json
 from qcli.io.burnpack_index import BurnpackSet, is_container, standing_index
 from qcli.io.dtypes import FLOAT_DTYPES, Plain, QFloat
 from qcli.io.files import load_json, named_file
+from qcli.io.gguf import is_gguf
 from qcli.io.readers import locate, open_source
 from qcli.io.source import Names, Source, TensorInfo, checkpoint_folder
 from qcli.output import MODEL_FILE, RECORD_FILE, written_transposed
@@ -74,16 +76,11 @@ def evaluate_file(quantized: str | Path, *, against: str | Path, text: str | Pat
     source_path, _ = locate(against)
     reader = BurnpackSet.open(bpk)
     transposed = transposed_names(reader)
-    with open_source(source_path, names) as source:
+    with open_source(source_path, names) as source, tempfile.TemporaryDirectory(prefix="qcli-eval-") as scratch:
         infos = {i.name: i for i in source.infos()}
         found = {n: f for n, f in detect(list(infos.values())).items() if isinstance(f, Transcode | Encoded)}
         pairs = paired(reader, infos, found, transposed, str(against), source.format, names)
-        config = folder if folder is not None and (folder / "config.json").is_file() else checkpoint_folder(source_path)
-        if not (config / "config.json").is_file():
-            where = f"{folder} nor {config}" if folder is not None else f"{config}"
-            raise UsageError(printable(f"no config.json in {where}, which the model is built from"),
-                             hint="evaluate the model folder `qcli quantize -o DIR/` wrote, or a source whose folder "
-                                  "holds config.json and the tokenizer's files")
+        config, described = model_folder(folder, source_path, Path(scratch))
         from qcli.calibrate.evaluate import evaluate_quantized
 
         result, chosen, windows = evaluate_quantized(
@@ -91,7 +88,7 @@ def evaluate_file(quantized: str | Path, *, against: str | Path, text: str | Pat
             lambda name: _source_values(source, pairs[name].source, found.get(pairs[name].source)),
             lambda name: decoded(reader, pairs[name]), given, device, progress)
     return EvalReport(
-        quantized_path=str(quantized), source_path=str(against), config=str(config / "config.json"),
+        quantized_path=str(quantized), source_path=str(against), config=described,
         text=windows.name, text_sha256=windows.sha256, windows=result.windows, seq_len=int(windows.tokens.shape[1]),
         tokens=result.tokens, kl=result.kl, kl_max=result.kl_max, same_top1=result.same_top1,
         perplexity=result.perplexity, source_perplexity=result.source_perplexity,
@@ -99,6 +96,24 @@ def evaluate_file(quantized: str | Path, *, against: str | Path, text: str | Pat
         kept=sum(not isinstance(p.entry.dtype, QFloat) for p in pairs.values()),
         transposed=sum(p.transposed for p in pairs.values()), device=chosen,
         seconds=time.perf_counter() - started, shortfall=windows.shortfall)
+
+
+def model_folder(folder: Path | None, source: Path, scratch: Path) -> tuple[Path, str]:
+    """The folder the model is built from (config.json, the tokenizer's files) and where its config came from:
+    the model folder, else the source's folder, else, for a GGUF source, `scratch` given what transformers
+    makes of the file's metadata."""
+    beside = checkpoint_folder(source)
+    for candidate in (folder, beside):
+        if candidate is not None and (candidate / "config.json").is_file():
+            return candidate, str(candidate / "config.json")
+    if is_gguf(source):
+        from qcli.calibrate.model import describe_gguf
+
+        return describe_gguf(source, scratch), f"{source} (its metadata)"
+    where = f"{folder} nor {beside}" if folder is not None else f"{beside}"
+    raise UsageError(printable(f"no config.json in {where}, which the model is built from"),
+                     hint="evaluate the model folder `qcli quantize -o DIR/` wrote, or a source whose folder "
+                          "holds config.json and the tokenizer's files")
 
 
 def quantized_file(path: Path) -> tuple[Path, Path | None]:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from tests.calibrate_support import TEXT, tiny_llama
 from tests.cli_support import SAMPLES, SHARDED, assert_user_error, cli, decode_packed, validate_json
+from tests.formats.test_gguf_smollm2 import smollm2  # noqa: F401 - the fixture
 
 pytest.importorskip("transformers")
 
@@ -217,3 +218,21 @@ def test_the_sample_model_folder(tmp_path):
     assert done.code == 0, done.err
     validate_json(done.json)
     assert 0 < done.json["kl"] < 0.1 and done.json["tokens"] == 4 * 63
+
+
+@pytest.mark.slow
+def test_smollm2_against_its_gguf(smollm2, tmp_path):  # noqa: F811
+    """A real model from the GGUF file a user downloads: no config.json anywhere, so the model and its
+    tokenizer are made from the file's metadata; the names quantize read it with come from the folder's record.
+    Q4_1 weights requantized to q4s-b32 lose a little of the model, not most of it."""
+    folder = tmp_path / "smol"
+    assert cli("quantize", smollm2, "-o", f"{folder}/", "--names", "hf", "--requantize", "q4s-b32", "--device", "cpu",
+               "--quiet", "--no-stats", "--no-verify").code == 0
+    done = cli("eval", folder, "--against", smollm2, "--text", SAMPLES / "calibration.txt", "--samples", "2",
+               "--seq-len", "64", "--device", "cpu", "--json")
+    assert done.code == 0, done.err
+    validate_json(done.json)
+    report = done.json
+    assert report["config"] == f"{smollm2} (its metadata)" and report["tokens"] == 2 * 63
+    assert 0 < report["kl"] < 1 and 0.4 < report["same_top1"] < 1
+    assert 1 < report["perplexity"]["source"] < report["perplexity"]["quantized"] < 4 * report["perplexity"]["source"]
