@@ -7,13 +7,13 @@ from typing import Annotated
 
 import typer
 
+from qcli.formats import REQUANTIZED
 from qcli.io.source import Names
 
 REQUANTIZE_HELP = (
-    "Preset for already-quantized weights no Burn scheme holds (bitsandbytes NF4 and FP4; compressed-tensors"
-    " and GPTQ zero points and widths Burn lacks; GPTQ's activation order; GGUF's types with a minimum, a width"
-    " or a codebook), and, with --burn-backend, transcodable ones that backend cannot load: dequantized as their"
-    " format does, then quantized into it (docs/input-formats.md)."
+    f"Preset for already-quantized weights no Burn scheme holds ({REQUANTIZED}), and, with --burn-backend,"
+    " transcodable ones that backend cannot load: dequantized as their format does, then quantized into it"
+    " (docs/input-formats.md)."
 )
 
 

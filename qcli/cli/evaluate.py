@@ -58,9 +58,10 @@ def evaluate(
     """Score a quantized model against its source: next-token KL, top-1 agreement and perplexity on a text.
 
     Both run in the architecture transformers builds from config.json (QUANTIZED's folder's, else SOURCE's,
-    else made from a GGUF SOURCE's metadata), in f32, window by window: once with SOURCE's weights, once with QUANTIZED's (QFloat tensors decoded, the
-    others as stored, those written [in, out] turned back). Every tensor is paired with SOURCE's of its name
-    first: one either side lacks, or a shape that disagrees, is refused. Needs qcli[calibrate].
+    else made from a GGUF SOURCE's metadata), in f32, window by window: once with SOURCE's weights, once with
+    QUANTIZED's (QFloat tensors decoded, the others as stored, those written [in, out] turned back). Every
+    tensor is paired with SOURCE's of its name first: one either side lacks, or a shape that disagrees, is
+    refused. Needs qcli[calibrate].
     """
     with _output.run_progress(_output.progress_enabled(quiet=quiet, json=json_output)) as progress:
         report = command.evaluate_file(quantized, against=against, text=text, samples=samples, seq_len=seq_len,

@@ -15,8 +15,7 @@ from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect
 from qcli.io.files import file_sha256
-from qcli.io.gguf import is_gguf
-from qcli.io.readers import open_source
+from qcli.io.readers import open_source, reader_of
 from qcli.io.reads import Reads, refuse_special
 from qcli.io.source import Source, TensorInfo, checkpoint_folder
 from qcli.output import (
@@ -106,7 +105,7 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
         # Torch loads from here, on a thread of its own, while the output is prepared: every refusal the
         # headers and the plan give has been made without it (its import alone takes seconds).
         runtime = None if dry_run else stack.enter_context(Runtime(options.device))
-        copies = [] if folder is None or is_gguf(input) else side_files(checkpoint_folder(input))
+        copies = side_files(checkpoint_folder(input)) if folder is not None and reader_of(input).side_files else []
         report = QuantizeReport(
             input=where.given,
             output=str(target),

@@ -16,7 +16,7 @@ tensors that show packing no module claimed, are refused.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, cast
 
 from qcli.formats import awq, bitsandbytes, compressed_tensors, declaration, fp8, gguf, gptq, hqq, nvfp4, quanto
 from qcli.formats.found import Encoded, Found, Load, Transcode
@@ -25,9 +25,25 @@ from qcli.io.dtypes import is_quantized
 if TYPE_CHECKING:
     from qcli.io.source import TensorInfo
 
+
+
+class FormatModule(Protocol):
+    """What each format module offers: its name in help and messages, what of it `--requantize` dequantizes
+    and quantizes again (None where none of its weights is `Encoded`), the `quant_method` values it reads,
+    and `detect`."""
+
+    NAME: str
+    REQUANTIZED: str | None
+    METHODS: frozenset[str]
+
+    def detect(self, infos: Sequence[TensorInfo], declared: declaration.Declaration | None) -> dict[str, Found]: ...
+
+
 # Each module's `detect(infos, declaration)`. A later module's finding for a weight takes the place
 # of an earlier one's: compressed-tensors' config says the FP8 layout fp8 infers from the scale's shape.
-FORMATS = (fp8, nvfp4, gptq, awq, hqq, bitsandbytes, quanto, compressed_tensors, gguf)
+FORMATS = cast(tuple[FormatModule, ...], (fp8, nvfp4, gptq, awq, hqq, bitsandbytes, quanto, compressed_tensors, gguf))
+# What `--requantize` covers, each format named once: "GPTQ zero points, ...; GGUF types with ...".
+REQUANTIZED = "; ".join(f"{f.NAME} {f.REQUANTIZED}" for f in FORMATS if f.REQUANTIZED is not None)
 HANDLED = frozenset().union(*(f.METHODS for f in FORMATS))  # every quant_method a module reads
 # The token embedding's module in the formats that name tensors their own way (llama.cpp's), beside the names
 # common checkpoints give it, which the plan knows (`qcli.plan.roles.EMBEDDING_MODULES`).

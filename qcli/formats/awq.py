@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from qcli.io.source import TensorInfo
 
 METHODS = frozenset({"awq"})  # the quant_method values this module reads
+NAME = "AWQ"
+REQUANTIZED = "zero points"
 CODES, ZEROS, SCALES = "qweight", "qzeros", "scales"
 BITS = 4  # AutoAWQ's GEMM and GEMV layers pack 4-bit codes only
 PER_WORD = 32 // BITS

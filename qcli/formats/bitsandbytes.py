@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from qcli.io.source import TensorInfo
 
 METHODS = frozenset({"bitsandbytes"})  # the quant_method values this module reads
+NAME = "bitsandbytes"
+REQUANTIZED = "NF4 and FP4"
 STATE_INFIX = ".quant_state.bitsandbytes__"
 FORMATS = {"nf4": "NF4", "fp4": "FP4"}  # the JSON tensor's suffix -> the format's name
 COMPANIONS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")

@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
 METHOD = "compressed-tensors"  # config.json's quant_method
 METHODS = frozenset({METHOD})  # the quant_method values this module reads
+NAME = "compressed-tensors"
+REQUANTIZED = "zero points and widths Burn lacks"
 # A quantized module's tensors, by their dtype: its layout, and the formats config.json may name for it.
 LAYOUTS = {
     ("weight_packed", "I32"): ("pack-quantized", ("pack-quantized",)),

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 # blocks), FbgemmFp8Config (`weight` E4M3 with `weight_scale` [out, 1] F32 per row, and an activation
 # bound `input_scale_ub` kept as it is).
 METHODS = frozenset({"fp8", "fbgemm_fp8"})
+NAME = "FP8"
+REQUANTIZED = None
 # The scale companions of a weight `W`: `W_scale` (`m.weight_scale`), `W_scale_inv` (DeepSeek: it
 # multiplies the weight despite its name), `W.scale`.
 SCALE_SUFFIXES = ("_scale_inv", "_scale", ".scale")

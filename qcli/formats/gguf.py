@@ -54,6 +54,8 @@ if TYPE_CHECKING:
     from qcli.io.source import TensorInfo
 
 METHODS: frozenset[str] = frozenset()  # a GGUF file declares no quant_method: its tensor types say it all
+NAME = "GGUF"
+REQUANTIZED = "types with a minimum, a width or a codebook"
 # llama.cpp's module name for the token embedding, which the default policy keeps at 8 bits under a narrower
 # preset (`qcli.plan.roles.tensor_role`); its output head, a top-level `output.weight`, has Meta's Llama's name.
 EMBEDDING_MODULES = ("token_embd",)

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from qcli.io.source import TensorInfo
 
 METHODS = frozenset({"gptq"})  # the quant_method values this module reads
+NAME = "GPTQ"
+REQUANTIZED = "zero points, widths Burn lacks and activation order"
 CODES, ZEROS, SCALES, ORDER = "qweight", "qzeros", "scales", "g_idx"
 FORMATS = {"gptq": True, "gptq_v2": False}  # checkpoint format -> whether it stores each zero point less one
 VALUES = {2: QuantValue.Q2F, 4: QuantValue.Q4F, 8: QuantValue.Q8F}  # bits -> Burn's full-range integer

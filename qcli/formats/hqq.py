@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from qcli.io.source import TensorInfo
 
 METHODS = frozenset({"hqq"})  # the quant_method values this module reads
+NAME = "HQQ"
+REQUANTIZED = "zero points"
 CODES = "W_q"
 WRITTEN = "weight"
 SCALE, ZERO = "scale", "zero"

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from qcli.io.source import TensorInfo
 
 METHODS = frozenset({"modelopt"})  # the quant_method values this module reads
+NAME = "NVFP4 (TensorRT Model Optimizer)"
+REQUANTIZED = None
 SCALE, GLOBAL = "_scale", "_scale_2"  # `m.weight_scale`, `m.weight_scale_2`
 PRE_QUANT_SCALE = "pre_quant_scale"  # AWQ's (NVFP4_AWQ, NVFP4_SVD): the input is scaled first
 # modelopt's E2M1 table (`e2m1_values`), by code: sign bit 3, then two exponent bits and one mantissa bit;

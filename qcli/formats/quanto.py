@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from qcli.io.source import TensorInfo
 
 METHODS = frozenset({"quanto"})  # the quant_method of the config.json that declares these (QuantoConfig)
+NAME = "optimum-quanto"
+REQUANTIZED = "4- and 2-bit weights"
 QMAP = "quanto_qmap.json"
 DATA, SCALE, SHIFT = "._data", "._scale", "._shift"
 VALUES = {"I8": QuantValue.Q8F, **fp8.VALUES}  # the codes' dtype -> Burn's value of the same bits

@@ -30,6 +30,7 @@ class Reader:
     suffixes: tuple[str, ...]  # what its files' names end with: such an input is a path, never a model ORG/NAME
     sniff: Callable[[Path], bool]  # whether a path is this format's, asked after the readers before it declined
     open: Callable[[Path], Source]  # the source, every header checked (InputError naming the file and tensor)
+    side_files: bool  # whether the files beside one (config.json, the tokenizer's) describe it: -o DIR/ copies them
     hf_names: Callable[[Source], Source] | None = None  # `--names hf`; None: the format's names are kept
 
 
@@ -40,8 +41,9 @@ def _the_rest(path: Path) -> bool:
 
 
 READERS = (
-    Reader(GgufSource.format, (SUFFIX,), is_gguf, GgufSource.open, hf_names),
-    Reader(SafetensorsSource.format, (".safetensors", ".json"), _the_rest, SafetensorsSource.open),
+    # A GGUF file holds its model's description: files beside it may be another model's.
+    Reader(GgufSource.format, (SUFFIX,), is_gguf, GgufSource.open, side_files=False, hf_names=hf_names),
+    Reader(SafetensorsSource.format, (".safetensors", ".json"), _the_rest, SafetensorsSource.open, side_files=True),
 )
 SUFFIXES = tuple(suffix for reader in READERS for suffix in reader.suffixes)
 
@@ -67,11 +69,16 @@ def locate(input: str | Path, revision: str | None = None) -> tuple[Path, str | 
     return snapshot(named, revision), named
 
 
+def reader_of(path: Path) -> Reader:
+    """The first reader in `READERS` that takes `path`."""
+    return next(reader for reader in READERS if reader.sniff(path))
+
+
 def open_source(path: Path | str, names: Names | str = Names.file) -> Source:
-    """The checkpoint at `path`, by the first reader in `READERS` that takes it; with `names` hf a GGUF file's
-    tensors under Hugging Face's names."""
+    """The checkpoint at `path`, by its reader (`reader_of`); with `names` hf a GGUF file's tensors under
+    Hugging Face's names."""
     path, names = Path(path), Names(names)
-    reader = next(reader for reader in READERS if reader.sniff(path))
+    reader = reader_of(path)
     if names is Names.hf and reader.hf_names is None:
         raise UsageError(f"--names hf maps the llama.cpp names of a GGUF file; this input is {reader.name}",
                          hint=f"drop --names: a {reader.name} checkpoint's names are kept as they are")

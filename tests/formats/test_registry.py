@@ -1,0 +1,45 @@
+"""Each already-quantized format is named once, in its module (`NAME`, `REQUANTIZED`), and the help of
+`--requantize` is built from the registry (`qcli.formats.FORMATS`): a format whose weights can be `Encoded`
+(refused, or dequantized and quantized again) cannot be left out of it."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from qcli.formats import FORMATS
+from qcli.formats.found import Encoded
+from tests.cli_support import cli
+
+
+def encoded_classes(module) -> list[type]:
+    """The `Encoded` kinds a format module defines: the weights of its that `--requantize` takes."""
+    return [c for c in vars(module).values()
+            if isinstance(c, type) and issubclass(c, Encoded) and c.__module__ == module.__name__]
+
+
+def flat(text: str) -> str:
+    """`text` as one line, as the help wraps it or not (at spaces, and after a hyphen)."""
+    return re.sub(r"-\s+", "-", " ".join(text.split()))
+
+
+@pytest.mark.parametrize("command", ["quantize", "validate-scheme"])
+def test_requantize_help_names_every_format_with_encoded_weights(command, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")
+    done = cli(command, "--help")
+    assert done.code == 0
+    help = flat(done.out)
+    for module in FORMATS:
+        if encoded_classes(module):
+            assert module.REQUANTIZED is not None, module.__name__
+            assert flat(f"{module.NAME} {module.REQUANTIZED}") in help, module.__name__
+        else:
+            assert module.REQUANTIZED is None, f"{module.__name__} has no Encoded weights to requantize"
+
+
+def test_each_format_has_its_own_name():
+    names = [module.NAME for module in FORMATS]
+    assert len(set(names)) == len(names) and all(names)
+    assert {m.__name__.rsplit(".", 1)[1] for m in FORMATS if encoded_classes(m)} == {
+        "gptq", "awq", "hqq", "bitsandbytes", "quanto", "compressed_tensors", "gguf"}
