@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -33,8 +34,11 @@ HOMES = {
     "qcli.io.hf_index": ("read_weight_map", "check_weight_map"),
     "qcli.text": ("printable", "shown", "quoted"),
 }
-# Each reader's module, and the one module that imports it: the readers' registry (`qcli.io.readers`).
-READERS = {"qcli.io.safetensors": "qcli.io.readers"}
+# The readers' registry: only it picks a reader (`qcli.io.readers.READERS`).
+REGISTRY = "qcli.io.readers"
+# Modules that are part of a reader's own row (the GGUF row's `--names hf`), or read a file of its format that is
+# no checkpoint (an importance matrix is a GGUF file, read by the same checked reader).
+READER_HELPERS = {"qcli.io.gguf_names", "qcli.calibrate.imatrix"}
 
 
 def modules() -> dict[str, Path]:
@@ -179,11 +183,70 @@ def test_the_shared_vocabulary_is_imported_from_its_home() -> None:
                     assert not wrong, (path, node.module, wrong)
 
 
-def test_only_the_registry_imports_a_reader_of_qcli() -> None:
-    """A reader is picked by its row in `qcli.io.readers`; no other module of qcli imports the safetensors
-    reader (the tests and benchmarks that read safetensors files may)."""
+def test_only_the_registry_picks_a_reader() -> None:
+    """A reader is picked by its row in `qcli.io.readers`: no other module of qcli imports a row's source class
+    or sniff (the tests and benchmarks may), nor, for a reader module that holds nothing else, the module."""
+    from qcli.io.readers import READERS
+
+    picked = {pair for row in READERS
+              for pair in ((row.open.__module__, row.open.__qualname__.split(".")[0]), (row.sniff.__module__,
+                                                                                       row.sniff.__name__))
+              if pair[0] == row.open.__module__}
+    assert {module for module, _ in picked} == {"qcli.io.gguf", "qcli.io.safetensors"}
+    for path in [*(ROOT / "qcli").rglob("*.py"), *(ROOT / "kernels").rglob("*.py")]:
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).replace("kernels", "qcli.kernels", 1)
+        if name.removesuffix(".__init__") in {REGISTRY, *READER_HELPERS, *(m for m, _ in picked)}:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                taken = {(node.module, alias.name) for alias in node.names} & picked
+                assert not taken, f"{path.relative_to(ROOT)} picks a reader itself: {sorted(taken)}"
     known = modules()
     for name, path in known.items():
-        for reader, registry in READERS.items():
-            if name not in (reader, registry):
-                assert reader not in imports(name, path, known), (name, reader)
+        if name != REGISTRY:
+            assert "qcli.io.safetensors" not in imports(name, path, known), name
+
+
+DESIGN = ROOT / "docs" / "design.md"
+
+
+def design_groups() -> dict[str, int]:
+    """Each module docs/design.md's "Modules" section names, by the rank of its group (0: the command line, on
+    top), as its bold group headings and their tables of `path` rows give them."""
+    text = DESIGN.read_text().split("\n## Modules\n", 1)[1].split("\n### What the tests hold\n", 1)[0]
+    groups: dict[str, int] = {}
+    rank = -1
+    for line in text.splitlines():
+        if line.startswith("**"):
+            rank += 1
+        elif line.startswith("| `"):
+            for path in re.findall(r"`([^`]+)`", line.split(" |")[0]):
+                path = path.removeprefix("qcli/")
+                package = "qcli.kernels" if path.startswith("kernels/") else "qcli"
+                parts = [p for p in Path(path.removeprefix("kernels/")).with_suffix("").parts if p != "__init__"]
+                groups[".".join([package, *parts])] = rank
+    # A package's __init__ that only gathers its modules sits in their group.
+    for name in modules():
+        inside = {rank for module, rank in groups.items() if module.startswith(name + ".")}
+        if name not in groups and len(inside) == 1:
+            groups[name] = inside.pop()
+    return groups
+
+
+def test_design_names_every_module_in_one_group() -> None:
+    groups = design_groups()
+    assert len(set(groups.values())) == 8
+    assert sorted(set(modules()) - set(groups)) == [], "name each module in docs/design.md's Modules section"
+    assert sorted(set(groups) - set(modules())) == [], "docs/design.md names modules that are not there"
+
+
+def test_every_import_goes_to_its_own_group_or_one_below() -> None:
+    """docs/design.md's order of the eight groups, held for every import (function-local ones too): nothing
+    imports a group above its own, and the codec and io/ do not import each other."""
+    groups, known = design_groups(), modules()
+    codec, io = ("qcli.codec", "qcli.kernels"), ("qcli.io",)
+    for name, path in known.items():
+        for target in imports(name, path, known):
+            assert groups[target] >= groups[name], f"{name} (group {groups[name]}) imports {target} ({groups[target]})"
+            assert not (name.startswith(codec) and target.startswith(io)), f"{name} imports {target}"
+            assert not (name.startswith(io) and target.startswith(codec)), f"{name} imports {target}"

@@ -24,8 +24,7 @@ from qcli.io.burnpack import TensorEntry, metadata_json
 from qcli.io.burnpack_index import BurnpackSet, is_container, standing_index
 from qcli.io.dtypes import FLOAT_DTYPES, Plain, QFloat
 from qcli.io.files import load_json, named_file
-from qcli.io.gguf import is_gguf
-from qcli.io.readers import locate, open_source
+from qcli.io.readers import GGUF, locate, open_source, reader_of
 from qcli.io.source import Names, Source, TensorInfo, checkpoint_folder
 from qcli.output import MODEL_FILE, RECORD_FILE, written_transposed
 from qcli.pipeline.device import require_device
@@ -106,7 +105,7 @@ def model_folder(folder: Path | None, source: Path, scratch: Path) -> tuple[Path
     for candidate in (folder, beside):
         if candidate is not None and (candidate / "config.json").is_file():
             return candidate, str(candidate / "config.json")
-    if is_gguf(source):
+    if reader_of(source) is GGUF:
         from qcli.calibrate.model import describe_gguf
 
         return describe_gguf(source, scratch), f"{source} (its metadata)"

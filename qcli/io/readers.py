@@ -40,9 +40,10 @@ def _the_rest(path: Path) -> bool:
     return True
 
 
+# A GGUF file holds its model's description: files beside it may be another model's.
+GGUF = Reader(GgufSource.format, (SUFFIX,), is_gguf, GgufSource.open, side_files=False, hf_names=hf_names)
 READERS = (
-    # A GGUF file holds its model's description: files beside it may be another model's.
-    Reader(GgufSource.format, (SUFFIX,), is_gguf, GgufSource.open, side_files=False, hf_names=hf_names),
+    GGUF,
     Reader(SafetensorsSource.format, (".safetensors", ".json"), _the_rest, SafetensorsSource.open, side_files=True),
 )
 SUFFIXES = tuple(suffix for reader in READERS for suffix in reader.suffixes)
