@@ -16,7 +16,6 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +23,7 @@ import torch
 from torch import nn
 
 from qcli.errors import InputError, UsageError
+from qcli.report.evaluate import Evaluation
 from qcli.text import printable, quoted
 
 if TYPE_CHECKING:
@@ -31,22 +31,6 @@ if TYPE_CHECKING:
     from qcli.calibrate.inputs import CalibrationInput
     from qcli.calibrate.model import CalibrationModel
     from qcli.io.source import TensorInfo
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """The scores over `tokens` predictions of `windows` windows: `kl`, the mean over predictions of
-    KL(source || quantized) in nats, and `kl_max`, its largest; `same_top1`, the share of predictions whose
-    most likely token is the source's; `perplexity` (the quantized model's) and `source_perplexity`, the
-    exponential of the mean negative log-likelihood of the token that follows."""
-
-    windows: int
-    tokens: int
-    kl: float
-    kl_max: float
-    same_top1: float
-    perplexity: float
-    source_perplexity: float
 
 
 class Scores:

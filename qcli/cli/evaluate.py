@@ -76,8 +76,9 @@ def evaluate(
 
 
 def scores_line(report: EvalReport) -> str:
-    return (f"KL {report.kl:.5f} nats a token (max {report.kl_max:.4f}), top-1 {100 * report.same_top1:.2f} %, "
-            f"perplexity {report.source_perplexity:.4g} → {report.perplexity:.4g}")
+    scores = report.scores
+    return (f"KL {scores.kl:.5f} nats a token (max {scores.kl_max:.4f}), top-1 {100 * scores.same_top1:.2f} %, "
+            f"perplexity {scores.source_perplexity:.4g} → {scores.perplexity:.4g}")
 
 
 def render(report: EvalReport, quiet: bool) -> None:
@@ -86,6 +87,6 @@ def render(report: EvalReport, quiet: bool) -> None:
         out.print(f"{printable(report.quantized_path)} against {printable(report.source_path)}: "
                   f"{report.quantized} tensors decoded, {report.kept} kept, {report.transposed} turned back from "
                   f"[in, out]; model of {printable(report.config)}", soft_wrap=True)
-        out.print(f"on {report.windows} windows × {report.seq_len} tokens of {printable(report.text)} "
-                  f"({report.tokens:,} predictions), {report.device}, {report.seconds:.1f} s", soft_wrap=True)
+        out.print(f"on {report.scores.windows} windows × {report.seq_len} tokens of {printable(report.text)} "
+                  f"({report.scores.tokens:,} predictions), {report.device}, {report.seconds:.1f} s", soft_wrap=True)
     out.print(scores_line(report), soft_wrap=True)

@@ -88,9 +88,7 @@ def evaluate_file(quantized: str | Path, *, against: str | Path, text: str | Pat
             lambda name: decoded(reader, pairs[name]), given, device, progress)
     return EvalReport(
         quantized_path=str(quantized), source_path=str(against), config=described,
-        text=windows.name, text_sha256=windows.sha256, windows=result.windows, seq_len=int(windows.tokens.shape[1]),
-        tokens=result.tokens, kl=result.kl, kl_max=result.kl_max, same_top1=result.same_top1,
-        perplexity=result.perplexity, source_perplexity=result.source_perplexity,
+        text=windows.name, text_sha256=windows.sha256, seq_len=int(windows.tokens.shape[1]), scores=result,
         quantized=sum(isinstance(p.entry.dtype, QFloat) for p in pairs.values()),
         kept=sum(not isinstance(p.entry.dtype, QFloat) for p in pairs.values()),
         transposed=sum(p.transposed for p in pairs.values()), device=chosen,

@@ -8,11 +8,25 @@ from qcli.report.documents import JSON_SCHEMA_VERSION, finite
 
 
 @dataclass(frozen=True)
+class Evaluation:
+    """The scores over `tokens` predictions of `windows` windows: `kl`, the mean over predictions of
+    KL(source || quantized) in nats, and `kl_max`, its largest; `same_top1`, the share of predictions whose
+    most likely token is the source's; `perplexity` (the quantized model's) and `source_perplexity`, the
+    exponential of the mean negative log-likelihood of the token that follows."""
+
+    windows: int
+    tokens: int
+    kl: float
+    kl_max: float
+    same_top1: float
+    perplexity: float
+    source_perplexity: float
+
+
+@dataclass(frozen=True)
 class EvalReport:
-    """A quantized model's next-token predictions against its source's: `kl`, the mean over predictions of
-    KL(source || quantized) in nats (`kl_max`, the largest); `same_top1`, the share whose most likely token
-    is the source's; both perplexities; on `windows` windows of `seq_len` tokens of the text (`tokens`
-    predictions); the tensors the quantized file holds by what they are (`quantized`, `kept`,
+    """A quantized model's next-token predictions against its source's (`scores`), on windows of `seq_len`
+    tokens of the text; the tensors the quantized file holds by what they are (`quantized`, `kept`,
     `transposed`: the decoded ones written `[in, out]`, turned back); where it ran, and how long."""
 
     quantized_path: str
@@ -20,14 +34,8 @@ class EvalReport:
     config: str
     text: str
     text_sha256: str
-    windows: int
     seq_len: int
-    tokens: int
-    kl: float
-    kl_max: float
-    same_top1: float
-    perplexity: float
-    source_perplexity: float
+    scores: Evaluation
     quantized: int
     kept: int
     transposed: int
@@ -36,6 +44,7 @@ class EvalReport:
     shortfall: str | None = None
 
     def to_json(self) -> dict:
+        scores = self.scores
         return {
             "command": "eval",
             "schema_version": JSON_SCHEMA_VERSION,
@@ -43,13 +52,13 @@ class EvalReport:
             "source": self.source_path,
             "config": self.config,
             "text": {"name": self.text, "sha256": self.text_sha256},
-            "windows": self.windows,
+            "windows": scores.windows,
             "seq_len": self.seq_len,
-            "tokens": self.tokens,
-            "kl": finite(self.kl),
-            "kl_max": finite(self.kl_max),
-            "same_top1": self.same_top1,
-            "perplexity": {"source": finite(self.source_perplexity), "quantized": finite(self.perplexity)},
+            "tokens": scores.tokens,
+            "kl": finite(scores.kl),
+            "kl_max": finite(scores.kl_max),
+            "same_top1": scores.same_top1,
+            "perplexity": {"source": finite(scores.source_perplexity), "quantized": finite(scores.perplexity)},
             "tensors": {"quantized": self.quantized, "kept": self.kept, "transposed": self.transposed},
             "device": self.device,
             "seconds": self.seconds,
