@@ -36,7 +36,7 @@ class Target:
             if not math.isfinite(bpw) or bpw <= 0:
                 raise UsageError(f"--target-bpw {target_bpw!r} is not a number of bits per weight",
                                  hint="give a positive number, e.g. --target-bpw 4.5")
-            return cls(bpw=bpw, given=f"--target-bpw {target_bpw}")
+            return cls(bpw=bpw, given=f"--target-bpw {bpw:g}")
         if target_size is not None:
             size = target_size if isinstance(target_size, int) else parse_size(str(target_size), "--target-size")
             if size <= 0:
