@@ -181,7 +181,10 @@ def quantize(
         ),
     ] = Device.auto,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the plan and its totals; read no weight, write nothing.")
+        bool,
+        typer.Option("--dry-run", help="Print the plan and its totals; read no weight, write nothing (with"
+                     " --target-bpw or --target-size: the weights are read to choose, and --write-recipe"
+                     " is written)."),
     ] = False,
     json_output: Annotated[
         bool,
