@@ -210,9 +210,7 @@ def measure_importance(source: Source, input: Path, calibrating: CalibrationInpu
     each one's sum of squares per input channel and token count, named as llama.cpp names them."""
     from qcli.calibrate.imatrix import Imatrix, ImatrixEntry, hf_to_gguf_names
 
-    model, text, tokens = _opened(source, checkpoint_folder(input), calibrating)
-    chosen = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
-    run = run_blocks(model, tokens, block_linears(model), lambda *_: None, chosen, progress=progress)
+    model, text, tokens, run, chosen = _block_run(source, input, calibrating, device, progress)
     names = hf_to_gguf_names(run.stats, model.module.config.model_type)
     unnamed = sorted(set(run.stats) - set(names))
     if unnamed:
@@ -222,6 +220,24 @@ def measure_importance(source: Source, input: Path, calibrating: CalibrationInpu
                for name, stats in run.stats.items()}
     imatrix = Imatrix(entries, (Path(text.name).name,), int(tokens.tokens.shape[0]), int(tokens.tokens.shape[1]))
     return MeasuredImportance(imatrix, imatrix.chunk_count, imatrix.chunk_size, tokens.available, chosen)
+
+
+def input_importance(source: Source, input: Path, calibrating: CalibrationInput, device: str,
+                     progress: BlockProgress | None = None) -> dict[str, torch.Tensor]:
+    """The mean square of each input channel (float64 [in], by the checkpoint's name) of every Linear in
+    the model's blocks, run float on the calibration text, as `qcli imatrix` measures it."""
+    return {name: stats.importance for name, stats in _block_run(source, input, calibrating, device,
+                                                                 progress)[3].stats.items()}
+
+
+def _block_run(source: Source, input: Path, calibrating: CalibrationInput, device: str,
+               progress: BlockProgress | None):
+    """The model's blocks run float on the calibration text (`device`: auto, cpu or cuda), every Linear's
+    input measured: the model, the text, its windows, the run and the device chosen."""
+    model, text, tokens = _opened(source, checkpoint_folder(input), calibrating)
+    chosen = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
+    run = run_blocks(model, tokens, block_linears(model), lambda *_: None, chosen, progress=progress)
+    return model, text, tokens, run, chosen
 
 
 def _opened(source: Source, folder: Path, calibrating: CalibrationInput
@@ -257,24 +273,10 @@ def _from_imatrix(path: Path, folder: Path, weighed: list[PlanEntry], blocks: fr
     a warning: one for those outside the model's blocks (`blocks`: the Linears in them), which `qcli imatrix`
     never measures (the token embedding, the output head), another for block Linears the matrix should
     have held."""
-    from qcli.calibrate.imatrix import hf_to_gguf_names, read_imatrix
-    from qcli.calibrate.model import load_config
 
-    imatrix = read_imatrix(path)
-    names = hf_to_gguf_names([e.info.name for e in weighed], load_config(folder).model_type)
     done = Calibrated(record=CalibrationRecord("mse", str(path), file_sha256(path)))
-    missing = []
-    for entry in weighed:
-        found = imatrix.entries.get(names.get(entry.info.name, ""))
-        if found is None or found.importance.ndim != 1:
-            missing.append(entry.info.name)
-            continue
-        columns = entry.info.shape[-1]
-        if found.importance.shape[0] != columns:
-            raise InputError(f"{path}: the importance of {quoted(entry.info.name)} has {found.importance.shape[0]} "
-                             f"input channels; the tensor has {columns}",
-                             hint="use the importance matrix computed for this model")
-        done.importance[entry.info.name] = torch.from_numpy(found.importance.astype("float64"))
+    done.importance = file_importance(path, folder, [e.info for e in weighed])
+    missing = [entry.info.name for entry in weighed if entry.info.name not in done.importance]
     outside = [name for name in missing if name not in blocks]
     if outside:
         done.warnings.append(Problem(
@@ -289,6 +291,29 @@ def _from_imatrix(path: Path, folder: Path, weighed: list[PlanEntry], blocks: fr
             "that the mse search weighs", "they are searched unweighted; compute the matrix on this model "
             "(qcli imatrix)", Severity.warning, tensors=tuple(lacking)))
     return done
+
+
+def file_importance(path: Path, folder: Path, infos: list[TensorInfo]) -> dict[str, torch.Tensor]:
+    """The importance of each of `infos`' input channels (float64 [in], by the checkpoint's name) that a
+    llama.cpp importance matrix holds, its names mapped from the model's (config.json's `model_type`);
+    those it lacks are left out. `InputError` for a vector of another length than the tensor's last axis."""
+    from qcli.calibrate.imatrix import hf_to_gguf_names, read_imatrix
+    from qcli.calibrate.model import load_config
+
+    imatrix = read_imatrix(path)
+    names = hf_to_gguf_names([i.name for i in infos], load_config(folder).model_type)
+    importance = {}
+    for info in infos:
+        found = imatrix.entries.get(names.get(info.name, ""))
+        if found is None or found.importance.ndim != 1:
+            continue
+        columns = info.shape[-1]
+        if found.importance.shape[0] != columns:
+            raise InputError(f"{path}: the importance of {quoted(info.name)} has {found.importance.shape[0]} "
+                             f"input channels; the tensor has {columns}",
+                             hint="use the importance matrix computed for this model")
+        importance[info.name] = torch.from_numpy(found.importance.astype("float64"))
+    return importance
 
 
 def _on_cpu(parts: QuantizedParts) -> QuantizedParts:

@@ -81,6 +81,40 @@ def quantize(
             f" backend's best 4-bit form): {', '.join(PRESETS)}.",
         ),
     ] = None,
+    target_bpw: Annotated[
+        float | None,
+        typer.Option(
+            "--target-bpw",
+            metavar="X",
+            help="Instead of one preset, choose each tensor's among the presets of 2 to 8 bits that"
+            " --burn-backend loads and computes with (without one: those the common backends load where the"
+            " default preset does), losing least (the error each causes on its layer's inputs, weighed by"
+            " --imatrix or --calibration-data where given) at X bits per quantized weight or under, scales"
+            " included. Reads every weight, a --dry-run too; the token embedding and the output head stay at"
+            " 8 bits, and tensors a recipe rule names are pinned.",
+            show_default=False,
+        ),
+    ] = None,
+    target_size: Annotated[
+        str | None,
+        typer.Option(
+            "--target-size",
+            metavar="SIZE",
+            help="As --target-bpw, with the whole file's size as the budget (4GB, 500MiB), kept tensors"
+            " included.",
+            show_default=False,
+        ),
+    ] = None,
+    write_recipe: Annotated[
+        Path | None,
+        typer.Option(
+            "--write-recipe",
+            metavar="FILE",
+            help="Write the forms the target chose as a recipe (one rule per tensor) that --recipe FILE,"
+            " with the run's other options, turns into the same bytes; --force replaces an existing FILE.",
+            show_default=False,
+        ),
+    ] = None,
     requantize: requantize_option(" --stats reports the error added to the dequantized weights.") = None,
     names: NamesOption = Names.file,
     recipe: Annotated[
@@ -147,7 +181,10 @@ def quantize(
         ),
     ] = Device.auto,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the plan and its totals; read no weight, write nothing.")
+        bool,
+        typer.Option("--dry-run", help="Print the plan and its totals; read no weight, write nothing (with"
+                     " --target-bpw or --target-size: the weights are read to choose, and --write-recipe"
+                     " is written)."),
     ] = False,
     json_output: Annotated[
         bool,
@@ -210,7 +247,8 @@ def quantize(
                       dry_run=dry_run, force=force, verify=verify, max_shard_size=max_shard_size,
                       burn_backend=burn_backend, burn_version=burn_version, stats=stats, requantize=requantize,
                       names=names, revision=revision, calibration_data=calibration_data, samples=samples,
-                      seq_len=seq_len, seed=seed, imatrix=imatrix, transpose=transpose)
+                      seq_len=seq_len, seed=seed, imatrix=imatrix, transpose=transpose, target_bpw=target_bpw,
+                      target_size=target_size, write_recipe=write_recipe)
     except QcliError as exc:
         if json_output:
             _output.print_json(error_json(exc))
@@ -315,6 +353,9 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
     say(f"the tensors need {_output.glued(size(totals.peak_bytes))} of memory at most")
     if report.calibration is not None:
         say(calibration_line(report))
+    if report.target is not None:
+        for line in target_lines(report):
+            say(line)
     if report.timings is None:
         say(f"would write {printable(', '.join(report.outputs))}")
         out.print("\n".join(load_lines(report.load, out.width)))
@@ -333,6 +374,26 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
         f" {_output.glued(size(memory.runtime_bytes))}")
     say(f"wrote {printable(', '.join(report.outputs))}")
     out.print("\n".join(load_lines(report.load, out.width)))
+
+
+WEIGHED = {"weights": "plain squared weight error", "imatrix": "weighed by the importance matrix",
+           "calibration-data": "weighed by the calibration text's activations"}
+
+
+def target_lines(report: QuantizeReport) -> list[str]:
+    """What --target-bpw or --target-size chose: the bits achieved, each group's presets, the recipe."""
+    target = report.target
+    asked = (f"--target-bpw {target.bits_per_weight:g}" if target.bits_per_weight is not None
+             else f"--target-size {_output.human_bytes(target.size)}")
+    lines = [f"{asked}: {target.achieved_bits_per_weight:.3f} bits per quantized weight"
+             + (f", the file at most {_output.human_bytes(target.file_bytes_bound)}"
+                if target.file_bytes_bound is not None else "")
+             + f"; chosen among {', '.join(target.forms)} ({WEIGHED.get(target.sensitivity, target.sensitivity)})"]
+    for group, presets in target.groups:
+        lines.append(f"  {group}: " + ", ".join(f"{n} × {preset}" for preset, n in presets.items()))
+    if target.recipe is not None:
+        lines.append(f"{'wrote' if not report.dry_run else 'the dry run wrote'} the recipe {printable(target.recipe)}")
+    return lines
 
 
 def size_change(before: int, after: int) -> str:

@@ -39,6 +39,7 @@ class QuantizeOptions:
     names: Names = Names.file
     revision: str | None = None
     calibrating: CalibrationInput = CalibrationInput()
+    write_recipe: Path | None = None
 
     @classmethod
     def parse(
@@ -53,6 +54,7 @@ class QuantizeOptions:
         seq_len: int | None = None,
         seed: int | None = None,
         imatrix: str | Path | None = None,
+        write_recipe: str | Path | None = None,
         **given: object,
     ) -> QuantizeOptions:
         """The options from their names as a user writes them (`scheme="q4s-b32"`, `calibration="mse"`,
@@ -73,6 +75,9 @@ class QuantizeOptions:
             samples=SAMPLES if samples is None else samples, seq_len=SEQ_LEN if seq_len is None else seq_len,
             seed=SEED if seed is None else seed, imatrix=None if imatrix is None else Path(imatrix))
         calibrating.check(plan.calibration)
+        if write_recipe is not None and plan.target is None:
+            raise UsageError("--write-recipe writes the forms --target-bpw or --target-size chooses",
+                             hint="give a target, or leave --write-recipe out")
         return cls(
             plan=plan,
             recipe=None if recipe is None else named_file(recipe, "recipe", "check the path given to --recipe"),
@@ -80,6 +85,7 @@ class QuantizeOptions:
             max_shard_size=max_shard_size,
             names=names,
             calibrating=calibrating,
+            write_recipe=None if write_recipe is None else Path(write_recipe),
             **{k: v for k, v in given.items() if k in _FLAGS},
         )
 

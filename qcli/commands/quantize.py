@@ -3,21 +3,25 @@ burnpack output."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qcli.commands import collector_paused
 from qcli.commands.options import Destination, QuantizeOptions
 from qcli.error_stats import ErrorStats
-from qcli.errors import InputError, UsageError
+from qcli.errors import InputError, RecipeError, UsageError
 from qcli.formats import detect
+from qcli.io.burnpack import TensorEntry, size_bound
 from qcli.io.files import file_sha256
 from qcli.io.readers import open_source, reader_of
 from qcli.io.reads import Reads, refuse_special
 from qcli.io.source import Source, TensorInfo, checkpoint_folder
+from qcli.io.staged import StagedFile
 from qcli.output import (
     TARGET_HINT,
     ModelFolder,
@@ -32,12 +36,35 @@ from qcli.pipeline.device import Runtime, require_device
 from qcli.pipeline.prepared import rest_of, with_prepared
 from qcli.plan.decisions import make_checked_plan
 from qcli.plan.entries import Plan, PlanEntry
+from qcli.plan.options import Target
+from qcli.plan.target import (
+    Choice,
+    achieved_bits,
+    allocate,
+    backend_words,
+    budget,
+    check_budget,
+    forms,
+    free_tensors,
+    groups,
+    recipe_text,
+)
 from qcli.problem import Problem
-from qcli.recipe import Recipe, load_recipe
+from qcli.recipe import Recipe, load_recipe, parse_recipe
 from qcli.report.documents import SourceFile
-from qcli.report.quantize import BurnLoad, CalibrationRecord, MemoryUse, Phase, QuantizeReport, TensorRow, Timings
+from qcli.report.quantize import (
+    BurnLoad,
+    CalibrationRecord,
+    MemoryUse,
+    Phase,
+    QuantizeReport,
+    TargetRecord,
+    TensorRow,
+    Timings,
+)
 from qcli.resident import peak_resident_bytes, resident_bytes
 from qcli.scheme import Calibration
+from qcli.sensitivity import measure_losses
 from qcli.text import printable
 from qcli.verify import out_of_bound
 
@@ -100,8 +127,13 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
         reads.refuse_target(target, TARGET_HINT)
         found = detect(source.infos(), None if planned.requantize is None else source.load)
         gptq = Calibration.Gptq in (planned.calibration, *_rule_calibrations(loaded_recipe))
-        plan = make_checked_plan(source.infos(), loaded_recipe, planned, found=found,
-                                 calibrated=_reachable(input, source) if gptq else ())
+        reachable = _reachable(input, source) if gptq else ()
+        chosen = None
+        if planned.target is not None:
+            _refuse_recipe_target(options, target, reads, force)
+            chosen = _choose(input, source, loaded_recipe, options, found, reachable)
+            loaded_recipe = chosen.recipe
+        plan = make_checked_plan(source.infos(), loaded_recipe, planned, found=found, calibrated=reachable)
         # Torch loads from here, on a thread of its own, while the output is prepared: every refusal the
         # headers and the plan give has been made without it (its import alone takes seconds).
         runtime = None if dry_run else stack.enter_context(Runtime(options.device))
@@ -114,7 +146,8 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
             preset=planned.preset.name,
             burn_backend=None if planned.backend is None else planned.backend.value,
             burn_version=planned.burn_version,
-            recipe=None if options.recipe is None else str(options.recipe),
+            recipe=(str(options.write_recipe) if options.write_recipe is not None
+                    else None if options.recipe is None else str(options.recipe)),
             recipe_sha256=None if loaded_recipe is None else loaded_recipe.sha256,
             source_files=[SourceFile(f.name, f.stat().st_size) for f in source.files],
             tensors=[TensorRow.of(e) for e in plan.entries],
@@ -122,6 +155,7 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
             load=BurnLoad.of(plan, planned.burn_version),
             warnings=plan.warnings(),
             calibration=_calibration_record(plan, input, source.infos(), options),
+            target=None if chosen is None else chosen.record(plan),
         )
         stats, verify = options.stats, options.verify
         if runtime is not None:
@@ -133,7 +167,12 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
                          folder_output)
         report.outputs = [str(path) for path in outputs.paths]
         report.warnings += outputs.prepare(reads, force=force, dry_run=dry_run)
+        if report.target is not None:
+            entries = [TensorEntry(e.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in plan.entries]
+            report.target.file_bytes_bound = size_bound(entries, metadata(report, recorded["calibration"]))
         if dry_run:
+            if chosen is not None:
+                chosen.write(options.write_recipe)
             return report
         resume()
         requantizing = any(e.decision.requantize is not None for e in plan.entries)
@@ -151,7 +190,101 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
         report.tensors, report.timings = _write(plan, source, run, outputs, stats, progress, verify, report.warnings,
                                                 reads, calibrated)
         report.memory = MemoryUse(resident, peak_resident_bytes())
+        if chosen is not None:
+            chosen.write(options.write_recipe)
     return report
+
+
+RECIPE_HINT = "give --write-recipe another path"
+
+
+def _refuse_recipe_target(options: QuantizeOptions, target: Path, reads: Reads, force: bool) -> None:
+    """`--write-recipe`'s file refused as the model's own outputs are: a file the run reads, a special file,
+    the model's output, or an existing file without --force."""
+    path = options.write_recipe
+    if path is None:
+        return
+    reads.refuse_target(path, RECIPE_HINT)
+    if path.resolve() == target.resolve():
+        raise UsageError(printable(f"--write-recipe {path} is the model's output"), hint=RECIPE_HINT)
+    if path.exists() and not force:
+        raise UsageError(printable(f"{path} already exists"), hint=f"pass --force to replace it, or {RECIPE_HINT}")
+
+
+@dataclass
+class _Chosen:
+    """What a target chose: the recipe its plan is made with (the given one's rules, then one rule per
+    chosen tensor), that recipe's text, and what the report says of it."""
+
+    recipe: Recipe
+    text: str
+    target: Target
+    choices: list[Choice]
+    forms: list[str]
+    sensitivity: str
+    written: Path | None = None
+
+    def record(self, plan: Plan) -> TargetRecord:
+        return TargetRecord(self.target.bpw, self.target.size, achieved_bits(plan), self.forms, self.sensitivity,
+                            groups(self.choices), {c.name: c.preset.name for c in self.choices},
+                            None if self.written is None else str(self.written))
+
+    def write(self, path: Path | None) -> None:
+        if path is None:
+            return
+        with StagedFile(path, self.text.encode()) as staged:
+            staged.commit()
+
+
+def _choose(input: Path, source: Source, given: Recipe | None, options: QuantizeOptions, found: dict,
+            reachable: frozenset[str] | tuple) -> _Chosen:
+    """The forms `options.plan.target` chooses (`qcli.plan.target`): the plan of `given` and the default
+    policy, the forms the backend loads, the budget refused where even the smallest forms overspend it,
+    each free tensor's loss under each form (`qcli.sensitivity`, weighed by the importance matrix or the
+    calibration text's activations where given), then the greedy allocation, as a recipe."""
+    planned = options.plan
+    target, backend, version = planned.target, planned.backend, planned.burn_version
+    base = make_checked_plan(source.infos(), given, planned, found=found, calibrated=reachable)
+    candidates = forms(backend, version, planned.calibration)
+    choices = free_tensors(base, candidates, backend, version)
+    estimate = {"source_files": json.dumps([SourceFile(f.name, f.stat().st_size).to_json() for f in source.files]),
+                "transposed": json.dumps([e.name for e in base.entries if e.decision.transpose])}
+    limit = budget(target, base, choices, estimate)
+    where = backend_words(backend, version)
+    check_budget(choices, limit, target, where)
+    importance, sensitivity = _importance(input, source, options, choices)
+    measure_losses(choices, source, importance)
+    allocate(choices, limit, target, where)
+    quantized = [e for e in base.entries if e.decision.scheme is not None]
+    chosen_bytes = {c.name: c.nbytes[c.chosen] for c in choices}
+    bits = 8 * sum(chosen_bytes.get(e.name, e.out_nbytes) for e in quantized)
+    achieved = bits / limit.weights if limit.weights else 0.0
+    base_text = None if options.recipe is None else options.recipe.read_bytes().decode("utf-8-sig")
+    text = recipe_text(choices, target, achieved, base_text)
+    name = str(options.write_recipe) if options.write_recipe is not None else f"<{target.given}>"
+    recipe, faults = parse_recipe(text.encode(), name, options.write_recipe)
+    if faults:
+        raise RecipeError(f"the recipe {target.given} chose does not read back: {faults[0]}",
+                          hint="a recipe given with a target must use [[rule]] tables, to which the chosen rules "
+                          "are added")
+    return _Chosen(recipe, text, target, choices, [p.name for p in candidates], sensitivity, options.write_recipe)
+
+
+def _importance(input: Path, source: Source, options: QuantizeOptions, choices: list[Choice]
+                ) -> tuple[dict | None, str]:
+    """What weighs each input channel's error: an importance matrix (`--imatrix`), the activations of the
+    calibration text (`--calibration-data`, run here as `qcli imatrix` runs it), or nothing."""
+    given = options.calibrating
+    if given.imatrix is not None:
+        from qcli.calibrate.session import file_importance
+
+        return file_importance(given.imatrix, checkpoint_folder(input), [c.entry.info for c in choices]), "imatrix"
+    if given.data is not None:
+        from qcli.calibrate.session import input_importance
+
+        device = "cpu" if options.device == "cpu" else "auto"
+        return input_importance(source, input, given, device), "calibration-data"
+    return None, "weights"
 
 
 def _reads(input: Path, source: Source, options: QuantizeOptions) -> Reads:

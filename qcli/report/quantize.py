@@ -190,6 +190,32 @@ class CalibrationRecord:
         return dict(vars(self))
 
 
+@dataclass
+class TargetRecord:
+    """What `--target-bpw` or `--target-size` chose (`qcli.plan.target`): the budget asked (`bits_per_weight`
+    or `size`, in bytes), the bits per quantized weight achieved (scales included), the bound on the file's
+    bytes (`file_bytes_bound`, `qcli.io.burnpack.size_bound`), the forms it chose among, what weighed the
+    losses (`sensitivity`: `weights`, `imatrix` or `calibration-data`), the presets each group took (a role,
+    or `layer N`), each tensor's preset, and the recipe written (`--write-recipe`)."""
+
+    bits_per_weight: float | None
+    size: int | None
+    achieved_bits_per_weight: float
+    forms: list[str]
+    sensitivity: str
+    groups: list[tuple[str, dict[str, int]]]
+    choices: dict[str, str]
+    recipe: str | None = None
+    file_bytes_bound: int | None = None
+
+    def to_json(self) -> dict:
+        return {"bits_per_weight": self.bits_per_weight, "size": self.size,
+                "achieved_bits_per_weight": self.achieved_bits_per_weight, "file_bytes_bound": self.file_bytes_bound,
+                "forms": self.forms, "sensitivity": self.sensitivity,
+                "groups": [{"group": group, "presets": presets} for group, presets in self.groups],
+                "choices": self.choices, "recipe": self.recipe}
+
+
 @dataclass(frozen=True)
 class BurnLoad:
     """How a Burn model loads the file as written: the `LinearLayout` each Linear weight needs (`layouts`:
@@ -254,6 +280,7 @@ class QuantizeReport:
     # the files written: `output`, or its shards (and a model folder's other files)
     outputs: list[str] = field(default_factory=list)
     calibration: CalibrationRecord | None = None
+    target: TargetRecord | None = None
 
     def to_json(self) -> dict:
         return {
@@ -278,4 +305,5 @@ class QuantizeReport:
             "memory": None if self.memory is None else self.memory.to_json(),
             "calibration": None if self.calibration is None else self.calibration.to_json(),
             "load": self.load.to_json(),
+            "target": None if self.target is None else self.target.to_json(),
         }
