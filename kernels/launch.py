@@ -43,13 +43,14 @@ from qcli.codec.search import (
     importance_weights,
 )
 from qcli.errors import NonFiniteTensor, NotFloatTensor, NotKernelFloat, UsageError
+from qcli.io.dtypes import KERNEL_DTYPES, torch_dtype
 from qcli.kernels import _quantize as K
 from qcli.kernels import _search as KS
 from qcli.kernels._arith import RESCALE_DOWN, RESCALE_UP, SAFE_HIGH, SAFE_LOW
 from qcli.scheme import Calibration, QuantScheme, QuantValue, ScaleDtype, check_accepted, f32_bits
 from qcli.tensor_range import TensorRange
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_FLOAT_DTYPES = tuple(torch_dtype(d) for d in KERNEL_DTYPES)  # the rows' (`qcli.io.dtypes`)
 _TILE = 4096          # values per program (bench/tune.py: the fastest on an H200 for most schemes)
 _WARPS = 2            # warps per program (bench/tune.py, an H200) ...
 _WIDE_WARPS = 4       # ... but 4 where a program gathers a scale per value or sums |x| in float64

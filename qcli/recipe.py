@@ -23,6 +23,7 @@ from enum import Enum, StrEnum
 from pathlib import Path
 
 from qcli.errors import RecipeError, SchemeError
+from qcli.io.dtypes import EXACT_FLOAT_DTYPES
 from qcli.io.files import NOT_REGULAR_HINT, NotRegularFile, open_regular
 from qcli.patterns import PatternRefused, name_matcher
 from qcli.presets import (
@@ -56,7 +57,7 @@ from qcli.text import printable, shown
 RECIPE_VERSION = 1
 TOP_KEYS = ("version", "defaults", "rule")
 DEFAULTS_KEYS = ("on_indivisible", "cast_kept")
-CAST_DTYPES = ("F32", "F16", "BF16")  # what `cast` (a keep rule) and `cast_kept` write a kept floating tensor as
+CAST_DTYPES = EXACT_FLOAT_DTYPES  # what `cast` (a keep rule) and `cast_kept` write a kept floating tensor as
 SCHEME_KEYS = ("value", "store", "mode", "block", "block_scale", "tensor_scale", "calibration")
 ZERO_POINT_KEYS = ("zero_point", "asymmetric", "symmetric")
 DOCUMENTED_RULE_KEYS = ("match", "keep", *SCHEME_KEYS, "transpose", "preset", "cast")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from qcli.formats.found import Encoded, Found, Load
+from qcli.io.dtypes import EXACT_FLOAT_DTYPES
 from qcli.problem import Kind
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ BITS = 4  # AutoAWQ's GEMM and GEMV layers pack 4-bit codes only
 PER_WORD = 32 // BITS
 ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # GEMM: the output each of a word's fields holds, from the low bits up
 VERSIONS = ("gemm", "gemv")
-SCALE_DTYPES = ("F16", "BF16", "F32")
+SCALE_DTYPES = EXACT_FLOAT_DTYPES  # each widens to f32 exactly
 
 
 @dataclass(frozen=True)

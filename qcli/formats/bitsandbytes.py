@@ -30,6 +30,7 @@ from qcli.errors import InputError
 from qcli.formats.found import Encoded, Found, Load
 from qcli.formats.fp8 import Fp8
 from qcli.formats.grid import ScaleGrid
+from qcli.io.dtypes import EXACT_FLOAT_DTYPES, SAFETENSORS_TORCH_NAMES
 from qcli.io.files import parse_json
 from qcli.scheme import LOOKUP_PANICS_AT, LOOKUP_WHY, PackedU32, QuantScheme, QuantValue
 from qcli.text import printable, quoted, shown
@@ -46,7 +47,7 @@ REQUANTIZED = "NF4 and FP4"
 STATE_INFIX = ".quant_state.bitsandbytes__"
 FORMATS = {"nf4": "NF4", "fp4": "FP4"}  # the JSON tensor's suffix -> the format's name
 COMPANIONS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
-DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}  # the JSON's dtype -> safetensors'
+DTYPES = {SAFETENSORS_TORCH_NAMES[d]: d for d in EXACT_FLOAT_DTYPES}  # the JSON's dtype (torch's name) -> safetensors'
 STATE_HINT = "re-save the checkpoint with bitsandbytes (QuantState.as_dict(packed=True))"
 ROW_STATS, ROW_FORMAT = "SCB", "weight_format"  # an 8-bit `m.weight`'s companions `m.SCB`, `m.weight_format`
 ROW_MAJOR = 0  # the weight_format bitsandbytes writes and loads ("row"; 1 to 3 are GPU tile layouts)

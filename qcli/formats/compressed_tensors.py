@@ -38,6 +38,7 @@ from qcli.formats.e2m1 import E8M0_BIAS, e2m1_codes, mx_scales
 from qcli.formats.found import Encoded, Found, Load, Transcode
 from qcli.formats.grid import ScaleGrid
 from qcli.formats.nvfp4 import two_level_e2m1
+from qcli.io.dtypes import EXACT_FLOAT_DTYPES
 from qcli.patterns import PatternRefused, regex_matcher
 from qcli.presets import REQUANTIZE_NARROW, REQUANTIZE_WIDE, ZERO_POINT_WHY
 from qcli.problem import Kind
@@ -64,12 +65,11 @@ LAYOUTS = {
 NOT_YET = ("mxfp6-pack-quantized", "mxfp8-quantized")  # known, not transcoded
 MX_GROUP = 32
 COMPANIONS = ("weight_scale", "weight_zero_point", "weight_shape", "weight_global_scale")
-SCALE_DTYPES = ("F32", "F16", "BF16")  # what its scales are in, each widened to f32 exactly
+SCALE_DTYPES = EXACT_FLOAT_DTYPES  # what its scales are in, each widened to f32 exactly
 # Symmetric b-bit integers: compressed-tensors rounds onto [-2^(b-1), 2^(b-1) - 1], Burn's full range.
 INTEGERS = {2: QuantValue.Q2F, 4: QuantValue.Q4F, 8: QuantValue.Q8F}
 E2M1_PACKED = QuantScheme().with_value(QuantValue.E2M1).with_store(PackedU32(0))  # its scales still to choose
 NVFP4_GROUP = 16
-NVFP4_DTYPE = "BF16"  # what compressed-tensors' NVFP4 decompressor returns
 HINT = "re-save the checkpoint with compressed-tensors, or dequantize it first"
 DECODED_AS = "dequantized as compressed-tensors does, then quantized"
 

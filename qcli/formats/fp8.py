@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from qcli.formats.declaration import quantization_config
 from qcli.formats.found import Found, Load, Transcode
 from qcli.formats.grid import ScaleGrid
+from qcli.io.dtypes import EXACT_FLOAT_DTYPES
 from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ REQUANTIZED = None
 # The scale companions of a weight `W`: `W_scale` (`m.weight_scale`), `W_scale_inv` (DeepSeek: it
 # multiplies the weight despite its name), `W.scale`.
 SCALE_SUFFIXES = ("_scale_inv", "_scale", ".scale")
-SCALE_DTYPES = ("F32", "F16", "BF16")  # each widens to f32 exactly
+SCALE_DTYPES = EXACT_FLOAT_DTYPES  # each widens to f32 exactly
 DEEPSEEK_BLOCK = (128, 128)  # DeepSeek-V3's weight_block_size, where no config.json says otherwise
 # safetensors' FP8 dtypes -> Burn's value of the same bits, packed four to a u32 as Burn packs minifloats
 VALUES = {"F8_E4M3": QuantValue.E4M3, "F8_E5M2": QuantValue.E5M2}

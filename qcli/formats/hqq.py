@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from qcli.errors import InputError
 from qcli.formats.found import Encoded, Found, Load
+from qcli.io.dtypes import EXACT_FLOAT_DTYPES, SAFETENSORS_TORCH_NAMES
 from qcli.presets import REQUANTIZE_NARROW, REQUANTIZE_WIDE
 from qcli.problem import Kind
 from qcli.text import printable
@@ -39,7 +40,8 @@ META = ("shape", "nbits", "group_size", "axis", "packing", "compute_dtype")  # r
 OTHER_META = ("unpack_view_dtype", "view_as_float", "quant_scale", "quant_zero", "offload_meta", "encoded_state_dict",
               "stores_quant_config", "channel_wise", "optimize", "round_zero")  # consumed, not needed to decode
 PACKINGS = {"8bit_u8": 8, "4bit_u8": 4, "2bit_u8": 2, "1bit_u8": 1}  # HQQ's byte packings -> bits a code
-DTYPES = {"torch.float16": "F16", "torch.bfloat16": "BF16", "torch.float32": "F32"}
+# HQQ's compute_dtype (torch's name) -> safetensors': the floats an f32 holds exactly
+DTYPES = {f"torch.{SAFETENSORS_TORCH_NAMES[d]}": d for d in EXACT_FLOAT_DTYPES}
 STATE_HINT = "re-save the checkpoint with HQQ (HQQLinear.state_dict) or transformers' save_pretrained"
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, ClassVar
 
 from qcli.errors import InputError
-from qcli.io.dtypes import torch_dtype
+from qcli.io.dtypes import element_traits, torch_dtype
 from qcli.io.files import FileState, open_regular, read_into, unreadable
 from qcli.io.source import TensorInfo, in_row_order
 from qcli.text import printable, quoted, shown
@@ -74,7 +74,8 @@ GGML_TYPES = {
     34: GgmlType("TQ1_0", 256, 54), 35: GgmlType("TQ2_0", 256, 66), 39: GgmlType("MXFP4", 32, 17),
     40: GgmlType("NVFP4", 64, 36), 41: GgmlType("Q1_0", 128, 18), 42: GgmlType("Q2_0", 64, 18),
 }
-PLAIN_TYPES = ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64")  # safetensors spells them the same
+# The plain ggml types, which safetensors spells the same: F32, F16, I8, I16, I32, I64, F64, BF16
+PLAIN_TYPES = tuple(t.name for t in GGML_TYPES.values() if element_traits(t.name) is not None)
 BY_NAME = {t.name: t for t in GGML_TYPES.values()}
 
 # Metadata value types (gguf.h `enum gguf_type`): the fixed-size ones by their struct format.

@@ -19,6 +19,8 @@ class TensorInfo:
     """One tensor as its header describes it; reading this costs no weight bytes."""
 
     name: str
+    # The header's text: an element type's spelling (`io/dtypes.ElementType`, which compares equal to it)
+    # or a ggml type with no element type (`Q4_K`); its row, where it has one, is `element_traits(dtype)`.
     dtype: str
     shape: tuple[int, ...]
     nbytes: int

@@ -53,7 +53,7 @@ from qcli import layout
 from qcli.codec.scales import Scales
 from qcli.codec.search import Search
 from qcli.errors import InputError, NonFiniteTensor, NotKernelFloat, UsageError
-from qcli.io.dtypes import torch_dtype
+from qcli.io.dtypes import KERNEL_DTYPES, SAFETENSORS_BITS, ElementKind, spellings, torch_dtype
 from qcli.io.files import FileEnded, read_into
 from qcli.io.source import in_row_order
 from qcli.kernels import enqueue, tensor_range
@@ -71,7 +71,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _SLOTS = 2  # staging buffers: pieces read ahead of the device
-_KERNEL_DTYPES = ("F32", "F16", "BF16")  # the source dtypes the kernels quantize
 
 
 class Pass(Enum):
@@ -160,7 +159,7 @@ def compile_ahead(plan: Plan, measure: bool, settings: GpuSettings) -> int:
             torch_search = (decision.scheme is not None and decision.calibration is Calibration.Mse
                             and not searches_in_kernel(decision.scheme, tuple(entry.info.shape)))
             if (decision.scheme is None or decision.found is not None or torch_search
-                    or entry.info.dtype not in _KERNEL_DTYPES or key in made):
+                    or entry.info.dtype not in KERNEL_DTYPES or key in made):
                 continue
             made.add(key)
             check_accepted(decision.scheme, decision.calibration)
@@ -422,7 +421,10 @@ def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: boo
         yield _finish(tensor)
 
 
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# An integer type of each element size, to move any element whole: the first of each width in the rows (the
+# last one written wins), U8, I16, I32 and I64.
+_INT_OF_SIZE = {SAFETENSORS_BITS[d] // 8: torch_dtype(d)
+                for d in reversed(spellings(lambda row: row.kind is ElementKind.int))}
 
 
 def _keep(tensor: _Tensor, piece: _Piece, host: torch.Tensor) -> None:
@@ -454,7 +456,7 @@ def _chunk_shape(piece: _Piece, start: int, stop: int) -> tuple[int, ...]:
 def _upload(tensor: _Tensor, piece: _Piece, host: torch.Tensor, stage: _Stage) -> None:
     """Copy a piece to its rows of the device chunk, allocating the chunk at its first piece."""
     info = piece.entry.info
-    if info.dtype not in _KERNEL_DTYPES:
+    if info.dtype not in KERNEL_DTYPES:
         raise NotKernelFloat(info.name, info.dtype)
     with _on(stage.h2d):
         if piece.start == piece.chunk_start:

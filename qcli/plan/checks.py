@@ -22,6 +22,7 @@ from qcli.burn_backends import (
 )
 from qcli.formats.found import Encoded, Found
 from qcli.io.burnpack import MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, align, gib
+from qcli.io.dtypes import FLOAT_DTYPES
 from qcli.plan.entries import Plan, PlanEntry
 from qcli.plan.options import PlanOptions
 from qcli.plan.roles import linear_weight
@@ -82,7 +83,8 @@ def rule_problems(findings: Findings, recipe: Recipe | None, rule: Rule, names: 
         dtypes = sorted({e.info.dtype for e in entries if e.info.name in set(not_float)})
         findings.problem(
             Kind.cast, f"rule (match {rule.match!r}) asks to cast {count_and_first(not_float)} to {rule.cast}, "
-            f"which are not floating ({', '.join(dtypes)}); cast converts F64, F32, F16 and BF16 tensors only",
+            f"which are not floating ({', '.join(dtypes)}); cast converts {', '.join(FLOAT_DTYPES[:-1])} and "
+            f"{FLOAT_DTYPES[-1]} tensors only",
             "narrow the match to floating tensors (a keep rule before it can take the others), or drop cast",
             not_float, rule=rule,
         )
