@@ -299,6 +299,26 @@ def test_experts_are_linears_calibrated_on_their_routed_tokens_or_fused_and_run(
         assert sum(experts) == 2 * SAMPLES * SEQ_LEN and all(0 < n < SAMPLES * SEQ_LEN for n in experts)
 
 
+def test_fused_experts_made_of_tensors_of_unlike_shapes_are_an_input_error(tmp_path):
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=VOCAB, num_local_experts=4, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    MixtralForCausalLM(config).save_pretrained(tmp_path)
+    llama_tokenizer(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    bad = "model.layers.0.block_sparse_moe.experts.2.w1.weight"
+    if not opened(tmp_path).assembled:
+        pytest.skip("transformers 4 builds each expert of nn.Linear layers: nothing is assembled")
+    tensors[bad] = tensors[bad][:-1]
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(InputError, match="cannot make the model's parameter 'model.layers.0.mlp.experts.gate_up_proj'"
+                       ) as caught:
+        run_blocks(opened(tmp_path), windows(tmp_path), set(), lambda name, weight, stats: None)
+    assert "\n" not in str(caught.value) and caught.value.hint
+
+
 def test_nan_activations_are_an_input_error_naming_the_linear(folders):
     folder = folders["llama"]
     source = open_source(folder)
