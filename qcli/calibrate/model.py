@@ -316,7 +316,7 @@ def parameter_names(module: nn.Module, checkpoint: Iterable[str]) -> tuple[dict[
     renamed: dict[str, str] = {}
     converted: dict[str, Assembly] = {}
     rename = _renaming(module)
-    for name in sorted(checkpoint, key=_natural):  # expert 10 after expert 9, as transformers stacks them
+    for name in checkpoint:
         target, converter, pattern = rename(name)
         if converter is not None:
             assembly = converted.setdefault(target, Assembly(converter, []))
@@ -326,6 +326,8 @@ def parameter_names(module: nn.Module, checkpoint: Iterable[str]) -> tuple[dict[
                 converted.setdefault(target.replace(first, other, 1), assembly)
         else:
             renamed.setdefault(target, name)
+    for assembly in {id(a): a for a in converted.values()}.values():  # expert 10 after expert 9, stacked in order
+        assembly.sources.sort(key=lambda source: _natural(source[1]))
     prefix = getattr(module, "base_model_prefix", "") + "."
 
     def lookup(table: dict, name: str):
