@@ -80,3 +80,38 @@ def tiny_bert(folder: Path, seed: int = 0, head: bool = False) -> Path:
     (BertForMaskedLM if head else BertModel)(config).save_pretrained(folder)
     bert_tokenizer(folder)
     return folder
+
+
+# Tiny decoders of the kinds calibration runs besides the Llama: layers of two kinds (sliding-window attention
+# of 8 tokens beside full attention, each kind with its own rotary base in Gemma 3) and MoE blocks (experts
+# that transformers fuses from the checkpoint's per-expert tensors, a shared expert in Qwen2-MoE).
+KINDS = ("gemma2", "gemma3", "qwen2-sliding", "mixtral", "qwen2-moe", "qwen3-moe")
+SLIDING = 8
+
+
+def tiny_decoder(folder: Path, kind: str, seed: int = 0) -> Path:
+    """A causal LM of `kind` (one of KINDS) of 4 layers, hidden 64, 4 heads (2 key-value heads), its weights
+    drawn with `seed`, saved by transformers in `folder` with the Llama's tokenizer."""
+    import transformers as t
+
+    shape = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": VOCAB, "max_position_embeddings": 256, "bos_token_id": 0,
+             "eos_token_id": 1, "pad_token_id": 1}
+    alternate = ["sliding_attention", "full_attention"] * 2
+    moe = {"num_experts_per_tok": 2, "moe_intermediate_size": 32}
+    config = {
+        "gemma2": lambda: t.Gemma2Config(**shape, head_dim=16, sliding_window=SLIDING),
+        "gemma3": lambda: t.Gemma3TextConfig(
+            **shape, head_dim=16, sliding_window=SLIDING, layer_types=alternate,
+            rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+        "qwen2-sliding": lambda: t.Qwen2Config(**shape, layer_types=alternate, use_sliding_window=True,
+                                               sliding_window=SLIDING),
+        "mixtral": lambda: t.MixtralConfig(**shape, num_local_experts=4, num_experts_per_tok=2),
+        "qwen2-moe": lambda: t.Qwen2MoeConfig(**shape, **moe, num_experts=4, shared_expert_intermediate_size=64),
+        "qwen3-moe": lambda: t.Qwen3MoeConfig(**shape, **moe, num_experts=4),
+    }[kind]()
+    torch.manual_seed(seed)
+    t.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    llama_tokenizer(folder)
+    return folder

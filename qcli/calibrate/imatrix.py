@@ -28,15 +28,18 @@ A legacy file is read as llama-imatrix itself reads one to merge it, each chunk 
 tokens (its default context, 512): sums values * chunk_size over counts ncall * chunk_size, the same
 importance. Its MoE entries stay flat, [n_expert * n_in] under one count, as the file has them.
 
-Names map between llama.cpp's and Hugging Face's with the gguf package's tables (`qcli.io.gguf_names`). An
-imatrix is per input column, and llama.cpp's converter permutes only the output rows of Q and K, so the
-columns are the same on both sides.
+Names map between llama.cpp's and Hugging Face's with the gguf package's tables (`qcli.io.gguf_names`), the
+table of the architecture config.json's `model_type` names (`gemma3_text` -> gemma3, `qwen2_moe` ->
+qwen2moe: the package's names, `_` and `-` aside), for any architecture the package knows. An imatrix is
+per input column, and llama.cpp's converter permutes only the output rows of Q and K, so the columns are
+the same on both sides, whatever the architecture.
 """
 
 from __future__ import annotations
 
 import re
 import struct
+from collections import Counter
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass
@@ -48,7 +51,7 @@ import numpy as np
 from qcli.errors import InputError, OutputError, UsageError
 from qcli.io.files import open_regular, read_bounded, unreadable
 from qcli.io.gguf import ARRAY, UINT32, GgufSource
-from qcli.io.gguf_names import ARCHITECTURES, HF_PREFIXES, hf_bases, name_table, split_suffix
+from qcli.io.gguf_names import architectures, gguf_architecture, hf_bases, name_table, split_suffix
 from qcli.io.temporary import TemporaryFile, sync
 from qcli.text import clipped, printable, quoted, shown
 
@@ -334,35 +337,61 @@ def _float32(name: str, values: np.ndarray) -> np.ndarray:
     return values.astype(np.float32)
 
 
-def gguf_to_hf_names(names: Iterable[str], arch: str) -> dict[str, str]:
-    """Each of `names` in llama.cpp's naming (`blk.3.ffn_down.weight`) that the gguf package's table of `arch`
-    knows -> its Hugging Face name (`model.layers.3.mlp.down_proj.weight`); the others are left out."""
+def gguf_to_hf_names(names: Iterable[str], model_type: str, hf: Iterable[str] | None = None) -> dict[str, str]:
+    """Each of `names` in llama.cpp's naming (`blk.3.ffn_down.weight`) that the gguf package's table of the
+    architecture of `model_type` (`gguf_names.gguf_architecture`) knows -> its Hugging Face name: among `hf` (the
+    model's names) where given, the one that maps to it; else the first `model.` or `lm_head` name the table
+    gives it (`model.layers.3.mlp.down_proj.weight`). The others are left out."""
     names = list(names)
-    hf = hf_bases(_table(names, arch))
-    return _one_to_one({name: hf[base] + suffix for name in names
-                        for base, suffix in [split_suffix(name)] if base in hf})
+    if hf is not None:
+        back = {cpp: name for name, cpp in hf_to_gguf_names(hf, model_type).items()}
+        return {name: back[name] for name in names if name in back}
+    bases = hf_bases(_table(names, model_type))
+    return _one_to_one({name: bases[base] + suffix for name in names
+                        for base, suffix in [split_suffix(name)] if base in bases})
 
 
-def hf_to_gguf_names(names: Iterable[str], arch: str) -> dict[str, str]:
+def hf_to_gguf_names(names: Iterable[str], model_type: str) -> dict[str, str]:
     """Each of `names` in Hugging Face's naming (`model.layers.3.mlp.down_proj.weight`, any name the gguf
-    package's table of `arch` gives under `model.` or `lm_head`) -> llama.cpp's (`blk.3.ffn_down.weight`); the
-    others are left out."""
+    package's table gives) -> llama.cpp's (`blk.3.ffn_down.weight`), by the table of the architecture of
+    `model_type` (`gguf_names.gguf_architecture`); the others are left out. For a model type the package
+    names no architecture of, the naming that most of the tables naming the most of `names` give (a
+    Mistral's is the llama table's, and 56 others', against RWKV hybrids' 2): a usage error where two
+    namings tie or no table names any."""
     names = list(names)
-    table = _table(names, arch)
+    arch = gguf_architecture(model_type)
+    if arch is not None:
+        return _one_to_one(_mapped(names, _table(names, arch)))
+    _table(names, "llama")  # the block count checked before every table is built
+    found = [_mapped(names, _table(names, other)) for other in architectures()]
+    most = max(len(mapped) for mapped in found)
+    votes = Counter(tuple(sorted(mapped.items())) for mapped in found if len(mapped) == most)
+    ranked = votes.most_common(2)
+    if most == 0 or len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+        raise UsageError(printable(f"the gguf package names no architecture {clipped(model_type)!r}, and its "
+                                   "tables " + ("name none of the model's tensors" if most == 0 else
+                                                "name the model's tensors in different ways, as many each")),
+                         hint="upgrade the gguf package (pip install -U gguf), or keep llama.cpp's names")
+    return _one_to_one(dict(ranked[0][0]))
+
+
+def _mapped(names: list[str], table: gguf.TensorNameMap) -> dict[str, str]:
     mapped = {}
     for name in names:
         base, suffix = split_suffix(name)
-        found = table.get_name(base) if base.startswith(HF_PREFIXES) else None
+        found = table.get_name(base)
         if found is not None:
             mapped[name] = found + suffix
-    return _one_to_one(mapped)
+    return mapped
 
 
-def _table(names: list[str], arch: str) -> gguf.TensorNameMap:
-    if arch not in ARCHITECTURES:
-        raise UsageError(printable(f"qcli maps the tensor names of {', '.join(ARCHITECTURES)} models, not "
-                                   f"{clipped(arch)!r}"),
-                         hint="keep llama.cpp's names, or name the architecture the model is of")
+def _table(names: list[str], model_type: str) -> gguf.TensorNameMap:
+    """The gguf package's name table of `model_type`'s architecture, for as many blocks as `names` give."""
+    arch = gguf_architecture(model_type)
+    if arch is None:
+        raise UsageError(printable(f"the gguf package names no architecture {clipped(model_type)!r}, so qcli "
+                                   "cannot map its tensors' llama.cpp names"),
+                         hint="upgrade the gguf package (pip install -U gguf), or keep llama.cpp's names")
     numbers = [int(found[1]) for name in names if (found := _BLOCK.search(name))]
     blocks = max(numbers, default=-1) + 1
     if blocks > MAX_BLOCKS:

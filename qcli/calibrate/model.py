@@ -6,7 +6,9 @@ since they are computed from the config rather than stored (rotary frequencies, 
 names are the model's; `names` maps them to the checkpoint's, which may carry another base-model prefix
 (`model.`, `bert.`: a task head's checkpoint under the base model, or the other way round), an old
 spelling transformers renames on loading (BERT's `LayerNorm.gamma`), or one tensor for two tied parameters
-(a `lm_head.weight` tied to the embeddings).
+(a `lm_head.weight` tied to the embeddings). A parameter transformers makes from several checkpoint tensors
+(a MoE layer's experts fused into one [experts, out, in] tensor) is made by transformers' own conversion
+operations from those tensors, read when its block is loaded.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from qcli.errors import InputError, UsageError
+from qcli.errors import InputError, InternalError, UsageError
 from qcli.io.files import load_json
 from qcli.plan.roles import EMBEDDING_MODULES
 from qcli.text import clipped, printable, quoted
@@ -48,30 +50,70 @@ _BLOCK = re.compile(r"^(.*?)\.(\d{1,9})\.")  # a name's first numbered part: `mo
 
 
 @dataclass(frozen=True)
+class Assembly:
+    """How transformers makes one parameter from several checkpoint tensors: `sources`, their names, each
+    under the pattern of `converter` (a transformers WeightConverter) it matched, in the order transformers
+    collects them (expert 0 first); `build(tensor)` runs the converter's operations on them."""
+
+    converter: object
+    sources: list[tuple[str, str]]  # (source pattern, checkpoint name)
+
+    @property
+    def names(self) -> list[str]:
+        return [name for _, name in self.sources]
+
+    def build(self, target: str, tensor: Callable[[str], torch.Tensor], module: nn.Module) -> torch.Tensor:
+        collected: dict[str, list[torch.Tensor]] = {}
+        for pattern, name in self.sources:
+            collected.setdefault(pattern, []).append(tensor(name))
+        converter = self.converter
+        values: dict = collected
+        for op in converter.operations:
+            values = op.convert(values, source_patterns=converter.source_patterns,
+                                target_patterns=converter.target_patterns, full_layer_name=target,
+                                model=module, config=getattr(module, "config", None), missing_keys=None)
+        if len(values) == 1:
+            return next(iter(values.values()))
+        # one tensor split into several parameters (a fused QKV): the one whose pattern `target` ends with
+        found = [key for key in values if target.endswith(key) or f".{key}." in f".{target}."]
+        if not found:
+            raise InternalError(f"transformers' conversion gives {', '.join(values)}, none of them {quoted(target)}")
+        return values[max(found, key=len)]
+
+
+@dataclass(frozen=True)
 class CalibrationModel:
     """A model built from config.json (`module`, its parameters on the meta device), the checkpoint tensor
     each of its parameters is (`names`: parameter name -> checkpoint name), how to read one (`tensor`:
     checkpoint name -> the tensor on the CPU), and the parameters transformers makes from several of the
-    checkpoint's tensors (`assembled`: parameter name -> their names), which calibration does not do."""
+    checkpoint's tensors (`assembled`: parameter name -> how), made as transformers makes them."""
 
     module: nn.Module
     names: dict[str, str]
     tensor: Callable[[str], torch.Tensor]
-    assembled: dict[str, list[str]] = field(default_factory=dict)
+    assembled: dict[str, Assembly] = field(default_factory=dict)
 
     def parameter(self, name: str, like: torch.Tensor) -> torch.Tensor:
-        """The checkpoint's tensor for the model's parameter `name`, checked against its meta tensor `like`."""
+        """The checkpoint's tensor for the model's parameter `name` (or the one transformers makes from
+        several), checked against its meta tensor `like`."""
         if name in self.assembled:
-            sources = self.assembled[name]
-            raise UsageError(f"transformers makes the model's parameter {quoted(name)} from {len(sources)} of the "
-                             f"checkpoint's tensors ({quoted(sources[0])}, ...), which calibration does not do",
-                             hint="quantize without calibration (fused experts are no nn.Linear to calibrate)")
-        if name not in self.names:
+            assembly = self.assembled[name]
+            try:
+                value = assembly.build(name, self.tensor, self.module)
+            except (RuntimeError, ValueError) as err:  # torch.cat or stack of tensors of unlike shapes
+                raise InputError(f"transformers cannot make the model's parameter {quoted(name)} from the "
+                                 f"checkpoint's {len(assembly.sources)} tensors {quoted(assembly.names[0])}, ...: "
+                                 f"{_first_line(err)}",
+                                 hint="calibrate the checkpoint that config.json describes, unquantized") from err
+            source = f"made from {quoted(assembly.names[0])} and {len(assembly.sources) - 1} more"
+        elif name not in self.names:
             raise InputError(f"the checkpoint has no tensor for the model's parameter {quoted(name)}",
                              hint="calibrate the checkpoint that config.json describes, unquantized")
-        value = self.tensor(self.names[name])
+        else:
+            value = self.tensor(self.names[name])
+            source = f"tensor {quoted(self.names[name])}"
         if tuple(value.shape) != tuple(like.shape):
-            raise InputError(f"tensor {quoted(self.names[name])} has shape {list(value.shape)}; the model "
+            raise InputError(f"{source} has shape {list(value.shape)}; the model "
                              f"config.json describes has {list(like.shape)} for {quoted(name)}",
                              hint="calibrate the checkpoint that config.json describes, unquantized")
         return value
@@ -265,21 +307,27 @@ def open_model(folder: Path | str, checkpoint: Sequence[TensorInfo], tensor: Cal
     return CalibrationModel(module, names, tensor, assembled)
 
 
-def parameter_names(module: nn.Module, checkpoint: Iterable[str]) -> tuple[dict[str, str], dict[str, list[str]]]:
+def parameter_names(module: nn.Module, checkpoint: Iterable[str]) -> tuple[dict[str, str], dict[str, Assembly]]:
     """The checkpoint name of each parameter of `module` that the checkpoint holds: by transformers' own
     renaming of the checkpoint's names, with the base-model prefix added or dropped where only that
     differs; a parameter tied to another (the same tensor under two names) takes the other's tensor where
     the checkpoint holds only one of them. Then the parameters that transformers' conversions make from
-    checkpoint tensors (merged, split or permuted: experts fused into one), with those tensors' names."""
+    checkpoint tensors (merged, split or permuted: experts fused into one), with how they are made."""
     renamed: dict[str, str] = {}
-    converted: dict[str, list[str]] = {}
+    converted: dict[str, Assembly] = {}
     rename = _renaming(module)
     for name in checkpoint:
-        target, assembled = rename(name)
-        if assembled:
-            converted.setdefault(target, []).append(name)
+        target, converter, pattern = rename(name)
+        if converter is not None:
+            assembly = converted.setdefault(target, Assembly(converter, []))
+            assembly.sources.append((pattern, name))
+            first, *others = converter.target_patterns
+            for other in others:  # one tensor split into several: each parameter made from the same tensors
+                converted.setdefault(target.replace(first, other, 1), assembly)
         else:
             renamed.setdefault(target, name)
+    for assembly in {id(a): a for a in converted.values()}.values():  # expert 10 after expert 9, stacked in order
+        assembly.sources.sort(key=lambda source: _natural(source[1]))
     prefix = getattr(module, "base_model_prefix", "") + "."
 
     def lookup(table: dict, name: str):
@@ -304,24 +352,32 @@ def _spellings(name: str, prefix: str) -> list[str]:
     return [name, name.removeprefix(prefix) if name.startswith(prefix) else prefix + name]
 
 
-def _renaming(module: nn.Module) -> Callable[[str], tuple[str, bool]]:
-    """transformers' renaming of a checkpoint name to the model's on loading, and whether its conversions
-    make the tensor into another (merged, split, permuted), which a tensor read as it is cannot be."""
+def _natural(name: str) -> list:
+    """A sort key that orders a name's numbers by value: `experts.2.` before `experts.10.`."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
+
+
+def _renaming(module: nn.Module) -> Callable[[str], tuple[str, object, str | None]]:
+    """transformers' renaming of a checkpoint name to the model's on loading, and where its conversions
+    make the tensor into another (merged, split, permuted), the converter that does and the pattern the
+    name matched in it (else None, None)."""
     try:  # transformers 5: the model's conversion mapping
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightConverter, rename_source_key
     except ImportError:  # transformers 4: the legacy names only, by its loader's own method where it has it
         legacy = getattr(module, "_fix_state_dict_key_on_load", None)
         if legacy is None:  # neither: the checkpoint's names are taken as the model's
-            return lambda name: (name, False)
-        return lambda name: (legacy(name)[0], False)
+            return lambda name: (name, None, None)
+        return lambda name: (legacy(name)[0], None, None)
     transforms = get_model_conversion_mapping(module)
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
     renamings = [t for t in transforms if not isinstance(t, WeightConverter)]
 
-    def rename(name: str) -> tuple[str, bool]:
-        target, converted = rename_source_key(name, renamings, converters)
-        return target, converted is not None
+    def rename(name: str) -> tuple[str, object, str | None]:
+        target, pattern = rename_source_key(name, renamings, converters)
+        if pattern is None:
+            return target, None, None
+        return target, next(c for c in converters if pattern in c.source_patterns), pattern
 
     return rename
 

@@ -15,11 +15,17 @@ the fp16 and bf16 runs GPTQ's reference code and llm-compressor make), which hal
 4.5 s a block of a Llama-3-8B-shaped model on 128 windows of 2048 tokens, H200); the Hessians' products
 (float64) and what `on_linear` computes keep full precision.
 
-The first block's keyword arguments are every block's, so models whose layers differ in kind (sliding-window
-attention beside global attention, each with its own mask) are refused, as are parameters transformers
-assembles from several checkpoint tensors (fused experts). Only `nn.Linear` layers are calibrated: the
-Linears outside the blocks (an LM head, BERT's pooler) are not run, and are returned apart, as are names
-that are no Linear's weight (GPT-2's Conv1D).
+The first block's keyword arguments are every block's where the model's layers are all alike. Where its
+config gives them several kinds (`layer_types`: sliding-window attention beside global attention, as Gemma 2
+and 3 interleave them, each kind with its own mask and, in Gemma 3, its own rotary embeddings), the catch
+goes on past the first block, each block passed through (its input given back as its output, none of its
+weights loaded), and each block keeps the arguments the model gave it: every block runs with its own
+kind's inputs. Parameters transformers assembles from several checkpoint tensors (a MoE layer's experts,
+fused into one [experts, out, in] tensor) are assembled as transformers does (`model.Assembly`), so MoE
+blocks run with their routing; those experts are no nn.Linear and are not calibrated (their checkpoint
+names come back in `not_linear`). Only `nn.Linear` layers are calibrated: the Linears outside the blocks
+(an LM head, BERT's pooler) are not run, and are returned apart, as are names that are no Linear's weight
+(GPT-2's Conv1D).
 """
 
 from __future__ import annotations
@@ -127,7 +133,6 @@ def run_blocks(model: CalibrationModel, tokens: CalibrationSet, linears: Collect
     device = torch.device(device)
     module = model.module
     path, blocks = repeated_blocks(module)
-    _check_alike(module)
     wanted = set(linears)
     asked = [[(sub, name) for sub, name in block if name in wanted] for block in _linears_by_block(model, path, blocks)]
     for sub in module.modules():  # small, and needed where the blocks run
@@ -143,7 +148,7 @@ def run_blocks(model: CalibrationModel, tokens: CalibrationSet, linears: Collect
             with _checkpoint_weights(model, device, dtype) as load:
                 for name, sub in block.named_modules(prefix=f"{path}.{index}"):
                     load(sub, name)
-                stats |= _calibrated(block, asked[index], hidden, extras, spare, on_linear)
+                stats |= _calibrated(block, asked[index], hidden, extras[index], spare, on_linear)
             hidden, spare = spare, hidden
             if progress is not None:
                 progress(BlockDone(index + 1, len(blocks), tokens.used, time.perf_counter() - start))
@@ -189,14 +194,12 @@ def give_back_cached(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _check_alike(module: nn.Module) -> None:
-    """A usage error for a model whose config gives its layers different kinds (`layer_types`)."""
+def layer_kinds(module: nn.Module) -> list[str]:
+    """The kinds the model's config gives its layers (`layer_types`: `sliding_attention`, `full_attention`),
+    each once, in the order they first come; empty where it gives none."""
     config = getattr(module, "config", None)
-    kinds = sorted(set(getattr(config.get_text_config(), "layer_types", None) or ())) if config else []
-    if len(kinds) > 1:
-        raise UsageError(f"the model's layers are of {len(kinds)} kinds ({', '.join(kinds)}), each with its own "
-                         "attention mask; calibration runs models whose layers are all alike",
-                         hint="quantize without calibration")
+    kinds = getattr(config.get_text_config(), "layer_types", None) if config is not None else None
+    return list(dict.fromkeys(kinds or ()))
 
 
 class _Stop(Exception):
@@ -204,22 +207,33 @@ class _Stop(Exception):
 
 
 def _block_inputs(model: CalibrationModel, blocks: nn.ModuleList, ids: torch.Tensor, device: torch.device,
-                  dtype: torch.dtype) -> tuple[torch.Tensor, list[tuple[tuple, dict]]]:
-    """The first block's input for every window ([windows, seq_len, hidden]) and the other arguments it
-    takes with it (positional, keyword), each window's; what every window gets alike is kept once. Only the
-    modules that run before the first block are loaded, as they run."""
+                  dtype: torch.dtype) -> tuple[torch.Tensor, list[list[tuple[tuple, dict]]]]:
+    """The first block's input for every window ([windows, seq_len, hidden]) and, for each block, the other
+    arguments it takes with it (positional, keyword), each window's: the first block's for every block where
+    the layers are all alike, each block's own where the config gives them several kinds (the module's
+    docstring). A tensor that windows or blocks get alike is kept once. Only the modules that run before
+    the first block are loaded, as they run."""
     module = model.module
     hidden: torch.Tensor | None = None
-    extras: list[tuple[tuple, dict]] = []
+    every = len(layer_kinds(module)) > 1
+    caught: list[list[tuple[tuple, dict]]] = [[] for _ in blocks] if every else [[]]
+    pool = _Pool()
 
-    def catch(_block: nn.Module, args: tuple, kwargs: dict) -> None:
-        nonlocal hidden
-        first, args = (args[0], args[1:]) if args else (kwargs.pop("hidden_states"), args)
-        if hidden is None:
-            hidden = first.new_empty((ids.shape[0], *first.shape[1:]))
-        hidden[len(extras)] = first[0]
-        extras.append(_shared((args, kwargs), extras[0] if extras else None))
-        raise _Stop
+    def catcher(index: int) -> Callable:
+        def forward(*args, **kwargs):
+            nonlocal hidden
+            first, args = (args[0], args[1:]) if args else (kwargs.pop("hidden_states"), args)
+            window = len(caught[index])
+            if index == 0:
+                if hidden is None:
+                    hidden = first.new_empty((ids.shape[0], *first.shape[1:]))
+                hidden[window] = first[0]
+            caught[index].append(pool.shared((args, kwargs), caught[index][0] if window else None))
+            if index == len(caught) - 1:
+                raise _Stop
+            return first  # passed through: the next block's arguments are all that is wanted of it
+
+        return forward
 
     inside = {id(sub) for sub in blocks.modules()}
     owners = [(name, sub) for name, sub in module.named_modules()
@@ -227,32 +241,57 @@ def _block_inputs(model: CalibrationModel, blocks: nn.ModuleList, ids: torch.Ten
     options = {"use_cache": False} if "use_cache" in inspect.signature(module.forward).parameters else {}
     with _checkpoint_weights(model, device, dtype) as load:
         hooks = [sub.register_forward_pre_hook(lambda sub, _args, name=name: load(sub, name)) for name, sub in owners]
-        hooks.append(blocks[0].register_forward_pre_hook(catch, with_kwargs=True))
+        for index in range(len(caught)):
+            blocks[index].forward = catcher(index)  # an instance attribute: nn.Module calls it in the class's place
         try:
             for row in ids:
                 try:
                     module(input_ids=row[None].to(device), **options)
                 except _Stop:
                     continue
-                raise InternalError(f"{type(module).__name__} ran to its end without reaching its first block")
+                raise InternalError(f"{type(module).__name__} ran to its end without reaching its last block")
         finally:
+            for index in range(len(caught)):
+                del blocks[index].forward
             for hook in hooks:
                 hook.remove()
-    return hidden, extras
+    return hidden, caught if every else caught * len(blocks)
 
 
-def _shared(value, first):
-    """`value`, with each tensor equal to `first`'s in its place replaced by `first`'s: an attention mask or
-    position embeddings that every window gets alike are kept once, not once a window."""
-    if isinstance(value, torch.Tensor):
-        same = (isinstance(first, torch.Tensor) and first.shape == value.shape and first.dtype == value.dtype
-                and torch.equal(first, value))
-        return first if same else value
-    if isinstance(value, tuple | list) and type(first) is type(value) and len(first) == len(value):
-        return type(value)(_shared(v, f) for v, f in zip(value, first, strict=True))
-    if isinstance(value, dict) and isinstance(first, dict):
-        return {key: _shared(v, first.get(key)) for key, v in value.items()}
-    return value
+class _Pool:
+    """Tensors kept once: an attention mask or position embeddings that every window, or every block of a
+    kind, gets alike."""
+
+    def __init__(self) -> None:
+        self.distinct: dict[tuple, list[torch.Tensor]] = {}  # the first window's tensors, by shape and dtype
+
+    def shared(self, value, first):
+        """`value` with each tensor equal to `first`'s in its place (the block's first window) replaced by
+        `first`'s; on the first window (`first` None), by an equal one an earlier block took."""
+        if isinstance(value, torch.Tensor):
+            if first is None:
+                return self._known(value)
+            same = (isinstance(first, torch.Tensor) and first.shape == value.shape and first.dtype == value.dtype
+                    and torch.equal(first, value))
+            return first if same else value
+        if isinstance(value, tuple | list):
+            if first is None:
+                return type(value)(self.shared(v, None) for v in value)
+            if type(first) is type(value) and len(first) == len(value):
+                return type(value)(self.shared(v, f) for v, f in zip(value, first, strict=True))
+        if isinstance(value, dict):
+            if first is None:
+                return {key: self.shared(v, None) for key, v in value.items()}
+            if isinstance(first, dict):
+                return {key: self.shared(v, first.get(key)) for key, v in value.items()}
+        return value
+
+    def _known(self, value: torch.Tensor) -> torch.Tensor:
+        alike = self.distinct.setdefault((tuple(value.shape), value.dtype, value.device), [])
+        found = next((known for known in alike if torch.equal(known, value)), None)
+        if found is None:
+            alike.append(value)
+        return found if found is not None else value
 
 
 @contextmanager

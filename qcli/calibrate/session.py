@@ -214,8 +214,10 @@ def measure_importance(source: Source, input: Path, calibrating: CalibrationInpu
     names = hf_to_gguf_names(run.stats, model.module.config.model_type)
     unnamed = sorted(set(run.stats) - set(names))
     if unnamed:
-        raise UsageError(f"llama.cpp has no name for {len(unnamed)} of the model's Linears: {', '.join(unnamed[:3])}",
-                         hint="qcli names llama.cpp's tensors for the llama and qwen2 architectures")
+        raise UsageError(printable(f"the gguf package's name table of model_type {model.module.config.model_type!r} "
+                                   f"has no llama.cpp name for {count_and_first(unnamed)} of the model's Linears"),
+                         hint="upgrade the gguf package (pip install -U gguf); llama.cpp's converter may not "
+                              "convert this model")
     entries = {names[name]: ImatrixEntry(stats.importance * stats.tokens, [stats.tokens])
                for name, stats in run.stats.items()}
     imatrix = Imatrix(entries, (Path(text.name).name,), int(tokens.tokens.shape[0]), int(tokens.tokens.shape[1]))

@@ -75,12 +75,42 @@ def hf_rows(rows: int, heads: int, name: str, path: object) -> tuple[int, ...]:
     return tuple(h * size + 2 * i + j for h in range(heads) for j in range(2) for i in range(size // 2))
 
 
+def gguf_architecture(model_type: str) -> str | None:
+    """The gguf package's architecture (a `general.architecture` value) of transformers' `model_type`: the
+    one of the same name, `_` and `-` aside (`qwen2_moe` is `qwen2moe`), or of that name less `_text`
+    (`gemma3_text`, Gemma 3's text model, is `gemma3`); None where the package names none."""
+    import gguf
+
+    def spelt(name: str) -> str:
+        return name.lower().replace("_", "").replace("-", "")
+
+    known = {spelt(name): name for name in gguf.MODEL_ARCH_NAMES.values()}
+    for candidate in (model_type, model_type.removesuffix("_text")):
+        if spelt(candidate) in known:
+            return known[spelt(candidate)]
+    return None
+
+
+def architectures() -> list[str]:
+    """Every architecture the gguf package has a name table of."""
+    import gguf
+
+    return sorted(gguf.MODEL_ARCH_NAMES.values())
+
+
 def name_table(arch: str, blocks: int) -> gguf.TensorNameMap:
     """The gguf package's name table of `arch` (a `general.architecture` value) for `blocks` blocks."""
     import gguf
 
     model_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
-    return gguf.get_tensor_name_map(model_arch, blocks)
+    # The package's constructor updates its class-wide block table with an architecture's own entries
+    # (arctic's ffn_norm), which every table built after it would keep: each is built on a copy.
+    shared = gguf.TensorNameMap.block_mappings_cfg
+    gguf.TensorNameMap.block_mappings_cfg = dict(shared)
+    try:
+        return gguf.get_tensor_name_map(model_arch, blocks)
+    finally:
+        gguf.TensorNameMap.block_mappings_cfg = shared
 
 
 def hf_bases(table: gguf.TensorNameMap) -> dict[str, str]:

@@ -23,6 +23,7 @@ from qcli.calibrate.imatrix import (
     write_imatrix,
 )
 from qcli.errors import InputError, OutputError, UsageError
+from qcli.io.gguf_names import gguf_architecture
 
 RNG = np.random.default_rng(25)
 F32, F16 = 0, 1  # ggml types
@@ -256,10 +257,24 @@ def test_an_imatrix_read_from_a_file_maps_to_hugging_face_names(tmp_path):
     assert gguf_to_hf_names(im.entries, "llama")["blk.0.attn_q.weight"] == "model.layers.0.self_attn.q_proj.weight"
 
 
+@pytest.mark.parametrize(("model_type", "arch"), [("llama", "llama"), ("gemma3_text", "gemma3"), ("gemma2", "gemma2"),
+                                                  ("qwen2_moe", "qwen2moe"), ("qwen3_moe", "qwen3moe"),
+                                                  ("gpt_neox", "gptneox"), ("mistral", None)])
+def test_a_model_type_names_the_architecture_of_the_same_name_in_the_gguf_package(model_type, arch):
+    assert gguf_architecture(model_type) == arch
+
+
+def test_a_model_type_the_gguf_package_does_not_name_takes_the_names_every_table_gives_alike():
+    """Mistral's model type is no gguf architecture; every table that names its Linears names them as llama's."""
+    assert hf_to_gguf_names(LLAMA_PAIRS.values(), "mistral") == hf_to_gguf_names(LLAMA_PAIRS.values(), "llama")
+
+
 def test_names_that_cannot_be_mapped_are_refused():
-    with pytest.raises(UsageError, match="'gpt2'") as raised:
-        gguf_to_hf_names(["blk.0.attn_q.weight"], "gpt2")
+    with pytest.raises(UsageError, match="'no_such_model'") as raised:
+        gguf_to_hf_names(["blk.0.attn_q.weight"], "no_such_model")
     assert raised.value.hint
+    with pytest.raises(UsageError, match="'no_such_model', and its tables name none of the model's tensors"):
+        hf_to_gguf_names(["some.thing.weight"], "no_such_model")
     with pytest.raises(InputError, match="both map to the one name blk.0.ffn_down.weight"):
         hf_to_gguf_names(["model.layers.0.mlp.down_proj.weight", "model.layers.0.mlp.fc2.weight"], "llama")
     with pytest.raises(InputError, match="block 5000"):

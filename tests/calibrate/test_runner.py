@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from qcli.calibrate.data import CalibrationSet, CalibrationText, calibration_tokens
-from qcli.calibrate.model import CALIBRATE_HINT, CalibrationModel, build_model, load_tokenizer, open_model
+from qcli.calibrate.model import CALIBRATE_HINT, CalibrationModel, load_tokenizer, open_model
 from qcli.calibrate.runner import SLACK, block_linears, estimate_memory, run_blocks
 from qcli.errors import InputError, UsageError
 from qcli.io.readers import open_source
@@ -266,10 +266,11 @@ def test_a_tied_head_reads_the_embeddings_and_is_never_loaded(tmp_path):
     assert read.count("model.embed_tokens.weight") == 1 and "model.norm.weight" not in read
 
 
-def test_experts_are_linears_calibrated_on_their_routed_tokens_or_fused_and_refused(tmp_path):
+def test_experts_are_linears_calibrated_on_their_routed_tokens_or_fused_and_run(tmp_path):
     """A Mixtral of 4 experts, 2 a token: transformers 4 builds each expert of nn.Linear layers, which take
     only the tokens routed to them (twice the windows' tokens over the 4); transformers 5 fuses the experts'
-    checkpoint tensors into one parameter, which calibration does not assemble: a usage error naming it."""
+    checkpoint tensors into one parameter, which the run makes as transformers does (expert 0 first) and
+    runs, the experts' tensors returned as no Linear's."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
     config = MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -281,16 +282,41 @@ def test_experts_are_linears_calibrated_on_their_routed_tokens_or_fused_and_refu
     names = [info.name for info in open_source(tmp_path).infos()]
     if model.assembled:
         fused = "model.layers.0.mlp.experts.gate_up_proj"
-        assert model.assembled[fused] == [f"model.layers.0.block_sparse_moe.experts.{e}.{w}.weight"
-                                          for e in range(4) for w in ("w1", "w3")]
-        with pytest.raises(UsageError, match=f"parameter '{fused}' from 8 of the checkpoint's tensors"):
-            run_blocks(model, windows(tmp_path), names, lambda name, weight, stats: None)
+        expected = [f"model.layers.0.block_sparse_moe.experts.{e}.{w}.weight" for w in ("w1", "w3") for e in range(4)]
+        assert sorted(model.assembled[fused].names) == sorted(expected)
+        tensors = load_file(tmp_path / "model.safetensors")
+        made = model.parameter(fused, model.module.get_parameter(fused))
+        for e in range(4):  # each expert's gate rows, then its up rows, as transformers' loading makes them
+            torch.testing.assert_close(made[e], torch.cat([tensors[expected[e]], tensors[expected[4 + e]]]))
+        result = run_blocks(model, windows(tmp_path), names, lambda name, weight, stats: None)
+        assert set(expected) <= set(result.not_linear)
+        assert len(result.stats) == 2 * 4  # q, k, v and o of both blocks
         return
     result = run_blocks(model, windows(tmp_path), names, lambda name, weight, stats: None)
     for layer in range(2):
         experts = [result.stats[f"model.layers.{layer}.block_sparse_moe.experts.{e}.w1.weight"].tokens
                    for e in range(4)]
         assert sum(experts) == 2 * SAMPLES * SEQ_LEN and all(0 < n < SAMPLES * SEQ_LEN for n in experts)
+
+
+def test_fused_experts_made_of_tensors_of_unlike_shapes_are_an_input_error(tmp_path):
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=VOCAB, num_local_experts=4, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    MixtralForCausalLM(config).save_pretrained(tmp_path)
+    llama_tokenizer(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    bad = "model.layers.0.block_sparse_moe.experts.2.w1.weight"
+    if not opened(tmp_path).assembled:
+        pytest.skip("transformers 4 builds each expert of nn.Linear layers: nothing is assembled")
+    tensors[bad] = tensors[bad][:-1]
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(InputError, match="cannot make the model's parameter 'model.layers.0.mlp.experts.gate_up_proj'"
+                       ) as caught:
+        run_blocks(opened(tmp_path), windows(tmp_path), set(), lambda name, weight, stats: None)
+    assert "\n" not in str(caught.value) and caught.value.hint
 
 
 def test_nan_activations_are_an_input_error_naming_the_linear(folders):
@@ -356,17 +382,6 @@ def test_without_transformers_the_hint_says_how_to_install_it(folders, monkeypat
     with pytest.raises(UsageError, match="transformers, which is not installed") as caught:
         open_model(folders["llama"], [], lambda name: None)
     assert caught.value.hint == CALIBRATE_HINT == "pip install 'qcli[calibrate]'"
-
-
-def test_layers_of_different_kinds_are_refused():
-    from transformers import Qwen2Config
-
-    config = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=300, architectures=["Qwen2ForCausalLM"],
-                         layer_types=["sliding_attention", "full_attention"], use_sliding_window=True)
-    model = CalibrationModel(build_model(config), {}, lambda name: None)
-    with pytest.raises(UsageError, match=r"2 kinds \(full_attention, sliding_attention\)"):
-        run_blocks(model, CalibrationSet(torch.zeros(2, 4, dtype=torch.int64), 8, "x", ""), set(), print)
 
 
 @pytest.mark.gpu

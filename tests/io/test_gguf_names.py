@@ -156,3 +156,13 @@ def test_what_names_hf_cannot_map_is_a_usage_error(tmp_path):
     st.write_bytes(struct.pack("<Q", 2) + b"{}")
     lines = assert_user_error(cli("inspect", st, "--names", "hf"), UsageError.exit_code)
     assert "--names hf maps the llama.cpp names of a GGUF file; this input is safetensors" in lines[0]
+
+
+def test_a_table_built_for_one_architecture_leaves_the_others_as_they_were():
+    """The gguf package's constructor writes arctic's own ffn_norm names into its class-wide table; built
+    through name_table, llama's table after arctic's is llama's before it."""
+    from qcli.io.gguf_names import name_table
+
+    before = dict(name_table("llama", 2).mapping)
+    name_table("arctic", 2)
+    assert name_table("llama", 2).mapping == before
