@@ -248,5 +248,7 @@ def test_every_import_goes_to_its_own_group_or_one_below() -> None:
     for name, path in known.items():
         for target in imports(name, path, known):
             assert groups[target] >= groups[name], f"{name} (group {groups[name]}) imports {target} ({groups[target]})"
-            assert not (name.startswith(codec) and target.startswith(io)), f"{name} imports {target}"
+            # The element types' rows are the one thing of io/ the kernels read: which source dtypes they take.
+            assert not (name.startswith(codec) and target.startswith(io) and target != "qcli.io.dtypes"), \
+                f"{name} imports {target}"
             assert not (name.startswith(io) and target.startswith(codec)), f"{name} imports {target}"
