@@ -163,3 +163,31 @@ def test_the_recipe_is_refused_over_a_file_without_force_and_over_an_input(tmp_p
     result = cli("quantize", SINGLE, "-o", tmp_path / "a.bpk", "--target-bpw", "6", "--write-recipe", existing,
                  "--force")
     assert result.code == 0 and existing.read_text().startswith("version = 1")
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """A tiny Llama with its tokenizer and config, the calibration text beside it, and its importance matrix
+    as `qcli imatrix` writes it."""
+    from tests.calibrate_support import TEXT, tiny_llama
+
+    folder = tiny_llama(tmp_path_factory.mktemp("target-llama") / "llama", seed=5, intermediate_size=256)
+    (folder.parent / "text.txt").write_text(TEXT)
+    done = cli("imatrix", folder, "--calibration-data", folder.parent / "text.txt", "-o", folder.parent / "m.gguf",
+               "--samples", "2", "--seq-len", "32", "--device", "cpu")
+    assert done.code == 0, done.err
+    return folder
+
+
+@pytest.mark.parametrize("weighed_by", ["imatrix", "calibration-data"])
+def test_a_target_weighs_the_error_by_the_activations_given(llama, tmp_path, weighed_by):
+    """The sensitivity pass reads an importance matrix, or measures one on calibration text as `qcli imatrix`
+    does; the budget holds either way, and a budget between two forms mixes them."""
+    given = (["--imatrix", llama.parent / "m.gguf"] if weighed_by == "imatrix"
+             else ["--calibration-data", llama.parent / "text.txt", "--samples", "2", "--seq-len", "32"])
+    doc = _run(llama, "-o", tmp_path / "a.bpk", "--target-bpw", "6", "--calibration", "mse", *given,
+               "--device", "cpu", "--dry-run")
+    target = doc["target"]
+    assert target["sensitivity"] == weighed_by
+    assert target["achieved_bits_per_weight"] <= 6.05
+    assert len(set(target["choices"].values())) > 1, "a budget between two forms mixes them"
