@@ -44,6 +44,7 @@ def imatrix(
         str, typer.Option("--device", metavar="auto|cpu|cuda", help="auto is cuda when torch sees a GPU, else cpu.")
     ] = "auto",
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output file.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress; print only the file written.")] = False,
 ) -> None:
     """Write the importance matrix of a checkpoint's Linears, in llama.cpp's GGUF layout and names.
 
@@ -51,10 +52,11 @@ def imatrix(
     calibration tokens and their count (llama.cpp's in_sum2 and counts); `llama-quantize --imatrix` and
     `qcli quantize --calibration mse --imatrix` read it. Needs qcli[calibrate].
     """
-    with _output.run_progress(_output.progress_enabled()) as progress:
+    with _output.run_progress(_output.progress_enabled(quiet=quiet)) as progress:
         report = command.imatrix_file(input, output, calibration_data=calibration_data, samples=samples,
                                       seq_len=seq_len, seed=seed, device=device, force=force,
                                       progress=progress and progress.blocks)
-    _output.stdout().print(f"{len(report.tensors)} tensors measured on {report.samples} × {report.seq_len} tokens "
-                           f"on {report.device} in {report.seconds:.1f} s", soft_wrap=True)
+    if not quiet:
+        _output.stdout().print(f"{len(report.tensors)} tensors measured on {report.samples} × {report.seq_len} "
+                               f"tokens on {report.device} in {report.seconds:.1f} s", soft_wrap=True)
     _output.stdout().print(f"wrote {printable(report.output)}", soft_wrap=True)

@@ -105,3 +105,11 @@ def test_imatrix_refuses_an_existing_output_and_a_bad_text(llama, tmp_path):
     missing = cli("imatrix", llama, "--calibration-data", tmp_path / "none.txt", "-o", tmp_path / "x")
     lines = assert_user_error(missing, 2)
     assert "cannot read calibration text" in lines[0] and not (tmp_path / "x").exists()
+
+
+def test_quiet_prints_only_the_file_written(llama, tmp_path):
+    out = tmp_path / "imatrix.gguf"
+    result = cli("imatrix", llama, "--calibration-data", llama / "calibration.txt", "-o", out, "--device", "cpu",
+                 "--quiet", *WINDOWS)
+    assert result.code == 0, result.err
+    assert result.out.splitlines() == [f"wrote {out}"] and out.is_file()
