@@ -29,8 +29,12 @@ from qcli.scheme import PackedU32, QuantScheme, QuantValue, ScaleDtype
 CRATE = Path(__file__).parent / "burn"
 FIXTURES = Path(__file__).parent / "data" / "burn"
 # The harness of each Burn release qcli writes for: its crate and binary.
-HARNESSES = {"0.22.1": (CRATE, "burn-harness"), "0.21.0": (Path(__file__).parent / "burn-0.21", "burn-harness-021")}
+HARNESSES = {"0.22.1": (CRATE, "burn-harness"), "0.21.0": (Path(__file__).parent / "burn-0.21", "burn-harness-021"),
+             "0.23.0-pre.1": (Path(__file__).parent / "burn-0.23", "burn-harness-023")}
 assert tuple(HARNESSES) == BURN_VERSIONS
+# Burn 0.23's harness built with burn-cubecl's `tile-kernels-only` (its `tile-kernels` feature): wgpu's matmul
+# runs cubek's tile kernels alone, which read a quantized weight packed where its form allows.
+TILE_VERSION, TILE_FEATURE = "0.23.0-pre.1", "tile-kernels"
 # Outside the clone, so a fresh clone reuses an earlier build (.ci/run builds the same directories).
 TARGET_ROOT = Path(os.environ.get("QCLI_BURN_TARGET_DIR", Path.home() / ".cache" / "qcli"))
 VULKAN_ICDS = (Path("/usr/share/vulkan/icd.d"), Path("/etc/vulkan/icd.d"))
@@ -45,25 +49,30 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def target_dir(version: str) -> Path:
-    """Where cargo builds the harness of Burn `version` (.ci/run builds there too)."""
-    return TARGET_ROOT / HARNESSES[version][0].name.replace("burn", "burn-harness")  # burn-harness-0.21
+def target_dir(version: str, tile: bool = False) -> Path:
+    """Where cargo builds the harness of Burn `version` (.ci/run builds there too), with `tile`: its build with
+    the tile kernels (burn-harness-0.23-tile)."""
+    name = HARNESSES[version][0].name.replace("burn", "burn-harness")  # burn-harness-0.21
+    return TARGET_ROOT / (f"{name}-tile" if tile else name)
 
 
 @functools.cache
-def _build(version: str) -> Path | str:
-    """The harness binary for Burn `version`, or why it could not be built."""
+def _build(version: str, tile: bool = False) -> Path | str:
+    """The harness binary for Burn `version` (`tile`: built with the tile kernels), or why it could not be
+    built."""
     crate, binary = HARNESSES[version]
     cargo = shutil.which("cargo")
     if cargo is None:
-        built = target_dir(version) / "debug" / binary
+        built = target_dir(version, tile) / "debug" / binary
         return built if built.is_file() else "cargo is not installed: the Burn harness cannot be built"
-    done = subprocess.run([cargo, "build", "--quiet", "--bins", "--examples", "--manifest-path",
-                           str(crate / "Cargo.toml"), "--target-dir", str(target_dir(version))],
+    features = ["--features", TILE_FEATURE] if tile else []
+    done = subprocess.run([cargo, "build", "--quiet", "--bins", "--examples", *features, "--manifest-path",
+                           str(crate / "Cargo.toml"), "--target-dir", str(target_dir(version, tile))],
                           capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.fail(f"the Burn {version} harness did not build:\n{done.stderr[-4000:]}")
-    return target_dir(version) / "debug" / binary
+        pytest.fail(f"the Burn {version} harness{' (tile kernels)' if tile else ''} did not build:\n"
+                    f"{done.stderr[-4000:]}")
+    return target_dir(version, tile) / "debug" / binary
 
 
 def build_before_tests(say) -> None:

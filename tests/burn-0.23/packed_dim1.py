@@ -16,7 +16,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
 from safetensors.torch import save_file
 
 from bench.burn_sweep import sample
