@@ -4,6 +4,7 @@ tests/io/test_burn_backends.py runs it through the Burn harness on every backend
 `qcli.burn_backends` to the result; this module also runs it on another machine:
 
     python3 -m bench.burn_sweep write DIR [VERSION]             # DIR/sweep.bpk, qcli's decode, compute.bpk
+    python3 -m bench.burn_sweep write-computed DIR BACKEND [VERSION]  # DIR/compute.bpk: BACKEND's cases
     burn-harness probe --backend wgpu DIR/sweep.bpk DIR/burn.safetensors > DIR/verdicts.jsonl
     python3 -m bench.burn_sweep compare DIR [BACKEND [VERSION]] # Burn against qcli and the table
     burn-harness compute --backend wgpu DIR/compute.bpk > DIR/computes.jsonl
@@ -209,6 +210,9 @@ if __name__ == "__main__":
     if command == "write":
         write(Path(folder), *rest)
         write_computed(Path(folder), BurnBackend.wgpu, *rest)
+    elif command == "write-computed":
+        backend, *version = rest
+        write_computed(Path(folder), BurnBackend(backend), *version)
     elif command == "computes":
         backend, device, *version = rest or ["wgpu", NVIDIA]
         sys.exit(1 if compare_computed(Path(folder), BurnBackend(backend), device, *version) else 0)

@@ -1,26 +1,24 @@
 """Burn 0.23.0-pre.1, the pre-release: `--burn-version 0.23` held to its harness (tests/burn-0.23) both ways.
 
-tests/io/test_burn_backends.py holds the 0.23 table to Burn as it holds every release's (decode and compute,
-flex and wgpu on lavapipe). Here: the options accept what that table accepts and refuse what it refuses, as
+tests/io/test_burn_023_recorded.py holds the 0.23 table to recorded runs of that harness (decode and compute,
+flex and wgpu on lavapipe, and wgpu with the tile kernels; CI does not build it), the PackedU32(1) cases of
+tests/burn-0.23/packed_dim1.py included, which qcli itself does not write yet (its `accept_problems` refuses
+an outer packing axis). Here: the options accept what that table accepts and refuse what it refuses, as
 0.22.1's table does not, in both directions; 0.23 is never the default; its files carry 0.22's serde keys
-and 0.23's file limit (tests/reliability/test_limits.py); and the PackedU32(1) cases of
-tests/burn-0.23/packed_dim1.py decode in Burn 0.23 bit for bit where its table says the store loads, which
-qcli itself does not write yet (its `accept_problems` refuses an outer packing axis).
+and 0.23's file limit (tests/reliability/test_limits.py).
 """
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
 
 from qcli import BURN_VERSION
 from qcli.burn_backends import BURN_VERSIONS, PRE_RELEASES, BurnBackend, load_problem, resolve_version
 from qcli.io.burnpack import BurnpackReader
 from qcli.presets import PRESETS
-from tests.burn_harness import HARNESSES, probe, same_bits
+from tests.burn_harness import HARNESSES, RECORDED
 from tests.cli_support import SAMPLES, cli
 
 VERSION = "0.23.0-pre.1"
@@ -34,7 +32,7 @@ def quantize(tmp_path: Path, *args: str):
 def test_0_23_is_named_by_its_minor_version_and_never_the_default() -> None:
     assert resolve_version("0.23") == resolve_version("0.23.0-pre.1") == VERSION
     assert resolve_version(None) == BURN_VERSION != VERSION and BURN_VERSIONS[0] == BURN_VERSION
-    assert VERSION in PRE_RELEASES and VERSION in HARNESSES
+    assert VERSION in PRE_RELEASES and VERSION in HARNESSES and VERSION in RECORDED
     lines = cli("quantize", SOURCE, "-o", "x.bpk", "--burn-version", "0.23.0", "--dry-run").err.splitlines()
     assert "is not a release qcli writes for" in lines[0] and "0.23.0-pre.1 (pre-release)" in lines[-1]
 
@@ -99,30 +97,3 @@ def test_without_a_scheme_burn_backend_writes_0_23s_best_form(tmp_path: Path) ->
     result = quantize(tmp_path, "--burn-backend", "flex", "--burn-version", "0.23", "--transpose")
     assert result.code == 0, result.err
     assert BurnpackReader.open(tmp_path / "out.bpk").metadata["preset"] == "q4s-b32"
-
-
-def packed_dim1():
-    """tests/burn-0.23/packed_dim1.py, which writes PackedU32(1) cases qcli does not accept yet."""
-    spec = importlib.util.spec_from_file_location("packed_dim1", HARNESSES[VERSION][0] / "packed_dim1.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-# What Burn 0.23 decodes of packed_dim1.py's cases, by backend: flex every case; wgpu blocks along the packed
-# axis (and per tensor) with F32 or F16 scales, whole words, as it reads PackedU32(0).
-PACKED_DIM1_WGPU_REFUSES = {"E2M1 block[32,1] UE8M0", "Q4S block[1,16] F16 (scales across the words)",
-                            "Q4S tensor ragged [36,16]"}
-
-
-@pytest.mark.burn
-@pytest.mark.parametrize("backend", [BurnBackend.flex, BurnBackend.wgpu], ids=str)
-def test_packed_u32_1_decodes_in_burn_0_23_bit_for_bit(backend: BurnBackend, tmp_path: Path) -> None:
-    """The payload of X under PackedU32(1) with blocks [Br, Bc] is qcli's PackedU32(0) payload of X.T under
-    blocks [Bc, Br]: Burn 0.23 decodes it to X's values, bit for bit, wherever it reads the store."""
-    packed_dim1().main(tmp_path)
-    expected = load_file(tmp_path / "expected.safetensors")
-    decoded = probe(backend, tmp_path / "packed1.bpk", tmp_path / "burn.safetensors", VERSION)
-    exact = {name for name, got in decoded.items() if not isinstance(got, str) and same_bits(got, expected[name])}
-    refused = PACKED_DIM1_WGPU_REFUSES if backend is BurnBackend.wgpu else set()
-    assert exact == set(expected) - refused, sorted(set(expected) - exact)
