@@ -8,7 +8,7 @@ dequantized it; "loads" means Burn's f32 values equal qcli's decode bit for bit.
 "computes" when a model's ops on the quantized weight (`Embedding`, `Linear` in Row and Col layout, a
 matmul; the harness's `compute`) give what the same ops give on its `dequantize()` (bench/burn_sweep.py's
 TOLERANCE), without a panic. tests/io/test_burn_backends.py runs both
-sweeps again and holds this table to them; docs/output.md has the table in prose, with the causes in Burn's
+sweeps again and holds this table to them (0.23's to its recorded runs: tests/io/test_burn_023_recorded.py); docs/output.md has the table in prose, with the causes in Burn's
 source.
 
 wgpu is Burn's `wgpu` feature (WGSL shaders), measured on Mesa's lavapipe Vulkan driver and, for 0.22.1, on
@@ -16,7 +16,7 @@ an NVIDIA H200 through its Vulkan driver: the same decodes, fewer computes (`Com
 cuda is Burn's `cuda` feature, measured for 0.21.0 only, on an NVIDIA H100 (tests/burn-0.21 built with
 it): 0.22.1's and 0.23's cannot be built without downloading LLVM at build time (`RELEASE_PROBLEMS`). 0.23's
 wgpu row is Burn's default build; built with burn-cubecl's `tile-kernels-only` it decodes the same and also
-computes E4M3 and E5M2 (tests/data/burn/wgpu-0.23-tile, docs/output.md). 0.23 has no ndarray backend.
+computes E4M3 and E5M2 (tests/data/burn/wgpu-0.23-tile beside flex-0.23 and wgpu-0.23, docs/output.md). 0.23 has no ndarray backend.
 """
 
 from __future__ import annotations

@@ -194,7 +194,7 @@ def test_the_preset_by_backend_tables_say_what_the_capability_table_says(doc: st
 
 
 # The presets Burn 0.23's wgpu with the tile kernels computed on lavapipe (tests/data/burn/wgpu-0.23-tile,
-# held to Burn's record by tests/io/test_burn_023_tile.py): all but q8s-native, which wgpu does not decode.
+# held to Burn's record by tests/io/test_burn_023_recorded.py): all but q8s-native, which wgpu does not decode.
 TILE_COMPUTES = set(PRESETS) - {"q8s-native"}
 
 
