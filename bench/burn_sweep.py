@@ -4,10 +4,11 @@ tests/io/test_burn_backends.py runs it through the Burn harness on every backend
 `qcli.burn_backends` to the result; this module also runs it on another machine:
 
     python3 -m bench.burn_sweep write DIR [VERSION]             # DIR/sweep.bpk, qcli's decode, compute.bpk
+    python3 -m bench.burn_sweep write-computed DIR BACKEND [VERSION]  # DIR/compute.bpk: BACKEND's cases
     burn-harness probe --backend wgpu DIR/sweep.bpk DIR/burn.safetensors > DIR/verdicts.jsonl
     python3 -m bench.burn_sweep compare DIR [BACKEND [VERSION]] # Burn against qcli and the table
     burn-harness compute --backend wgpu DIR/compute.bpk > DIR/computes.jsonl
-    python3 -m bench.burn_sweep computes DIR [BACKEND DEVICE]   # what a model runs, against the table
+    python3 -m bench.burn_sweep computes DIR [BACKEND DEVICE [VERSION]]  # what a model runs, against the table
 
 `compute.bpk` holds every preset on a Llama-shaped weight and every whole-row case: the harness runs a
 model's ops on each (`Embedding`, `Linear` in Row and Col layout, a matmul) on the quantized tensor and on
@@ -176,14 +177,15 @@ def computed(verdicts: Sequence[dict]) -> dict[str, str | None]:
     return outcome
 
 
-def disagreements(outcome: dict[str, str | None], backend: BurnBackend, device: str) -> list[str]:
-    """Where the table's compute failures for `backend` on `device` disagree with `outcome` (`computed`'s):
+def disagreements(outcome: dict[str, str | None], backend: BurnBackend, device: str,
+                  version: str = BURN_VERSION) -> list[str]:
+    """Where Burn `version`'s compute failures for `backend` on `device` disagree with `outcome` (`computed`'s):
     a case it accepts must compute right; a preset it refuses must fail; and every failure it names must
     be seen in a case it covers (flex's requantizing keeps some values by chance)."""
     wrong, seen = [], {}
     for name, failure in outcome.items():
         scheme, _ = COMPUTED[name]
-        table = [f for f in compute_failures(backend, scheme) if device in f.devices]
+        table = [f for f in compute_failures(backend, scheme, version) if device in f.devices]
         for known in table:
             seen[known.why] = seen.get(known.why, False) or failure is not None
         if failure is not None and not table:
@@ -194,11 +196,11 @@ def disagreements(outcome: dict[str, str | None], backend: BurnBackend, device: 
     return wrong
 
 
-def compare_computed(folder: Path, backend: BurnBackend, device: str) -> int:
+def compare_computed(folder: Path, backend: BurnBackend, device: str, version: str = BURN_VERSION) -> int:
     """Prints each case a model on `device` computes otherwise than the table says; returns how many."""
     outcome = computed([json.loads(line) for line in (folder / "computes.jsonl").read_text().splitlines()])
-    wrong = disagreements(outcome, backend, device)
-    print("\n".join(wrong + [f"{len(outcome)} cases, {len(wrong)} disagreements with the Burn {BURN_VERSION} "
+    wrong = disagreements(outcome, backend, device, version)
+    print("\n".join(wrong + [f"{len(outcome)} cases, {len(wrong)} disagreements with the Burn {version} "
                               f"{backend} table on {device}"]))
     return len(wrong)
 
@@ -208,9 +210,12 @@ if __name__ == "__main__":
     if command == "write":
         write(Path(folder), *rest)
         write_computed(Path(folder), BurnBackend.wgpu, *rest)
+    elif command == "write-computed":
+        backend, *version = rest
+        write_computed(Path(folder), BurnBackend(backend), *version)
     elif command == "computes":
-        backend, device = rest or ["wgpu", NVIDIA]
-        sys.exit(1 if compare_computed(Path(folder), BurnBackend(backend), device) else 0)
+        backend, device, *version = rest or ["wgpu", NVIDIA]
+        sys.exit(1 if compare_computed(Path(folder), BurnBackend(backend), device, *version) else 0)
     else:
         backend, *version = rest or ["wgpu"]
         sys.exit(1 if compare(Path(folder), BurnBackend(backend), *version) else 0)

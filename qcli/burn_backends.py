@@ -1,19 +1,23 @@
 """Which Burn release and backend loads what: the capability table behind `--burn-version` and `--burn-backend`.
 
 Measured, not read from code, by two sweeps: what Burn decodes, and what a model computes with it. The
-harnesses in tests/burn (Burn 0.22.1) and tests/burn-0.21 (Burn 0.21.0)
-built every value x store x scale dtype x scale level, ragged and whole rows, and every kept dtype with
-`Tensor::from_data` on each backend and dequantized it; "loads" means Burn's f32 values equal qcli's
-decode bit for bit. A pair that decodes "computes" when a model's ops on the quantized weight (`Embedding`,
-`Linear` in Row and Col layout, a matmul; the harness's `compute`) give what the same ops give on its
-`dequantize()` (bench/burn_sweep.py's TOLERANCE), without a panic. tests/io/test_burn_backends.py runs both
-sweeps again and holds this table to them; docs/output.md has the table in prose, with the causes in Burn's
-source.
+harnesses in tests/burn (Burn 0.22.1), tests/burn-0.21 (Burn 0.21.0) and tests/burn-0.23 (Burn 0.23.0-pre.1, a
+pre-release, written for only when `--burn-version 0.23` names it) built every value x store x scale dtype
+x scale level, ragged and whole rows, and every kept dtype with `Tensor::from_data` on each backend and
+dequantized it; "loads" means Burn's f32 values equal qcli's decode bit for bit. A pair that decodes
+"computes" when a model's ops on the quantized weight (`Embedding`, `Linear` in Row and Col layout, a
+matmul; the harness's `compute`) give what the same ops give on its `dequantize()` (bench/burn_sweep.py's
+TOLERANCE), without a panic. tests/io/test_burn_backends.py runs both sweeps again and holds this table to
+them (0.23's to its recorded runs: tests/io/test_burn_023_recorded.py); docs/output.md has the table in
+prose, with the causes in Burn's source.
 
 wgpu is Burn's `wgpu` feature (WGSL shaders), measured on Mesa's lavapipe Vulkan driver and, for 0.22.1, on
 an NVIDIA H200 through its Vulkan driver: the same decodes, fewer computes (`ComputeFailure.devices`).
 cuda is Burn's `cuda` feature, measured for 0.21.0 only, on an NVIDIA H100 (tests/burn-0.21 built with
-it): 0.22.1's cannot be built without downloading LLVM at build time (`RELEASE_PROBLEMS`).
+it): 0.22.1's and 0.23's cannot be built without downloading LLVM at build time (`RELEASE_PROBLEMS`). 0.23's
+wgpu row is Burn's default build; built with burn-cubecl's `tile-kernels-only` it decodes the same and also
+computes E4M3 and E5M2 (tests/data/burn/wgpu-0.23-tile beside flex-0.23 and wgpu-0.23, docs/output.md).
+0.23 has no ndarray backend.
 """
 
 from __future__ import annotations
@@ -29,8 +33,11 @@ from qcli.io.dtypes import DType, Plain, QFloat
 from qcli.presets import DEFAULT_PRESET
 from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype, symmetric_integer
 
-# Burn 0.21 reads a scheme's scales from the keys `param` and `level`, 0.22 from `tensor` and `block`.
+# Burn 0.21 reads a scheme's scales from the keys `param` and `level`, 0.22 from `tensor` and `block`, as
+# 0.23.0-pre.1 does (cubecl-common 0.12.0-pre.1 `src/quant/scheme.rs`: the same fields and variants).
 OLDER_SERDE_VERSIONS = frozenset({"0.21.0"})
+# Releases Burn has published as pre-releases: written for only when `--burn-version` names one, and said so.
+PRE_RELEASES = frozenset({"0.23.0-pre.1"})
 
 
 class BurnBackend(StrEnum):
@@ -186,6 +193,48 @@ _WGPU_0_22 = Capability(
     computes=_WGPU_COMPUTES,
     best_preset="q4f-b32-global",
 )
+# Burn 0.23.0-pre.1 (a pre-release), measured on the CPU (flex) and on lavapipe (wgpu) as 0.22.1 was. flex
+# decodes every case of the sweep: every value in every store, every scale dtype, padded rows at every rank
+# (burn-std 0.23 `src/tensor/quantization/packing.rs` pads each line of any rank to whole words). It still
+# requantizes a block-scaled weight on every layout op (burn-flex 0.23.0-pre.1 `src/ops/qtensor.rs:349`,
+# `block_safe_layout_op`, with `quantize_dynamic`'s max-abs scales, `:64`), but now keeps a two-level weight's
+# tensor scale: a Symmetric value or a minifloat in one or two levels of F32 or F16 scales computes right.
+_FLEX_0_23_WHY = ("Burn 0.23's flex requantizes a block-scaled weight when Linear reshapes or transposes it, with "
+                  "max-abs scales of its own, so Linear computes wrong (by up to 36 %) unless the value is "
+                  "Symmetric or a minifloat and the block scales F32 or F16")
+_FLEX_0_23 = Capability(
+    stores={PackedU32: frozenset(QuantValue), Native: frozenset(QuantValue), PackedNative: frozenset(QuantValue)},
+    scale_dtypes=frozenset(ScaleDtype),
+    ragged_rank=8,  # any rank: the sweep's ragged tensors of rank 1 to 3 load, and the packing pads every line
+    kept_refused=frozenset(),
+    unsupported={},
+    computes=(
+        ComputeFailure(_FLEX_0_23_WHY, _FULL_RANGE, _BLOCKED, _ON_CPU),
+        ComputeFailure(_FLEX_0_23_WHY, frozenset(QuantValue) - _FULL_RANGE, _BLOCKED, _ON_CPU,
+                       scale_dtypes=frozenset({ScaleDtype.F32, ScaleDtype.F16})),
+    ),
+    best_preset="q4s-b32",
+)
+# Burn 0.23's wgpu decodes exactly what 0.22.1's does (all 274 cases alike). Its quantized matmul no longer
+# runs out of shared memory on lavapipe for a 2-bit weight (burn-cubecl 0.23 picks cubek 0.4's kernels);
+# E4M3 and E5M2 still fail at execution and a reshape of N-d blocks still panics.
+_WGPU_0_23 = Capability(
+    stores=_WGPU_0_22.stores,
+    scale_dtypes=_WGPU_0_22.scale_dtypes,
+    ragged_rank=0,
+    kept_refused=frozenset(),
+    unsupported=_WGPU_0_22.unsupported,
+    computes=(
+        ComputeFailure("Burn 0.23's wgpu cannot reshape a weight whose blocks span several axes, as Linear does "
+                       "(\"Reshape of ND block-quantized tensor is not yet supported\")", frozenset(QuantValue),
+                       frozenset({"nd-block"}), frozenset({LAVAPIPE})),
+        ComputeFailure("Burn 0.23's wgpu quantized matmul fails on E4M3 and E5M2 weights (\"An error happened "
+                       "during execution\")", frozenset({QuantValue.E4M3, QuantValue.E5M2}),
+                       frozenset({"tensor", "block"}), frozenset({LAVAPIPE})),
+    ),
+    best_preset="q4f-b32-global",
+)
+
 # Burn 0.21's CPU backends read every scale as f32 and a block as a run of consecutive values.
 _CPU_0_21 = {
     "scale": "Burn 0.21's CPU backends read every scale as an f32 (other scale dtypes panic)",
@@ -256,10 +305,15 @@ CAPABILITIES: dict[str, dict[BurnBackend, Capability]] = {
         ),
         BurnBackend.cuda: _CUDA_0_21,
     },
+    "0.23.0-pre.1": {BurnBackend.flex: _FLEX_0_23, BurnBackend.wgpu: _WGPU_0_23},
 }
 BURN_VERSIONS = tuple(CAPABILITIES)
 # Why a release's table lacks a backend: what stopped it being measured.
 RELEASE_PROBLEMS = {
+    ("0.23.0-pre.1", BurnBackend.ndarray): "Burn 0.23 has no ndarray backend: its burn crate dropped the "
+    "`ndarray` feature for flex, Burn's CPU backend",
+    ("0.23.0-pre.1", BurnBackend.cuda): "Burn 0.23.0-pre.1's cuda backend is not measured: its `cuda` feature "
+    "builds cubecl-llvm, whose build script downloads LLVM from outside the package registries, as 0.22.1's does",
     ("0.22.1", BurnBackend.cuda): "Burn 0.22.1's cuda backend is not measured: its `cuda` feature builds "
     "cubecl-llvm, whose build script (tracel-llvm-bundler 23.1.0-4) downloads LLVM from outside the package "
     "registries, which qcli's test machines cannot reach (docs/output.md)",
@@ -284,14 +338,27 @@ def resolve_backend(name: str | None) -> BurnBackend | None:
     return BurnBackend(one_of(name, list(BurnBackend), "--burn-backend"))
 
 
+def short_version(version: str) -> str:
+    """The `--burn-version` that names `version`: its major and minor (`0.21` for 0.21.0, `0.23` for
+    0.23.0-pre.1)."""
+    return ".".join(version.split(".")[:2])
+
+
+def version_label(version: str) -> str:
+    """`version` as help and hints name it: a pre-release says so."""
+    return f"{version} (pre-release)" if version in PRE_RELEASES else version
+
+
 def resolve_version(name: str | None) -> str:
-    """The Burn release `--burn-version` names (`0.21` or `0.21.0`), or the newest stable one qcli targets."""
+    """The Burn release `--burn-version` names (`0.21` or `0.21.0`; `0.23` or `0.23.0-pre.1` for the
+    pre-release), or the newest stable one qcli targets."""
     if name is None:
         return BURN_VERSION
-    chosen = [v for v in BURN_VERSIONS if name.strip() in (v, v.rsplit(".", 1)[0])]
+    chosen = [v for v in BURN_VERSIONS if name.strip() in (v, short_version(v))]
     if not chosen:
         raise UsageError(f"Burn {name!r} is not a release qcli writes for",
-                         hint=f"use one of {', '.join(BURN_VERSIONS)} (the default is {BURN_VERSION})")
+                         hint=f"use one of {', '.join(map(version_label, BURN_VERSIONS))} (the default is "
+                         f"{BURN_VERSION})")
     return chosen[0]
 
 
@@ -300,8 +367,10 @@ def require_measured(backend: BurnBackend | None, version: str) -> None:
     why = None if backend is None else release_problem(backend, version)
     if why is not None:
         measured = [v for v in BURN_VERSIONS if backend in CAPABILITIES[v]]
-        raise UsageError(why, hint=f"--burn-version {measured[0].rsplit('.', 1)[0]} writes for the release qcli "
-                         "measured it on, or --burn-backend wgpu, whose best form computes on an NVIDIA GPU")
+        instead = ("--burn-backend flex, the CPU backend that replaced it" if backend is BurnBackend.ndarray else
+                   "--burn-backend wgpu, whose best form computes on an NVIDIA GPU")
+        raise UsageError(why, hint=f"--burn-version {short_version(measured[0])} writes for the release qcli "
+                         f"measured it on, or {instead}")
 
 
 def default_preset(backend: BurnBackend | None, version: str = BURN_VERSION) -> str:

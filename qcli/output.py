@@ -24,13 +24,13 @@ from qcli.errors import InputError, Interrupted, OutputError, PlanError, UsageEr
 from qcli.formats.declaration import SIDE_FILES as DECLARATIONS
 from qcli.io.burnpack import (
     GIB,
-    MAX_FILE_SIZE,
     MAX_TENSOR_COUNT,
     BurnpackWriter,
     TensorEntry,
     entry_bound,
     fixed_bound,
     gib,
+    max_file_size,
     metadata_json,
     size_bound,
 )
@@ -291,16 +291,17 @@ def _shards(plan: Plan, target: Path, max_shard_size: int | None, metadata: Mapp
     The plan refuses data over the limit (a lower bound on the file); this bounds the whole file, header
     and metadata included, so that no file Burn's reader refuses is written."""
     entries = [TensorEntry(e.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in plan.entries]
-    limit = f"Burn's reader refuses files over {MAX_FILE_SIZE} bytes ({gib(MAX_FILE_SIZE)})"
+    most = max_file_size(metadata.get("burn_version"))  # 500 GiB for Burn 0.23, else 100 GiB
+    limit = f"Burn's reader refuses files over {most} bytes ({gib(most)})"
     if max_shard_size is None:
         size = size_bound(entries, metadata)
-        if size > MAX_FILE_SIZE:
-            raise PlanError(f"the output would take up to {size / GIB:.1f} GiB, over Burn's {gib(MAX_FILE_SIZE)} "
+        if size > most:
+            raise PlanError(f"the output would take up to {size / GIB:.1f} GiB, over Burn's {gib(most)} "
                             "file limit", hint=f"{limit}; split it with --max-shard-size 50GB")
         return [Shard(target, entries)]
-    if max_shard_size > MAX_FILE_SIZE:
-        raise UsageError(f"--max-shard-size {max_shard_size} is over Burn's {gib(MAX_FILE_SIZE)} file limit",
-                         hint=f"{limit}; give at most {MAX_FILE_SIZE // GIB}GiB")
+    if max_shard_size > most:
+        raise UsageError(f"--max-shard-size {max_shard_size} is over Burn's {gib(most)} file limit",
+                         hint=f"{limit}; give at most {most // GIB}GiB")
     try:
         packs = split(entries, max_shard_size, metadata)
     except ValueError as exc:

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from qcli import BURN_VERSION
-from qcli.burn_backends import BURN_VERSIONS, BurnBackend
+from qcli.burn_backends import BURN_VERSIONS, BurnBackend, version_label
 
 BurnBackendOption = Annotated[
     BurnBackend | None,
@@ -25,7 +25,8 @@ BurnVersionOption = Annotated[
     typer.Option(
         "--burn-version",
         metavar="VERSION",
-        help=f"The Burn release the file is for: {', '.join(BURN_VERSIONS)} (default {BURN_VERSION}, the"
-        " newest stable). 0.21 reads one-level schemes only.",
+        help=f"The Burn release the file is for: {', '.join(map(version_label, BURN_VERSIONS))} (default"
+        f" {BURN_VERSION}, the newest stable). 0.21 reads one-level schemes only; 0.23 is Burn's pre-release,"
+        " never the default.",
     ),
 ]

@@ -23,10 +23,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NoReturn
 
 import cbor2
 
+from qcli import BURN_VERSION
 from qcli.errors import InputError, OutputError
 from qcli.io.digest import digest
 from qcli.io.dtypes import DType, QFloat, dtype_from_serde
@@ -45,7 +46,10 @@ EXTENSION = ".bpk"
 GIB = 1024**3
 # Burn's reader limits (burn-pack `base.rs`): it refuses anything larger, as a defence against hostile files.
 # Named here alone: the plan, the output and the reader take them, and their words, from here (`gib`).
+# MAX_FILE_SIZE is Burn 0.22.1's and 0.21.0's; Burn 0.23.0-pre.1 raised its reader's default to 500 GiB
+# (burn-pack 0.23.0-pre.1 `base.rs`), the only limit that differs by release (`max_file_size`).
 MAX_FILE_SIZE = 100 * GIB
+MAX_FILE_SIZES = {"0.23.0-pre.1": 500 * GIB}
 MAX_METADATA_SIZE = 100 * 1024**2
 MAX_CBOR_RECURSION_DEPTH = 128
 MAX_TENSOR_COUNT = 100_000
@@ -68,6 +72,11 @@ class TensorEntry:
     shape: tuple[int, ...]
     nbytes: int
     param_id: int | None = None
+
+
+def max_file_size(burn_version: str | None) -> int:
+    """The largest file Burn `burn_version`'s reader opens (None or a release not listed: MAX_FILE_SIZE)."""
+    return MAX_FILE_SIZES.get(burn_version or "", MAX_FILE_SIZE)
 
 
 def gib(limit: int) -> str:
@@ -531,10 +540,11 @@ _TRUNCATED_HINT = "the file was cut short (an interrupted copy or write?); copy 
 
 
 def _open(path: Path, file: BinaryIO, size: int) -> BurnpackReader:
-    """Burn's checks in Burn's order (`Reader::from_file`), then qcli's stricter ones."""
-    if size > MAX_FILE_SIZE:
-        raise _fail(path, f"file size {size} bytes exceeds the maximum of {MAX_FILE_SIZE} bytes",
-                    f"Burn refuses burnpack files over {gib(MAX_FILE_SIZE)}; split the model into several files")
+    """Burn's checks in Burn's order (`Reader::from_file`), then qcli's stricter ones. The file size is held
+    to the largest limit of any release first, and, once the metadata is read, to that of the release the
+    file names (`burn_version`; Burn 0.22.1's where it names none)."""
+    if size > max(MAX_FILE_SIZE, *MAX_FILE_SIZES.values()):
+        _too_large(path, size, max(MAX_FILE_SIZE, *MAX_FILE_SIZES.values()), "Burn")
     head = file.read(HEADER_SIZE)
     if len(head) < HEADER_SIZE:
         raise _fail(path, f"not a burnpack file: {size} bytes, shorter than the {HEADER_SIZE}-byte header",
@@ -562,6 +572,9 @@ def _open(path: Path, file: BinaryIO, size: int) -> BurnpackReader:
     except Exception as exc:  # noqa: BLE001
         raise _fail(path, _cbor_problem(exc), _CORRUPT_HINT) from None
     tensors, metadata, scalars = _parse_metadata(path, top)
+    if size > max_file_size(metadata.get("burn_version")):
+        _too_large(path, size, max_file_size(metadata.get("burn_version")),
+                   f"Burn {metadata.get('burn_version', BURN_VERSION)}")
     if len(tensors) > MAX_TENSOR_COUNT:
         raise _fail(path, f"file contains {len(tensors)} tensors, exceeding the maximum of "
                     f"{MAX_TENSOR_COUNT}", _CORRUPT_HINT)
@@ -590,6 +603,11 @@ def _open(path: Path, file: BinaryIO, size: int) -> BurnpackReader:
         offsets[name] = (start, end)
     entries.sort(key=lambda entry: (offsets[entry.name][0], offsets[entry.name][1]))
     return BurnpackReader(path, version, metadata, scalars, data_start, entries, offsets)
+
+
+def _too_large(path: Path, size: int, limit: int, release: str) -> NoReturn:
+    raise _fail(path, f"file size {size} bytes exceeds the maximum of {limit} bytes",
+                f"{release} refuses burnpack files over {gib(limit)}; split the model into several files")
 
 
 def _is_u64(value: object) -> bool:

@@ -21,7 +21,7 @@ from qcli.burn_backends import (
     loads_instead,
 )
 from qcli.formats.found import Encoded, Found
-from qcli.io.burnpack import MAX_FILE_SIZE, MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, align, gib
+from qcli.io.burnpack import MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, align, gib, max_file_size
 from qcli.io.dtypes import FLOAT_DTYPES
 from qcli.plan.entries import Plan, PlanEntry
 from qcli.plan.options import PlanOptions
@@ -271,9 +271,10 @@ def file_problems(findings: Findings, plan: Plan) -> None:
         findings.problem(Kind.size, f"the output would hold {count} tensors; Burn's reader refuses more than "
                          f"{MAX_TENSOR_COUNT}", "split the output into several files with --max-shard-size")
     data = sum(align(e.out_nbytes) for e in plan.entries)
-    if data > MAX_FILE_SIZE:
+    most = max_file_size(plan.entries[0].burn_version if plan.entries else None)
+    if data > most:
         findings.problem(Kind.size, f"the output would take at least {data / 1024**3:.1f} GiB; Burn's reader "
-                         f"refuses a file over {gib(MAX_FILE_SIZE)}",
+                         f"refuses a file over {gib(most)}",
                          "split the output with --max-shard-size 50GB, quantize more tensors, or use a smaller "
                          "scheme")
 

@@ -25,6 +25,7 @@ from qcli.io.burnpack import (
     TensorEntry,
     data_section_start,
     header_bytes,
+    max_file_size,
     metadata_json,
     size_bound,
 )
@@ -475,6 +476,27 @@ def test_file_over_100_gib(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="file size 107374182401 bytes exceeds the maximum"):
         BurnpackReader.open(path)
     os.truncate(path, 0)
+
+
+def test_the_file_limit_is_the_release_the_file_names(tmp_path: Path) -> None:
+    """Burn 0.23.0-pre.1's reader opens files up to 500 GiB (burn-pack 0.23.0-pre.1 base.rs), 0.22.1's and
+    0.21.0's up to 100 GiB: a file over 100 GiB reads when its metadata names 0.23, and is refused, naming
+    the release, when it names an older one or none; nothing reads past 500 GiB."""
+    path = tmp_path / "a.bpk"
+    for version, size, limit in [("0.23.0-pre.1", 100 * 1024**3 + 1, None), ("0.22.1", 100 * 1024**3 + 1, "0.22.1"),
+                                 (None, 100 * 1024**3 + 1, "0.22.1"), ("0.23.0-pre.1", 500 * 1024**3 + 1, "")]:
+        top = {"tensors": {}} | ({} if version is None else {"metadata": {"burn_version": version}})
+        path.write_bytes(raw_pack(top))
+        os.truncate(path, size)
+        if limit is None:
+            assert BurnpackReader.open(path).metadata["burn_version"] == version
+        else:
+            with pytest.raises(InputError, match=f"file size {size} bytes exceeds the maximum") as caught:
+                BurnpackReader.open(path)
+            assert f"Burn {limit}".strip() + " refuses burnpack files over" in caught.value.hint
+        os.truncate(path, 0)
+    assert max_file_size("0.23.0-pre.1") == 500 * 1024**3 and max_file_size("0.21.0") == max_file_size(None) \
+        == 100 * 1024**3
 
 
 @pytest.mark.parametrize(

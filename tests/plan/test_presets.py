@@ -151,27 +151,51 @@ def backend_marks(row: str, columns: int) -> list[str]:
     return [cell.strip() for cell in row.strip().strip("|").split("|")][-columns:]
 
 
+# The marker each other release's preset table follows; the default release's comes before any of them.
+MARKERS = {"0.21.0": "<!-- burn 0.21 -->", "0.23.0-pre.1": "<!-- burn 0.23 -->"}
+
+
+def release_section(text: str, version: str) -> str:
+    """The part of a document that holds Burn `version`'s preset table."""
+    if version in MARKERS:
+        text = text.split(MARKERS[version])[1]
+    for marker in MARKERS.values():
+        text = text.split(marker)[0]
+    return text
+
+
 @pytest.mark.parametrize(("doc", "version"), [("docs/presets.md", "0.22.1"), ("README.md", "0.22.1"),
-                                              ("docs/presets.md", "0.21.0")])
+                                              ("docs/presets.md", "0.21.0"), ("docs/presets.md", "0.23.0-pre.1"),
+                                              ("README.md", "0.23.0-pre.1")])
 def test_the_preset_by_backend_tables_say_what_the_capability_table_says(doc: str, version: str) -> None:
     """✓ exactly where `qcli.burn_backends` (held to Burn by tests/io/test_burn_backends.py) loads the preset
     on a [4096, 4096] weight, and the pair count below the table adds up. Burn 0.21's table follows the
-    marker `<!-- burn 0.21 -->`; the default release's comes first."""
-    text = (ROOT / doc).read_text()
-    older = "<!-- burn 0.21 -->"
-    text = text.split(older)[1] if version == "0.21.0" else text.split(older)[0]
+    marker `<!-- burn 0.21 -->`, 0.23's `<!-- burn 0.23 -->`; the default release's comes first. 0.23's
+    table has a last column for wgpu with the tile kernels, held to their record (TILE_COMPUTES)."""
+    text = release_section((ROOT / doc).read_text(), version)
     rows = {row.split("|")[1].strip(" `"): row for row in text.splitlines() if row.startswith("| `")}
+    tile = version == "0.23.0-pre.1"
     marks = []
     for name, preset in PRESETS.items():
         want = [mark(b, preset.scheme, version) for b in backends(version)]
-        assert backend_marks(rows[name], len(backends(version))) == want, name
+        cells = backend_marks(rows[name], len(backends(version)) + tile)
+        assert cells[: len(want)] == want, name
+        if tile:
+            assert cells[-1] == ("✓" if name in TILE_COMPUTES else "—"), name
         marks += want
     pairs, loads, decodes = len(marks), marks.count("✓"), marks.count("decodes")
     count = (f"Of the {pairs} preset × backend pairs, {loads} decode and compute, {decodes} decode only and "
              f"{pairs - loads - decodes} neither; `--burn-backend`\nrefuses the last {pairs - loads}"
              if version == BURN_VERSION else
+             f"Of the {pairs} preset × backend pairs (flex and wgpu), {loads} decode and compute, {decodes} decode "
+             f"only and {pairs - loads - decodes} neither" if tile else
              f"Of the {pairs} preset × backend pairs, {loads} load bit-identically and {pairs - loads} are refused")
-    assert count in text
+    assert count in text or count in " ".join(text.split())
+
+
+# The presets Burn 0.23's wgpu with the tile kernels computed on lavapipe (tests/data/burn/wgpu-0.23-tile,
+# held to Burn's record by tests/io/test_burn_023_recorded.py): all but q8s-native, which wgpu does not decode.
+TILE_COMPUTES = set(PRESETS) - {"q8s-native"}
 
 
 def mark(backend: BurnBackend, scheme: QuantScheme, version: str) -> str:

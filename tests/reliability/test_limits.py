@@ -52,6 +52,19 @@ def test_an_output_over_100_gib_is_a_plan_error_until_it_is_split(tmp_path: Path
     assert_user_error(cli("quantize", source, "--dry-run", "--max-shard-size", "101GiB"), 2)
 
 
+def test_burn_0_23_reads_files_up_to_500_gib(tmp_path: Path) -> None:
+    """Burn 0.23.0-pre.1 raised its reader's file limit to 500 GiB: the 108 GiB output 0.22.1 refuses is one
+    file for --burn-version 0.23, and a shard may be up to 500 GiB."""
+    source = sparse_checkpoint(tmp_path / "in.safetensors", [2 * GIB + GIB // 4] * 12)  # 12 x 9 GiB, kept
+    newer = ["--dry-run", "--json", "--burn-version", "0.23"]
+    result = cli("quantize", source, *newer)
+    assert result.code == 0, result.err
+    assert [Path(p).name for p in result.json["outputs"]] == ["in.bpk"]
+    assert cli("quantize", source, *newer, "--max-shard-size", "101GiB").code == 0
+    lines = assert_user_error(cli("quantize", source, *newer, "--max-shard-size", "501GiB"), 2)
+    assert "over Burn's 500 GiB file limit" in lines[0]
+
+
 def test_shards_hold_every_tensor_whole_and_once(tmp_path: Path) -> None:
     whole = tmp_path / "whole.bpk"
     assert cli("quantize", SINGLE, "-o", whole, "--device", "cpu").code == 0
