@@ -13,7 +13,7 @@ from qcli.errors import UsageError
 from qcli.io.readers import locate, open_source
 from qcli.io.reads import Reads, refuse_special
 from qcli.io.source import checkpoint_folder
-from qcli.output import read_beside
+from qcli.output.folder import read_beside
 from qcli.pipeline.device import require_device
 from qcli.text import printable
 

@@ -22,16 +22,10 @@ from qcli.io.readers import open_source, reader_of
 from qcli.io.reads import Reads, refuse_special
 from qcli.io.source import Source, TensorInfo, checkpoint_folder
 from qcli.io.staged import StagedFile
-from qcli.output import (
-    TARGET_HINT,
-    ModelFolder,
-    Output,
-    check_folder,
-    folder_record,
-    metadata,
-    read_beside,
-    side_files,
-)
+from qcli.output import Output
+from qcli.output.folder import ModelFolder, check_folder, folder_record, read_beside, side_files
+from qcli.output.metadata import metadata
+from qcli.output.names import TARGET_HINT
 from qcli.pipeline.device import Runtime, require_device
 from qcli.pipeline.prepared import rest_of, with_prepared
 from qcli.plan.decisions import make_checked_plan
