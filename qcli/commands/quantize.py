@@ -322,7 +322,7 @@ def _calibration_record(plan: Plan, input: Path, checkpoint: list[TensorInfo], o
     if not gptq and not searched and not measured:
         return None
     if given.data is None:
-        from qcli.calibrate.imatrix import read_imatrix
+        from qcli.io.imatrix import read_imatrix
 
         read_imatrix(given.imatrix)  # its faults refused here, a dry run's too
         return CalibrationRecord("mse", str(given.imatrix), file_sha256(given.imatrix))
