@@ -1,9 +1,10 @@
 """GPU path: Triton kernels that write the payload bytes of `qcli.codec.encode` (docs/arithmetic.md).
 
 `encode` quantizes one tensor; `enqueue` (with `tensor_range` for tensors held in row chunks) is the
-asynchronous form the GPU pipeline launches. `launch` configures and runs the kernels of `_quantize`,
-which share the element-wise arithmetic of `_arith`, and of `_search` (the Mse search inside the fused
-kernel). `gptq` launches GPTQ's column kernel (`_gptq`) for `qcli.calibrate.gptq`.
+asynchronous form the GPU pipeline launches; `interpreted` and `searches_in_kernel` tell it how they run.
+`launch` configures and runs the kernels of `_quantize`, which share the element-wise arithmetic of
+`_arith`, and of `_search` (the Mse search inside the fused kernel). `gptq` launches GPTQ's column kernel
+(`_gptq`) for `qcli.calibrate.gptq`. Both hand the kernels `constants`' rows.
 """
 
 if __name__ == "kernels":
@@ -12,6 +13,6 @@ if __name__ == "kernels":
 
     hand_over(__name__, __file__)
 else:
-    from qcli.kernels.launch import encode, enqueue, tensor_range
+    from qcli.kernels.launch import encode, enqueue, interpreted, searches_in_kernel, tensor_range
 
-    __all__ = ["encode", "enqueue", "tensor_range"]
+    __all__ = ["encode", "enqueue", "interpreted", "searches_in_kernel", "tensor_range"]

@@ -11,7 +11,7 @@ from qcli import layout
 from qcli.codec.search import CLIPS, candidate_count, error_bits, group_weights, importance_bits
 from qcli.kernels import _gptq as KG
 from qcli.kernels import _search as KS
-from qcli.kernels.launch import _OPTIONS, _clips, _scale_constants, _value_constants
+from qcli.kernels.constants import COMPILE_OPTIONS, clips, scale_constants, value_constants
 from qcli.scheme import QuantScheme
 
 ROWS = 16  # rows of W a program holds: [16, 128] f32 of the lazy block in registers
@@ -43,18 +43,18 @@ def lazy_block(w: torch.Tensor, u: torch.Tensor, fields: torch.Tensor, dequantiz
     weigh = KS.WEIGH_NONE.value if weights is None else KS.WEIGH_COLUMNS.value
     weight_values, weighed = (None, None) if weights is None else weights
     KG._gptq_columns_kernel[(triton.cdiv(rows, ROWS),)](
-        w, u, fields, dequantized, errors, stored, weight_values, weighed, _clips(w.device),
+        w, u, fields, dequantized, errors, stored, weight_values, weighed, clips(w.device),
         rows, width, w.stride(0), u.stride(0), fields.stride(0), errors.stride(0), stored.stride(0),
         float(glob) if glob is not None else 1.0,
         R=ROWS, BW=triton.next_power_of_2(max(width, c)), C=c, SEARCH=search, WEIGH=weigh,
         J_PLAIN=error_bits(c, 0), J_WEIGHED=error_bits(c, importance_bits(c)), CLIP_COUNT=len(CLIPS),
         CANDIDATES=candidate_count(scheme), TWO_LEVEL=scheme.is_two_level(),
         HALF_RANGE=scheme.value.half_range(), num_warps=4,
-        **_taken(_scale_constants(scheme.scale_dtype())), **_taken(_value_constants(scheme.value)), **_OPTIONS)
+        **_taken(scale_constants(scheme.scale_dtype())), **_taken(value_constants(scheme.value)), **COMPILE_OPTIONS)
 
 
 def _taken(constants: dict) -> dict:
-    """The constexprs the column kernel declares, of a row's (`launch._scale_constants`, `_value_constants`):
+    """The constexprs the column kernel declares, of a row's (`constants.scale_constants`, `value_constants`):
     it stores no packed field and no scale bytes, so it takes no width of either."""
     return {name: value for name, value in constants.items() if name not in ("BITS", "SCALE_SIZE")}
 

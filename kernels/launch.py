@@ -8,7 +8,7 @@ two-level scheme depend on (`qcli.tensor_range.TensorRange`), and `enqueue(..., 
 each chunk with it.
 
 The kernels take a scheme's facts as constexprs, from its value type's and scale dtype's rows in
-`qcli.scheme` (`_value_constants`, `_scale_constants`), and their tile shapes from `launch_config`.
+`qcli.scheme` (`value_constants`, `scale_constants`), and their tile shapes from `launch_config`.
 
 Every launch of a shape and scheme is the same but for its pointers, so its arguments are worked out once
 (`_Launch`, memoized per scheme, shape and dtype): the first launch goes through Triton's JIT, which
@@ -47,7 +47,8 @@ from qcli.io.dtypes import KERNEL_DTYPES, torch_dtype
 from qcli.kernels import _quantize as K
 from qcli.kernels import _search as KS
 from qcli.kernels._arith import RESCALE_DOWN, RESCALE_UP, SAFE_HIGH, SAFE_LOW
-from qcli.scheme import Calibration, QuantScheme, QuantValue, ScaleDtype, check_accepted, f32_bits
+from qcli.kernels.constants import COMPILE_OPTIONS, clips, scale_constants, value_constants
+from qcli.scheme import Calibration, QuantScheme, check_accepted
 from qcli.tensor_range import TensorRange
 
 _FLOAT_DTYPES = tuple(torch_dtype(d) for d in KERNEL_DTYPES)  # the rows' (`qcli.io.dtypes`)
@@ -61,8 +62,6 @@ _TENSOR_GROUP = 32
 _SCALES_BLOCK = 1024  # scales per program of the scale kernel
 _TENSOR_CHUNK = 4096  # values per partial range of a per-tensor scheme
 _SEARCH_PIECE = 1 << 24  # values per piece the torch search takes (its scratch and candidates follow it)
-# No multiply-add contraction: every product must round on its own, as on the CPU.
-_OPTIONS = {"enable_fp_fusion": False}
 
 
 def interpreted() -> bool:
@@ -162,25 +161,6 @@ def launch_config(group_values: int, groups_per_row: int, wide: bool = False) ->
     programs that gather a scale per value or sum |x| in float64."""
     groups = max(1, _TILE // group_values)
     return LaunchConfig(groups, triton.cdiv(groups_per_row, groups), _WIDE_WARPS if wide else _WARPS)
-
-
-def _value_constants(value: QuantValue) -> dict:
-    """A value type's row (`qcli.scheme.ValueTraits`) as the kernels' constexprs."""
-    lo, hi = value.range()
-    fmt = value.traits.minifloat
-    ebits, mbits, bias = (fmt.exponent_bits, fmt.mantissa_bits, fmt.bias) if fmt else (0, 0, 0)
-    return dict(IS_FLOAT=value.is_minifloat(), BITS=value.size_bits(), LO=lo, HI=hi, EBITS=ebits, MBITS=mbits,
-                BIAS=bias)
-
-
-def _scale_constants(dtype: ScaleDtype) -> dict:
-    """A scale dtype's row (`qcli.scheme.ScaleTraits`) as the kernels' constexprs (`_arith._round_up`)."""
-    traits = dtype.traits
-    fmt = traits.minifloat
-    ebits, mbits, bias = (fmt.exponent_bits, fmt.mantissa_bits, fmt.bias) if fmt else (0, 0, 0)
-    return dict(SCALE_STEP=traits.step_bits, SCALE_FLOOR=0 if traits.floor is None else f32_bits(traits.floor),
-                SCALE_MAX=traits.max, SCALE_EBITS=ebits, SCALE_MBITS=mbits, SCALE_BIAS=bias,
-                SCALE_SIZE=traits.bytes)
 
 
 def _safe_scales(scheme: QuantScheme) -> bool:
@@ -347,21 +327,12 @@ def _enqueue_searched(x: torch.Tensor, scheme: QuantScheme, out: torch.Tensor, b
     values = _View(out, 0, value_bytes, torch.int32 if scheme.size_bits_stored() == 32 else torch.uint8)
     scales = _View(out, value_bytes, scale_bytes)
     w = None if weights is None else weights[0].to(x.device, non_blocking=True)
-    clips = _clips(x.device)
+    factors = clips(x.device)
     if scheme.is_two_level():
         peak = (whole or tensor_range(x, scheme, Calibration.Mse, bad)).peak
-        launch(x, values, scales, _View(out, value_bytes + scale_bytes, 4), peak, bad, w, clips)
+        launch(x, values, scales, _View(out, value_bytes + scale_bytes, 4), peak, bad, w, factors)
     else:
-        launch(x, values, scales, None, None, bad, w, clips)
-
-
-@functools.cache
-def _clips(device: torch.device) -> torch.Tensor:
-    """The search's clip factors (`qcli.codec.search.CLIPS`) on `device`, read by the searched kernel."""
-    clips = torch.tensor(CLIPS, dtype=torch.float32, device=device)
-    if clips.is_cuda:  # complete before any stream reads it
-        torch.cuda.current_stream().synchronize()
-    return clips
+        launch(x, values, scales, None, None, bad, w, factors)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -389,7 +360,7 @@ def _searched_launch(scheme: QuantScheme, shape: tuple[int, ...], weigh: int) ->
                           J=error_bits(elements, 0 if weigh == KS.WEIGH_NONE.value else importance_bits(elements)),
                           WEIGH=weigh, EVEN=config.even(cols, width),
                           SAFE=_safe_scales(scheme), num_warps=config.num_warps,
-                          **_scale_constants(scheme.scale_dtype()), **_value_constants(scheme.value), **_OPTIONS))
+                          **scale_constants(scheme.scale_dtype()), **value_constants(scheme.value), **COMPILE_OPTIONS))
     return launch, layout.value_bytes(scheme, shape), layout.scale_bytes(scheme, shape)
 
 
@@ -398,7 +369,7 @@ def _gathered_fields(scheme: QuantScheme, group_values: int) -> tuple[int, dict]
     scales it does not reduce."""
     per_unit = scheme.num_quants()
     return max(1, group_values // per_unit), dict(N=per_unit, SAFE=_safe_scales(scheme),
-                                                  **_value_constants(scheme.value), **_OPTIONS)
+                                                  **value_constants(scheme.value), **COMPILE_OPTIONS)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -411,7 +382,7 @@ def _tensor_launch(scheme: QuantScheme, shape: tuple[int, ...], from_range: bool
     return _Launch(K._quantize_tensor_kernel, rows * config.chunks, (cols, units_per_row, config.chunks),
                    dict(G=config.groups, U=u, EVEN=config.even(cols, u * fields["N"]), FROM_RANGE=from_range,
                         HALF_RANGE=scheme.value.half_range(), num_warps=config.num_warps,
-                        **_scale_constants(scheme.scale_dtype()), **fields))
+                        **scale_constants(scheme.scale_dtype()), **fields))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -439,7 +410,7 @@ def _fused_launch(scheme: QuantScheme, shape: tuple[int, ...], dtype: torch.dtyp
     width = grid.block[-1]
     constexprs = dict(BC=width, U=width // per_unit, N=per_unit, TWO_LEVEL=scheme.is_two_level(),
                       HALF_RANGE=scheme.value.half_range(), SAFE=_safe_scales(scheme),
-                      **_scale_constants(scheme.scale_dtype()), **_value_constants(scheme.value), **_OPTIONS)
+                      **scale_constants(scheme.scale_dtype()), **value_constants(scheme.value), **COMPILE_OPTIONS)
     if _fused(scheme, grid):
         rows, cols, units_per_row = _flat(grid, width, per_unit)
         blocks_per_row = math.ceil(cols / width)
@@ -485,7 +456,7 @@ def _scales_launch(scheme: QuantScheme, n: int) -> _Launch:
     stored scales, the global (two levels), s_eff, r_eff)."""
     return _Launch(K._scales_kernel, triton.cdiv(n, _SCALES_BLOCK), (n,),
                    dict(BLOCK=_SCALES_BLOCK, TWO_LEVEL=scheme.is_two_level(), HALF_RANGE=scheme.value.half_range(),
-                        **_scale_constants(scheme.scale_dtype()), **_OPTIONS))
+                        **scale_constants(scheme.scale_dtype()), **COMPILE_OPTIONS))
 
 
 def _searched(x, scheme: QuantScheme, grid: layout.BlockGrid, scales, bad, whole: TensorRange | None,
@@ -542,7 +513,7 @@ def _alpha_launch(rows: int, cols: int, width: int, calibration: Calibration, pe
     # Triton's default warps, as before: the order of its float64 sums may depend on them
     launch = _Launch(K._alpha_kernel, rows * config.chunks, (cols, blocks_per_row, config.chunks),
                      dict(BC=width, G=config.groups, BP=bp, CAL=_cal(calibration), PER_PROGRAM=per_program,
-                          **_OPTIONS))
+                          **COMPILE_OPTIONS))
     return launch, rows * (config.chunks if per_program else blocks_per_row)
 
 

@@ -38,7 +38,7 @@ HOMES = {
 REGISTRY = "qcli.io.readers"
 # Modules that are part of a reader's own row (the GGUF row's `--names hf`), or read a file of its format that is
 # no checkpoint (an importance matrix is a GGUF file, read by the same checked reader).
-READER_HELPERS = {"qcli.io.gguf_names", "qcli.calibrate.imatrix"}
+READER_HELPERS = {"qcli.io.gguf_names", "qcli.io.imatrix"}
 
 
 def modules() -> dict[str, Path]:

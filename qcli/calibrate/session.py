@@ -48,9 +48,9 @@ from qcli.scheme import Calibration
 from qcli.text import printable, quoted
 
 if TYPE_CHECKING:
-    from qcli.calibrate.imatrix import Imatrix
     from qcli.calibrate.inputs import CalibrationInput
     from qcli.codec.quantize import QuantizedParts
+    from qcli.io.imatrix import Imatrix
     from qcli.io.source import Source, TensorInfo
     from qcli.plan.entries import Plan, PlanEntry
 
@@ -208,7 +208,7 @@ def measure_importance(source: Source, input: Path, calibrating: CalibrationInpu
                        progress: BlockProgress | None = None) -> MeasuredImportance:
     """Every Linear in the model's blocks run float on the calibration text (`device`: auto, cpu or cuda),
     each one's sum of squares per input channel and token count, named as llama.cpp names them."""
-    from qcli.calibrate.imatrix import Imatrix, ImatrixEntry, hf_to_gguf_names
+    from qcli.io.imatrix import Imatrix, ImatrixEntry, hf_to_gguf_names
 
     model, text, tokens, run, chosen = _block_run(source, input, calibrating, device, progress)
     names = hf_to_gguf_names(run.stats, model.module.config.model_type)
@@ -299,8 +299,8 @@ def file_importance(path: Path, folder: Path, infos: list[TensorInfo]) -> dict[s
     """The importance of each of `infos`' input channels (float64 [in], by the checkpoint's name) that a
     llama.cpp importance matrix holds, its names mapped from the model's (config.json's `model_type`);
     those it lacks are left out. `InputError` for a vector of another length than the tensor's last axis."""
-    from qcli.calibrate.imatrix import hf_to_gguf_names, read_imatrix
     from qcli.calibrate.model import load_config
+    from qcli.io.imatrix import hf_to_gguf_names, read_imatrix
 
     imatrix = read_imatrix(path)
     names = hf_to_gguf_names([i.name for i in infos], load_config(folder).model_type)

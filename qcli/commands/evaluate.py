@@ -26,7 +26,8 @@ from qcli.io.dtypes import FLOAT_DTYPES, Plain, QFloat
 from qcli.io.files import load_json, named_file
 from qcli.io.readers import GGUF, locate, open_source, reader_of
 from qcli.io.source import Names, Source, TensorInfo, checkpoint_folder
-from qcli.output import MODEL_FILE, RECORD_FILE, written_transposed
+from qcli.output.folder import MODEL_FILE, RECORD_FILE
+from qcli.output.metadata import written_transposed
 from qcli.pipeline.device import require_device
 from qcli.report.evaluate import EvalReport
 from qcli.text import printable, quoted

@@ -13,7 +13,7 @@ from qcli.errors import UsageError
 from qcli.io.readers import locate, open_source
 from qcli.io.reads import Reads, refuse_special
 from qcli.io.source import checkpoint_folder
-from qcli.output import read_beside
+from qcli.output.folder import read_beside
 from qcli.pipeline.device import require_device
 from qcli.text import printable
 
@@ -49,7 +49,7 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
                  device: str = "auto", force: bool = False, progress=None) -> ImatrixReport:
     """Run the model of `input` (its folder's config.json and tokenizer) block by block on `calibration_data`
     and write, for every Linear in its repeated blocks, the sum of squares of each input channel over the
-    tokens and their count (`qcli.calibrate.imatrix`), to `output` (default `default_output(input)`); the
+    tokens and their count (`qcli.io.imatrix`), to `output` (default `default_output(input)`); the
     file is renamed into place only once complete, and only if no file the run read changed meanwhile. A
     file the run reads, or one that is not a regular file, is never `output` (`qcli.io.reads`). `input` may
     be a model `ORG/NAME` in the local Hugging Face cache (`qcli.io.readers.locate`)."""
@@ -77,7 +77,7 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
         from qcli.calibrate.session import measure_importance
 
         measured = measure_importance(source, input, given, device, progress)
-    from qcli.calibrate.imatrix import write_imatrix
+    from qcli.io.imatrix import write_imatrix
 
     write_imatrix(measured.imatrix, target, before_commit=reads.unchanged)
     return ImatrixReport(named, str(target), sorted(measured.imatrix.entries), measured.samples,

@@ -20,7 +20,7 @@ from qcli.io.burnpack_index import BurnpackSet, is_container
 from qcli.io.dtypes import FLOAT_DTYPES, TORCH_DTYPE_NAMES, Bool, BoolStore, DType, Plain, QFloat, torch_dtype
 from qcli.io.readers import locate, open_source
 from qcli.io.source import Source, TensorInfo
-from qcli.output import written_transposed
+from qcli.output.metadata import written_transposed
 from qcli.plan.decisions import plan_by_name
 from qcli.plan.entries import PlanEntry
 from qcli.report.documents import SourceFile

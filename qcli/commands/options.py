@@ -12,7 +12,8 @@ from qcli.errors import UsageError, one_of
 from qcli.io.files import named_file
 from qcli.io.readers import locate
 from qcli.io.source import Names
-from qcli.output import MODEL_FILE, default_output, is_folder_output
+from qcli.output.folder import MODEL_FILE
+from qcli.output.names import default_output, is_folder_output
 from qcli.pipeline.device import DEVICES
 from qcli.plan.options import PlanOptions
 from qcli.sizes import parse_size

@@ -22,16 +22,10 @@ from qcli.io.readers import open_source, reader_of
 from qcli.io.reads import Reads, refuse_special
 from qcli.io.source import Source, TensorInfo, checkpoint_folder
 from qcli.io.staged import StagedFile
-from qcli.output import (
-    TARGET_HINT,
-    ModelFolder,
-    Output,
-    check_folder,
-    folder_record,
-    metadata,
-    read_beside,
-    side_files,
-)
+from qcli.output import Output
+from qcli.output.folder import ModelFolder, check_folder, folder_record, read_beside, side_files
+from qcli.output.metadata import metadata
+from qcli.output.names import TARGET_HINT
 from qcli.pipeline.device import Runtime, require_device
 from qcli.pipeline.prepared import rest_of, with_prepared
 from qcli.plan.decisions import make_checked_plan
@@ -328,7 +322,7 @@ def _calibration_record(plan: Plan, input: Path, checkpoint: list[TensorInfo], o
     if not gptq and not searched and not measured:
         return None
     if given.data is None:
-        from qcli.calibrate.imatrix import read_imatrix
+        from qcli.io.imatrix import read_imatrix
 
         read_imatrix(given.imatrix)  # its faults refused here, a dry run's too
         return CalibrationRecord("mse", str(given.imatrix), file_sha256(given.imatrix))

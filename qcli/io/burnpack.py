@@ -150,7 +150,7 @@ def _descriptor(entry: TensorEntry, span: tuple[int, int]) -> dict[str, object]:
 
 def size_bound(entries: Sequence[TensorEntry], metadata: Mapping[str, str] | None = None) -> int:
     """An upper bound on the size of the pack of `entries`, without encoding it: `fixed_bound` and each
-    entry's `entry_bound` (which the output sums to cut shards, `qcli.output.split`)."""
+    entry's `entry_bound` (which the output sums to cut shards, `qcli.output.shards.split`)."""
     return fixed_bound(metadata) + sum(entry_bound(entry) for entry in entries)
 
 

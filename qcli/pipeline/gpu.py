@@ -56,8 +56,7 @@ from qcli.errors import InputError, NonFiniteTensor, NotKernelFloat, UsageError
 from qcli.io.dtypes import KERNEL_DTYPES, SAFETENSORS_BITS, ElementKind, spellings, torch_dtype
 from qcli.io.files import FileEnded, read_into
 from qcli.io.source import in_row_order
-from qcli.kernels import enqueue, tensor_range
-from qcli.kernels.launch import interpreted, searches_in_kernel
+from qcli.kernels import enqueue, interpreted, searches_in_kernel, tensor_range
 from qcli.layout import BlockGrid
 from qcli.measure import BYTES_PER_VALUE, SLICE_VALUES, Measurement, whole_range
 from qcli.pipeline import GpuSettings, Payload

@@ -14,7 +14,9 @@ import gguf
 import numpy as np
 import pytest
 
-from qcli.calibrate.imatrix import (
+from qcli.errors import InputError, OutputError, UsageError
+from qcli.io.gguf_names import gguf_architecture
+from qcli.io.imatrix import (
     Imatrix,
     ImatrixEntry,
     gguf_to_hf_names,
@@ -22,8 +24,6 @@ from qcli.calibrate.imatrix import (
     read_imatrix,
     write_imatrix,
 )
-from qcli.errors import InputError, OutputError, UsageError
-from qcli.io.gguf_names import gguf_architecture
 
 RNG = np.random.default_rng(25)
 F32, F16 = 0, 1  # ggml types

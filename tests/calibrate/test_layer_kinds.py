@@ -17,9 +17,9 @@ import torch
 
 from qcli.calibrate import runner
 from qcli.calibrate.data import CalibrationSet, CalibrationText, calibration_tokens
-from qcli.calibrate.imatrix import gguf_to_hf_names, hf_to_gguf_names
 from qcli.calibrate.model import CalibrationModel, load_tokenizer, open_model
 from qcli.calibrate.runner import block_linears, layer_kinds, run_blocks
+from qcli.io.imatrix import gguf_to_hf_names, hf_to_gguf_names
 from qcli.io.readers import open_source
 from tests.calibrate.test_calibrated_quantize import SEQ_LEN as IMATRIX_SEQ_LEN
 from tests.calibrate.test_calibrated_quantize import TEXT as IMATRIX_TEXT

@@ -81,7 +81,7 @@ def test_the_side_files_are_the_ones_transformers_reads_beside_a_model():
     from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME
     from transformers.utils.hub import CHAT_TEMPLATE_FILE, LEGACY_PROCESSOR_CHAT_TEMPLATE_FILE
 
-    from qcli.output import SIDE_FILES
+    from qcli.output.folder import SIDE_FILES
 
     names = {CONFIG_NAME, GENERATION_CONFIG_NAME, CHAT_TEMPLATE_FILE, LEGACY_PROCESSOR_CHAT_TEMPLATE_FILE,
              base.SPECIAL_TOKENS_MAP_FILE, base.ADDED_TOKENS_FILE, base.TOKENIZER_CONFIG_FILE, base.FULL_TOKENIZER_FILE}

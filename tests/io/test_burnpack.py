@@ -31,7 +31,7 @@ from qcli.io.burnpack import (
 )
 from qcli.io.dtypes import Bool, BoolStore, Plain, QFloat, dtype_from_serde
 from qcli.layout import quantized_data_len
-from qcli.output import split
+from qcli.output.shards import split
 from qcli.scheme import QuantScheme
 from tests.burn_facts import BURN_FIXTURES, VECTORS
 from tests.cli_support import ROOT
@@ -540,7 +540,7 @@ def test_missing_file_and_directory(tmp_path: Path) -> None:
         BurnpackReader.open(tmp_path)
 
 
-# -- Splitting into several files (qcli.output.split, on the container's size bounds) --------------
+# -- Splitting into several files (qcli.output.shards.split, on the container's size bounds) --------------
 
 
 def test_size_bound_covers_the_written_size(tmp_path: Path) -> None:

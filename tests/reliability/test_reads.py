@@ -32,7 +32,7 @@ def model(tmp_path: Path) -> Path:
     shutil.copytree(SHARDED, folder)
     shutil.copy(CALIBRATION, tmp_path / "calibration.txt")
     shutil.copy(SAMPLES / "tiny-llama.toml", tmp_path / "recipe.toml")
-    from qcli.calibrate.imatrix import Imatrix, ImatrixEntry, write_imatrix
+    from qcli.io.imatrix import Imatrix, ImatrixEntry, write_imatrix
 
     entry = ImatrixEntry(np.ones(64), np.array([8]))
     write_imatrix(Imatrix({"blk.0.ffn_down.weight": entry}, ("calibration.txt",), 1, 8), tmp_path / "m.imatrix.gguf")
