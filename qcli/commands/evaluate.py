@@ -24,7 +24,7 @@ from qcli.io.burnpack import TensorEntry, metadata_json
 from qcli.io.burnpack_index import BurnpackSet, is_container, standing_index
 from qcli.io.dtypes import FLOAT_DTYPES, Plain, QFloat
 from qcli.io.files import load_json, named_file
-from qcli.io.readers import GGUF, locate, open_source, reader_of
+from qcli.io.readers import GGUF, Reader, locate, open_source, reader_of
 from qcli.io.source import Names, Source, TensorInfo, checkpoint_folder
 from qcli.output.folder import MODEL_FILE, RECORD_FILE
 from qcli.output.metadata import written_transposed
@@ -72,8 +72,8 @@ def evaluate_file(quantized: str | Path, *, against: str | Path, text: str | Pat
     device = require_device(device)
     started = time.perf_counter()
     bpk, folder = quantized_file(Path(quantized))
-    names = Names(names) if names is not None else recorded_names(folder)
     source_path, _ = locate(against)
+    names = Names(names) if names is not None else recorded_names(folder, reader_of(source_path))
     reader = BurnpackSet.open(bpk)
     transposed = transposed_names(reader)
     with open_source(source_path, names) as source, tempfile.TemporaryDirectory(prefix="qcli-eval-") as scratch:
@@ -129,15 +129,16 @@ def quantized_file(path: Path) -> tuple[Path, Path | None]:
     return path, None
 
 
-def recorded_names(folder: Path | None) -> Names:
-    """The `--names` a model folder's record says quantize read its source with; `file` without one."""
+def recorded_names(folder: Path | None, source: Reader) -> Names:
+    """The `--names` a model folder's record says quantize read its source with; `file` without one, or for a
+    source whose own names are kept (a safetensors checkpoint's are Hugging Face's, as `hf` gave a GGUF's)."""
     record = folder / RECORD_FILE if folder is not None else None
     if record is None or not record.is_file():
         return Names.file
     document = load_json(record, QUANTIZED_HINT, what=RECORD_FILE)
     options = document.get("options") if isinstance(document, dict) else None
     value = options.get("names") if isinstance(options, dict) else None
-    return Names(value) if value in {n.value for n in Names} else Names.file
+    return Names(value) if value in {n.value for n in Names} and source.hf_names is not None else Names.file
 
 
 def transposed_names(reader: BurnpackSet) -> set[str]:

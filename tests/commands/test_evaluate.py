@@ -126,6 +126,18 @@ def test_a_model_folder_gives_its_config_and_names(model, tmp_path):
     assert quiet.code == 0 and quiet.out.strip().splitlines() == [done.out.strip().splitlines()[-1]]
 
 
+def test_a_folder_written_with_hf_names_scores_against_a_safetensors_source(model, tmp_path):
+    """A folder quantize wrote from a GGUF file with --names hf holds Hugging Face's names, as a safetensors
+    checkpoint of the same model does: its record's `hf` applies to a GGUF source only."""
+    folder = quantized(model, f"{tmp_path}/out/")
+    record = json.loads((folder / "qcli.json").read_text())
+    record["options"]["names"] = "hf"
+    (folder / "qcli.json").write_text(json.dumps(record))
+    done = cli("eval", folder, "--against", model, "--text", model.parent / "text.txt", "--samples", "2",
+               "--seq-len", str(SEQ_LEN), "--device", "cpu", "--quiet")
+    assert done.code == 0, done.err
+
+
 def test_a_short_text_scores_the_windows_it_holds(model, tmp_path):
     done = cli("eval", quantized(model, tmp_path / "q.bpk"), "--against", model, "--text", model.parent / "text.txt",
                "--samples", "1000", "--seq-len", str(SEQ_LEN), "--device", "cpu", "--json")
