@@ -16,7 +16,7 @@ from qcli.commands.options import Destination, QuantizeOptions
 from qcli.error_stats import ErrorStats
 from qcli.errors import InputError, RecipeError, UsageError
 from qcli.formats import detect
-from qcli.io.burnpack import TensorEntry, size_bound
+from qcli.io.burnpack import size_bound
 from qcli.io.files import file_sha256
 from qcli.io.readers import open_source, reader_of
 from qcli.io.reads import Reads, refuse_special
@@ -162,8 +162,8 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
         report.outputs = [str(path) for path in outputs.paths]
         report.warnings += outputs.prepare(reads, force=force, dry_run=dry_run)
         if report.target is not None:
-            entries = [TensorEntry(e.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in plan.entries]
-            report.target.file_bytes_bound = size_bound(entries, metadata(report, recorded["calibration"]))
+            report.target.file_bytes_bound = size_bound(plan.container_entries(),
+                                                        metadata(report, recorded["calibration"]))
         if dry_run:
             if chosen is not None:
                 chosen.write(options.write_recipe)

@@ -34,7 +34,7 @@ def shards(plan: Plan, target: Path, max_shard_size: int | None, metadata: Mappi
 
     The plan refuses data over the limit (a lower bound on the file); this bounds the whole file, header
     and metadata included, so that no file Burn's reader refuses is written."""
-    entries = [TensorEntry(e.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in plan.entries]
+    entries = plan.container_entries()
     most = max_file_size(metadata.get("burn_version"))  # 500 GiB for Burn 0.23, else 100 GiB
     limit = f"Burn's reader refuses files over {most} bytes ({gib(most)})"
     if max_shard_size is None:

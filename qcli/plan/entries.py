@@ -15,6 +15,7 @@ from qcli import BURN_VERSION, layout
 from qcli.burn_backends import qfloat
 from qcli.errors import PlanError
 from qcli.formats.found import Encoded, Transcode
+from qcli.io.burnpack import TensorEntry
 from qcli.io.dtypes import DType, Plain, burn_dtype
 from qcli.io.source import TensorInfo
 from qcli.presets import Preset
@@ -164,6 +165,11 @@ class Plan:
             bytes_out=sum(e.out_nbytes for e in self.entries),
             peak_bytes=max((e.peak_bytes for e in self.entries), default=0),
         )
+
+    def container_entries(self) -> list[TensorEntry]:
+        """Each tensor as the container lists it (name, written dtype and shape, bytes), in plan order: what
+        its size bounds and the shards are worked out from."""
+        return [TensorEntry(e.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in self.entries]
 
     def calibrated_by(self, calibration: Calibration) -> list[PlanEntry]:
         """The entries quantized from their own float values whose scales `calibration` chooses (a
