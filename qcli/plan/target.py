@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from qcli import layout
 from qcli.burn_backends import COMMON_BACKENDS, BurnBackend, default_preset, hold_problem, load_problem
 from qcli.errors import UsageError
-from qcli.io.burnpack import TensorEntry, align, entry_bound, fixed_bound
+from qcli.io.burnpack import align, entry_bound, fixed_bound
 from qcli.plan.decisions import shape_problem
 from qcli.plan.entries import Plan, PlanEntry
 from qcli.plan.options import Target
 from qcli.plan.roles import tensor_role
 from qcli.presets import PRESETS, Preset
-from qcli.scheme import Calibration, accept_problems
+from qcli.scheme import Calibration, QuantScheme, accept_problems
 
 MIN_BITS, MAX_BITS = 2, 8  # the widths of the values a target chooses among
 # Bytes kept aside, per quantized tensor, for a QFloat descriptor longer than its base plan's (a two-level
@@ -41,7 +41,6 @@ def forms(backend: BurnBackend | None, version: str, calibration: Calibration | 
     `version` loads and computes with; without one, those every common backend that loads the default
     preset loads (the warnings a run without --burn-backend gives are then a plain run's), else those
     some common backend loads. `calibration` (`--calibration`) must apply to each."""
-    where = list(_where(backend, version))
     chosen = []
     for preset in PRESETS.values():
         scheme = preset.scheme
@@ -49,30 +48,33 @@ def forms(backend: BurnBackend | None, version: str, calibration: Calibration | 
             continue
         if accept_problems(scheme, calibration or preset.calibration):
             continue
-        loads = [load_problem(b, scheme, (), version) is None for b in where]
-        if all(loads) if backend is not None or _default_loads(version) else any(loads):
+        if _loads(scheme, (), backend, version):
             chosen.append(preset)
     return chosen
 
 
-def _where(backend: BurnBackend | None, version: str) -> Sequence[BurnBackend]:
+def _where(backend: BurnBackend | None, version: str) -> tuple[Sequence[BurnBackend], bool]:
+    """The backends a form must load on, and whether on all of them (else on some): `backend`; without one,
+    the common backends that load the default preset, or, where none does, any common backend."""
     if backend is not None:
-        return [backend]
+        return [backend], True
     default = PRESETS[default_preset(None, version)].scheme
     loading = [b for b in COMMON_BACKENDS if load_problem(b, default, (), version) is None]
-    return loading or COMMON_BACKENDS
+    return (loading, True) if loading else (COMMON_BACKENDS, False)
 
 
-def _default_loads(version: str) -> bool:
-    default = PRESETS[default_preset(None, version)].scheme
-    return any(load_problem(b, default, (), version) is None for b in COMMON_BACKENDS)
+def _loads(scheme: QuantScheme, shape: tuple[int, ...], backend: BurnBackend | None, version: str) -> bool:
+    """Whether a form of `scheme` for a tensor of `shape` (`()`: any) loads where `_where` asks."""
+    where, every = _where(backend, version)
+    loads = [load_problem(b, scheme, shape, version) is None for b in where]
+    return all(loads) if every else any(loads)
 
 
 def backend_words(backend: BurnBackend | None, version: str) -> str:
     """Where the forms load, for messages: `flex` or `flex (where the default preset loads)`."""
     if backend is not None:
         return f"Burn {version}'s {backend}"
-    return f"Burn {version}'s {' and '.join(_where(backend, version))} (no --burn-backend)"
+    return f"Burn {version}'s {' and '.join(_where(backend, version)[0])} (no --burn-backend)"
 
 
 @dataclass
@@ -103,7 +105,6 @@ def free_tensors(plan: Plan, candidates: Sequence[Preset], backend: BurnBackend 
     shape as written takes and loads with (no smaller block: a rule by name gives none); the token
     embedding and the output head never below their default (8 bits), and a tensor whose default no
     candidate matches stays as the default policy writes it."""
-    where, strict = _where(backend, version), backend is not None or _default_loads(version)
     chosen = []
     for entry in plan.entries:
         decision = entry.decision
@@ -113,10 +114,7 @@ def free_tensors(plan: Plan, candidates: Sequence[Preset], backend: BurnBackend 
         shape = tuple(entry.out_shape)
         usable = []
         for preset in candidates:
-            if shape_problem(preset.scheme, shape) is not None:
-                continue
-            loads = [load_problem(b, preset.scheme, shape, version) is None for b in where]
-            if all(loads) if strict else any(loads):
+            if shape_problem(preset.scheme, shape) is None and _loads(preset.scheme, shape, backend, version):
                 usable.append(preset)
         if not usable:
             continue
@@ -157,7 +155,7 @@ def budget(target: Target, plan: Plan, choices: Sequence[Choice], metadata: Mapp
     if target.bpw is not None:
         fixed = sum(8 * e.out_nbytes for e in quantized if e.name not in free)
         return Budget(target.bpw * weights - fixed, True, fixed, weights)
-    entries = [TensorEntry(e.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in plan.entries]
+    entries = plan.container_entries()
     overhead = fixed_bound(metadata) + METADATA_SLACK + sum(entry_bound(t) - align(t.nbytes) for t in entries)
     overhead += DESCRIPTOR_SLACK * len(free)
     others = sum(align(e.out_nbytes) for e in plan.entries if e.name not in free)
@@ -199,8 +197,18 @@ def allocate(choices: Sequence[Choice], limit: Budget, target: Target, where: st
 
 def check_budget(choices: Sequence[Choice], limit: Budget, target: Target, where: str) -> None:
     """`UsageError` (exit 2) where even the smallest forms (each choice's floor) overspend the budget."""
-    if sum(limit.cost(c.nbytes[c.floor]) for c in choices) > limit.available:
-        raise UsageError(_too_small(choices, limit, target, where), hint=_too_small_hint(choices, limit, target))
+    floor = sum(limit.cost(c.nbytes[c.floor]) for c in choices)
+    if floor <= limit.available:
+        return
+    if limit.bpw:
+        smallest = (floor + limit.fixed_bits) / limit.weights if limit.weights else 0.0
+        raise UsageError(f"{target.given} is below the {smallest:.3f} bits per weight of the smallest forms that "
+                         f"load on {where}",
+                         hint=f"give --target-bpw {math.ceil(smallest * 100) / 100:g} or more (the token embedding "
+                              "and the output head stay at 8 bits; a recipe rule may pin them narrower)")
+    needed = math.ceil(target.size - limit.available + floor if target.size is not None else floor)
+    raise UsageError(f"{target.given} is below the {needed} bytes the smallest forms that load on {where} take",
+                     hint=f"give --target-size {needed} or more, or keep fewer tensors")
 
 
 def _best_step(choice: Choice, limit: Budget, left: float) -> tuple[float, int] | None:
@@ -215,27 +223,6 @@ def _best_step(choice: Choice, limit: Budget, left: float) -> tuple[float, int] 
         if best is None or ratio > best[0]:
             best = (ratio, i)
     return best
-
-
-def _too_small(choices: Sequence[Choice], limit: Budget, target: Target, where: str) -> str:
-    least = limit.available + 0.0
-    floor = sum(limit.cost(c.nbytes[c.floor]) for c in choices)
-    if limit.bpw:
-        smallest = (floor + limit.fixed_bits) / limit.weights if limit.weights else 0.0
-        return (f"{target.given} is below the {smallest:.3f} bits per weight of the smallest forms that load on "
-                f"{where}")
-    needed = target.size - least + floor if target.size is not None else floor
-    return f"{target.given} is below the {math.ceil(needed)} bytes the smallest forms that load on {where} take"
-
-
-def _too_small_hint(choices: Sequence[Choice], limit: Budget, target: Target) -> str:
-    floor = sum(limit.cost(c.nbytes[c.floor]) for c in choices)
-    if limit.bpw:
-        smallest = (floor + limit.fixed_bits) / limit.weights if limit.weights else 0.0
-        return (f"give --target-bpw {math.ceil(smallest * 100) / 100:g} or more (the token embedding and the "
-                "output head stay at 8 bits; a recipe rule may pin them narrower)")
-    needed = target.size - limit.available + floor if target.size is not None else floor
-    return f"give --target-size {math.ceil(needed)} or more, or keep fewer tensors"
 
 
 def achieved_bits(plan: Plan) -> float:
