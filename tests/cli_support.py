@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_weights"
 SINGLE = SAMPLES / "tiny-llama.safetensors"
+# Where a dry run of SINGLE names its output: a folder of its own, empty, so that a .bpk the README's set-up
+# left beside the sample (sample_weights/tiny-llama.bpk) never turns a dry run into "already exists".
+DRY_RUN_TARGET = Path(tempfile.mkdtemp(prefix="qcli-dry-run-")) / "never-written.bpk"
 SHARDED = SAMPLES / "tiny-llama-sharded"
 SCHEMA = json.loads((ROOT / "docs" / "json-schema.json").read_text())
 

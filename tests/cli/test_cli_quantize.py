@@ -25,6 +25,7 @@ from qcli import BURN_VERSION, __version__
 from qcli.io.dtypes import QFloat
 from qcli.scheme import QuantValue
 from tests.cli_support import (
+    DRY_RUN_TARGET,
     SAMPLES,
     SHARDED,
     SINGLE,
@@ -296,7 +297,7 @@ block = [48]
 block_scale = "F16"
 """
     )
-    result = cli("quantize", SINGLE, "--dry-run", "--recipe", recipe)
+    result = cli("quantize", SINGLE, "-o", DRY_RUN_TARGET, "--dry-run", "--recipe", recipe)
     lines = assert_user_error(result, 2)
     # one Lookup rule, and 8 attention projections whose last dim (128) block [48] cannot split
     assert "9 problems" in lines[0]
@@ -307,9 +308,9 @@ block_scale = "F16"
 
 
 def test_unknown_and_codebook_presets_are_usage_errors():
-    lines = assert_user_error(cli("quantize", SINGLE, "--dry-run", "--scheme", "q4s-b23"), 2)
+    lines = assert_user_error(cli("quantize", SINGLE, "-o", DRY_RUN_TARGET, "--dry-run", "--scheme", "q4s-b23"), 2)
     assert "q4s-b23" in lines[0] and "q4s-b32" in "\n".join(lines)
-    lines = assert_user_error(cli("quantize", SINGLE, "--dry-run", "--scheme", "nf4"), 2)
+    lines = assert_user_error(cli("quantize", SINGLE, "-o", DRY_RUN_TARGET, "--dry-run", "--scheme", "nf4"), 2)
     assert "lookup quantization does not travel as a QFloat tensor" in lines[0]
 
 
@@ -564,7 +565,7 @@ def test_a_recipe_error_names_file_line_and_suggestion(tmp_path):
 def test_plan_warnings_go_to_stderr(tmp_path):
     recipe = tmp_path / "w.toml"
     recipe.write_text('version = 1\n\n[[rule]]\nmatch = "*.vision[in, out].*"\nkeep = true\n')
-    result = cli("quantize", SINGLE, "--dry-run", "--recipe", recipe)
+    result = cli("quantize", SINGLE, "-o", DRY_RUN_TARGET, "--dry-run", "--recipe", recipe)
     assert result.code == 0
     assert result.err.startswith("warning:") and "matches no tensor" in result.warnings[0]
     assert "vision[in, out]" in result.warnings[0]
@@ -656,13 +657,13 @@ def test_cast_writes_kept_norms_as_f32_and_inspect_compares_with_the_cast(tmp_pa
 
 
 def test_ndarray_loads_a_bf16_model_with_its_kept_norms_cast_to_f32(tmp_path):
-    lines = assert_user_error(cli("quantize", SINGLE, "--dry-run", "--burn-backend", "ndarray", "--scheme", "q8s-b32"),
-                              2)
+    dry_run = ("quantize", SINGLE, "-o", DRY_RUN_TARGET, "--dry-run", "--burn-backend", "ndarray",
+               "--scheme", "q8s-b32")
+    lines = assert_user_error(cli(*dry_run), 2)
     assert "ndarray has no F16 or BF16 tensors" in "\n".join(lines) and 'cast = "F32"' in lines[-1]
     recipe = tmp_path / "ndarray.toml"
     recipe.write_text('version = 1\n[defaults]\ncast_kept = "F32"\n')
-    result = cli("quantize", SINGLE, "--dry-run", "--burn-backend", "ndarray", "--scheme", "q8s-b32", "--recipe",
-                 recipe)
+    result = cli(*dry_run, "--recipe", recipe)
     assert result.code == 0, result.err
 
 
@@ -776,29 +777,29 @@ def test_cast_of_an_integer_tensor_is_refused_before_anything_is_read(tmp_path, 
 def test_cast_with_a_scheme_is_a_recipe_error(tmp_path):
     recipe = tmp_path / "bad.toml"
     recipe.write_text('version = 1\n[[rule]]\nmatch = "*"\npreset = "q8s-b32"\ncast = "F32"\n')
-    lines = assert_user_error(cli("quantize", SINGLE, "--dry-run", "--recipe", recipe), 2)
+    lines = assert_user_error(cli("quantize", SINGLE, "-o", DRY_RUN_TARGET, "--dry-run", "--recipe", recipe), 2)
     assert lines[0] == f"error: {recipe}:5: cast needs keep = true: it sets the dtype a kept tensor is written in"
 
 
 def test_quantize_warns_about_a_rule_that_quantizes_nothing_and_a_plan_that_quantizes_nothing(tmp_path):
     recipe = tmp_path / "w.toml"
     recipe.write_text('version = 1\n[[rule]]\nmatch = "*.mlp.*"\nvalue = "Q8S"\nblock = [48]\nblock_scale = "F16"\n')
-    result = cli("quantize", SINGLE, "--dry-run", "--recipe", recipe)
+    result = cli("quantize", SINGLE, "-o", DRY_RUN_TARGET, "--dry-run", "--recipe", recipe)
     assert result.code == 0
     assert any(w.startswith(f"warning: {recipe}:2: rule (match '*.mlp.*') matches 6 tensors") for w in result.warnings)
     assert "but quantizes none of them with Q8S PackedU32(0) block [48] F16: model.layers.0.mlp.down_proj.weight " \
         "[128, 352]: last dim 352 is not a multiple of 48 (block [48])" in unwrapped(result.err)
     recipe.write_text('version = 1\n[[rule]]\nmatch = "*"\nkeep = true\n')
-    result = cli("quantize", SINGLE, "--dry-run", "--recipe", recipe)
+    result = cli("quantize", SINGLE, "-o", DRY_RUN_TARGET, "--dry-run", "--recipe", recipe)
     assert result.code == 0
     assert result.warnings[-1].startswith("warning: nothing is quantized: all 21 tensors (lm_head.weight, ")
 
 
 def test_a_llama_cpp_scheme_name_is_refused_naming_the_burn_preset():
-    lines = assert_user_error(cli("quantize", SINGLE, "--dry-run", "--scheme", "Q4_K_M"), 2)
+    lines = assert_user_error(cli("quantize", SINGLE, "-o", DRY_RUN_TARGET, "--dry-run", "--scheme", "Q4_K_M"), 2)
     assert lines[0].startswith("error: Q4_K_M is a llama.cpp K-quant mix, refused: ")
     assert lines[-1].startswith("hint: use q4s-b32 (")
-    lines = assert_user_error(cli("quantize", SINGLE, "--dry-run", "--scheme", "fp8"), 2)
+    lines = assert_user_error(cli("quantize", SINGLE, "-o", DRY_RUN_TARGET, "--dry-run", "--scheme", "fp8"), 2)
     assert lines[-1].startswith("hint: use e4m3: ") and "nvfp4" not in lines[-1]
 
 
@@ -1027,7 +1028,7 @@ def test_a_run_reports_its_peak_memory_apart_from_the_runtime(tmp_path):
     assert memory["tensors_bytes"] == memory["peak_bytes"] - memory["runtime_bytes"]
     printed = cli("quantize", SINGLE, "-o", tmp_path / "n.bpk", "--device", "cpu")
     assert "peak memory " in printed.out and "beside the runtime's" in printed.out
-    assert cli("quantize", SINGLE, "--dry-run", "--json").json["memory"] is None
+    assert cli("quantize", SINGLE, "-o", DRY_RUN_TARGET, "--dry-run", "--json").json["memory"] is None
 
 
 def test_calibration_mse_lowers_the_error_an_independent_decoder_sees(tmp_path):

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from qcli.io.burnpack import data_section_start
-from tests.cli_support import SAMPLES, SINGLE, Result, assert_user_error, cli, cli_subprocess
+from tests.cli_support import DRY_RUN_TARGET, SAMPLES, SINGLE, Result, assert_user_error, cli, cli_subprocess
 from tests.gguf_support import gstr, header, tensor
 from tests.hang_support import never_hangs
 
@@ -685,7 +685,7 @@ def test_long_output_name_gets_a_short_temporary_name(tmp_path: Path) -> None:
 
 def test_recipe_with_a_byte_order_mark(tmp_path: Path) -> None:
     path = recipe_file(tmp_path, b"\xef\xbb\xbf" + (SAMPLES / "tiny-llama.toml").read_bytes())
-    result = ended_cli("quantize", SINGLE, "--recipe", path, "--dry-run", "--json")
+    result = ended_cli("quantize", SINGLE, "-o", DRY_RUN_TARGET, "--recipe", path, "--dry-run", "--json")
     assert result.code == 0, result.err
     assert result.json["recipe_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
 
