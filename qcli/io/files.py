@@ -12,8 +12,9 @@ import os
 import stat
 import sys
 from collections.abc import Callable
+from io import BufferedReader
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import NamedTuple
 
 from qcli.errors import InputError, UsageError
 from qcli.text import printable, quoted
@@ -40,7 +41,7 @@ def file_kind(mode: int) -> str:
     return "not a file"
 
 
-def open_regular(path: Path | str) -> BinaryIO:
+def open_regular(path: Path | str) -> BufferedReader:
     """`path` opened for reading, only if it is a regular file (after symbolic links).
 
     A FIFO, a device or a socket raises `NotRegularFile` (an `OSError`) without being opened: opening a
@@ -120,8 +121,10 @@ def _unique_keys(path: Path, hint: str) -> Callable[[list[tuple[str, object]]], 
         result = dict(pairs)  # built in C: a header's 200k objects are checked in a blink
         if len(result) != len(pairs):
             seen: set[str] = set()
-            twice = next(key for key, _ in pairs if key in seen or seen.add(key))
-            raise _invalid(path, f"{quoted(twice)} appears twice in the JSON", hint)
+            for key, _ in pairs:
+                if key in seen:
+                    raise _invalid(path, f"{quoted(key)} appears twice in the JSON", hint)
+                seen.add(key)
         return result
 
     return hook
