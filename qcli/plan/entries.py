@@ -10,6 +10,7 @@ import functools
 import math
 import os
 from dataclasses import dataclass
+from typing import cast
 
 from qcli import BURN_VERSION, layout
 from qcli.burn_backends import qfloat
@@ -168,8 +169,9 @@ class Plan:
 
     def container_entries(self) -> list[TensorEntry]:
         """Each tensor as the container lists it (name, written dtype and shape, bytes), in plan order: what
-        its size bounds and the shards are worked out from."""
-        return [TensorEntry(e.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in self.entries]
+        its size bounds and the shards are worked out from. A tensor Burn has no dtype for (`out_dtype` None)
+        is refused by the plan's checks before a plan is written."""
+        return [TensorEntry(e.name, cast(DType, e.out_dtype), tuple(e.out_shape), e.out_nbytes) for e in self.entries]
 
     def calibrated_by(self, calibration: Calibration) -> list[PlanEntry]:
         """The entries quantized from their own float values whose scales `calibration` chooses (a
