@@ -65,10 +65,10 @@ def evaluate_file(quantized: str | Path, *, against: str | Path, text: str | Pat
     config.json of the model folder, else the source's folder, and its tokenizer is the same folder's.
     `names`: a GGUF source's tensor names (`file` or `hf`); by default what a model folder's record says
     quantize read it with, else `file`. `progress(done, count, seconds)` is told each window scored."""
-    given = CalibrationInput(Path(text), SAMPLES if samples is None else samples,
-                             SEQ_LEN if seq_len is None else seq_len)
+    data = Path(text)
+    given = CalibrationInput(data, SAMPLES if samples is None else samples, SEQ_LEN if seq_len is None else seq_len)
     given.check_windows()
-    named_file(given.data, "text", TEXT_HINT)  # before the slow imports
+    named_file(data, "text", TEXT_HINT)  # before the slow imports
     device = require_device(device)
     started = time.perf_counter()
     bpk, folder = quantized_file(Path(quantized))
