@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 import qcli.codec
@@ -28,7 +29,7 @@ from qcli.calibrate.data import (
     special_frame,
 )
 from qcli.calibrate.gptq import gptq, output_error, workspace_bytes
-from qcli.calibrate.model import CalibrationModel, check_positions, load_tokenizer, open_model
+from qcli.calibrate.model import CalibrationModel, check_positions, load_tokenizer, open_model, token_embedding
 from qcli.calibrate.runner import (
     BlockDone,
     LinearStats,
@@ -118,24 +119,27 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
     def on_linear(name: str, weight: torch.Tensor, stats: LinearStats) -> torch.Tensor | None:
         done.importance[name] = stats.importance
         done.bytes += weight.numel() * weight.element_size()
+        hessian = stats.hessian
+        assert hessian is not None, "held while its Linear is calibrated"
         entry = quantized.get(name) or weighed_by_name.get(name)
         if entry is None:
             if name in measured:  # the codec's scales, only measured: the pipeline writes the same bytes
-                done.errors[measured[name].name] = _codec_output_error(measured[name], weight, stats.hessian)
+                done.errors[measured[name].name] = _codec_output_error(measured[name], weight, hessian)
             return None
         decision, shape = entry.decision, tuple(entry.out_shape)
+        assert decision.scheme is not None, "a calibrated tensor is quantized"
         if decision.calibration is Calibration.Gptq:
             # each block's scale searched over its columns' current weights (§6), each column weighed by its
             # input's mean square: on all-MiniLM-L6-v2 at q4f-b32 MinMax's scales left GPTQ below the
             # data-free search, and on SmolLM2 the weighing took the KL from 0.162 to 0.116 (docs/benchmarks.md)
-            result = gptq(weight, stats.hessian, decision.scheme, transpose=decision.transpose, search=True,
+            result = gptq(weight, hessian, decision.scheme, transpose=decision.transpose, search=True,
                           importance=stats.importance, name=name)
             payload = qcli.codec.pack(_on_cpu(result.parts), decision.scheme, shape)
             dequantized, error = result.dequantized, result.error
         else:  # the mse search, each input channel weighed by its mean square: the pipeline's bytes
             importance = stats.importance[:, None] if decision.transpose else stats.importance
             payload, dequantized = _encoded(entry, weight, importance)
-            error = output_error(weight, dequantized, stats.hessian)
+            error = output_error(weight, dequantized, hessian)
         done.payloads[entry.name], done.errors[entry.name] = payload, error
         # GPTQ's blocks after this one see what the quantized weights give; the mse search leaves them float
         return dequantized.to(weight.device, weight.dtype) if decision.calibration is Calibration.Gptq else None
@@ -181,6 +185,7 @@ def _encoded(entry: PlanEntry, weight: torch.Tensor, importance: torch.Tensor | 
     """The codec's payload of a Linear's `weight` ([out, in]) under its entry's scheme and calibration (the
     pipeline's bytes), and its decode on W's axes."""
     decision = entry.decision
+    assert decision.scheme is not None, "a calibrated tensor is quantized"
     written = weight.t() if decision.transpose else weight
     payload = qcli.codec.encode(written.cpu(), decision.scheme, decision.calibration, name=entry.name,
                                 importance=importance)
@@ -218,7 +223,7 @@ def measure_importance(source: Source, input: Path, calibrating: CalibrationInpu
                                    f"has no llama.cpp name for {count_and_first(unnamed)} of the model's Linears"),
                          hint="upgrade the gguf package (pip install -U gguf); llama.cpp's converter may not "
                               "convert this model")
-    entries = {names[name]: ImatrixEntry(stats.importance * stats.tokens, [stats.tokens])
+    entries = {names[name]: ImatrixEntry(stats.importance * stats.tokens, np.array([stats.tokens]))
                for name, stats in run.stats.items()}
     imatrix = Imatrix(entries, (Path(text.name).name,), int(tokens.tokens.shape[0]), int(tokens.tokens.shape[1]))
     return MeasuredImportance(imatrix, imatrix.chunk_count, imatrix.chunk_size, tokens.available, chosen)
@@ -245,11 +250,12 @@ def _block_run(source: Source, input: Path, calibrating: CalibrationInput, devic
 def _opened(source: Source, folder: Path, calibrating: CalibrationInput
             ) -> tuple[CalibrationModel, CalibrationText, CalibrationSet]:
     """The model `folder` describes over `source`'s tensors, the calibration text, and its windows."""
+    assert calibrating.data is not None, "calibration without an imatrix reads its text"
     text = read_calibration_text(calibrating.data)
     model = open_model(folder, source.infos(), source.load)
     check_positions(model.module.config, calibrating.seq_len)
     tokens = windows(text, load_tokenizer(folder), calibrating)
-    rows = model.module.get_input_embeddings().num_embeddings
+    rows = token_embedding(model.module).num_embeddings
     if int(tokens.tokens.max()) >= rows:
         raise InputError(printable(f"the tokenizer of {folder} gives token id {int(tokens.tokens.max())} on the "
                                    f"calibration text, past the {rows} rows of the model's token embedding"),

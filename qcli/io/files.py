@@ -14,13 +14,14 @@ import sys
 from collections.abc import Callable
 from io import BufferedReader
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from qcli.errors import InputError, UsageError
 from qcli.text import printable, quoted
 
 READ_MAX = 1 << 30  # bytes per read call (Linux reads at most 2 GiB - 4 KiB at once)
 NOT_REGULAR_HINT = "qcli reads regular files only, not pipes, devices or sockets; save the data to a file first"
+_J = TypeVar("_J")  # a JSON document: `checked_json` gives back what it checked
 
 
 class NotRegularFile(OSError):
@@ -183,8 +184,7 @@ def parse_json(path: Path, data: bytes | str, hint: str, what: str = "the JSON",
     return checked_json(path, read_json(path, data, hint, what), hint, what, depth)
 
 
-def checked_json(path: Path, document: object, hint: str, what: str = "the JSON",
-                 depth: int = MAX_JSON_DEPTH) -> object:
+def checked_json(path: Path, document: _J, hint: str, what: str = "the JSON", depth: int = MAX_JSON_DEPTH) -> _J:
     """`document`, parsed JSON, once its nesting is measured (without recursion) and found within `depth`,
     and its strings hold no lone surrogate (a `\\ud800` escape, which is no Unicode character and which
     tokenizers and encoders fail on); else an `InputError` naming `what` it is, with `hint`."""
