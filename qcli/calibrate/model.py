@@ -31,6 +31,7 @@ from qcli.text import clipped, printable, quoted
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
+    from qcli.calibrate.checkpoint import Checkpoint
     from qcli.io.source import TensorInfo
 
 CALIBRATE_HINT = "pip install 'qcli[calibrate]'"
@@ -298,13 +299,12 @@ def _parameters_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = register
 
 
-def open_model(folder: Path | str, checkpoint: Sequence[TensorInfo], tensor: Callable[[str], torch.Tensor]
-               ) -> CalibrationModel:
-    """The model of `folder`'s config.json, once checked against the `checkpoint`'s tensors
-    (`check_config`), its parameters mapped to their names, read through `tensor` as the runner needs them."""
-    module = build_model(load_config(folder, checkpoint))
-    names, assembled = parameter_names(module, [info.name for info in checkpoint])
-    return CalibrationModel(module, names, tensor, assembled)
+def open_model(checkpoint: Checkpoint) -> CalibrationModel:
+    """The model of the checkpoint's config.json (checked against its tensors), its parameters mapped to their
+    names and read as the runner needs them."""
+    module = build_model(checkpoint.config)
+    names, assembled = parameter_names(module, [info.name for info in checkpoint.tensors])
+    return CalibrationModel(module, names, checkpoint.tensor, assembled)
 
 
 def parameter_names(module: nn.Module, checkpoint: Iterable[str]) -> tuple[dict[str, str], dict[str, Assembly]]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qcli.calibrate.checkpoint import Checkpoint
 from qcli.calibrate.inputs import SAMPLES, SEQ_LEN, TEXT_HINT, CalibrationInput
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect
@@ -81,14 +82,15 @@ def evaluate_file(quantized: str | Path, *, against: str | Path, text: str | Pat
         found = {n: f for n, f in detect(list(infos.values())).items() if isinstance(f, Transcode | Encoded)}
         pairs = paired(reader, infos, found, transposed, str(against), source.format, names)
         config, described = model_folder(folder, source_path, Path(scratch))
+        checkpoint = Checkpoint(
+            config, [_renamed(infos[p.source], name) for name, p in pairs.items()],
+            lambda name: _source_values(source, pairs[name].source, found.get(pairs[name].source)), described)
         from qcli.calibrate.evaluate import evaluate_quantized
 
-        result, chosen, windows = evaluate_quantized(
-            config, [_renamed(infos[p.source], name) for name, p in pairs.items()],
-            lambda name: _source_values(source, pairs[name].source, found.get(pairs[name].source)),
-            lambda name: decoded(reader, pairs[name]), given, device, progress)
+        result, chosen, windows = evaluate_quantized(checkpoint, lambda name: decoded(reader, pairs[name]), given,
+                                                     device, progress)
     return EvalReport(
-        quantized_path=str(quantized), source_path=str(against), config=described,
+        quantized_path=str(quantized), source_path=str(against), config=checkpoint.described,
         text=windows.name, text_sha256=windows.sha256, seq_len=int(windows.tokens.shape[1]), scores=result,
         quantized=sum(isinstance(p.entry.dtype, QFloat) for p in pairs.values()),
         kept=sum(not isinstance(p.entry.dtype, QFloat) for p in pairs.values()),

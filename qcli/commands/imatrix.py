@@ -8,11 +8,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from qcli.calibrate.checkpoint import Checkpoint
 from qcli.calibrate.inputs import CalibrationInput
 from qcli.errors import UsageError
 from qcli.io.readers import locate, open_source
 from qcli.io.reads import Reads, refuse_special
-from qcli.io.source import checkpoint_folder
 from qcli.output.folder import read_beside
 from qcli.pipeline.device import require_device
 from qcli.text import printable
@@ -69,14 +69,15 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
                          hint="pass --force to replace it, or -o to write somewhere else")
     started = time.perf_counter()
     with open_source(input) as source:
+        checkpoint = Checkpoint.beside(input, source)
         reads = Reads()
         reads.add_source(source)
-        reads.extend(read_beside(checkpoint_folder(input)), "a file beside the input that the run reads")
+        reads.extend(read_beside(checkpoint.folder), "a file beside the input that the run reads")
         reads.add(given.data, "the calibration text")
         reads.refuse_target(target, TARGET_HINT)
         from qcli.calibrate.session import measure_importance
 
-        measured = measure_importance(source, input, given, device, progress)
+        measured = measure_importance(checkpoint, given, device, progress)
     from qcli.io.imatrix import write_imatrix
 
     write_imatrix(measured.imatrix, target, before_commit=reads.unchanged)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qcli.calibrate.checkpoint import Checkpoint
 from qcli.commands import collector_paused
 from qcli.commands.options import Destination, QuantizeOptions
 from qcli.error_stats import ErrorStats
@@ -20,7 +21,7 @@ from qcli.io.burnpack import size_bound
 from qcli.io.files import file_sha256
 from qcli.io.readers import open_source, reader_of
 from qcli.io.reads import Reads, refuse_special
-from qcli.io.source import Source, TensorInfo, checkpoint_folder
+from qcli.io.source import Source
 from qcli.io.staged import StagedFile
 from qcli.output import Output
 from qcli.output.folder import ModelFolder, check_folder, folder_record, read_beside, side_files
@@ -117,21 +118,22 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
     with ExitStack() as stack:
         resume = stack.enter_context(collector_paused())
         source = stack.enter_context(open_source(input, options.names))
-        reads = _reads(input, source, options)
+        checkpoint = Checkpoint.beside(input, source)
+        reads = _reads(checkpoint.folder, source, options)
         reads.refuse_target(target, TARGET_HINT)
         found = detect(source.infos(), None if planned.requantize is None else source.load)
         gptq = Calibration.Gptq in (planned.calibration, *_rule_calibrations(loaded_recipe))
-        reachable = _reachable(input, source) if gptq else ()
+        reachable = _reachable(checkpoint) if gptq else ()
         chosen = None
         if planned.target is not None:
             _refuse_recipe_target(options, target, reads, force)
-            chosen = _choose(input, source, loaded_recipe, options, found, reachable)
+            chosen = _choose(checkpoint, source, loaded_recipe, options, found, reachable)
             loaded_recipe = chosen.recipe
         plan = make_checked_plan(source.infos(), loaded_recipe, planned, found=found, calibrated=reachable)
         # Torch loads from here, on a thread of its own, while the output is prepared: every refusal the
         # headers and the plan give has been made without it (its import alone takes seconds).
         runtime = None if dry_run else stack.enter_context(Runtime(options.device))
-        copies = side_files(checkpoint_folder(input)) if folder is not None and reader_of(input).side_files else []
+        copies = side_files(checkpoint.folder) if folder is not None and reader_of(input).side_files else []
         report = QuantizeReport(
             input=where.given,
             output=str(target),
@@ -148,7 +150,7 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
             totals=plan.totals(),
             load=BurnLoad.of(plan, planned.burn_version),
             warnings=plan.warnings(),
-            calibration=_calibration_record(plan, input, source.infos(), options),
+            calibration=_calibration_record(plan, checkpoint, options),
             target=None if chosen is None else chosen.record(plan),
         )
         stats, verify = options.stats, options.verify
@@ -177,7 +179,7 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
         if report.calibration is not None:
             from qcli.calibrate.session import calibrate
 
-            calibrated = calibrate(plan, source, checkpoint_folder(input), options.calibrating,
+            calibrated = calibrate(plan, checkpoint, options.calibrating,
                                    "cpu" if report.device == "cpu" else "cuda", blocks)
             report.calibration, report.warnings = calibrated.record, report.warnings + calibrated.warnings
             run = with_prepared(run, calibrated.payloads, importance=calibrated.importance)
@@ -230,7 +232,7 @@ class _Chosen:
             staged.commit()
 
 
-def _choose(input: Path, source: Source, given: Recipe | None, options: QuantizeOptions, found: dict,
+def _choose(checkpoint: Checkpoint, source: Source, given: Recipe | None, options: QuantizeOptions, found: dict,
             reachable: frozenset[str] | tuple) -> _Chosen:
     """The forms `options.plan.target` chooses (`qcli.plan.target`): the plan of `given` and the default
     policy, the forms the backend loads, the budget refused where even the smallest forms overspend it,
@@ -246,7 +248,7 @@ def _choose(input: Path, source: Source, given: Recipe | None, options: Quantize
     limit = budget(target, base, choices, estimate)
     where = backend_words(backend, version)
     check_budget(choices, limit, target, where)
-    importance, sensitivity = _importance(input, source, options, choices)
+    importance, sensitivity = _importance(checkpoint, options, choices)
     measure_losses(choices, source, importance)
     allocate(choices, limit, target, where)
     quantized = [e for e in base.entries if e.decision.scheme is not None]
@@ -264,7 +266,7 @@ def _choose(input: Path, source: Source, given: Recipe | None, options: Quantize
     return _Chosen(recipe, text, target, choices, [p.name for p in candidates], sensitivity, options.write_recipe)
 
 
-def _importance(input: Path, source: Source, options: QuantizeOptions, choices: list[Choice]
+def _importance(checkpoint: Checkpoint, options: QuantizeOptions, choices: list[Choice]
                 ) -> tuple[dict | None, str]:
     """What weighs each input channel's error: an importance matrix (`--imatrix`), the activations of the
     calibration text (`--calibration-data`, run here as `qcli imatrix` runs it), or nothing."""
@@ -272,21 +274,21 @@ def _importance(input: Path, source: Source, options: QuantizeOptions, choices: 
     if given.imatrix is not None:
         from qcli.calibrate.session import file_importance
 
-        return file_importance(given.imatrix, checkpoint_folder(input), [c.entry.info for c in choices]), "imatrix"
+        return file_importance(given.imatrix, checkpoint, [c.entry.info for c in choices]), "imatrix"
     if given.data is not None:
         from qcli.calibrate.session import input_importance
 
         device = "cpu" if options.device == "cpu" else "auto"
-        return input_importance(source, input, given, device), "calibration-data"
+        return input_importance(checkpoint, given, device), "calibration-data"
     return None, "weights"
 
 
-def _reads(input: Path, source: Source, options: QuantizeOptions) -> Reads:
-    """Every file a quantize run reads: the checkpoint's, the files beside it, the recipe, the calibration
+def _reads(beside: Path, source: Source, options: QuantizeOptions) -> Reads:
+    """Every file a quantize run reads: the checkpoint's, the files `beside` it, the recipe, the calibration
     text or importance matrix."""
     reads = Reads()
     reads.add_source(source)
-    reads.extend(read_beside(checkpoint_folder(input)), "a file beside the input that the run reads")
+    reads.extend(read_beside(beside), "a file beside the input that the run reads")
     for path, role in ((options.recipe, "the recipe"), (options.calibrating.data, "the calibration text"),
                        (options.calibrating.imatrix, "the importance matrix")):
         if path is not None:
@@ -298,11 +300,11 @@ def _rule_calibrations(recipe: Recipe | None) -> list[Calibration]:
     return [] if recipe is None else [r.calibration for r in recipe.rules if r.calibration is not None]
 
 
-def _reachable(input: Path, source: Source) -> frozenset[str]:
+def _reachable(checkpoint: Checkpoint) -> frozenset[str]:
     """The tensors GPTQ can reach, from the model config.json describes (importing transformers)."""
     from qcli.calibrate.session import reachable
 
-    return reachable(checkpoint_folder(input), source)
+    return reachable(checkpoint)
 
 
 def gptq_names(plan: Plan) -> frozenset[str]:
@@ -310,10 +312,8 @@ def gptq_names(plan: Plan) -> frozenset[str]:
     return frozenset(e.name for e in plan.calibrated_by(Calibration.Gptq))
 
 
-def _calibration_record(plan: Plan, input: Path, checkpoint: list[TensorInfo], options: QuantizeOptions
-                        ) -> CalibrationRecord | None:
-    """What the run will calibrate on, with the dry run's memory estimate (its config checked against the
-    `checkpoint`'s tensors); None when nothing is calibrated."""
+def _calibration_record(plan: Plan, checkpoint: Checkpoint, options: QuantizeOptions) -> CalibrationRecord | None:
+    """What the run will calibrate on, with the dry run's memory estimate; None when nothing is calibrated."""
     given = options.calibrating
     weighed = given.data is not None or given.imatrix is not None
     gptq = bool(plan.calibrated_by(Calibration.Gptq))
@@ -333,7 +333,7 @@ def _calibration_record(plan: Plan, input: Path, checkpoint: list[TensorInfo], o
     return CalibrationRecord("gptq" if gptq else "mse" if searched else codec_method(measured), str(given.data),
                              text.sha256,
                              samples=given.samples, seq_len=given.seq_len, seed=given.seed,
-                             memory_estimate_bytes=estimate(checkpoint_folder(input), checkpoint, given, gptq))
+                             memory_estimate_bytes=estimate(checkpoint, given, gptq))
 
 
 def _warm_runtime() -> int:

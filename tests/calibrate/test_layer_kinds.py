@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from qcli.calibrate import runner
+from qcli.calibrate.checkpoint import Checkpoint
 from qcli.calibrate.data import CalibrationSet, CalibrationText, calibration_tokens
 from qcli.calibrate.model import CalibrationModel, load_tokenizer, open_model
 from qcli.calibrate.runner import block_linears, layer_kinds, run_blocks
@@ -42,7 +43,7 @@ def decoders(tmp_path_factory) -> dict[str, Path]:
 
 def opened(folder: Path) -> CalibrationModel:
     source = open_source(folder)
-    return open_model(folder, source.infos(), source.load)
+    return open_model(Checkpoint(folder, source.infos(), source.load))
 
 
 def windows(folder: Path) -> CalibrationSet:
