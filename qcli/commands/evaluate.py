@@ -60,12 +60,13 @@ def evaluate_file(quantized: str | Path, *, against: str | Path, text: str | Pat
                   seq_len: int | None = None, names: str | None = None, device: str = "auto",
                   progress=None) -> EvalReport:
     """Score `quantized` (a .bpk, the index of its shards, or a model folder holding `model.bpk`) against
-    `against` (the checkpoint it was written from: safetensors, GGUF, or ORG/NAME in the local Hugging Face
-    cache) on at most `samples` windows of `seq_len` tokens laid end to end from the start of `text`: the mean
-    next-token KL(source || quantized), the top-1 agreement and both perplexities. The model is built from the
-    config.json of the model folder, else the source's folder, and its tokenizer is the same folder's.
-    `names`: a GGUF source's tensor names (`file` or `hf`); by default what a model folder's record says
-    quantize read it with, else `file`. `progress(done, count, seconds)` is told each window scored."""
+    `against`, the checkpoint it was written from (or ORG/NAME in the local Hugging Face cache).
+
+    The scores are the mean next-token KL(source || quantized), the top-1 agreement and both perplexities, on
+    at most `samples` windows of `seq_len` tokens laid end to end from the start of `text`. The model is built
+    from the config.json and tokenizer of the model folder, else of the source's folder (`model_folder`).
+    `names` picks a GGUF source's tensor names; by default it is what the model folder's record says quantize
+    used. `progress(done, count, seconds)` hears of each window scored."""
     given = CalibrationInput(Path(text), SAMPLES if samples is None else samples,
                              SEQ_LEN if seq_len is None else seq_len)
     given.check_windows()

@@ -1,5 +1,5 @@
-"""`inspect_file`: what a checkpoint, safetensors or GGUF (and what quantize's default plan does with each of its
-tensors) or a burnpack file holds, one tensor's statistics, or a burnpack file checked against its source."""
+"""`inspect_file`: what a checkpoint or a burnpack file holds, and for a checkpoint what quantize's default plan
+does with each tensor. It also gives one tensor's statistics, or checks a burnpack file against its source."""
 
 from __future__ import annotations
 
@@ -98,10 +98,11 @@ def _suggest_tensor(name: str, names: list[str]) -> UsageError:
 def inspect_file(
     path: str | Path, *, tensor: str | None = None, compare: str | Path | None = None, names: str = "file"
 ) -> InspectReport:
-    """List a checkpoint (safetensors or GGUF) with its default plan, or a burnpack file; optionally one tensor's
-    statistics, or a comparison of a burnpack file against its source. `names`: a GGUF source's tensor names
-    as in the file, or `hf`, Hugging Face's (`qcli.io.source.Names`). A checkpoint (`path`, or `compare`)
-    may be a model `ORG/NAME` in the local Hugging Face cache (`qcli.io.readers.locate`)."""
+    """List a checkpoint (any format `qcli.io.readers.READERS` reads) with its default plan, or a burnpack file.
+
+    `tensor` adds one tensor's statistics; `compare` checks a burnpack file against its source. `names` picks a
+    GGUF source's tensor names (`qcli.io.source.Names`). A checkpoint may be a model `ORG/NAME` in the local
+    Hugging Face cache (`qcli.io.readers.locate`)."""
 
     given, path = str(path), Path(path)
     if is_container(path):

@@ -1,5 +1,6 @@
-"""`quantize_file`: plan a checkpoint (safetensors or GGUF) from its headers, then stream it through a pipeline into
-burnpack output."""
+"""`quantize_file`: plan a checkpoint from its headers, then stream it through a pipeline into burnpack output.
+
+The checkpoint is any format `qcli.io.readers.READERS` reads."""
 
 from __future__ import annotations
 

@@ -27,6 +27,8 @@ class Reader:
     """One input format's reader."""
 
     name: str  # the format, as its sources' `format` gives it
+    title: str  # the format as help texts name it
+    given: str  # how a checkpoint of it is given, as an input's help says
     suffixes: tuple[str, ...]  # what its files' names end with: such an input is a path, never a model ORG/NAME
     sniff: Callable[[Path], bool]  # whether a path is this format's, asked after the readers before it declined
     open: Callable[[Path], Source]  # the source, every header checked (InputError naming the file and tensor)
@@ -41,12 +43,26 @@ def _the_rest(path: Path) -> bool:
 
 
 # A GGUF file holds its model's description: files beside it may be another model's.
-GGUF = Reader(GgufSource.format, (SUFFIX,), is_gguf, GgufSource.open, side_files=False, hf_names=hf_names)
+GGUF = Reader(GgufSource.format, "GGUF", f"a {SUFFIX} file", (SUFFIX,), is_gguf, GgufSource.open, side_files=False,
+              hf_names=hf_names)
 READERS = (
     GGUF,
-    Reader(SafetensorsSource.format, (".safetensors", ".json"), _the_rest, SafetensorsSource.open, side_files=True),
+    Reader(SafetensorsSource.format, "safetensors",
+           "a .safetensors file, a directory (model.safetensors or an index with shards), an index",
+           (".safetensors", ".json"), _the_rest, SafetensorsSource.open, side_files=True),
 )
 SUFFIXES = tuple(suffix for reader in READERS for suffix in reader.suffixes)
+
+
+def titles() -> str:
+    """The formats read, as help texts list them: `GGUF or safetensors`."""
+    *rest, final = [reader.title for reader in READERS]
+    return f"{', '.join(rest)} or {final}" if rest else final
+
+
+def given() -> str:
+    """How a checkpoint is given, each reader's way in turn, as an input's help lists them."""
+    return ", ".join(reader.given for reader in READERS)
 
 
 def locate(input: str | Path, revision: str | None = None) -> tuple[Path, str | None]:
