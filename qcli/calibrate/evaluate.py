@@ -152,8 +152,9 @@ def evaluate_quantized(checkpoint: Checkpoint, quantized: Callable[[str], torch.
     """The checkpoint's model (its tensors named as the file writes them) in f32 on `device` (auto, cpu or
     cuda), scored with `quantized(name)` swapped in on windows of `given`'s text cut by its tokenizer; with the
     device it ran on and the windows."""
+    from qcli.calibrate.checkpoint import check_positions
     from qcli.calibrate.data import consecutive_tokens, framed, read_calibration_text, special_frame
-    from qcli.calibrate.model import check_positions, open_model
+    from qcli.calibrate.model import open_model
 
     assert given.data is not None
     text = read_calibration_text(given.data, "text")

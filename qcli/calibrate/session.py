@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import qcli.codec
+from qcli.calibrate.checkpoint import Checkpoint, check_positions
 from qcli.calibrate.data import (
     CalibrationSet,
     CalibrationText,
@@ -28,7 +29,7 @@ from qcli.calibrate.data import (
     special_frame,
 )
 from qcli.calibrate.gptq import gptq, output_error, workspace_bytes
-from qcli.calibrate.model import CalibrationModel, check_positions, open_model
+from qcli.calibrate.model import CalibrationModel, open_model
 from qcli.calibrate.runner import (
     BlockDone,
     LinearStats,
@@ -47,7 +48,6 @@ from qcli.scheme import Calibration
 from qcli.text import printable, quoted
 
 if TYPE_CHECKING:
-    from qcli.calibrate.checkpoint import Checkpoint
     from qcli.calibrate.inputs import CalibrationInput
     from qcli.codec.quantize import QuantizedParts
     from qcli.io.imatrix import Imatrix

@@ -108,7 +108,7 @@ def model_folder(folder: Path | None, source: Path, scratch: Path) -> tuple[Path
         if candidate is not None and (candidate / "config.json").is_file():
             return candidate, str(candidate / "config.json")
     if reader_of(source) is GGUF:
-        from qcli.calibrate.model import describe_gguf
+        from qcli.calibrate.checkpoint import describe_gguf
 
         return describe_gguf(source, scratch), f"{source} (its metadata)"
     where = f"{folder} nor {beside}" if folder is not None else f"{beside}"

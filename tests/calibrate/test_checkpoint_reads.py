@@ -54,7 +54,7 @@ def llama(tmp_path_factory) -> Path:
 def once(llama) -> dict[str, int]:
     """The opens of config.json that each of its readers takes once: the format declaration's reading
     (`detect`), the config's loading, the tokenizer's."""
-    from qcli.calibrate.model import load_config, load_tokenizer
+    from qcli.calibrate.checkpoint import load_config, load_tokenizer
     from qcli.formats import detect
     from qcli.io.readers import open_source
 

@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from qcli.calibrate.checkpoint import Checkpoint
+from qcli.calibrate.checkpoint import CALIBRATE_HINT, Checkpoint, load_tokenizer
 from qcli.calibrate.data import CalibrationSet, CalibrationText, calibration_tokens
-from qcli.calibrate.model import CALIBRATE_HINT, CalibrationModel, load_tokenizer, open_model
+from qcli.calibrate.model import CalibrationModel, open_model
 from qcli.calibrate.runner import SLACK, block_linears, estimate_memory, run_blocks
 from qcli.errors import InputError, UsageError
 from qcli.io.readers import open_source
