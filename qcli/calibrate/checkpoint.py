@@ -107,12 +107,13 @@ def load_config(folder: Path | str, checkpoint: Sequence[TensorInfo] | None = No
 
 
 def check_config(path: Path, config: PretrainedConfig, checkpoint: Sequence[TensorInfo]) -> None:
-    """InputError where config.json (at `path`) does not describe the checkpoint's tensors, found before a
-    model is built from it: a layer count that is not the checkpoint's count of blocks (more would build
-    layers without weights, an absurd count until memory runs out; fewer would leave blocks uncalibrated),
-    a vocabulary or hidden size that is not its token embedding's shape, a `max_position_embeddings` that is
-    not its position embedding's rows (or past MAX_POSITIONS), or any count or size (`_COUNT`) larger
-    than anything the checkpoint holds."""
+    """InputError where config.json (at `path`) does not describe the checkpoint's tensors, found before a model
+    is built from it.
+
+    The layer count must be the checkpoint's count of blocks: more would build layers without weights, fewer
+    would leave blocks uncalibrated. The vocabulary and hidden size must be the token embedding's shape, and
+    `max_position_embeddings` at most the position embedding's rows (and MAX_POSITIONS). No count or size
+    (`_COUNT`) may exceed everything the checkpoint holds, or transformers would build modules to no end."""
     text = config.get_text_config()
     largest = max([len(checkpoint), *(max(i.shape, default=0) for i in checkpoint)])
     for key, value in sorted(vars(text).items()):

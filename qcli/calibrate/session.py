@@ -1,11 +1,12 @@
-"""A quantize run's calibration: the model run block by block on the calibration text (`runner`), GPTQ for
-each Linear the plan gives `Calibration.Gptq` (`gptq`), and each input channel's importance for the Linears
-whose scales the mse search chooses, from the same run or from a llama.cpp importance matrix (`imatrix`).
+"""A quantize run's calibration over its `Checkpoint`.
 
-The tensors quantized here (GPTQ's, and the search's weighed by the run's activations) leave as payloads
-(`Calibrated.payloads`) the pipeline writes as they are; an importance matrix's importance goes to the
-pipeline's search (`Calibrated.importance`).
-"""
+The model runs block by block on the calibration text (`runner`). GPTQ quantizes each Linear the plan gives
+`Calibration.Gptq` (`gptq`). For the Linears whose scales the mse search chooses, each input channel's
+importance comes from the same run or from a llama.cpp importance matrix.
+
+The tensors quantized here leave as payloads the pipeline writes as they are (`Calibrated.payloads`). An
+importance matrix's importance goes to the pipeline's own search (`Calibrated.importance`). `qcli imatrix`
+measures its matrix with the same run (`measure_importance`)."""
 
 from __future__ import annotations
 

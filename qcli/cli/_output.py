@@ -236,12 +236,13 @@ def progress_enabled(*, quiet: bool = False, json: bool = False) -> bool:
 
 
 class RunProgress:
-    """A command's one live display on stderr (rich's `Progress`), each phase a task on a row of its own,
-    so that no two displays take turns on one line: `preparing` (the headers, the plan, the model and its
-    text) until another starts; `calibrating` (blocks done of all, tokens a second, the time left from the
-    blocks' own pace); `evaluating` (windows scored of all); the tensor being written (bytes done of all, the
-    rate, the time left). Every row fits the console's width: the label (a tensor's name, shortened as in
-    the tables) takes what the others leave."""
+    """A command's one live display on stderr (rich's `Progress`), each phase a task on its own row, so that no two
+    displays take turns on one line.
+
+    The phases are `preparing` (the headers, the plan, the model and its text), `calibrating` (blocks done, tokens
+    a second, the time left), `evaluating` (windows scored) and the tensor being written (bytes done, the rate, the
+    time left). Every row fits the console's width: the label (a tensor's name, shortened as in the tables) takes
+    what the others leave."""
 
     def __init__(self, progress: Progress) -> None:
         self._progress = progress

@@ -1,12 +1,13 @@
-"""`evaluate_file`: a burnpack file qcli wrote scored against the checkpoint it was written from, by what the
-model predicts on a text: the model transformers builds from config.json run with the source's weights and
-with the file's (its QFloat tensors decoded, the others as stored, those written `[in, out]` turned back),
-each window of the text in turn (`qcli.calibrate.evaluate`).
+"""`evaluate_file`: a burnpack file qcli wrote, scored against the checkpoint it was written from by what the
+model predicts on a text.
 
-Every tensor of the file is paired with the source's tensor of its name (the name a source's format gives
-its weight: GPTQ's `m.qweight` is written `m.weight`) before anything heavy is loaded; a tensor either side
-lacks, or a shape that disagrees, is refused: a pairing qcli is not sure of is never scored.
-"""
+transformers builds the model from config.json (`qcli.calibrate.checkpoint.Checkpoint`). It runs once with the
+source's weights and once with the file's: QFloat tensors decoded, the others as stored, those written
+`[in, out]` turned back. Each window of the text is scored in turn (`qcli.calibrate.evaluate`).
+
+Every tensor of the file is paired with the source's tensor of its name before anything heavy loads (GPTQ's
+`m.qweight` is written `m.weight`). A tensor either side lacks, or a shape that disagrees, is refused: a
+pairing qcli is not sure of is never scored."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""`imatrix_file`: run a checkpoint on calibration text and write each Linear's importance matrix in llama.cpp's
-GGUF layout and names, so that llama.cpp's quantizer (`llama-quantize --imatrix`) and `qcli quantize
---imatrix` both read it."""
+"""`imatrix_file`: run a checkpoint on calibration text and write its Linears' importance matrix.
+
+The file has llama.cpp's GGUF layout and names, so `llama-quantize --imatrix` and `qcli quantize --imatrix`
+both read it."""
 
 from __future__ import annotations
 
@@ -47,12 +48,13 @@ def default_output(input: Path, model: str | None = None) -> Path:
 def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibration_data: str | Path,
                  samples: int | None = None, seq_len: int | None = None, seed: int | None = None,
                  device: str = "auto", force: bool = False, progress=None) -> ImatrixReport:
-    """Run the model of `input` (its folder's config.json and tokenizer) block by block on `calibration_data`
-    and write, for every Linear in its repeated blocks, the sum of squares of each input channel over the
-    tokens and their count (`qcli.io.imatrix`), to `output` (default `default_output(input)`); the
-    file is renamed into place only once complete, and only if no file the run read changed meanwhile. A
-    file the run reads, or one that is not a regular file, is never `output` (`qcli.io.reads`). `input` may
-    be a model `ORG/NAME` in the local Hugging Face cache (`qcli.io.readers.locate`)."""
+    """Run the model of `input` block by block on `calibration_data` and write its importance matrix to `output`.
+
+    For every Linear in the repeated blocks, the matrix holds each input channel's sum of squares over the tokens,
+    and their count (`qcli.io.imatrix`). The model is built from the input folder's config.json and tokenizer.
+    `output` defaults to `default_output(input)`. The file is renamed into place only once complete, and only if
+    no file the run read changed meanwhile; a file the run reads, or a special file, is never `output`
+    (`qcli.io.reads`). `input` may be a model `ORG/NAME` in the local Hugging Face cache (`qcli.io.readers.locate`)."""
     from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN
 
     given = CalibrationInput(Path(calibration_data), SAMPLES if samples is None else samples,

@@ -82,27 +82,28 @@ def quantize_file(input: str | Path, output: str | Path | None = None, *, progre
 
 def quantize(input: str | Path, output: str | Path | None, options: QuantizeOptions,
              progress: ProgressHook | None = None, blocks: BlockProgress | None = None) -> QuantizeReport:
-    """Quantize a safetensors checkpoint or a GGUF file into a burnpack file (or, with `dry_run`, only plan it).
+    """Quantize a checkpoint into a burnpack file, or with `dry_run` only plan it.
 
-    The plan is made from the headers and checked in full before any weight is read. Tensors are then
-    streamed one at a time through the pipeline into the container, which is renamed onto `output` only
-    once complete; an interruption or failure leaves `output` as it was (an interrupt during the rename
-    takes effect after it, as `Interrupted` saying so). With `stats` or `verify`, the pipeline decodes
-    each quantized payload once, on the device that holds it (`qcli.measure`): `stats` reports its error
-    against the source, `verify` checks it lies within its scheme's error bound and reads the
-    complete files back before the rename, checking them against the plan and the hashes of the bytes
-    written (`qcli.verify`); a file that fails never reaches `output`. With `max_shard_size`, the output
-    is split into `NAME-00001-of-0000N.bpk` files of at most that many bytes each. With `burn_backend`,
-    every tensor that Burn backend cannot load stops the plan (`qcli.burn_backends`). `requantize`: tensors
-    no Burn scheme holds (`qcli.formats.Encoded`: bitsandbytes NF4, FP4; GPTQ with zero points, activation
-    order or 3 bits) are dequantized as their format does and quantized into it; their `--stats` error is
-    against the dequantized values. Where the run reads and writes is `Destination.of(input, output)`: a
-    model in the Hugging Face cache, a model folder. With calibration data (`options.calibrating`), the
-    model runs on it block by block before the write (`qcli.calibrate.session`; `blocks` hears of each
-    block done): GPTQ's tensors are quantized there, and the mse search weighs each input channel by its
-    activations. `transpose`: every Linear weight no recipe rule orients is written `[in, out]`
-    (`make_plan`). The report says how Burn loads the file (`BurnLoad`).
-    """
+    The plan is made from the headers and checked in full before any weight is read. The tensors then stream
+    one at a time through the pipeline into the container, which is renamed onto `output` only once complete.
+    An interruption or failure leaves `output` as it was; an interrupt during the rename takes effect after it,
+    as `Interrupted`.
+
+    The options (docs/cli.md says what each does):
+    - `stats` reports each payload's error against the source, and `verify` checks it lies within its scheme's
+      bound, then reads the complete files back before the rename (`qcli.measure`, `qcli.verify`). The
+      pipeline decodes each payload once, on the device that holds it.
+    - `max_shard_size` splits the output into `NAME-00001-of-0000N.bpk` files of at most that many bytes.
+    - `burn_backend` stops the plan at every tensor that backend cannot load (`qcli.burn_backends`).
+    - `requantize` dequantizes the tensors no Burn scheme holds (`qcli.formats.Encoded`) as their format does,
+      and quantizes them into its preset; their `--stats` error is against the dequantized values.
+    - With calibration data (`options.calibrating`) the model runs on it block by block before the write
+      (`qcli.calibrate.session`; `blocks` hears of each block done). GPTQ's tensors are quantized there, and
+      the mse search weighs each input channel by its activations.
+    - `transpose` writes every Linear weight no recipe rule orients as `[in, out]` (`make_plan`).
+
+    `Destination.of(input, output)` says where the run reads and writes (a model in the Hugging Face cache, a
+    model folder). The report says how Burn loads the file (`BurnLoad`)."""
     where = Destination.of(input, output, options.revision)
     input, target, folder = where.input, where.target, where.folder
     force, dry_run, planned = options.force, options.dry_run, options.plan
@@ -429,13 +430,12 @@ def _naming_files(plan: Plan, payloads: Iterator[Payload]) -> Iterator[Payload]:
 
 def _reported(entry: PlanEntry, measured: Measurement, target: Path, stats: bool, timings: Timings,
               warnings: list[Problem]) -> ErrorStats | None:
-    """A quantized tensor's measurement (`qcli.measure`), read back: its error with `stats`, with
-    `timings.verify` set its bound check, raising `OutputError` for a block over the bound, and a warning
-    for blocks whose scale its scale dtype cannot hold (`Measurement.range_loss`), with its SQNR.
+    """A quantized tensor's measurement read back (`qcli.measure`): its error with `stats`, and with
+    `timings.verify` set its bound check, raising `OutputError` for a block over the bound.
 
-    The decode and measuring ran in the pipeline: the host time it spent on them (`Measurement.seconds`:
-    all of it on the CPU; on a GPU the launches, the work itself overlapping the stream) moves from the
-    quantize phase to the stats phase, with the time taken to read the results back."""
+    It also warns of blocks whose scale its scale dtype cannot hold (`Measurement.range_loss`). The pipeline ran
+    the decode; the host time it spent there (`Measurement.seconds`) moves from the quantize phase to the stats
+    phase, with the time taken here to read the results back."""
     tick = time.perf_counter()
     error = measured.stats() if stats else None
     loss = measured.range_loss()

@@ -1,16 +1,15 @@
-"""`validate_scheme`: every problem of each recipe, and with a model of the plan each makes from headers.
+"""`validate_scheme`: every problem of each recipe, and with a model, of the plan it makes from the headers.
 
-Unlike `load_recipe`, nothing is raised for a faulty recipe: parse errors, schemes Burn refuses and
-Lookup or zero-point requests all come back together as `Problem`s, each with its file and line so CI
-can annotate the recipe. With the model's `TensorInfo`s the plan is resolved from the headers too:
-tensors that cannot take their scheme, rules that decide nothing (matching no tensor, shadowed by
-earlier rules, or quantizing none of the tensors they match: errors here, warnings in `make_plan`),
-tensors no rule covers and a plan that quantizes nothing (warnings), and already-quantized weights no
-Burn scheme holds (errors, unless `requantize` names the preset they are requantized into). Headers
-cannot say whether a tensor's values fit its scale dtype's range: with `values`, every tensor the plan
-quantizes is read and quantized on the CPU (nothing written), and each whose blocks need scales outside
-that range is an error (quantize's `scale-range` warning).
-"""
+Unlike `load_recipe`, it raises nothing for a faulty recipe. Parse errors, schemes Burn refuses and Lookup or
+zero-point requests come back together as `Problem`s, each with its file and line, so that CI can annotate
+the recipe.
+
+With the model's `TensorInfo`s the plan is made too. Its problems are tensors that cannot take their scheme,
+rules that decide nothing (errors here, warnings in `make_plan`), tensors no rule covers and a plan that
+quantizes nothing (warnings), and already-quantized weights no Burn scheme holds (errors, unless `requantize`
+names a preset for them). Headers cannot say whether a tensor's values fit its scale dtype's range: with
+`values`, every quantized tensor is read and quantized on the CPU, and one whose blocks need scales outside
+that range is an error (quantize's `scale-range` warning)."""
 
 from __future__ import annotations
 

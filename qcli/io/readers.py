@@ -1,10 +1,11 @@
-"""The readers of checkpoints, as rows in the order `open_source` tries them (`READERS`): each one's format
-name (`Source.format`, which inspect reports), the suffixes its files have, whether a path is its own, how it
-opens one, and, for a GGUF file, its names as Hugging Face's (`--names hf`).
+"""The readers of checkpoints, as rows in the order `open_source` tries them (`READERS`).
+
+A row holds the format's name (`Source.format`, which inspect reports), how the help names it, the suffixes
+of its files, whether a path is its own, and how to open one. A GGUF row also maps its names to Hugging Face's
+(`--names hf`).
 
 A new input format is its reader module beside these and its row here (docs/design.md, "Adding an input
-format"); nothing else picks a reader.
-"""
+format"); nothing else picks a reader."""
 
 from __future__ import annotations
 
