@@ -1,5 +1,7 @@
-"""Which pipeline a run takes, from `--device` and the environment, read here once for the run; and the
-run's runtime, loaded while the main thread reads the headers and plans (`Runtime`)."""
+"""Which pipeline a run takes (`select_pipeline`), from `--device` and the environment read once for the run.
+
+The run's runtime (`Runtime`) loads while the main thread reads the headers and plans, so its seconds of
+imports overlap work that needs no torch."""
 
 from __future__ import annotations
 
