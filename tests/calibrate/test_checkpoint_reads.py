@@ -5,6 +5,7 @@ every way of opening a file raises, transformers' reads included."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Iterator
@@ -26,13 +27,16 @@ def _on_audit(event: str, args: tuple) -> None:
         _opened.append(os.fsdecode(args[0]))
 
 
-sys.addaudithook(_on_audit)  # a hook cannot be removed: it records only inside `opens`
+@functools.cache
+def _hooked() -> None:
+    sys.addaudithook(_on_audit)  # once: a hook cannot be removed, and records only inside `opens`
 
 
 @contextmanager
 def opens(path: Path) -> Iterator[list[str]]:
     """The opens of `path` while the block runs (one entry each)."""
     global _opened
+    _hooked()
     _opened, found = [], []
     try:
         yield found
