@@ -269,11 +269,12 @@ def windows(text: CalibrationText, tokenizer, calibrating: CalibrationInput) -> 
 
 
 def _from_imatrix(path: Path, checkpoint: Checkpoint, weighed: list[PlanEntry], blocks: frozenset[str]) -> Calibrated:
-    """The importance of each searched tensor's input channels from a llama.cpp importance matrix, its names
-    mapped from the model's (config.json's `model_type`); a tensor it lacks is searched unweighted, said in
-    a warning: one for those outside the model's blocks (`blocks`: the Linears in them), which `qcli imatrix`
-    never measures (the token embedding, the output head), another for block Linears the matrix should
-    have held."""
+    """The importance of each searched tensor's input channels from a llama.cpp importance matrix
+    (`file_importance`).
+
+    A tensor the matrix lacks is searched unweighted, and a warning says so. One warning names those outside
+    the model's blocks (`blocks`: the Linears in them), which `qcli imatrix` never measures (the token
+    embedding, the output head); another names the block Linears the matrix should have held."""
 
     done = Calibrated(record=CalibrationRecord("mse", str(path), file_sha256(path)))
     done.importance = file_importance(path, checkpoint, [e.info for e in weighed])
@@ -296,8 +297,10 @@ def _from_imatrix(path: Path, checkpoint: Checkpoint, weighed: list[PlanEntry], 
 
 def file_importance(path: Path, checkpoint: Checkpoint, infos: list[TensorInfo]) -> dict[str, torch.Tensor]:
     """The importance of each of `infos`' input channels (float64 [in], by the checkpoint's name) that a
-    llama.cpp importance matrix holds, its names mapped from the model's (config.json's `model_type`);
-    those it lacks are left out. `InputError` for a vector of another length than the tensor's last axis."""
+    llama.cpp importance matrix holds; those it lacks are left out.
+
+    The matrix's names are mapped from the model's by config.json's `model_type`. A vector of another length
+    than the tensor's last axis is an `InputError`."""
     from qcli.io.imatrix import hf_to_gguf_names, read_imatrix
 
     imatrix = read_imatrix(path)

@@ -299,15 +299,14 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _judged(x: torch.Tensor, decoded: torch.Tensor, data: memoryview, scheme: QuantScheme
             ) -> tuple[int | None, float, float, float | None]:
-    """A quantized tensor's worst block against its scheme's bound: (flat block index, its max |error|, its
-    bound, the mean over all blocks of max |error| over bound), the first block over its bound if any is
-    (NaN counts as over); (None, 0, 0, None) without a block.
+    """A quantized tensor's worst block against its scheme's bound.
 
-    The bound per block is the smaller of the one the payload's stored scales give (`stored_bound`) and the
-    one the source alone gives (`error_bound` under the loosest calibration, AbsMean's or Mse's, since the
-    file does not record which one was used), so neither other data under the right scales nor inflated
-    scales pass.
-    """
+    It gives (flat block index, its max |error|, its bound, the mean over all blocks of max |error| over bound):
+    the first block over its bound if any is (NaN counts as over), and (None, 0, 0, None) without a block.
+
+    A block's bound is the smaller of two. One is what the payload's stored scales give (`stored_bound`); the
+    other is what the source alone gives (`error_bound` under the loosest calibration, as the file does not
+    record which one was used). So neither other data under the right scales nor inflated scales pass."""
     import torch
 
     from qcli.measure import block_errors, error_bound, stored_bound

@@ -78,13 +78,14 @@ def recipe_problems(
     recipe_path: str | Path, infos: Iterable[TensorInfo] | None = None, options: PlanOptions = PlanOptions(),
     found: Mapping[str, Found] | None = None, values: Source | None = None,
 ) -> list[Problem]:
-    """Every problem of the recipe at `recipe_path`, and of its plan for `infos` when given (`options` and
-    `found` as `qcli.plan.decisions.make_plan` takes them); with `options.backend`, every scheme that Burn
-    backend cannot load (checked per tensor when `infos` is given); with `values` (the source of `infos`), the
-    tensors whose scales leave their scale dtype's range, when the plan has no error to stop it first.
+    """Every problem of the recipe at `recipe_path`, and of its plan for `infos` when given.
 
-    An unreadable recipe file raises `RecipeError`; everything wrong inside it is returned.
-    """
+    `options` and `found` are as `qcli.plan.decisions.make_plan` takes them. With `options.backend`, every scheme
+    that Burn backend cannot load is a problem too (per tensor when `infos` is given). With `values` (the source
+    of `infos`), so are the tensors whose scales leave their scale dtype's range, when the plan has no error
+    to stop it first.
+
+    An unreadable recipe file raises `RecipeError`; everything wrong inside it is returned."""
     recipe, problems = read_recipe(recipe_path)
     if infos is None:
         problems += [p for rule in recipe.rules if (p := rule_refusal(rule)) is not None]
