@@ -122,17 +122,17 @@ def calibrate(plan: Plan, checkpoint: Checkpoint, calibrating: CalibrationInput,
             if name in measured:  # the codec's scales, only measured: the pipeline writes the same bytes
                 done.errors[measured[name].name] = _codec_output_error(measured[name], weight, stats.hessian)
             return None
-        decision, shape = entry.decision, tuple(entry.out_shape)
+        decision, encoding = entry.decision, entry.encoding
         if decision.calibration is Calibration.Gptq:
             # each block's scale searched over its columns' current weights (§6), each column weighed by its
             # input's mean square: on all-MiniLM-L6-v2 at q4f-b32 MinMax's scales left GPTQ below the
             # data-free search, and on SmolLM2 the weighing took the KL from 0.162 to 0.116 (docs/benchmarks.md)
-            result = gptq(weight, stats.hessian, decision.scheme, transpose=decision.transpose, search=True,
+            result = gptq(weight, stats.hessian, encoding.scheme, transpose=encoding.transpose, search=True,
                           importance=stats.importance, name=name)
-            payload = qcli.codec.pack(_on_cpu(result.parts), decision.scheme, shape)
+            payload = qcli.codec.pack(_on_cpu(result.parts), encoding.scheme, encoding.shape)
             dequantized, error = result.dequantized, result.error
         else:  # the mse search, each input channel weighed by its mean square: the pipeline's bytes
-            importance = stats.importance[:, None] if decision.transpose else stats.importance
+            importance = stats.importance[:, None] if encoding.transpose else stats.importance
             payload, dequantized = _encoded(entry, weight, importance)
             error = output_error(weight, dequantized, stats.hessian)
         done.payloads[entry.name], done.errors[entry.name] = payload, error
@@ -179,12 +179,12 @@ def _encoded(entry: PlanEntry, weight: torch.Tensor, importance: torch.Tensor | 
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """The codec's payload of a Linear's `weight` ([out, in]) under its entry's scheme and calibration (the
     pipeline's bytes), and its decode on W's axes."""
-    decision = entry.decision
-    written = weight.t() if decision.transpose else weight
-    payload = qcli.codec.encode(written.cpu(), decision.scheme, decision.calibration, name=entry.name,
+    encoding = entry.encoding
+    written = weight.t() if encoding.transpose else weight
+    payload = qcli.codec.encode(written.cpu(), encoding.scheme, entry.decision.calibration, name=entry.name,
                                 importance=importance)
-    dequantized = qcli.codec.decode(payload, decision.scheme, tuple(entry.out_shape))
-    return payload, dequantized.t() if decision.transpose else dequantized
+    dequantized = qcli.codec.decode(payload, encoding.scheme, encoding.shape)
+    return payload, dequantized.t() if encoding.transpose else dequantized
 
 
 def _codec_output_error(entry: PlanEntry, weight: torch.Tensor, hessian: torch.Tensor) -> float:

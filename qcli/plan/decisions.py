@@ -44,6 +44,8 @@ from qcli.scheme import (
     PackedU32,
     QuantScheme,
     accept_problems,
+    inner_packed,
+    packs_outer,
 )
 
 # The token embedding and the output head (`qcli.plan.roles`) are quantized at WIDE_PRESET by default when
@@ -61,6 +63,10 @@ def _shape_problem(scheme: QuantScheme, shape: tuple[int, ...]) -> str | None:
     rank = len(shape)
     if rank == 0:
         return "a 0-D tensor (scalar) has no axis to quantize along"
+    if packs_outer(scheme):
+        if rank != 2:
+            return f"{scheme.store} packs a 2-D tensor along its first axis; the tensor has {rank} axes"
+        return _shape_problem(inner_packed(scheme), shape[::-1])
     block = scheme.block.size if scheme.block is not None else None
     if block is not None:
         if block.len > rank:
