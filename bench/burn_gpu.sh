@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Burn on an NVIDIA GPU, with harness programs built on another machine (a GPU machine needs no cargo):
 #
-#   [LLAMA=PATH] [HARNESS=PATH] [HARNESS_023=PATH] [HARNESS_023_TILE=PATH] [CUDA_021=PATH] [SOURCE=HF_FOLDER] \
+#   [LLAMA=PATH [FORMS=A,B]] [HARNESS=PATH] [HARNESS_023=PATH] [HARNESS_023_TILE=PATH] [CUDA_021=PATH] [SOURCE=HF_FOLDER] \
 #       bench/burn_gpu.sh OUT
 #
 # LLAMA: tests/burn's `llama` example (Burn 0.22.1, wgpu), run through the NVIDIA Vulkan driver on the sample
@@ -29,7 +29,7 @@ if [ -n "${LLAMA:-}" ]; then
     mkdir -p "$target/burn-harness/debug/examples"
     cp "$LLAMA" "$target/burn-harness/debug/examples/llama"
     : >"$target/burn-harness/debug/burn-harness"
-    forms=q8s-b32,q4s-b32,q4f-b32-global
+    forms=${FORMS:-q8s-b32,q4s-b32,q4f-b32-global}
     $python -m bench.burn_llama sample_weights/tiny-llama-sharded "$target/tiny" --backends wgpu --forms "$forms" \
         --prompt 32 --tokens 8 --matmul module,direct --agree 2>&1 | tee "$out/tiny-wgpu.txt"
     if [ -n "${SOURCE:-}" ]; then

@@ -31,13 +31,25 @@ from qcli import BURN_VERSION
 from qcli.errors import UsageError, one_of
 from qcli.io.dtypes import DType, Plain, QFloat
 from qcli.presets import DEFAULT_PRESET
-from qcli.scheme import Native, PackedNative, PackedU32, QuantScheme, QuantValue, ScaleDtype, symmetric_integer
+from qcli.scheme import (
+    Native,
+    PackedNative,
+    PackedU32,
+    QuantScheme,
+    QuantValue,
+    ScaleDtype,
+    inner_packed,
+    packs_outer,
+    symmetric_integer,
+)
 
 # Burn 0.21 reads a scheme's scales from the keys `param` and `level`, 0.22 from `tensor` and `block`, as
 # 0.23.0-pre.1 does (cubecl-common 0.12.0-pre.1 `src/quant/scheme.rs`: the same fields and variants).
 OLDER_SERDE_VERSIONS = frozenset({"0.21.0"})
 # Releases Burn has published as pre-releases: written for only when `--burn-version` names one, and said so.
 PRE_RELEASES = frozenset({"0.23.0-pre.1"})
+# The releases whose backends read PackedU32(1) (Burn 0.23's `PackedOrder`; 0.22.1's CPU backends cannot)
+OUTER_PACKING_VERSIONS = frozenset({"0.23.0-pre.1"})
 
 
 class BurnBackend(StrEnum):
@@ -410,6 +422,8 @@ def decode_problem(backend: BurnBackend, scheme: QuantScheme, shape: Sequence[in
 
 @functools.lru_cache(maxsize=1 << 12)  # asked of every tensor for each backend; a model has a few shapes
 def _decode_problem(backend: BurnBackend, scheme: QuantScheme, shape: tuple[int, ...], version: str) -> str | None:
+    if packs_outer(scheme):  # measured where it decodes as its inner-packed form on the transpose (tests/io)
+        return _decode_problem(backend, inner_packed(scheme), shape[::-1], version)
     capability = CAPABILITIES[version][backend]
     if scheme.is_two_level() and not capability.two_level:
         return hold_problem(scheme, version)
@@ -435,6 +449,9 @@ def hold_problem(scheme: QuantScheme, version: str) -> str | None:
     """Why Burn `version` has no form for `scheme` at all, whatever the backend, or None."""
     if scheme.is_two_level() and version in OLDER_SERDE_VERSIONS:
         return f"Burn {version} has no two-level scheme (one scale level per tensor)"
+    if packs_outer(scheme) and version not in OUTER_PACKING_VERSIONS:
+        return (f"Burn {version}'s CPU backends cannot split values packed along an outer axis ({scheme.store}); "
+                f"Burn {' and '.join(sorted(OUTER_PACKING_VERSIONS))} reads them")
     return None
 
 

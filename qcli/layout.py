@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from qcli.scheme import Native, QuantScheme
+from qcli.scheme import Native, QuantScheme, inner_packed, packs_outer
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,16 @@ def storage_elements(scheme: QuantScheme, shape: Sequence[int]) -> int:
 
 def value_bytes(scheme: QuantScheme, shape: Sequence[int]) -> int:
     """Bytes of the value region; a sub-byte Native element is accounted as a whole byte."""
+    scheme, shape = stored_as(scheme, shape)
     return storage_elements(scheme, shape) * math.ceil(scheme.size_bits_stored() / 8)
+
+
+def stored_as(scheme: QuantScheme, shape: Sequence[int]) -> tuple[QuantScheme, tuple[int, ...]]:
+    """The scheme and shape whose last axis the payload's rows run along: a 2-D tensor packed along its
+    outer axis holds its inner-packed form's bytes on the transpose (`qcli.scheme.inner_packed`)."""
+    if packs_outer(scheme) and len(shape) == 2:
+        return inner_packed(scheme), tuple(shape)[::-1]
+    return scheme, tuple(shape)
 
 
 def params_shape(scheme: QuantScheme, shape: Sequence[int]) -> list[int]:
@@ -128,8 +137,8 @@ def global_bytes(scheme: QuantScheme) -> int:
 
 
 def quantized_data_len(scheme: QuantScheme, shape: Sequence[int]) -> int:
-    """Total payload bytes: values, then scales, then the optional global."""
-    return _quantized_data_len(scheme, tuple(shape))
+    """Total payload bytes: values, then scales, then the optional global (`stored_as`)."""
+    return _quantized_data_len(*stored_as(scheme, shape))
 
 
 @functools.lru_cache(maxsize=1 << 12)  # a model's tensors share a few shapes: planning 200k is linear, not slow

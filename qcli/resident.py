@@ -1,5 +1,6 @@
-"""Resident memory of this process, as the kernel counts it (Linux `/proc/self/status`): what a run
-reports as its peak memory, the runtime's part (Python, torch) told from the tensors' part."""
+"""This process's resident memory, as the kernel counts it (Linux `/proc/self/status`).
+
+A run reports its peak from it, and tells the runtime's part (Python, torch) from the tensors'."""
 
 from __future__ import annotations
 

@@ -584,27 +584,52 @@ def accept_problems(scheme: QuantScheme, calibration: Calibration = Calibration.
                 "use store PackedU32" + (" or Native" if bits == 8 else ""),
             )
         )
-    if isinstance(store, (PackedU32, PackedNative)) and store.dim != 0:
+    # PackedU32(1): which Burn release reads it is `qcli.burn_backends.hold_problem`'s to say
+    if isinstance(store, (PackedU32, PackedNative)) and store.dim != 0 and not packs_outer(scheme):
         problems.append(
             Problem(
                 Kind.scheme,
                 f"{store} packs along an outer axis, which Burn's CPU backends cannot split back into values",
-                f"use {type(store).__name__}(0); to pack along another axis, transpose the tensor (transpose = true)",
+                f"use {type(store).__name__}(0), or PackedU32(1) for Burn 0.23; to pack along another axis, "
+                "transpose the tensor (transpose = true)",
             )
         )
     if quantizer and isinstance(store, PackedU32) and scheme.block is not None:
-        inner = scheme.block.size.dims()[-1] if scheme.block.size.len else 1
+        packed = scheme.block.size.to_dim_vec(store.dim + 1)[0]  # the block's extent along the packed axis
         per_word = 32 // bits
-        if inner % per_word:
+        if packed % per_word:
+            axis, example = ("innermost", f"[{max(32, per_word)}]") if store.dim == 0 else \
+                ("outer-axis", f"[{max(32, per_word)}, 1]")
             problems.append(
                 Problem(
                     Kind.scheme,
-                    f"PackedU32 holds {per_word} {value.value} values per word, so a block's innermost extent must "
+                    f"{store} holds {per_word} {value.value} values per word, so a block's {axis} extent must "
                     f"be a multiple of {per_word}; got {scheme.block.size}",
-                    f"use an innermost block extent that is a multiple of {per_word}, e.g. [{max(32, per_word)}]",
+                    f"use an {axis} block extent that is a multiple of {per_word}, e.g. {example}",
                 )
             )
     return problems
+
+
+def packs_outer(scheme: QuantScheme) -> bool:
+    """Whether `scheme` packs a 2-D tensor's values along its first axis (PackedU32(1)), as Burn 0.23's
+    packed-weight matmul reads a Row-layout Linear's weight when its blocks run along that axis too."""
+    return isinstance(scheme.store, PackedU32) and scheme.store.dim == 1
+
+
+def inner_packed(scheme: QuantScheme) -> QuantScheme:
+    """The scheme whose payload on a 2-D tensor's transpose is, byte for byte, `scheme`'s PackedU32(1)
+    payload on the tensor: Burn 0.23 stores such a tensor with its two axes swapped, packed along the new
+    last axis, its block scales in that order too (burn-std 0.23.0-pre.1
+    `src/tensor/quantization/packing.rs`, `PackedOrder`), so the store becomes PackedU32(0) and a block
+    `[rows, columns]` becomes `[columns, rows]`."""
+    assert packs_outer(scheme), scheme
+    inner = scheme.with_store(PackedU32(0))
+    if scheme.block is None:
+        return inner
+    dims = scheme.block.size.to_dim_vec(max(2, scheme.block.size.len))
+    dims[-2], dims[-1] = dims[-1], dims[-2]
+    return replace(inner, block=replace(scheme.block, size=BlockSize.new(dims)))
 
 
 def symmetric_integer(bits: int) -> QuantValue:
@@ -620,7 +645,8 @@ def same_width_instead(bits: int) -> str:
 
 
 def check_accepted(scheme: QuantScheme, calibration: Calibration = Calibration.MinMax) -> None:
-    """Raise `SchemeError` for a scheme Burn cannot load, with the first reason and the alternative.
+    """Raise `SchemeError` for a scheme Burn cannot load, or the encoders do not make (PackedU32(1), made
+    as its inner-packed form), with the first reason and the alternative.
 
     Rules only Burn's own quantizer applies are left to the plan, which reports every problem of
     `accept_problems`.
@@ -628,3 +654,6 @@ def check_accepted(scheme: QuantScheme, calibration: Calibration = Calibration.M
     problems = accept_problems(scheme, calibration, quantizer=False)
     if problems:
         raise SchemeError(f"{scheme}: {problems[0].message}", hint=problems[0].hint)
+    if packs_outer(scheme):  # the plan's encoding of such an entry is its inner-packed form (plan.entries)
+        raise SchemeError(f"{scheme}: the encoders pack along the last axis",
+                          hint="encode the transposed tensor with `inner_packed(scheme)`: the same bytes")

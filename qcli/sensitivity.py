@@ -1,9 +1,10 @@
-"""Each free tensor's loss under each form a target may give it (`qcli.plan.target.Choice`): the expected
-output error on its layer's inputs, data-free. For a weight W [out, in] and its decode Q under a form,
-sum over input channels j of importance[j] × sum over rows of (W - Q)[:, j]², importance being the mean
-square of channel j's activations (an importance matrix's, or measured on calibration text), else 1: the
-plain squared error. Quantized on the CPU through the codec as the pipeline writes it (transposed where the
-plan says so), one tensor in memory at a time."""
+"""Each free tensor's loss under each form a target may give it (`qcli.plan.target.Choice`), data-free.
+
+The loss estimates the output error on the layer's inputs. For a weight W [out, in] decoded as Q, it is the sum
+over input channels j of importance[j] × the sum over rows of (W - Q)[:, j]². A channel's importance is the mean
+square of its activations (from an importance matrix, or measured on calibration text), else 1, which gives
+the plain squared error. Each tensor is quantized on the CPU by the codec as the pipeline writes it (transposed
+where the plan says so), one tensor in memory at a time."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Text read from a hostile file, made safe to show: on one terminal line (`printable`), bounded in length
-and depth (`shown`), a piece of text cut short in the middle (`clipped`: a name, a path, another library's
-message), a tensor name quoted and cut short (`quoted`)."""
+"""Text read from a hostile file, made safe to show.
+
+`printable` keeps it on one terminal line, `shown` bounds its length and depth, `clipped` cuts a piece of text
+short in the middle (a name, a path, another library's message), and `quoted` quotes a tensor name cut short."""
 
 from __future__ import annotations
 

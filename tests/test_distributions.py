@@ -66,7 +66,7 @@ def test_qcli_kernels_is_still_qclis_folder():
 
 def test_qcli_builds_transformers_models_from_the_root():
     pytest.importorskip("transformers")
-    done = run_from_root("from qcli.calibrate.model import transformers_module\n"
+    done = run_from_root("from qcli.calibrate.checkpoint import transformers_module\n"
                          "transformers = transformers_module()\n"
                          "from transformers import LlamaForCausalLM\n"
                          "print(LlamaForCausalLM.__name__)")

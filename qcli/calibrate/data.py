@@ -119,12 +119,12 @@ def _texts(path: Path, objects: list[tuple[int, dict]]) -> list[str]:
 
 def calibration_tokens(text: CalibrationText, tokenizer: PreTrainedTokenizerBase, samples: int = SAMPLES,
                        seq_len: int = SEQ_LEN, seed: int = SEED) -> CalibrationSet:
-    """`samples` windows of `seq_len` tokens from `text`'s documents, tokenized by `tokenizer` and laid end
-    to end with its end-of-sequence token (or, without one, its separator) between them, each window at an
-    offset drawn uniformly by a generator seeded with `seed` (windows may overlap, as GPTQ's do).
+    """`samples` windows of `seq_len` tokens cut from `text`'s documents, at offsets drawn uniformly by a generator
+    seeded with `seed`.
 
-    A text too short for them gives fewer windows, laid end to end from its first token, and says so in
-    `shortfall`; one shorter than `MIN_WINDOWS` windows is an error."""
+    The documents are tokenized by `tokenizer` and laid end to end, its end-of-sequence token (or separator)
+    between them. Windows may overlap, as GPTQ's do. A text too short for them gives fewer windows, laid end to
+    end from its first token, and says so in `shortfall`; one shorter than `MIN_WINDOWS` windows is an error."""
     if samples < 1 or seq_len < 1:
         raise UsageError(f"calibration needs at least one window of one token, not {samples} of {seq_len}",
                          hint=f"the defaults are {SAMPLES} windows of {SEQ_LEN} tokens")

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,10 +26,10 @@ from qcli.report.evaluate import Evaluation
 from qcli.text import printable, quoted
 
 if TYPE_CHECKING:
+    from qcli.calibrate.checkpoint import Checkpoint
     from qcli.calibrate.data import CalibrationSet
     from qcli.calibrate.inputs import CalibrationInput
     from qcli.calibrate.model import CalibrationModel
-    from qcli.io.source import TensorInfo
 
 
 class Scores:
@@ -148,19 +147,19 @@ class Evaluator:
         return scores.result()
 
 
-def evaluate_quantized(folder: Path, checkpoint: Sequence[TensorInfo], source: Callable[[str], torch.Tensor],
-                       quantized: Callable[[str], torch.Tensor], given: CalibrationInput, device: str,
-                       progress: WindowDone | None = None) -> tuple[Evaluation, str, CalibrationSet]:
-    """The model `folder`'s config.json describes (checked against the `checkpoint`'s tensors, by the names
-    they are written with), in f32 on `device` (auto, cpu or cuda), its parameters `source(name)` and, swapped
-    in, `quantized(name)`, scored on windows of `given`'s text cut by `folder`'s tokenizer; with the device it
-    ran on and the windows."""
+def evaluate_quantized(checkpoint: Checkpoint, quantized: Callable[[str], torch.Tensor], given: CalibrationInput,
+                       device: str, progress: WindowDone | None = None) -> tuple[Evaluation, str, CalibrationSet]:
+    """The checkpoint's model (its tensors named as the file writes them) in f32 on `device` (auto, cpu or
+    cuda), scored with `quantized(name)` swapped in on windows of `given`'s text cut by its tokenizer; with the
+    device it ran on and the windows."""
+    from qcli.calibrate.checkpoint import check_positions
     from qcli.calibrate.data import consecutive_tokens, framed, read_calibration_text, special_frame
-    from qcli.calibrate.model import check_positions, load_tokenizer, open_model, token_embedding
+    from qcli.calibrate.model import open_model, token_embedding
 
     assert given.data is not None
     text = read_calibration_text(given.data, "text")
-    model = open_model(folder, checkpoint, source)
+    folder = checkpoint.folder
+    model = open_model(checkpoint)
     module = model.module
     if not type(module).__name__.endswith("ForCausalLM"):
         raise UsageError(printable(f"{folder / 'config.json'} describes a {type(module).__name__}, which predicts no "
@@ -173,7 +172,7 @@ def evaluate_quantized(folder: Path, checkpoint: Sequence[TensorInfo], source: C
                          hint="evaluate the checkpoint that config.json describes; for a GGUF source, quantize it "
                               "with --names hf and pass --names hf")
     check_positions(module.config, given.seq_len)
-    tokenizer = load_tokenizer(folder)
+    tokenizer = checkpoint.tokenizer
     before, after = special_frame(tokenizer)
     body = given.seq_len - len(before) - len(after)
     if body < 1:

@@ -1,11 +1,12 @@
-"""A quantize run's calibration: the model run block by block on the calibration text (`runner`), GPTQ for
-each Linear the plan gives `Calibration.Gptq` (`gptq`), and each input channel's importance for the Linears
-whose scales the mse search chooses, from the same run or from a llama.cpp importance matrix (`imatrix`).
+"""A quantize run's calibration over its `Checkpoint`.
 
-The tensors quantized here (GPTQ's, and the search's weighed by the run's activations) leave as payloads
-(`Calibrated.payloads`) the pipeline writes as they are; an importance matrix's importance goes to the
-pipeline's search (`Calibrated.importance`).
-"""
+The model runs block by block on the calibration text (`runner`). GPTQ quantizes each Linear the plan gives
+`Calibration.Gptq` (`gptq`). For the Linears whose scales the mse search chooses, each input channel's
+importance comes from the same run or from a llama.cpp importance matrix.
+
+The tensors quantized here leave as payloads the pipeline writes as they are (`Calibrated.payloads`). An
+importance matrix's importance goes to the pipeline's own search (`Calibrated.importance`). `qcli imatrix`
+measures its matrix with the same run (`measure_importance`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 import qcli.codec
+from qcli.calibrate.checkpoint import Checkpoint, check_positions
 from qcli.calibrate.data import (
     CalibrationSet,
     CalibrationText,
@@ -29,7 +31,7 @@ from qcli.calibrate.data import (
     special_frame,
 )
 from qcli.calibrate.gptq import gptq, output_error, workspace_bytes
-from qcli.calibrate.model import CalibrationModel, check_positions, load_tokenizer, open_model, token_embedding
+from qcli.calibrate.model import CalibrationModel, open_model, token_embedding
 from qcli.calibrate.runner import (
     BlockDone,
     LinearStats,
@@ -40,7 +42,6 @@ from qcli.calibrate.runner import (
 )
 from qcli.errors import DeviceMemoryError, InputError, UsageError
 from qcli.io.files import file_sha256
-from qcli.io.source import checkpoint_folder
 from qcli.plan.checks import count_and_first
 from qcli.problem import Kind, Problem, Severity
 from qcli.report.quantize import CalibrationRecord
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from qcli.calibrate.inputs import CalibrationInput
     from qcli.codec.quantize import QuantizedParts
     from qcli.io.imatrix import Imatrix
-    from qcli.io.source import Source, TensorInfo
+    from qcli.io.source import TensorInfo
     from qcli.plan.entries import Plan, PlanEntry
 
 BlockProgress = Callable[[BlockDone], None]
@@ -74,19 +75,17 @@ class Calibrated:
     bytes: int = 0
 
 
-def reachable(folder: Path, source: Source) -> frozenset[str]:
+def reachable(checkpoint: Checkpoint) -> frozenset[str]:
     """The checkpoint names of the Linear weights in the model's repeated blocks: what GPTQ calibrates
-    (the model built on the meta device from `folder`'s config.json; no weight is read)."""
-    return frozenset(block_linears(open_model(folder, source.infos(), source.load)))
+    (the model built on the meta device; no weight is read)."""
+    return frozenset(block_linears(open_model(checkpoint)))
 
 
-def estimate(folder: Path, checkpoint: list[TensorInfo], calibrating: CalibrationInput, gptq_run: bool) -> int:
+def estimate(checkpoint: Checkpoint, calibrating: CalibrationInput, gptq_run: bool) -> int:
     """The device memory one block and the cached activations take (`runner.estimate_memory`), with GPTQ's
-    work on the widest Linear for `gptq_run`; first the config checked against the `checkpoint`'s tensors
-    and the windows against its positions, as the run checks them (a dry run refuses what the run would)."""
-    from qcli.calibrate.model import check_positions, load_config
-
-    config = load_config(folder, checkpoint)
+    work on the widest Linear for `gptq_run`. The windows are checked against the model's positions first,
+    as the run checks them: a dry run refuses what the run would."""
+    config = checkpoint.config
     check_positions(config, calibrating.seq_len)
     return estimate_memory(config, calibrating.samples, calibrating.seq_len,
                            on_linear_bytes=_gptq_bytes if gptq_run else None)
@@ -96,7 +95,7 @@ def _gptq_bytes(linear: torch.nn.Linear) -> int:
     return workspace_bytes(linear.out_features, linear.in_features)
 
 
-def calibrate(plan: Plan, source: Source, folder: Path, calibrating: CalibrationInput, device: str,
+def calibrate(plan: Plan, checkpoint: Checkpoint, calibrating: CalibrationInput, device: str,
               progress: BlockProgress | None = None) -> Calibrated | None:
     """Run the calibration the plan needs (None when it needs none) on `device` (`cpu` or `cuda`)."""
     quantized = {e.info.name: e for e in plan.calibrated_by(Calibration.Gptq)}
@@ -107,10 +106,10 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
         return None
     started = time.perf_counter()
     if calibrating.imatrix is not None:
-        done = _from_imatrix(calibrating.imatrix, folder, weighed, reachable(folder, source))
+        done = _from_imatrix(calibrating.imatrix, checkpoint, weighed, reachable(checkpoint))
         done.seconds = time.perf_counter() - started
         return done
-    model, text, tokens = _opened(source, folder, calibrating)
+    model, text, tokens = _opened(checkpoint, calibrating)
     done = Calibrated()
     if tokens.shortfall is not None:
         done.warnings.append(Problem(Kind.calibration, tokens.shortfall, "give more text with --calibration-data, "
@@ -126,18 +125,19 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
             if name in measured:  # the codec's scales, only measured: the pipeline writes the same bytes
                 done.errors[measured[name].name] = _codec_output_error(measured[name], weight, hessian)
             return None
-        decision, shape = entry.decision, tuple(entry.out_shape)
-        assert decision.scheme is not None, "a calibrated tensor is quantized"
+        decision, encoding = entry.decision, entry.encoding
+        scheme = encoding.scheme
+        assert scheme is not None, "a calibrated tensor is quantized"
         if decision.calibration is Calibration.Gptq:
             # each block's scale searched over its columns' current weights (§6), each column weighed by its
             # input's mean square: on all-MiniLM-L6-v2 at q4f-b32 MinMax's scales left GPTQ below the
             # data-free search, and on SmolLM2 the weighing took the KL from 0.162 to 0.116 (docs/benchmarks.md)
-            result = gptq(weight, hessian, decision.scheme, transpose=decision.transpose, search=True,
+            result = gptq(weight, hessian, scheme, transpose=encoding.transpose, search=True,
                           importance=stats.importance, name=name)
-            payload = qcli.codec.pack(_on_cpu(result.parts), decision.scheme, shape)
+            payload = qcli.codec.pack(_on_cpu(result.parts), scheme, encoding.shape)
             dequantized, error = result.dequantized, result.error
         else:  # the mse search, each input channel weighed by its mean square: the pipeline's bytes
-            importance = stats.importance[:, None] if decision.transpose else stats.importance
+            importance = stats.importance[:, None] if encoding.transpose else stats.importance
             payload, dequantized = _encoded(entry, weight, importance)
             error = output_error(weight, dequantized, hessian)
         done.payloads[entry.name], done.errors[entry.name] = payload, error
@@ -184,13 +184,13 @@ def _encoded(entry: PlanEntry, weight: torch.Tensor, importance: torch.Tensor | 
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """The codec's payload of a Linear's `weight` ([out, in]) under its entry's scheme and calibration (the
     pipeline's bytes), and its decode on W's axes."""
-    decision = entry.decision
-    assert decision.scheme is not None, "a calibrated tensor is quantized"
-    written = weight.t() if decision.transpose else weight
-    payload = qcli.codec.encode(written.cpu(), decision.scheme, decision.calibration, name=entry.name,
+    encoding = entry.encoding
+    assert encoding.scheme is not None, "a calibrated tensor is quantized"
+    written = weight.t() if encoding.transpose else weight
+    payload = qcli.codec.encode(written.cpu(), encoding.scheme, entry.decision.calibration, name=entry.name,
                                 importance=importance)
-    dequantized = qcli.codec.decode(payload, decision.scheme, tuple(entry.out_shape))
-    return payload, dequantized.t() if decision.transpose else dequantized
+    dequantized = qcli.codec.decode(payload, encoding.scheme, encoding.shape)
+    return payload, dequantized.t() if encoding.transpose else dequantized
 
 
 def _codec_output_error(entry: PlanEntry, weight: torch.Tensor, hessian: torch.Tensor) -> float:
@@ -209,13 +209,13 @@ class MeasuredImportance:
     device: str
 
 
-def measure_importance(source: Source, input: Path, calibrating: CalibrationInput, device: str,
+def measure_importance(checkpoint: Checkpoint, calibrating: CalibrationInput, device: str,
                        progress: BlockProgress | None = None) -> MeasuredImportance:
     """Every Linear in the model's blocks run float on the calibration text (`device`: auto, cpu or cuda),
     each one's sum of squares per input channel and token count, named as llama.cpp names them."""
     from qcli.io.imatrix import Imatrix, ImatrixEntry, hf_to_gguf_names
 
-    model, text, tokens, run, chosen = _block_run(source, input, calibrating, device, progress)
+    model, text, tokens, run, chosen = _block_run(checkpoint, calibrating, device, progress)
     names = hf_to_gguf_names(run.stats, model.module.config.model_type)
     unnamed = sorted(set(run.stats) - set(names))
     if unnamed:
@@ -229,36 +229,36 @@ def measure_importance(source: Source, input: Path, calibrating: CalibrationInpu
     return MeasuredImportance(imatrix, imatrix.chunk_count, imatrix.chunk_size, tokens.available, chosen)
 
 
-def input_importance(source: Source, input: Path, calibrating: CalibrationInput, device: str,
+def input_importance(checkpoint: Checkpoint, calibrating: CalibrationInput, device: str,
                      progress: BlockProgress | None = None) -> dict[str, torch.Tensor]:
     """The mean square of each input channel (float64 [in], by the checkpoint's name) of every Linear in
     the model's blocks, run float on the calibration text, as `qcli imatrix` measures it."""
-    return {name: stats.importance for name, stats in _block_run(source, input, calibrating, device,
+    return {name: stats.importance for name, stats in _block_run(checkpoint, calibrating, device,
                                                                  progress)[3].stats.items()}
 
 
-def _block_run(source: Source, input: Path, calibrating: CalibrationInput, device: str,
+def _block_run(checkpoint: Checkpoint, calibrating: CalibrationInput, device: str,
                progress: BlockProgress | None):
     """The model's blocks run float on the calibration text (`device`: auto, cpu or cuda), every Linear's
     input measured: the model, the text, its windows, the run and the device chosen."""
-    model, text, tokens = _opened(source, checkpoint_folder(input), calibrating)
+    model, text, tokens = _opened(checkpoint, calibrating)
     chosen = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
     run = run_blocks(model, tokens, block_linears(model), lambda *_: None, chosen, progress=progress)
     return model, text, tokens, run, chosen
 
 
-def _opened(source: Source, folder: Path, calibrating: CalibrationInput
+def _opened(checkpoint: Checkpoint, calibrating: CalibrationInput
             ) -> tuple[CalibrationModel, CalibrationText, CalibrationSet]:
-    """The model `folder` describes over `source`'s tensors, the calibration text, and its windows."""
+    """The checkpoint's model, the calibration text, and its windows."""
     assert calibrating.data is not None, "calibration without an imatrix reads its text"
     text = read_calibration_text(calibrating.data)
-    model = open_model(folder, source.infos(), source.load)
+    model = open_model(checkpoint)
     check_positions(model.module.config, calibrating.seq_len)
-    tokens = windows(text, load_tokenizer(folder), calibrating)
+    tokens = windows(text, checkpoint.tokenizer, calibrating)
     rows = token_embedding(model.module).num_embeddings
     if int(tokens.tokens.max()) >= rows:
-        raise InputError(printable(f"the tokenizer of {folder} gives token id {int(tokens.tokens.max())} on the "
-                                   f"calibration text, past the {rows} rows of the model's token embedding"),
+        raise InputError(printable(f"the tokenizer of {checkpoint.folder} gives token id {int(tokens.tokens.max())} "
+                                   f"on the calibration text, past the {rows} rows of the model's token embedding"),
                          hint="the tokenizer's files and the weights are of different models; calibrate with the "
                               "tokenizer saved with these weights")
     return model, text, tokens
@@ -275,15 +275,16 @@ def windows(text: CalibrationText, tokenizer, calibrating: CalibrationInput) -> 
     return framed(calibration_tokens(text, tokenizer, calibrating.samples, body, calibrating.seed), tokenizer)
 
 
-def _from_imatrix(path: Path, folder: Path, weighed: list[PlanEntry], blocks: frozenset[str]) -> Calibrated:
-    """The importance of each searched tensor's input channels from a llama.cpp importance matrix, its names
-    mapped from the model's (config.json's `model_type`); a tensor it lacks is searched unweighted, said in
-    a warning: one for those outside the model's blocks (`blocks`: the Linears in them), which `qcli imatrix`
-    never measures (the token embedding, the output head), another for block Linears the matrix should
-    have held."""
+def _from_imatrix(path: Path, checkpoint: Checkpoint, weighed: list[PlanEntry], blocks: frozenset[str]) -> Calibrated:
+    """The importance of each searched tensor's input channels from a llama.cpp importance matrix
+    (`file_importance`).
+
+    A tensor the matrix lacks is searched unweighted, and a warning says so. One warning names those outside
+    the model's blocks (`blocks`: the Linears in them), which `qcli imatrix` never measures (the token
+    embedding, the output head); another names the block Linears the matrix should have held."""
 
     done = Calibrated(record=CalibrationRecord("mse", str(path), file_sha256(path)))
-    done.importance = file_importance(path, folder, [e.info for e in weighed])
+    done.importance = file_importance(path, checkpoint, [e.info for e in weighed])
     missing = [entry.info.name for entry in weighed if entry.info.name not in done.importance]
     outside = [name for name in missing if name not in blocks]
     if outside:
@@ -301,15 +302,16 @@ def _from_imatrix(path: Path, folder: Path, weighed: list[PlanEntry], blocks: fr
     return done
 
 
-def file_importance(path: Path, folder: Path, infos: list[TensorInfo]) -> dict[str, torch.Tensor]:
+def file_importance(path: Path, checkpoint: Checkpoint, infos: list[TensorInfo]) -> dict[str, torch.Tensor]:
     """The importance of each of `infos`' input channels (float64 [in], by the checkpoint's name) that a
-    llama.cpp importance matrix holds, its names mapped from the model's (config.json's `model_type`);
-    those it lacks are left out. `InputError` for a vector of another length than the tensor's last axis."""
-    from qcli.calibrate.model import load_config
+    llama.cpp importance matrix holds; those it lacks are left out.
+
+    The matrix's names are mapped from the model's by config.json's `model_type`. A vector of another length
+    than the tensor's last axis is an `InputError`."""
     from qcli.io.imatrix import hf_to_gguf_names, read_imatrix
 
     imatrix = read_imatrix(path)
-    names = hf_to_gguf_names([i.name for i in infos], load_config(folder).model_type)
+    names = hf_to_gguf_names([i.name for i in infos], checkpoint.config.model_type)
     importance = {}
     for info in infos:
         found = imatrix.entries.get(names.get(info.name, ""))

@@ -15,6 +15,7 @@ import typer
 
 from qcli import __version__
 from qcli.cli import _errors
+from qcli.cli._formats import FORMATS_READ
 from qcli.cli.evaluate import evaluate
 from qcli.cli.imatrix import imatrix
 from qcli.cli.inspect import inspect
@@ -26,7 +27,7 @@ EXIT_CODES = "Exit codes: " + "; ".join(f"{code} {meaning}" for code, meaning in
 
 app = typer.Typer(
     name="qcli",
-    help="Quantize safetensors checkpoints and GGUF files into Burn's burnpack (.bpk) QFloat layout.",
+    help=f"Quantize {FORMATS_READ} checkpoints into Burn's burnpack (.bpk) QFloat layout.",
     epilog=EXIT_CODES,
     no_args_is_help=True,
     add_completion=True,  # --install-completion and --show-completion, answered by Typer itself
@@ -48,7 +49,7 @@ def _root(
         False, "--version", callback=_version, is_eager=True, help="Print the version."
     ),
 ) -> None:
-    """Quantize safetensors checkpoints and GGUF files into Burn's burnpack (.bpk) QFloat layout."""
+    """The options before any command (`--version`); the help is the app's."""
 
 
 app.command("quantize")(quantize)

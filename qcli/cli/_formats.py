@@ -1,5 +1,6 @@
 """Options about the source: `--requantize` for already-quantized weights no Burn scheme holds (`quantize` and
-`validate-scheme`), `--names` for a GGUF file's tensor names (`quantize` and `inspect`)."""
+`validate-scheme`), `--names` for a GGUF file's tensor names (`quantize` and `inspect`). The formats the help
+names come from the registries (`qcli.formats.FORMATS`, `qcli.io.readers.READERS`), so a new one shows in it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ from typing import Annotated
 import typer
 
 from qcli.formats import REQUANTIZED
+from qcli.io.readers import given, titles
 from qcli.io.source import Names
+
+# The checkpoints a command reads, for its input's help: each reader's paths, then a model in the cache.
+CHECKPOINT_HELP = f"{given()}, or ORG/NAME: a model in the local Hugging Face cache"
+# The formats read, as the help lists them: "GGUF or safetensors".
+FORMATS_READ = titles()
 
 REQUANTIZE_HELP = (
     f"Preset for already-quantized weights no Burn scheme holds ({REQUANTIZED}), and, with --burn-backend,"

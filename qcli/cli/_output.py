@@ -121,13 +121,15 @@ def _joined(parts: list[str], left: set[int]) -> str:
 
 def tensor_table(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[str]], width: int | None,
                  droppable: Sequence[str] = ()) -> Lines:
-    """Rows of one tensor each, the name first: every cell on one line and none cut, each name whole or,
-    where the other columns leave too little room in `width`, shortened (`fit_names`). Where they leave
-    less than MIN_NAME, the columns named in `droppable` are left out in that order until they do
-    (`Lines.dropped`). With no `width` (--verbose: every column) names stay whole too: print it with
-    `wide()`. Laid out here, a header, a rule and a line a row, two spaces between columns: a rich Table
-    measures every cell of every row again and takes half a millisecond a row, minutes for a header of
-    200,000 tensors."""
+    """Rows of one tensor each, the name first, every cell on one line and none cut.
+
+    A name stays whole, or is shortened where the other columns leave too little room in `width`
+    (`fit_names`). Where they leave less than MIN_NAME, the columns named in `droppable` are left out in that
+    order until they do (`Lines.dropped`). With no `width` (--verbose: every column) names stay whole too:
+    print it with `wide()`.
+
+    The table is laid out here (a header, a rule, a line a row, two spaces between columns) because a rich
+    Table measures every cell again: half a millisecond a row, minutes for a header of 200,000 tensors."""
     dropped: list[str] = []
     for header in (None, *droppable) if width is not None else (None,):
         if header is not None:
@@ -236,12 +238,13 @@ def progress_enabled(*, quiet: bool = False, json: bool = False) -> bool:
 
 
 class RunProgress:
-    """A command's one live display on stderr (rich's `Progress`), each phase a task on a row of its own,
-    so that no two displays take turns on one line: `preparing` (the headers, the plan, the model and its
-    text) until another starts; `calibrating` (blocks done of all, tokens a second, the time left from the
-    blocks' own pace); `evaluating` (windows scored of all); the tensor being written (bytes done of all, the
-    rate, the time left). Every row fits the console's width: the label (a tensor's name, shortened as in
-    the tables) takes what the others leave."""
+    """A command's one live display on stderr (rich's `Progress`), each phase a task on its own row, so that no two
+    displays take turns on one line.
+
+    The phases are `preparing` (the headers, the plan, the model and its text), `calibrating` (blocks done, tokens
+    a second, the time left), `evaluating` (windows scored) and the tensor being written (bytes done, the rate, the
+    time left). Every row fits the console's width: the label (a tensor's name, shortened as in the tables) takes
+    what the others leave."""
 
     def __init__(self, progress: Progress) -> None:
         self._progress = progress

@@ -9,6 +9,7 @@ import typer
 
 from qcli.calibrate.inputs import SAMPLES, SEQ_LEN
 from qcli.cli import _output
+from qcli.cli._formats import CHECKPOINT_HELP
 from qcli.commands import evaluate as command
 from qcli.io.source import Names
 from qcli.report.evaluate import EvalReport
@@ -25,8 +26,7 @@ def evaluate(
     against: Annotated[
         Path,
         typer.Option("--against", metavar="SOURCE", show_default=False,
-                     help="The checkpoint QUANTIZED was written from: safetensors (file, folder or index), GGUF,"
-                     " or ORG/NAME in the local Hugging Face cache."),
+                     help=f"The checkpoint QUANTIZED was written from: {CHECKPOINT_HELP}."),
     ],
     text: Annotated[
         Path,

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from qcli.cli import _output
-from qcli.cli._formats import NamesOption
+from qcli.cli._formats import CHECKPOINT_HELP, FORMATS_READ, NamesOption
 from qcli.cli.quantize import short_decision
 from qcli.commands import inspect as command
 from qcli.errors import CheckFailed
@@ -25,8 +25,7 @@ def inspect(
     file: Annotated[
         Path,
         typer.Argument(
-            help="A .bpk, a .safetensors file, directory or index, a .gguf file, or ORG/NAME: a model in the"
-            " local Hugging Face cache.", metavar="FILE", show_default=False
+            help=f"A .bpk, or a checkpoint: {CHECKPOINT_HELP}.", metavar="FILE", show_default=False
         ),
     ],
     json_output: Annotated[
@@ -43,15 +42,15 @@ def inspect(
         typer.Option(
             "--compare",
             metavar="SOURCE",
-            help="Check a .bpk against its source (safetensors, GGUF or ORG/NAME): kept tensors byte for byte,"
-            " quantized ones block by block against their scheme's error bound; exit 1 on any mismatch.",
+            help=f"Check a .bpk against its source (a {FORMATS_READ} checkpoint, or ORG/NAME): kept tensors byte for"
+            " byte, quantized ones block by block against their scheme's error bound; exit 1 on any mismatch.",
         ),
     ] = None,
     names: NamesOption = Names.file,
 ) -> None:
     """List tensors (name, dtype, shape, bytes) and totals; for a .bpk also its version and metadata.
 
-    For a checkpoint (safetensors or GGUF) also what quantize does with each tensor and why (the default plan, as
+    For a checkpoint also what quantize does with each tensor and why (the default plan, as
     --dry-run makes it from the headers: FP8 weights transcoded, their scales consumed), a line per format
     found, and the plan's problems.
     """

@@ -13,7 +13,7 @@ import typer
 from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN
 from qcli.cli import _output
 from qcli.cli._burn import BurnBackendOption, BurnVersionOption
-from qcli.cli._formats import NamesOption, requantize_option
+from qcli.cli._formats import CHECKPOINT_HELP, NamesOption, requantize_option
 from qcli.commands import quantize as command
 from qcli.commands.options import QuantizeOptions
 from qcli.errors import QcliError, UsageError
@@ -46,8 +46,7 @@ def quantize(
     input: Annotated[
         Path,
         typer.Argument(
-            help="A .safetensors file, a directory (model.safetensors or an index with shards), an index, a"
-            " .gguf file, or ORG/NAME: a model in the local Hugging Face cache (never downloaded).",
+            help=f"The checkpoint: {CHECKPOINT_HELP} (never downloaded).",
             metavar="INPUT",
             show_default=False,
         ),
@@ -234,7 +233,7 @@ def quantize(
         ),
     ] = False,
 ) -> None:
-    """Quantize a safetensors checkpoint or a GGUF file into a Burn burnpack (.bpk) file.
+    """Quantize a checkpoint into a Burn burnpack (.bpk) file.
 
     Every tensor gets one decision, a QFloat scheme or keep, from the recipe's rules or the default policy:
     floating tensors of rank >= 2 whose shape takes the scheme are quantized; everything else is kept

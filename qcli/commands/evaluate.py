@@ -1,12 +1,13 @@
-"""`evaluate_file`: a burnpack file qcli wrote scored against the checkpoint it was written from, by what the
-model predicts on a text: the model transformers builds from config.json run with the source's weights and
-with the file's (its QFloat tensors decoded, the others as stored, those written `[in, out]` turned back),
-each window of the text in turn (`qcli.calibrate.evaluate`).
+"""`evaluate_file`: a burnpack file qcli wrote, scored against the checkpoint it was written from by what the
+model predicts on a text.
 
-Every tensor of the file is paired with the source's tensor of its name (the name a source's format gives
-its weight: GPTQ's `m.qweight` is written `m.weight`) before anything heavy is loaded; a tensor either side
-lacks, or a shape that disagrees, is refused: a pairing qcli is not sure of is never scored.
-"""
+transformers builds the model from config.json (`qcli.calibrate.checkpoint.Checkpoint`). It runs once with the
+source's weights and once with the file's: QFloat tensors decoded, the others as stored, those written
+`[in, out]` turned back. Each window of the text is scored in turn (`qcli.calibrate.evaluate`).
+
+Every tensor of the file is paired with the source's tensor of its name before anything heavy loads (GPTQ's
+`m.qweight` is written `m.weight`). A tensor either side lacks, or a shape that disagrees, is refused: a
+pairing qcli is not sure of is never scored."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qcli.calibrate.checkpoint import Checkpoint
 from qcli.calibrate.inputs import SAMPLES, SEQ_LEN, TEXT_HINT, CalibrationInput
 from qcli.errors import InputError, UsageError
 from qcli.formats import detect
@@ -59,12 +61,13 @@ def evaluate_file(quantized: str | Path, *, against: str | Path, text: str | Pat
                   seq_len: int | None = None, names: str | None = None, device: str = "auto",
                   progress=None) -> EvalReport:
     """Score `quantized` (a .bpk, the index of its shards, or a model folder holding `model.bpk`) against
-    `against` (the checkpoint it was written from: safetensors, GGUF, or ORG/NAME in the local Hugging Face
-    cache) on at most `samples` windows of `seq_len` tokens laid end to end from the start of `text`: the mean
-    next-token KL(source || quantized), the top-1 agreement and both perplexities. The model is built from the
-    config.json of the model folder, else the source's folder, and its tokenizer is the same folder's.
-    `names`: a GGUF source's tensor names (`file` or `hf`); by default what a model folder's record says
-    quantize read it with, else `file`. `progress(done, count, seconds)` is told each window scored."""
+    `against`, the checkpoint it was written from (or ORG/NAME in the local Hugging Face cache).
+
+    The scores are the mean next-token KL(source || quantized), the top-1 agreement and both perplexities, on
+    at most `samples` windows of `seq_len` tokens laid end to end from the start of `text`. The model is built
+    from the config.json and tokenizer of the model folder, else of the source's folder (`model_folder`).
+    `names` picks a GGUF source's tensor names; by default it is what the model folder's record says quantize
+    used. `progress(done, count, seconds)` hears of each window scored."""
     data = Path(text)
     given = CalibrationInput(data, SAMPLES if samples is None else samples, SEQ_LEN if seq_len is None else seq_len)
     given.check_windows()
@@ -81,14 +84,15 @@ def evaluate_file(quantized: str | Path, *, against: str | Path, text: str | Pat
         found = {n: f for n, f in detect(list(infos.values())).items() if isinstance(f, Transcode | Encoded)}
         pairs = paired(reader, infos, found, transposed, str(against), source.format, names)
         config, described = model_folder(folder, source_path, Path(scratch))
+        checkpoint = Checkpoint(
+            config, [_renamed(infos[p.source], name) for name, p in pairs.items()],
+            lambda name: _source_values(source, pairs[name].source, found.get(pairs[name].source)), described)
         from qcli.calibrate.evaluate import evaluate_quantized
 
-        result, chosen, windows = evaluate_quantized(
-            config, [_renamed(infos[p.source], name) for name, p in pairs.items()],
-            lambda name: _source_values(source, pairs[name].source, found.get(pairs[name].source)),
-            lambda name: decoded(reader, pairs[name]), given, device, progress)
+        result, chosen, windows = evaluate_quantized(checkpoint, lambda name: decoded(reader, pairs[name]), given,
+                                                     device, progress)
     return EvalReport(
-        quantized_path=str(quantized), source_path=str(against), config=described,
+        quantized_path=str(quantized), source_path=str(against), config=checkpoint.described,
         text=windows.name, text_sha256=windows.sha256, seq_len=int(windows.tokens.shape[1]), scores=result,
         quantized=sum(isinstance(p.entry.dtype, QFloat) for p in pairs.values()),
         kept=sum(not isinstance(p.entry.dtype, QFloat) for p in pairs.values()),
@@ -105,7 +109,7 @@ def model_folder(folder: Path | None, source: Path, scratch: Path) -> tuple[Path
         if candidate is not None and (candidate / "config.json").is_file():
             return candidate, str(candidate / "config.json")
     if reader_of(source) is GGUF:
-        from qcli.calibrate.model import describe_gguf
+        from qcli.calibrate.checkpoint import describe_gguf
 
         return describe_gguf(source, scratch), f"{source} (its metadata)"
     where = f"{folder} nor {beside}" if folder is not None else f"{beside}"

@@ -1,6 +1,7 @@
-"""`imatrix_file`: run a checkpoint on calibration text and write each Linear's importance matrix in llama.cpp's
-GGUF layout and names, so that llama.cpp's quantizer (`llama-quantize --imatrix`) and `qcli quantize
---imatrix` both read it."""
+"""`imatrix_file`: run a checkpoint on calibration text and write its Linears' importance matrix.
+
+The file has llama.cpp's GGUF layout and names, so `llama-quantize --imatrix` and `qcli quantize --imatrix`
+both read it."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from qcli.calibrate.checkpoint import Checkpoint
 from qcli.calibrate.inputs import CalibrationInput
 from qcli.errors import UsageError
 from qcli.io.readers import locate, open_source
 from qcli.io.reads import Reads, refuse_special
-from qcli.io.source import checkpoint_folder
 from qcli.output.folder import read_beside
 from qcli.pipeline.device import require_device
 from qcli.text import printable
@@ -47,12 +48,13 @@ def default_output(input: Path, model: str | None = None) -> Path:
 def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibration_data: str | Path,
                  samples: int | None = None, seq_len: int | None = None, seed: int | None = None,
                  device: str = "auto", force: bool = False, progress=None) -> ImatrixReport:
-    """Run the model of `input` (its folder's config.json and tokenizer) block by block on `calibration_data`
-    and write, for every Linear in its repeated blocks, the sum of squares of each input channel over the
-    tokens and their count (`qcli.io.imatrix`), to `output` (default `default_output(input)`); the
-    file is renamed into place only once complete, and only if no file the run read changed meanwhile. A
-    file the run reads, or one that is not a regular file, is never `output` (`qcli.io.reads`). `input` may
-    be a model `ORG/NAME` in the local Hugging Face cache (`qcli.io.readers.locate`)."""
+    """Run the model of `input` block by block on `calibration_data` and write its importance matrix to `output`.
+
+    For every Linear in the repeated blocks, the matrix holds each input channel's sum of squares over the tokens,
+    and their count (`qcli.io.imatrix`). The model is built from the input folder's config.json and tokenizer.
+    `output` defaults to `default_output(input)`. The file is renamed into place only once complete, and only if
+    no file the run read changed meanwhile; a file the run reads, or a special file, is never `output`
+    (`qcli.io.reads`). `input` may be a model `ORG/NAME` in the local Hugging Face cache (`qcli.io.readers.locate`)."""
     from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN
 
     data = Path(calibration_data)
@@ -70,14 +72,15 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
                          hint="pass --force to replace it, or -o to write somewhere else")
     started = time.perf_counter()
     with open_source(input) as source:
+        checkpoint = Checkpoint.beside(input, source)
         reads = Reads()
         reads.add_source(source)
-        reads.extend(read_beside(checkpoint_folder(input)), "a file beside the input that the run reads")
+        reads.extend(read_beside(checkpoint.folder), "a file beside the input that the run reads")
         reads.add(data, "the calibration text")
         reads.refuse_target(target, TARGET_HINT)
         from qcli.calibrate.session import measure_importance
 
-        measured = measure_importance(source, input, given, device, progress)
+        measured = measure_importance(checkpoint, given, device, progress)
     from qcli.io.imatrix import write_imatrix
 
     write_imatrix(measured.imatrix, target, before_commit=reads.unchanged)

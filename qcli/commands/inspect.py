@@ -1,5 +1,5 @@
-"""`inspect_file`: what a checkpoint, safetensors or GGUF (and what quantize's default plan does with each of its
-tensors) or a burnpack file holds, one tensor's statistics, or a burnpack file checked against its source."""
+"""`inspect_file`: what a checkpoint or a burnpack file holds, and for a checkpoint what quantize's default plan
+does with each tensor. It also gives one tensor's statistics, or checks a burnpack file against its source."""
 
 from __future__ import annotations
 
@@ -98,10 +98,11 @@ def _suggest_tensor(name: str, names: list[str]) -> UsageError:
 def inspect_file(
     path: str | Path, *, tensor: str | None = None, compare: str | Path | None = None, names: str = "file"
 ) -> InspectReport:
-    """List a checkpoint (safetensors or GGUF) with its default plan, or a burnpack file; optionally one tensor's
-    statistics, or a comparison of a burnpack file against its source. `names`: a GGUF source's tensor names
-    as in the file, or `hf`, Hugging Face's (`qcli.io.source.Names`). A checkpoint (`path`, or `compare`)
-    may be a model `ORG/NAME` in the local Hugging Face cache (`qcli.io.readers.locate`)."""
+    """List a checkpoint (any format `qcli.io.readers.READERS` reads) with its default plan, or a burnpack file.
+
+    `tensor` adds one tensor's statistics; `compare` checks a burnpack file against its source. `names` picks a
+    GGUF source's tensor names (`qcli.io.source.Names`). A checkpoint may be a model `ORG/NAME` in the local
+    Hugging Face cache (`qcli.io.readers.locate`)."""
 
     given, path = str(path), Path(path)
     if is_container(path):
@@ -300,15 +301,14 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _judged(x: torch.Tensor, decoded: torch.Tensor, data: memoryview, scheme: QuantScheme
             ) -> tuple[int | None, float, float, float | None]:
-    """A quantized tensor's worst block against its scheme's bound: (flat block index, its max |error|, its
-    bound, the mean over all blocks of max |error| over bound), the first block over its bound if any is
-    (NaN counts as over); (None, 0, 0, None) without a block.
+    """A quantized tensor's worst block against its scheme's bound.
 
-    The bound per block is the smaller of the one the payload's stored scales give (`stored_bound`) and the
-    one the source alone gives (`error_bound` under the loosest calibration, AbsMean's or Mse's, since the
-    file does not record which one was used), so neither other data under the right scales nor inflated
-    scales pass.
-    """
+    It gives (flat block index, its max |error|, its bound, the mean over all blocks of max |error| over bound):
+    the first block over its bound if any is (NaN counts as over), and (None, 0, 0, None) without a block.
+
+    A block's bound is the smaller of two. One is what the payload's stored scales give (`stored_bound`); the
+    other is what the source alone gives (`error_bound` under the loosest calibration, as the file does not
+    record which one was used). So neither other data under the right scales nor inflated scales pass."""
     import torch
 
     from qcli.measure import block_errors, error_bound, stored_bound

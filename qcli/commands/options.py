@@ -1,5 +1,8 @@
-"""`QuantizeOptions`: what a quantize run was asked, resolved once (from the command line or the Python API)
-and carried through as typed values; and `Destination`, where the run writes, worked out in one place."""
+"""A quantize run's options, resolved once into typed values (`QuantizeOptions`), and where it writes
+(`Destination`).
+
+Both come from the command line or the Python API and are worked out here alone, so the run carries one
+object instead of loose arguments."""
 
 from __future__ import annotations
 

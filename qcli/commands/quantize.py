@@ -1,5 +1,6 @@
-"""`quantize_file`: plan a checkpoint (safetensors or GGUF) from its headers, then stream it through a pipeline into
-burnpack output."""
+"""`quantize_file`: plan a checkpoint from its headers, then stream it through a pipeline into burnpack output.
+
+The checkpoint is any format `qcli.io.readers.READERS` reads."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qcli.calibrate.checkpoint import Checkpoint
 from qcli.commands import collector_paused
 from qcli.commands.options import Destination, QuantizeOptions
 from qcli.error_stats import ErrorStats
@@ -20,7 +22,7 @@ from qcli.io.burnpack import size_bound
 from qcli.io.files import file_sha256
 from qcli.io.readers import open_source, reader_of
 from qcli.io.reads import Reads, refuse_special
-from qcli.io.source import Source, TensorInfo, checkpoint_folder
+from qcli.io.source import Source
 from qcli.io.staged import StagedFile
 from qcli.output import Output
 from qcli.output.folder import ModelFolder, check_folder, folder_record, read_beside, side_files
@@ -80,27 +82,28 @@ def quantize_file(input: str | Path, output: str | Path | None = None, *, progre
 
 def quantize(input: str | Path, output: str | Path | None, options: QuantizeOptions,
              progress: ProgressHook | None = None, blocks: BlockProgress | None = None) -> QuantizeReport:
-    """Quantize a safetensors checkpoint or a GGUF file into a burnpack file (or, with `dry_run`, only plan it).
+    """Quantize a checkpoint into a burnpack file, or with `dry_run` only plan it.
 
-    The plan is made from the headers and checked in full before any weight is read. Tensors are then
-    streamed one at a time through the pipeline into the container, which is renamed onto `output` only
-    once complete; an interruption or failure leaves `output` as it was (an interrupt during the rename
-    takes effect after it, as `Interrupted` saying so). With `stats` or `verify`, the pipeline decodes
-    each quantized payload once, on the device that holds it (`qcli.measure`): `stats` reports its error
-    against the source, `verify` checks it lies within its scheme's error bound and reads the
-    complete files back before the rename, checking them against the plan and the hashes of the bytes
-    written (`qcli.verify`); a file that fails never reaches `output`. With `max_shard_size`, the output
-    is split into `NAME-00001-of-0000N.bpk` files of at most that many bytes each. With `burn_backend`,
-    every tensor that Burn backend cannot load stops the plan (`qcli.burn_backends`). `requantize`: tensors
-    no Burn scheme holds (`qcli.formats.Encoded`: bitsandbytes NF4, FP4; GPTQ with zero points, activation
-    order or 3 bits) are dequantized as their format does and quantized into it; their `--stats` error is
-    against the dequantized values. Where the run reads and writes is `Destination.of(input, output)`: a
-    model in the Hugging Face cache, a model folder. With calibration data (`options.calibrating`), the
-    model runs on it block by block before the write (`qcli.calibrate.session`; `blocks` hears of each
-    block done): GPTQ's tensors are quantized there, and the mse search weighs each input channel by its
-    activations. `transpose`: every Linear weight no recipe rule orients is written `[in, out]`
-    (`make_plan`). The report says how Burn loads the file (`BurnLoad`).
-    """
+    The plan is made from the headers and checked in full before any weight is read. The tensors then stream
+    one at a time through the pipeline into the container, which is renamed onto `output` only once complete.
+    An interruption or failure leaves `output` as it was; an interrupt during the rename takes effect after it,
+    as `Interrupted`.
+
+    The options (docs/cli.md says what each does):
+    - `stats` reports each payload's error against the source, and `verify` checks it lies within its scheme's
+      bound, then reads the complete files back before the rename (`qcli.measure`, `qcli.verify`). The
+      pipeline decodes each payload once, on the device that holds it.
+    - `max_shard_size` splits the output into `NAME-00001-of-0000N.bpk` files of at most that many bytes.
+    - `burn_backend` stops the plan at every tensor that backend cannot load (`qcli.burn_backends`).
+    - `requantize` dequantizes the tensors no Burn scheme holds (`qcli.formats.Encoded`) as their format does,
+      and quantizes them into its preset; their `--stats` error is against the dequantized values.
+    - With calibration data (`options.calibrating`) the model runs on it block by block before the write
+      (`qcli.calibrate.session`; `blocks` hears of each block done). GPTQ's tensors are quantized there, and
+      the mse search weighs each input channel by its activations.
+    - `transpose` writes every Linear weight no recipe rule orients as `[in, out]` (`make_plan`).
+
+    `Destination.of(input, output)` says where the run reads and writes (a model in the Hugging Face cache, a
+    model folder). The report says how Burn loads the file (`BurnLoad`)."""
     where = Destination.of(input, output, options.revision)
     input, target, folder = where.input, where.target, where.folder
     force, dry_run, planned = options.force, options.dry_run, options.plan
@@ -117,21 +120,22 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
     with ExitStack() as stack:
         resume = stack.enter_context(collector_paused())
         source = stack.enter_context(open_source(input, options.names))
-        reads = _reads(input, source, options)
+        checkpoint = Checkpoint.beside(input, source)
+        reads = _reads(checkpoint.folder, source, options)
         reads.refuse_target(target, TARGET_HINT)
         found = detect(source.infos(), None if planned.requantize is None else source.load)
         gptq = Calibration.Gptq in (planned.calibration, *_rule_calibrations(loaded_recipe))
-        reachable = _reachable(input, source) if gptq else ()
+        reachable = _reachable(checkpoint) if gptq else ()
         chosen = None
         if planned.target is not None:
             _refuse_recipe_target(options, target, reads, force)
-            chosen = _choose(input, source, loaded_recipe, options, found, reachable)
+            chosen = _choose(checkpoint, source, loaded_recipe, options, found, reachable)
             loaded_recipe = chosen.recipe
         plan = make_checked_plan(source.infos(), loaded_recipe, planned, found=found, calibrated=reachable)
         # Torch loads from here, on a thread of its own, while the output is prepared: every refusal the
         # headers and the plan give has been made without it (its import alone takes seconds).
         runtime = None if dry_run else stack.enter_context(Runtime(options.device))
-        copies = side_files(checkpoint_folder(input)) if folder is not None and reader_of(input).side_files else []
+        copies = side_files(checkpoint.folder) if folder is not None and reader_of(input).side_files else []
         report = QuantizeReport(
             input=where.given,
             output=str(target),
@@ -148,7 +152,7 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
             totals=plan.totals(),
             load=BurnLoad.of(plan, planned.burn_version),
             warnings=plan.warnings(),
-            calibration=_calibration_record(plan, input, source.infos(), options),
+            calibration=_calibration_record(plan, checkpoint, options),
             target=None if chosen is None else chosen.record(plan),
         )
         stats, verify = options.stats, options.verify
@@ -178,7 +182,7 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
         if report.calibration is not None:
             from qcli.calibrate.session import calibrate
 
-            calibrated = calibrate(plan, source, checkpoint_folder(input), options.calibrating,
+            calibrated = calibrate(plan, checkpoint, options.calibrating,
                                    "cpu" if report.device == "cpu" else "cuda", blocks)
             assert calibrated is not None, "the plan needs the calibration its record says"
             report.calibration, report.warnings = calibrated.record, report.warnings + calibrated.warnings
@@ -232,7 +236,7 @@ class _Chosen:
             staged.commit()
 
 
-def _choose(input: Path, source: Source, given: Recipe | None, options: QuantizeOptions, found: dict,
+def _choose(checkpoint: Checkpoint, source: Source, given: Recipe | None, options: QuantizeOptions, found: dict,
             reachable: frozenset[str] | tuple) -> _Chosen:
     """The forms `options.plan.target` chooses (`qcli.plan.target`): the plan of `given` and the default
     policy, the forms the backend loads, the budget refused where even the smallest forms overspend it,
@@ -249,7 +253,7 @@ def _choose(input: Path, source: Source, given: Recipe | None, options: Quantize
     limit = budget(target, base, choices, estimate)
     where = backend_words(backend, version)
     check_budget(choices, limit, target, where)
-    importance, sensitivity = _importance(input, source, options, choices)
+    importance, sensitivity = _importance(checkpoint, options, choices)
     measure_losses(choices, source, importance)
     allocate(choices, limit, target, where)
     quantized = [e for e in base.entries if e.decision.scheme is not None]
@@ -267,7 +271,7 @@ def _choose(input: Path, source: Source, given: Recipe | None, options: Quantize
     return _Chosen(recipe, text, target, choices, [p.name for p in candidates], sensitivity, options.write_recipe)
 
 
-def _importance(input: Path, source: Source, options: QuantizeOptions, choices: list[Choice]
+def _importance(checkpoint: Checkpoint, options: QuantizeOptions, choices: list[Choice]
                 ) -> tuple[dict | None, str]:
     """What weighs each input channel's error: an importance matrix (`--imatrix`), the activations of the
     calibration text (`--calibration-data`, run here as `qcli imatrix` runs it), or nothing."""
@@ -275,21 +279,21 @@ def _importance(input: Path, source: Source, options: QuantizeOptions, choices: 
     if given.imatrix is not None:
         from qcli.calibrate.session import file_importance
 
-        return file_importance(given.imatrix, checkpoint_folder(input), [c.entry.info for c in choices]), "imatrix"
+        return file_importance(given.imatrix, checkpoint, [c.entry.info for c in choices]), "imatrix"
     if given.data is not None:
         from qcli.calibrate.session import input_importance
 
         device = "cpu" if options.device == "cpu" else "auto"
-        return input_importance(source, input, given, device), "calibration-data"
+        return input_importance(checkpoint, given, device), "calibration-data"
     return None, "weights"
 
 
-def _reads(input: Path, source: Source, options: QuantizeOptions) -> Reads:
-    """Every file a quantize run reads: the checkpoint's, the files beside it, the recipe, the calibration
+def _reads(beside: Path, source: Source, options: QuantizeOptions) -> Reads:
+    """Every file a quantize run reads: the checkpoint's, the files `beside` it, the recipe, the calibration
     text or importance matrix."""
     reads = Reads()
     reads.add_source(source)
-    reads.extend(read_beside(checkpoint_folder(input)), "a file beside the input that the run reads")
+    reads.extend(read_beside(beside), "a file beside the input that the run reads")
     for path, role in ((options.recipe, "the recipe"), (options.calibrating.data, "the calibration text"),
                        (options.calibrating.imatrix, "the importance matrix")):
         if path is not None:
@@ -301,11 +305,11 @@ def _rule_calibrations(recipe: Recipe | None) -> list[Calibration]:
     return [] if recipe is None else [r.calibration for r in recipe.rules if r.calibration is not None]
 
 
-def _reachable(input: Path, source: Source) -> frozenset[str]:
+def _reachable(checkpoint: Checkpoint) -> frozenset[str]:
     """The tensors GPTQ can reach, from the model config.json describes (importing transformers)."""
     from qcli.calibrate.session import reachable
 
-    return reachable(checkpoint_folder(input), source)
+    return reachable(checkpoint)
 
 
 def gptq_names(plan: Plan) -> frozenset[str]:
@@ -313,10 +317,8 @@ def gptq_names(plan: Plan) -> frozenset[str]:
     return frozenset(e.name for e in plan.calibrated_by(Calibration.Gptq))
 
 
-def _calibration_record(plan: Plan, input: Path, checkpoint: list[TensorInfo], options: QuantizeOptions
-                        ) -> CalibrationRecord | None:
-    """What the run will calibrate on, with the dry run's memory estimate (its config checked against the
-    `checkpoint`'s tensors); None when nothing is calibrated."""
+def _calibration_record(plan: Plan, checkpoint: Checkpoint, options: QuantizeOptions) -> CalibrationRecord | None:
+    """What the run will calibrate on, with the dry run's memory estimate; None when nothing is calibrated."""
     given = options.calibrating
     weighed = given.data is not None or given.imatrix is not None
     gptq = bool(plan.calibrated_by(Calibration.Gptq))
@@ -337,7 +339,7 @@ def _calibration_record(plan: Plan, input: Path, checkpoint: list[TensorInfo], o
     return CalibrationRecord("gptq" if gptq else "mse" if searched else codec_method(measured), str(given.data),
                              text.sha256,
                              samples=given.samples, seq_len=given.seq_len, seed=given.seed,
-                             memory_estimate_bytes=estimate(checkpoint_folder(input), checkpoint, given, gptq))
+                             memory_estimate_bytes=estimate(checkpoint, given, gptq))
 
 
 def _warm_runtime() -> int:
@@ -432,13 +434,12 @@ def _naming_files(plan: Plan, payloads: Iterator[Payload]) -> Iterator[Payload]:
 
 def _reported(entry: PlanEntry, measured: Measurement, target: Path, stats: bool, timings: Timings,
               warnings: list[Problem]) -> ErrorStats | None:
-    """A quantized tensor's measurement (`qcli.measure`), read back: its error with `stats`, with
-    `timings.verify` set its bound check, raising `OutputError` for a block over the bound, and a warning
-    for blocks whose scale its scale dtype cannot hold (`Measurement.range_loss`), with its SQNR.
+    """A quantized tensor's measurement read back (`qcli.measure`): its error with `stats`, and with
+    `timings.verify` set its bound check, raising `OutputError` for a block over the bound.
 
-    The decode and measuring ran in the pipeline: the host time it spent on them (`Measurement.seconds`:
-    all of it on the CPU; on a GPU the launches, the work itself overlapping the stream) moves from the
-    quantize phase to the stats phase, with the time taken to read the results back."""
+    It also warns of blocks whose scale its scale dtype cannot hold (`Measurement.range_loss`). The pipeline ran
+    the decode; the host time it spent there (`Measurement.seconds`) moves from the quantize phase to the stats
+    phase, with the time taken here to read the results back."""
     tick = time.perf_counter()
     error = measured.stats() if stats else None
     loss = measured.range_loss()

@@ -1,16 +1,15 @@
-"""`validate_scheme`: every problem of each recipe, and with a model of the plan each makes from headers.
+"""`validate_scheme`: every problem of each recipe, and with a model, of the plan it makes from the headers.
 
-Unlike `load_recipe`, nothing is raised for a faulty recipe: parse errors, schemes Burn refuses and
-Lookup or zero-point requests all come back together as `Problem`s, each with its file and line so CI
-can annotate the recipe. With the model's `TensorInfo`s the plan is resolved from the headers too:
-tensors that cannot take their scheme, rules that decide nothing (matching no tensor, shadowed by
-earlier rules, or quantizing none of the tensors they match: errors here, warnings in `make_plan`),
-tensors no rule covers and a plan that quantizes nothing (warnings), and already-quantized weights no
-Burn scheme holds (errors, unless `requantize` names the preset they are requantized into). Headers
-cannot say whether a tensor's values fit its scale dtype's range: with `values`, every tensor the plan
-quantizes is read and quantized on the CPU (nothing written), and each whose blocks need scales outside
-that range is an error (quantize's `scale-range` warning).
-"""
+Unlike `load_recipe`, it raises nothing for a faulty recipe. Parse errors, schemes Burn refuses and Lookup or
+zero-point requests come back together as `Problem`s, each with its file and line, so that CI can annotate
+the recipe.
+
+With the model's `TensorInfo`s the plan is made too. Its problems are tensors that cannot take their scheme,
+rules that decide nothing (errors here, warnings in `make_plan`), tensors no rule covers and a plan that
+quantizes nothing (warnings), and already-quantized weights no Burn scheme holds (errors, unless `requantize`
+names a preset for them). Headers cannot say whether a tensor's values fit its scale dtype's range: with
+`values`, every quantized tensor is read and quantized on the CPU, and one whose blocks need scales outside
+that range is an error (quantize's `scale-range` warning)."""
 
 from __future__ import annotations
 
@@ -79,13 +78,14 @@ def recipe_problems(
     recipe_path: str | Path, infos: Iterable[TensorInfo] | None = None, options: PlanOptions = PlanOptions(),
     found: Mapping[str, Found] | None = None, values: Source | None = None,
 ) -> list[Problem]:
-    """Every problem of the recipe at `recipe_path`, and of its plan for `infos` when given (`options` and
-    `found` as `qcli.plan.decisions.make_plan` takes them); with `options.backend`, every scheme that Burn
-    backend cannot load (checked per tensor when `infos` is given); with `values` (the source of `infos`), the
-    tensors whose scales leave their scale dtype's range, when the plan has no error to stop it first.
+    """Every problem of the recipe at `recipe_path`, and of its plan for `infos` when given.
 
-    An unreadable recipe file raises `RecipeError`; everything wrong inside it is returned.
-    """
+    `options` and `found` are as `qcli.plan.decisions.make_plan` takes them. With `options.backend`, every scheme
+    that Burn backend cannot load is a problem too (per tensor when `infos` is given). With `values` (the source
+    of `infos`), so are the tensors whose scales leave their scale dtype's range, when the plan has no error
+    to stop it first.
+
+    An unreadable recipe file raises `RecipeError`; everything wrong inside it is returned."""
     recipe, problems = read_recipe(recipe_path)
     if infos is None:
         problems += [p for rule in recipe.rules if (p := rule_refusal(rule)) is not None]

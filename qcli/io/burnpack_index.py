@@ -1,11 +1,9 @@
 """Sharded burnpack output: the index beside the shards, written with them, and the shards read as one.
 
-Burn opens each `.bpk` on its own; the index is for tools and people: `NAME.bpk.index.json` beside
-`NAME-00001-of-0000N.bpk` ..., in the form of Hugging Face's sharded-checkpoint index (`metadata` with
-the total payload size, and a `weight_map` from each tensor to the shard file that holds it), so that
-`qcli inspect` and `--compare` read the whole model, and any tool that reads a safetensors index finds
-its way.
-"""
+Burn opens each `.bpk` on its own; the index is for tools and people. `NAME.bpk.index.json` sits beside
+`NAME-00001-of-0000N.bpk` ... in the form of Hugging Face's sharded-checkpoint index: `metadata` with the
+total payload size, and a `weight_map` from each tensor to its shard. With it `qcli inspect` and `--compare`
+read the whole model, and any tool that reads a safetensors index finds its way."""
 
 from __future__ import annotations
 

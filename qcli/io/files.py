@@ -1,8 +1,9 @@
-"""Reading files that may be hostile, for every reader: only regular files opened (`open_regular`), reads that
-fill their buffer or say the file ended (`read_into`), whole files read only up to a size (`read_bounded`),
-an OSError as the user's `InputError` (`unreadable`), and JSON parsed with duplicate keys, nesting past the
-stack and oversized integers refused (`read_json`), and for a JSON document a side file of a checkpoint
-(config, tokenizer, index, record) bounded in size and depth as well (`load_json`)."""
+"""Reading files that may be hostile, for every reader.
+
+Only regular files are opened (`open_regular`). A read fills its buffer or says the file ended (`read_into`),
+and a whole file is read only up to a size (`read_bounded`). An OSError becomes the user's `InputError`
+(`unreadable`). JSON is parsed with duplicate keys, deep nesting and huge integers refused (`read_json`), and a
+checkpoint's side file (config, tokenizer, index, record) is bounded in size and depth too (`load_json`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The index of a sharded checkpoint in Hugging Face's form (`model.safetensors.index.json`: a `weight_map`
-from each tensor name to the shard file beside it that holds it), which qcli writes beside sharded burnpack
-output too: read, each shard checked to be a regular file, and held to what the shards hold."""
+"""The index of a sharded checkpoint in Hugging Face's form (`model.safetensors.index.json`).
+
+Its `weight_map` names the shard beside it that holds each tensor. qcli reads it, checks each shard is a regular
+file and holds the index to what the shards hold; it writes the same form beside sharded burnpack output."""
 
 from __future__ import annotations
 

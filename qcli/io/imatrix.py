@@ -355,12 +355,12 @@ def gguf_to_hf_names(names: Iterable[str], model_type: str, hf: Iterable[str] | 
 
 
 def hf_to_gguf_names(names: Iterable[str], model_type: str) -> dict[str, str]:
-    """Each of `names` in Hugging Face's naming (`model.layers.3.mlp.down_proj.weight`, any name the gguf
-    package's table gives) -> llama.cpp's (`blk.3.ffn_down.weight`), by the table of the architecture of
-    `model_type` (`gguf_names.gguf_architecture`); the others are left out. For a model type the package
-    names no architecture of, the naming that most of the tables naming the most of `names` give (a
-    Mistral's is the llama table's, and 56 others', against RWKV hybrids' 2): a usage error where two
-    namings tie or no table names any."""
+    """Each of `names` in Hugging Face's naming mapped to llama.cpp's (`model.layers.3.mlp.down_proj.weight` ->
+    `blk.3.ffn_down.weight`); a name no table gives is left out.
+
+    The table is that of `model_type`'s architecture (`gguf_names.gguf_architecture`). For a model type the gguf
+    package names no architecture of, it is the naming most tables agree on among those that name the most of
+    `names` (a Mistral's is the llama table's and 56 others'). Two namings that tie, or none, are a usage error."""
     names = list(names)
     arch = gguf_architecture(model_type)
     if arch is not None:

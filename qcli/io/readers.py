@@ -1,10 +1,11 @@
-"""The readers of checkpoints, as rows in the order `open_source` tries them (`READERS`): each one's format
-name (`Source.format`, which inspect reports), the suffixes its files have, whether a path is its own, how it
-opens one, and, for a GGUF file, its names as Hugging Face's (`--names hf`).
+"""The readers of checkpoints, as rows in the order `open_source` tries them (`READERS`).
+
+A row holds the format's name (`Source.format`, which inspect reports), how the help names it, the suffixes
+of its files, whether a path is its own, and how to open one. A GGUF row also maps its names to Hugging Face's
+(`--names hf`).
 
 A new input format is its reader module beside these and its row here (docs/design.md, "Adding an input
-format"); nothing else picks a reader.
-"""
+format"); nothing else picks a reader."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ class Reader:
     """One input format's reader."""
 
     name: str  # the format, as its sources' `format` gives it
+    title: str  # the format as help texts name it
+    given: str  # how a checkpoint of it is given, as an input's help says
     suffixes: tuple[str, ...]  # what its files' names end with: such an input is a path, never a model ORG/NAME
     sniff: Callable[[Path], bool]  # whether a path is this format's, asked after the readers before it declined
     open: Callable[[Path], Source]  # the source, every header checked (InputError naming the file and tensor)
@@ -41,12 +44,26 @@ def _the_rest(path: Path) -> bool:
 
 
 # A GGUF file holds its model's description: files beside it may be another model's.
-GGUF = Reader(GgufSource.format, (SUFFIX,), is_gguf, GgufSource.open, side_files=False, hf_names=hf_names)
+GGUF = Reader(GgufSource.format, "GGUF", f"a {SUFFIX} file", (SUFFIX,), is_gguf, GgufSource.open, side_files=False,
+              hf_names=hf_names)
 READERS = (
     GGUF,
-    Reader(SafetensorsSource.format, (".safetensors", ".json"), _the_rest, SafetensorsSource.open, side_files=True),
+    Reader(SafetensorsSource.format, "safetensors",
+           "a .safetensors file, a directory (model.safetensors or an index with shards), an index",
+           (".safetensors", ".json"), _the_rest, SafetensorsSource.open, side_files=True),
 )
 SUFFIXES = tuple(suffix for reader in READERS for suffix in reader.suffixes)
+
+
+def titles() -> str:
+    """The formats read, as help texts list them: `GGUF or safetensors`."""
+    *rest, final = [reader.title for reader in READERS]
+    return f"{', '.join(rest)} or {final}" if rest else final
+
+
+def given() -> str:
+    """How a checkpoint is given, each reader's way in turn, as an input's help lists them."""
+    return ", ".join(reader.given for reader in READERS)
 
 
 def locate(input: str | Path, revision: str | None = None) -> tuple[Path, str | None]:

@@ -1,15 +1,15 @@
 """The files a run reads, and the one rule every command that writes keeps with them (`Reads`).
 
-A file the run reads (the checkpoint and its shards, the index, the files beside them that it opens, the
-recipe, the calibration text, the importance matrix) is never its output, nor a file it replaces or
-removes, with `--force` or not: compared by path after links and by (device, inode), so a symbolic or a
-hard link to an input counts as the input. A path that is not a regular file (a device, a FIFO, a socket,
-a directory) is never replaced (`refuse_special`). Each file's state (device, inode, size, modification
-and change times in nanoseconds) is recorded when the run opens it and compared at the end, before the
-output is renamed into place (`unchanged`): an input rewritten while it was read, even with the same
-size and header, fails the run with nothing written. The change time moves on every write and on every
-change of the modification time, so a rewrite that sets the old modification time back is seen too.
-"""
+A file the run reads is never its output, nor a file it replaces or removes, with `--force` or not. Those
+files are the checkpoint and its shards, the index, the files beside them that it opens, the recipe, the
+calibration text and the importance matrix. They are compared by path after links and by (device, inode),
+so a symbolic or hard link to an input counts as the input. A path that is not a regular file (a device, a
+FIFO, a socket, a directory) is never replaced (`refuse_special`).
+
+Each file's state (device, inode, size, modification and change times in nanoseconds) is recorded when the
+run opens it, and compared before the output is renamed into place (`unchanged`). An input rewritten while it
+was read fails the run with nothing written, even with the same size and header. The change time moves on
+every write and every change of the modification time, so a rewrite that sets the old one back is seen too."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""What the commands and pipelines read a checkpoint through: `TensorInfo`, one tensor as its header
-describes it, and the `Source` protocol every reader gives (`qcli.io.readers` holds the readers)."""
+"""What the commands and pipelines read a checkpoint through.
+
+`TensorInfo` is one tensor as its header describes it; `Source` is the protocol every reader gives
+(`qcli.io.readers` holds the readers)."""
 
 from __future__ import annotations
 

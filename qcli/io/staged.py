@@ -1,6 +1,6 @@
-"""A small file written whole under a temporary name beside its target and renamed into place on
-`commit()` (`qcli.io.temporary`), as `BurnpackWriter` puts a burnpack in place: the target is either
-untouched or complete."""
+"""A small file written whole under a temporary name beside its target, then renamed into place on `commit()`.
+
+A burnpack is put in place the same way (`qcli.io.temporary`): the target is either untouched or complete."""
 
 from __future__ import annotations
 

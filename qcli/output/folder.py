@@ -1,5 +1,7 @@
-"""A model folder (`-o DIR/`): the weights as MODEL_FILE beside the source's config and tokenizer files and a
-record of the run (RECORD_FILE), created only when a run commits, and the files an earlier run wrote there."""
+"""A model folder (`-o DIR/`): the weights as MODEL_FILE, the source's config and tokenizer files, and a record
+of the run (RECORD_FILE).
+
+The folder is created only when a run commits. The files an earlier run wrote there are read from its record."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The output's files under Burn's limits: one file under its reader's file limit, or with `--max-shard-size`
-consecutive shards, each bounded by the container's `size_bound` and Burn's tensor count."""
+"""The output's files under Burn's limits.
+
+Without `--max-shard-size` the output is one file under its reader's file limit. With it, the tensors go to
+consecutive shards, each bounded by the container's `size_bound` and by Burn's tensor count."""
 
 from __future__ import annotations
 

@@ -45,9 +45,9 @@ def run(plan: Plan, source: Source, measure: bool = False, *,
         started = time.perf_counter()
         x = source_tensor(entry, source)
         read_seconds = time.perf_counter() - started
-        if entry.decision.transpose:
+        if entry.encoding.transpose:
             x = x.t()
-        scheme, calibration = entry.decision.scheme, entry.decision.calibration
+        scheme, calibration = entry.encoding.scheme, entry.decision.calibration
         measured, transcode = None, entry.decision.transcode
         if transcode is not None:
             payload = transcoded(entry, x, source)
@@ -113,7 +113,7 @@ def entry_importance(entry: PlanEntry, importance: Mapping[str, torch.Tensor] | 
         raise InputError(f"the importance of tensor {entry.name!r} has shape {list(vector.shape)}, not "
                          f"[{channels}]: one value per input channel (the last axis of its shape "
                          f"{list(entry.shape)})", hint="compute the importance on this model's tensors")
-    return vector.reshape(-1, 1) if decision.transpose else vector
+    return vector.reshape(-1, 1) if entry.encoding.transpose else vector
 
 
 def transcoded(entry: PlanEntry, codes: torch.Tensor, source: Source) -> torch.Tensor:
@@ -122,10 +122,10 @@ def transcoded(entry: PlanEntry, codes: torch.Tensor, source: Source) -> torch.T
     in a damaged checkpoint: its decode would be NaN or Inf, a model no one can use."""
     from qcli.codec.decode import unfinite_blocks
 
-    transcode, scheme = entry.decision.transcode, entry.decision.scheme
+    transcode, scheme = entry.decision.transcode, entry.encoding.scheme
     assert transcode is not None and scheme is not None, "a transcoded entry has both"
     payload = transcode.payload(codes, source.load)
-    bad, blocks = unfinite_blocks(payload, scheme, entry.out_shape)
+    bad, blocks = unfinite_blocks(payload, scheme, entry.encoding.shape)
     if bad:
         raise InputError(printable(f"{entry.info.file}: tensor {quoted(entry.info.name)} ({transcode.format}) has "
                                    f"scales that are NaN or infinite in {bad} of its {blocks} blocks, so it would "

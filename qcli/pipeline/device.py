@@ -1,5 +1,7 @@
-"""Which pipeline a run takes, from `--device` and the environment, read here once for the run; and the
-run's runtime, loaded while the main thread reads the headers and plans (`Runtime`)."""
+"""Which pipeline a run takes (`select_pipeline`), from `--device` and the environment read once for the run.
+
+The run's runtime (`Runtime`) loads while the main thread reads the headers and plans, so its seconds of
+imports overlap work that needs no torch."""
 
 from __future__ import annotations
 
@@ -62,17 +64,17 @@ def require_device(device: str, environ: Mapping[str, str] = os.environ) -> str:
 
 
 class Runtime:
-    """A run's runtime, loaded on a thread of its own once the plan is checked (every refusal the headers
-    and the plan give comes without torch), so that importing torch and creating the CUDA context overlap
-    opening the output and preparing the calibration; then, once
-    the plan is known (`warm`), the kernels it launches are compiled on another (`gpu.compile_ahead`)
-    while the pipeline's first reads go on, and the input is read into the page cache ahead of the
-    pipeline (`qcli.pipeline.prefetch`): until the CPU pipeline starts, whose cores quantize, or to the
-    end of the run (leaving the `with` block) beside the GPU pipeline, whose reads wait on the disk.
-    `select` is `select_pipeline` once the loading is done.
+    """A run's runtime (torch, the CUDA context), loaded on a thread of its own once the plan is checked.
 
-    Nothing here decides anything: a failure on these threads is left for `select_pipeline` to meet
-    again, on the main thread, where it becomes the run's error."""
+    Every refusal the headers and the plan give comes without torch, and the loading overlaps opening the output
+    and preparing the calibration. Once the plan is known (`warm`), the kernels it launches compile on another
+    thread (`gpu.compile_ahead`) while the pipeline's first reads go on. The input is read into the page cache
+    ahead of the pipeline (`qcli.pipeline.prefetch`): until the CPU pipeline starts, as its cores quantize, or
+    to the end of the run beside the GPU pipeline, whose reads wait on the disk. `select` is `select_pipeline`
+    once the loading is done.
+
+    Nothing here decides anything: a failure on these threads is met again by `select_pipeline` on the main
+    thread, where it becomes the run's error."""
 
     def __init__(self, device: str, environ: Mapping[str, str] = os.environ) -> None:
         self._started = time.perf_counter()

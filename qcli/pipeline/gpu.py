@@ -113,8 +113,8 @@ def run(plan: Plan, source: Source, measure: bool = False, *,
         if entry.decision.requantize is not None:  # its source is decoded from several tensors, on the host
             raise UsageError(f"{entry.info.name} is requantized ({entry.decision.reason}), which the CPU pipeline "
                              "does", hint="use --device cpu (or auto), without QCLI_KERNELS=triton")
-        if entry.decision.scheme is not None:
-            check_accepted(entry.decision.scheme, entry.decision.calibration)
+        if entry.encoding.scheme is not None:
+            check_accepted(entry.encoding.scheme, entry.decision.calibration)
     weights = {i: w for i, entry in enumerate(plan.entries) if (w := entry_importance(entry, importance)) is not None}
     pieces = [piece for i, entry in enumerate(plan.entries) for piece in _pieces(i, entry, settings, measure)]
     if not pieces:
@@ -153,16 +153,16 @@ def compile_ahead(plan: Plan, measure: bool, settings: GpuSettings) -> int:
     stream = torch.cuda.Stream() if device.type == "cuda" else None
     with _on(stream):
         for i, entry in enumerate(plan.entries):
-            decision = entry.decision
-            key = (tuple(entry.info.shape), entry.info.dtype, decision.scheme, decision.calibration,
-                   decision.transpose)
-            torch_search = (decision.scheme is not None and decision.calibration is Calibration.Mse
-                            and not searches_in_kernel(decision.scheme, tuple(entry.info.shape)))
-            if (decision.scheme is None or decision.found is not None or torch_search
+            decision, encoding = entry.decision, entry.encoding
+            key = (tuple(entry.info.shape), entry.info.dtype, encoding.scheme, decision.calibration,
+                   encoding.transpose)
+            torch_search = (encoding.scheme is not None and decision.calibration is Calibration.Mse
+                            and not searches_in_kernel(encoding.scheme, tuple(entry.info.shape)))
+            if (encoding.scheme is None or decision.found is not None or torch_search
                     or entry.info.dtype not in KERNEL_DTYPES or key in made):
                 continue
             made.add(key)
-            check_accepted(decision.scheme, decision.calibration)
+            check_accepted(encoding.scheme, decision.calibration)
             out = torch.empty(entry.out_nbytes, dtype=torch.uint8, device=device)
             tensor = None
             for piece in _pieces(i, entry, settings, measure):
@@ -196,12 +196,12 @@ def _pieces(index: int, entry: PlanEntry, settings: GpuSettings, measure: bool) 
     info, decision = entry.info, entry.decision
     rows = info.shape[0] if len(info.shape) >= 2 else 1
     row_bytes = info.nbytes // rows if rows else 0
-    scheme = decision.scheme if decision.transcode is None else None  # a transcode's bytes stay on the host
+    scheme = entry.encoding.scheme if decision.transcode is None else None  # a transcode's bytes stay on the host
     footprint = info.nbytes + entry.out_nbytes  # input and payload on the device at once
     measuring = BYTES_PER_VALUE * min(math.prod(info.shape), SLICE_VALUES) if measure and scheme is not None else 0
     room = settings.budget / 4 - measuring
     reordered = info.rows is not None  # read whole, its rows put in order on the host
-    if scheme is None or decision.transpose or reordered or rows <= 1 or footprint <= room:
+    if scheme is None or entry.encoding.transpose or reordered or rows <= 1 or footprint <= room:
         chunk_rows = max(rows, 1)
     else:
         step = scheme.block.size.to_dim_vec(len(info.shape))[0] if scheme.block else 1
@@ -394,7 +394,7 @@ def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: boo
         entry = piece.entry
         if current is None or current.piece.index != piece.index:
             out = stage.outputs[piece.index % 2][: entry.out_nbytes]
-            quantized = entry.decision.scheme is not None and entry.decision.transcode is None
+            quantized = entry.encoding.scheme is not None and entry.decision.transcode is None
             with _on(stage.compute):  # zeroed on the stream whose kernels raise it (and measure into it)
                 bad = torch.zeros(1, dtype=torch.int32, device=stage.device)
                 measured = Measurement.on(stage.device) if measure and quantized else None
@@ -474,7 +474,7 @@ def _streams_range(piece: _Piece) -> bool:
     two-level MinMax scheme (its range is the largest |x|, the same in any order of pieces) on a tensor
     held whole on the device (a chunked one takes a pass of its own, `Pass.range`)."""
     decision = piece.entry.decision
-    scheme = decision.scheme
+    scheme = piece.entry.encoding.scheme
     rows = piece.entry.info.shape[0] if len(piece.entry.info.shape) >= 2 else 1
     return (scheme is not None and decision.transcode is None and decision.calibration is Calibration.MinMax
             and (scheme.block is None or scheme.is_two_level()) and piece.chunk_start == 0
@@ -499,16 +499,16 @@ def _stream_range(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
 def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
     """Quantize a whole device chunk (or collect its range, or feed its scale's search, in a pass before),
     copy its payload back and, when measuring, measure it."""
-    entry, decision = piece.entry, piece.entry.decision
+    entry, decision, encoding = piece.entry, piece.entry.decision, piece.entry.encoding
     scheme, chunk = _scheme(piece), _chunk(tensor)
     if stage.compute is not None and stage.h2d is not None:
         stage.compute.wait_stream(stage.h2d)
         chunk.record_stream(stage.compute)
     with _on(stage.compute):
-        x = chunk.t().contiguous() if decision.transpose else chunk
+        x = chunk.t().contiguous() if encoding.transpose else chunk
         if piece.purpose is Pass.search:
             if tensor.search is None:
-                shape = tuple(entry.out_shape)
+                shape = encoding.shape
                 assert tensor.whole is not None, "the range pass comes before the search pass"
                 peak = taken(tensor.whole.peak).reshape(BlockGrid.of(scheme, shape).grid)
                 tensor.search = Search(peak, scheme, shape, importance=tensor.importance, name=entry.info.name)
@@ -533,7 +533,7 @@ def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
         stage.d2h.wait_stream(stage.compute)
         payload.record_stream(stage.d2h)
     with _on(stage.d2h):
-        full = tuple(entry.out_shape)
+        full = encoding.shape
         stop = piece.chunk_start + (x.shape[0] if x.dim() else 1)
         for dst, src, n in layout.row_regions(scheme, full, piece.chunk_start, stop):
             tensor.out[dst : dst + n].copy_(payload[src : src + n], non_blocking=True)
@@ -545,7 +545,7 @@ def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
 
 def _scheme(piece: _Piece) -> QuantScheme:
     """The scheme of a piece whose tensor is quantized on the device (`_streams_range`, `_process`)."""
-    scheme = piece.entry.decision.scheme
+    scheme = piece.entry.encoding.scheme
     assert scheme is not None, "only a quantized tensor's pieces reach the device"
     return scheme
 

@@ -39,8 +39,8 @@ def with_prepared(run: Pipeline, payloads: Mapping[str, torch.Tensor],
             started = time.perf_counter()
             x = source.load(entry.info.name)
             read = time.perf_counter() - started
-            x = x.t() if entry.decision.transpose else x
-            scheme, payload = entry.decision.scheme, payloads[entry.name]
+            x = x.t() if entry.encoding.transpose else x
+            scheme, payload = entry.encoding.scheme, payloads[entry.name]
             measured = None
             if measure:
                 assert scheme is not None, "a prepared entry is a quantized one"

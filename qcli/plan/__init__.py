@@ -1,3 +1,5 @@
-"""The plan, from the headers alone: what it is asked for (`options`: `PlanOptions`), its data (`entries`:
-`Decision`, `PlanEntry`, `Totals`, `Plan`), the decision for each tensor (`decisions`: `make_plan`, `plan_by_name`,
-`make_checked_plan`, the shape helpers), and the problems found in them (`checks`)."""
+"""The plan, made from the headers alone.
+
+`options` holds what it is asked for (`PlanOptions`) and `entries` its data (`Decision`, `PlanEntry`, `Totals`,
+`Plan`). `decisions` decides each tensor (`make_plan`, `plan_by_name`, `make_checked_plan`), and `checks` finds
+the problems in the decisions."""

@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 from qcli import BURN_VERSION
 from qcli.burn_backends import (
     CAPABILITIES,
+    OUTER_PACKING_VERSIONS,
     BurnBackend,
     backends,
     hold_problem,
     kept_problem,
     load_problem,
     loads_instead,
+    short_version,
 )
 from qcli.formats.found import Encoded, Found
 from qcli.io.burnpack import MAX_TENSOR_COUNT, MAX_TENSOR_SIZE, align, gib, max_file_size
@@ -29,7 +31,7 @@ from qcli.plan.roles import linear_weight
 from qcli.presets import DEFAULT_PRESET, PRESETS, REQUANTIZE_NARROW, REQUANTIZE_WIDE, Preset
 from qcli.problem import Kind, Problem, Severity
 from qcli.recipe import OnIndivisible, Recipe, Rule
-from qcli.scheme import QuantScheme, accept_problems
+from qcli.scheme import QuantScheme, accept_problems, packs_outer
 
 FIRST_NAMES = 3
 
@@ -196,11 +198,17 @@ def version_problems(findings: Findings, options: PlanOptions, entries: Sequence
             unheld.setdefault((id(entry.decision.rule), why), []).append(entry)
     for (_, why), group in unheld.items():
         names = [e.info.name for e in group]
-        # a transcode's scheme is the checkpoint's: there is no other scheme to offer
-        instead = ("write it for --burn-version" if group[0].decision.transcode else
-                   "use a one-level scheme (drop tensor_scale), or --burn-version")
-        findings.problem(Kind.version, f"{count_and_first(names)} cannot be written as {group[0].decision.scheme}: "
-                         f"{why}", f"{instead} {BURN_VERSION}", names, rule=group[0].decision.rule)
+        scheme = group[0].decision.scheme
+        assert scheme is not None, "an entry is unheld for its scheme"
+        if group[0].decision.transcode:  # a transcode's scheme is the checkpoint's: there is no other to offer
+            instead = f"write it for --burn-version {BURN_VERSION}"
+        elif packs_outer(scheme):
+            newest = short_version(max(OUTER_PACKING_VERSIONS))
+            instead = f'pack along the last axis (store = "PackedU32(0)"), or --burn-version {newest}'
+        else:
+            instead = f"use a one-level scheme (drop tensor_scale), or --burn-version {BURN_VERSION}"
+        findings.problem(Kind.version, f"{count_and_first(names)} cannot be written as {scheme}: {why}", instead,
+                         names, rule=group[0].decision.rule)
 
 
 def backend_problems(findings: Findings, options: PlanOptions, backend: BurnBackend,

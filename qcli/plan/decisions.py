@@ -44,6 +44,8 @@ from qcli.scheme import (
     PackedU32,
     QuantScheme,
     accept_problems,
+    inner_packed,
+    packs_outer,
 )
 
 # The token embedding and the output head (`qcli.plan.roles`) are quantized at WIDE_PRESET by default when
@@ -61,6 +63,10 @@ def _shape_problem(scheme: QuantScheme, shape: tuple[int, ...]) -> str | None:
     rank = len(shape)
     if rank == 0:
         return "a 0-D tensor (scalar) has no axis to quantize along"
+    if packs_outer(scheme):
+        if rank != 2:
+            return f"{scheme.store} packs a 2-D tensor along its first axis; the tensor has {rank} axes"
+        return _shape_problem(inner_packed(scheme), shape[::-1])
     block = scheme.block.size if scheme.block is not None else None
     if block is not None:
         if block.len > rank:
@@ -108,14 +114,15 @@ def make_plan(
     """One decision per tensor and every problem found from the headers (see the module docstring), as
     `options` ask (`PlanOptions`).
 
-    `found`: the checkpoint's already-quantized weights (`qcli.formats.detect`, run here when not given), the
-    encoded ones' states read for `options.requantize`. `calibrated`: the tensors a calibration run reaches
-    (the Linear weights in the model's blocks): GPTQ applies to them only, every other tensor takes its
-    preset's calibration instead, its reason says so. With `options.transpose`, every Linear weight
-    (`linear_weight`) whose recipe rule says nothing of transpose is written transposed, `[in, out]`, as a
-    rule's `transpose = true` writes it; a transcoded weight keeps its codes' orientation (a warning names
-    it), and a name that cannot tell a Linear's weight from GPT-2's Conv1D's is an error.
-    """
+    `found` is the checkpoint's already-quantized weights (`qcli.formats.detect`, run here when not given); the
+    encoded ones' states are read for `options.requantize`. `calibrated` is the tensors a calibration run
+    reaches (the Linear weights in the model's blocks). GPTQ applies to those only; every other tensor takes
+    its preset's calibration, and its reason says so.
+
+    With `options.transpose`, every Linear weight (`linear_weight`) whose recipe rule says nothing of transpose
+    is written `[in, out]`, as a rule's `transpose = true` writes it. A transcoded weight keeps its codes'
+    orientation (a warning names it), and a name that cannot tell a Linear's weight from GPT-2's Conv1D's is an
+    error."""
     return _Planner(list(infos), recipe, options, found, calibrated).plan()
 
 

@@ -22,7 +22,7 @@ from qcli.io.source import TensorInfo
 from qcli.presets import Preset
 from qcli.problem import Problem, Severity
 from qcli.recipe import Rule
-from qcli.scheme import Calibration, QuantScheme
+from qcli.scheme import Calibration, QuantScheme, inner_packed, packs_outer
 
 # What quantizing holds beside a tensor's source and payload (`PlanEntry.peak_bytes`): six f32 grids of
 # a value per block at most, and a chunk's temporaries, about 24 bytes per value of a chunk of 2^18
@@ -52,6 +52,17 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class Encoding:
+    """How the pipelines make an entry's payload: `scheme` (None: kept) on the source, `transpose`d or not,
+    of `shape`. It is the decision's own, except for a scheme packed along the outer axis (PackedU32(1)),
+    whose bytes are its inner-packed form's on the tensor's other orientation (`qcli.scheme.inner_packed`)."""
+
+    scheme: QuantScheme | None
+    transpose: bool
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class PlanEntry:
     info: TensorInfo
     decision: Decision
@@ -77,6 +88,14 @@ class PlanEntry:
         return shape[::-1] if self.decision.transpose and len(shape) == 2 else shape
 
     @functools.cached_property
+    def encoding(self) -> Encoding:
+        """How its payload is made."""
+        scheme = self.decision.scheme
+        if scheme is not None and packs_outer(scheme):
+            return Encoding(inner_packed(scheme), not self.decision.transpose, self.out_shape[::-1])
+        return Encoding(scheme, self.decision.transpose, self.out_shape)
+
+    @functools.cached_property
     def out_dtype(self) -> DType | None:
         """Burn's DType written: the source dtype (or the cast's) for a kept tensor, None where Burn has
         none; else the scheme's QFloat."""
@@ -90,7 +109,9 @@ class PlanEntry:
             if self.decision.cast is not None:
                 return Plain(self.decision.cast).nbytes(self.info.shape)
             return self.info.nbytes
-        return layout.quantized_data_len(self.decision.scheme, self.out_shape)
+        scheme = self.encoding.scheme
+        assert scheme is not None, "a quantized entry's encoding has its scheme"
+        return layout.quantized_data_len(scheme, self.encoding.shape)
 
     @property
     def in_nbytes(self) -> int:
@@ -120,7 +141,9 @@ class PlanEntry:
         if self.decision.scheme is None:
             cast = self.out_nbytes if self.decision.cast is not None else 0
             return self.info.nbytes * (2 if self.decision.transpose else 1) + cast
-        blocks = layout.num_scales(self.decision.scheme, self.out_shape)
+        scheme = self.encoding.scheme
+        assert scheme is not None, "a quantized entry's encoding has its scheme"
+        blocks = layout.num_scales(scheme, self.encoding.shape)
         return self.info.nbytes + self.out_nbytes + GRID_BYTES_PER_BLOCK * blocks + CHUNK_WORKING_BYTES
 
 

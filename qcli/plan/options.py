@@ -1,5 +1,6 @@
-"""`PlanOptions`: what a plan is asked for besides its recipe, resolved once from the user's words, so that quantize
-and validate-scheme plan alike and `make_plan` takes one typed object."""
+"""`PlanOptions`: what a plan is asked for besides its recipe, resolved once from the user's words.
+
+quantize and validate-scheme both build it, so they plan alike, and `make_plan` takes one typed object."""
 
 from __future__ import annotations
 

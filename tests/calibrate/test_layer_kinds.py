@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from qcli.calibrate import runner
+from qcli.calibrate.checkpoint import Checkpoint, load_tokenizer
 from qcli.calibrate.data import CalibrationSet, CalibrationText, calibration_tokens
-from qcli.calibrate.model import CalibrationModel, load_tokenizer, open_model
+from qcli.calibrate.model import CalibrationModel, open_model
 from qcli.calibrate.runner import block_linears, layer_kinds, run_blocks
 from qcli.io.imatrix import gguf_to_hf_names, hf_to_gguf_names
 from qcli.io.readers import open_source
@@ -42,7 +43,7 @@ def decoders(tmp_path_factory) -> dict[str, Path]:
 
 def opened(folder: Path) -> CalibrationModel:
     source = open_source(folder)
-    return open_model(folder, source.infos(), source.load)
+    return open_model(Checkpoint(folder, source.infos(), source.load))
 
 
 def windows(folder: Path) -> CalibrationSet:

@@ -14,8 +14,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from qcli.calibrate.checkpoint import CALIBRATE_HINT, Checkpoint, load_tokenizer
 from qcli.calibrate.data import CalibrationSet, CalibrationText, calibration_tokens
-from qcli.calibrate.model import CALIBRATE_HINT, CalibrationModel, load_tokenizer, open_model
+from qcli.calibrate.model import CalibrationModel, open_model
 from qcli.calibrate.runner import SLACK, block_linears, estimate_memory, run_blocks
 from qcli.errors import InputError, UsageError
 from qcli.io.readers import open_source
@@ -40,7 +41,7 @@ def windows(folder: Path) -> CalibrationSet:
 
 def opened(folder: Path, tensor=None) -> CalibrationModel:
     source = open_source(folder)
-    return open_model(folder, source.infos(), tensor or source.load)
+    return open_model(Checkpoint(folder, source.infos(), tensor or source.load))
 
 
 def run(folder: Path, on_linear, device: str = "cpu", linears=None, **options):
@@ -336,8 +337,8 @@ def test_a_tensor_missing_or_of_another_shape_is_an_input_error(folders):
     folder = folders["llama"]
     source = open_source(folder)
     names = [info.name for info in source.infos()]
-    missing = open_model(folder, [i for i in source.infos() if i.name != "model.layers.1.mlp.up_proj.weight"],
-                         source.load)
+    kept = [i for i in source.infos() if i.name != "model.layers.1.mlp.up_proj.weight"]
+    missing = open_model(Checkpoint(folder, kept, source.load))
     with pytest.raises(InputError, match="no tensor for the model's parameter 'model.layers.1.mlp.up_proj.weight'"):
         run_blocks(missing, windows(folder), names, lambda name, weight, stats: None)
 
@@ -345,13 +346,13 @@ def test_a_tensor_missing_or_of_another_shape_is_an_input_error(folders):
         return source.load(name)[:, :-1] if name == "model.layers.0.mlp.down_proj.weight" else source.load(name)
 
     with pytest.raises(InputError, match=r"'model.layers.0.mlp.down_proj.weight' has shape \[64, 127\]; the model"):
-        run_blocks(open_model(folder, source.infos(), tensor), windows(folder), names,
+        run_blocks(open_model(Checkpoint(folder, source.infos(), tensor)), windows(folder), names,
                    lambda name, weight, stats: None)
 
 
 def test_a_folder_without_config_or_tokenizer_is_a_usage_error(folders, tmp_path):
     with pytest.raises(UsageError, match="has no config.json"):
-        open_model(tmp_path, [], lambda name: None)
+        open_model(Checkpoint(tmp_path, [], lambda name: None))
     (tmp_path / "config.json").write_bytes((folders["llama"] / "config.json").read_bytes())
     with pytest.raises(UsageError, match=r"has no tokenizer \(tokenizer.json, "):
         load_tokenizer(tmp_path)
@@ -360,7 +361,7 @@ def test_a_folder_without_config_or_tokenizer_is_a_usage_error(folders, tmp_path
 def test_a_corrupt_config_or_tokenizer_is_an_input_error(folders, tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(InputError, match="config.json: the JSON does not parse"):
-        open_model(tmp_path, [], lambda name: None)
+        open_model(Checkpoint(tmp_path, [], lambda name: None))
     (tmp_path / "config.json").write_bytes((folders["llama"] / "config.json").read_bytes())
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(InputError, match="tokenizer.json: the JSON does not parse"):
@@ -373,14 +374,14 @@ def test_a_corrupt_config_or_tokenizer_is_an_input_error(folders, tmp_path):
 def test_a_model_type_transformers_does_not_know_is_a_usage_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-model", "architectures": ["X"]}))
     with pytest.raises(UsageError, match="cannot build the model of") as caught:
-        open_model(tmp_path, [], lambda name: None)
+        open_model(Checkpoint(tmp_path, [], lambda name: None))
     assert "upgrade transformers" in caught.value.hint
 
 
 def test_without_transformers_the_hint_says_how_to_install_it(folders, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
     with pytest.raises(UsageError, match="transformers, which is not installed") as caught:
-        open_model(folders["llama"], [], lambda name: None)
+        open_model(Checkpoint(folders["llama"], [], lambda name: None))
     assert caught.value.hint == CALIBRATE_HINT == "pip install 'qcli[calibrate]'"
 
 

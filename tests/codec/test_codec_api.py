@@ -84,9 +84,9 @@ def test_decode_refuses_a_wrong_length():
     "scheme",
     [
         QuantScheme().with_value(QuantValue.Q4F).with_mode(QuantMode.Lookup),
-        QuantScheme().with_value(QuantValue.Q4S).with_store(PackedU32(1)),
+        QuantScheme().with_value(QuantValue.Q4S).with_store(PackedU32(2)),
     ],
-    ids=["lookup", "packed-dim1"],
+    ids=["lookup", "packed-dim2"],
 )
 def test_decode_refuses_what_no_decoder_reads(scheme):
     with pytest.raises(SchemeError):

@@ -124,7 +124,7 @@ REFUSED = [
     ("native-e2m1", QuantScheme().with_value(QuantValue.E2M1).with_store(Native()), "sub-byte"),
     ("packednative-q8", QuantScheme().with_value(Q8S).with_store(PackedNative(0)), "native packing"),
     ("packednative-q4", QuantScheme().with_value(Q4S).with_store(PackedNative(0)), "native packing"),
-    ("packedu32-dim1", QuantScheme().with_store(PackedU32(1)), "outer axis"),
+    ("packedu32-dim2", QuantScheme().with_store(PackedU32(2)), "outer axis"),
     ("packednative-dim1", QuantScheme.nvfp4().with_store(PackedNative(1)), "outer axis"),
 ]
 

@@ -416,7 +416,12 @@ def _rows_pack_on_their_own(v):
     scheme = scheme_of(v)
     got = pack_fields(torch.tensor(v["input"]["rows"], dtype=torch.int32), scheme)
     assert got.numpy().tobytes() == words_bytes(v["expected"]["u32_words"])
-    assert accept_problems(scheme.with_store(PackedU32(1)))  # the outer-axis half: refused at the pin
+    # The outer-axis half: Burn packs the [8, 2] transpose along its first axis (PackedU32(1)) into the same
+    # words, so qcli's decode of those words under PackedU32(1) (scale 1) gives the transpose's codes.
+    outer = scheme.with_store(PackedU32(1))
+    payload = words_bytes(v["expected"]["u32_words"]) + struct.pack("<f", 1.0)
+    rows = torch.tensor(v["input"]["rows"], dtype=torch.float32)
+    assert torch.equal(decode(payload, outer, rows.t().shape), rows.t())
 
 
 @check(50)

@@ -1,6 +1,7 @@
-"""Each already-quantized format is named once, in its module (`NAME`, `REQUANTIZED`), and the help of
-`--requantize` is built from the registry (`qcli.formats.FORMATS`): a format whose weights can be `Encoded`
-(refused, or dequantized and quantized again) cannot be left out of it."""
+"""Each format is named once and the help is built from the registries. An already-quantized format's name is
+in its module (`NAME`, `REQUANTIZED`, listed in `qcli.formats.FORMATS`): one whose weights can be `Encoded`
+cannot be left out of `--requantize`'s help. A checkpoint format's name is in its reader's row
+(`qcli.io.readers.READERS`): one cannot be left out of the help of a command that reads checkpoints."""
 
 from __future__ import annotations
 
@@ -43,3 +44,18 @@ def test_each_format_has_its_own_name():
     assert len(set(names)) == len(names) and all(names)
     assert {m.__name__.rsplit(".", 1)[1] for m in FORMATS if encoded_classes(m)} == {
         "gptq", "awq", "hqq", "bitsandbytes", "quanto", "compressed_tensors", "gguf"}
+
+
+@pytest.mark.parametrize("command", ["", "quantize", "inspect", "eval"], ids=lambda c: c or "qcli")
+def test_the_help_names_every_format_read(command, monkeypatch):
+    """The formats a command reads are listed from the readers' registry: a reader added to it shows in the
+    help of `qcli` (its title) and of each command that reads a checkpoint (how one of it is given)."""
+    from qcli.io.readers import READERS
+
+    monkeypatch.setenv("COLUMNS", "1000")
+    done = cli(*([command] if command else []), "--help")
+    assert done.code == 0
+    help = flat(done.out)
+    for reader in READERS:
+        assert flat(reader.given if command else reader.title) in help, reader.name
+        assert any(suffix in reader.given for suffix in reader.suffixes), reader.name

@@ -167,7 +167,8 @@ def release_section(text: str, version: str) -> str:
 
 
 @pytest.mark.parametrize(("doc", "version"), [("docs/presets.md", "0.22.1"), ("README.md", "0.22.1"),
-                                              ("docs/presets.md", "0.21.0"), ("docs/presets.md", "0.23.0-pre.1"),
+                                              ("docs/presets.md", "0.21.0"), ("README.md", "0.21.0"),
+                                              ("docs/presets.md", "0.23.0-pre.1"),
                                               ("README.md", "0.23.0-pre.1")])
 def test_the_preset_by_backend_tables_say_what_the_capability_table_says(doc: str, version: str) -> None:
     """✓ exactly where `qcli.burn_backends` (held to Burn by tests/io/test_burn_backends.py) loads the preset
