@@ -74,9 +74,15 @@ class Calibrated:
 
 
 def reachable(folder: Path, source: Source) -> frozenset[str]:
-    """The checkpoint names of the Linear weights in the model's repeated blocks: what GPTQ calibrates
-    (the model built on the meta device from `folder`'s config.json; no weight is read)."""
-    return frozenset(block_linears(open_model(folder, source.infos(), source.load)))
+    """The checkpoint names of the Linear weights in the model's repeated blocks (their fused experts' too):
+    what GPTQ calibrates (the model built on the meta device from `folder`'s config.json; no weight is read)."""
+    infos = source.infos()
+    return frozenset(block_linears(open_model(folder, infos, source.load), shapes_of(infos)))
+
+
+def shapes_of(infos: list[TensorInfo]) -> dict[str, tuple[int, ...]]:
+    """Each checkpoint tensor's shape, by name: what fused experts' rows are read off (`runner.block_linears`)."""
+    return {info.name: tuple(info.shape) for info in infos}
 
 
 def estimate(folder: Path, checkpoint: list[TensorInfo], calibrating: CalibrationInput, gptq_run: bool) -> int:
@@ -238,7 +244,8 @@ def _block_run(source: Source, input: Path, calibrating: CalibrationInput, devic
     input measured: the model, the text, its windows, the run and the device chosen."""
     model, text, tokens = _opened(source, checkpoint_folder(input), calibrating)
     chosen = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
-    run = run_blocks(model, tokens, block_linears(model), lambda *_: None, chosen, progress=progress)
+    run = run_blocks(model, tokens, block_linears(model, shapes_of(source.infos())), lambda *_: None, chosen,
+                     progress=progress)
     return model, text, tokens, run, chosen
 
 

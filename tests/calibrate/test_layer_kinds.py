@@ -19,6 +19,7 @@ from qcli.calibrate import runner
 from qcli.calibrate.data import CalibrationSet, CalibrationText, calibration_tokens
 from qcli.calibrate.model import CalibrationModel, load_tokenizer, open_model
 from qcli.calibrate.runner import block_linears, layer_kinds, run_blocks
+from qcli.calibrate.session import shapes_of
 from qcli.io.imatrix import gguf_to_hf_names, hf_to_gguf_names
 from qcli.io.readers import open_source
 from tests.calibrate.test_calibrated_quantize import SEQ_LEN as IMATRIX_SEQ_LEN
@@ -43,6 +44,11 @@ def decoders(tmp_path_factory) -> dict[str, Path]:
 def opened(folder: Path) -> CalibrationModel:
     source = open_source(folder)
     return open_model(folder, source.infos(), source.load)
+
+
+def linears(folder: Path) -> list[str]:
+    """What the runner calibrates: the blocks' Linears and their fused experts' checkpoint tensors."""
+    return block_linears(opened(folder), shapes_of(open_source(folder).infos()))
 
 
 def windows(folder: Path) -> CalibrationSet:
@@ -115,9 +121,10 @@ def test_gptq_calibrates_every_linear_of_the_blocks(decoders, kind, tmp_path):
     report = json.loads(result.out)
     assert report["calibration"]["method"] == "gptq" and report["calibration"]["blocks"] == 4
     measured = {t["name"] for t in report["tensors"] if t["output_error"] is not None}
-    linears = set(block_linears(opened(folder)))
-    assert measured == linears and len(linears) >= 4 * 4
-    assert all(0 < t["output_error"] < 1 for t in report["tensors"] if t["name"] in linears)
+    calibrated = set(linears(folder))
+    assert measured == calibrated and len(calibrated) >= 4 * 4
+    assert all(0 < t["output_error"] < 1 for t in report["tensors"] if t["name"] in calibrated)
+    assert not [w for w in report["warnings"] if "not calibrated" in w["message"] and "experts" in w["message"]]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -145,3 +152,70 @@ def test_the_imatrix_names_every_linear_as_llama_cpp_and_holds_the_models_activa
         assert weighed.code == 0, weighed.err
         warnings = [w["message"] for w in json.loads(weighed.out)["warnings"]]
         assert not [w for w in warnings if "holds no importance" in w], warnings
+
+
+def routed_inputs(folder: Path, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each expert tensor's input over the windows, found without qcli: transformers' own model run on
+    `tokens`, each MoE block's input caught, the router run by hand (the top-k of its logits: the experts
+    softmax and any renormalization keep), and the expert's gate and up projections (from the checkpoint's
+    own tensors, SiLU) giving its down projection's input. By checkpoint name (float64 [tokens, in])."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    config = model.config
+    assert config.hidden_act == "silu"
+    experts = getattr(config, "num_local_experts", None) or config.num_experts
+    tensors = {k: v.double() for k, v in load_file(folder / "model.safetensors").items()}
+    mixtral = config.model_type == "mixtral"
+    caught: dict[int, list[torch.Tensor]] = {}
+    for index, layer in enumerate(model.model.layers):
+        layer.mlp.register_forward_pre_hook(
+            lambda _m, args, index=index: caught.setdefault(index, []).append(args[0].reshape(-1, args[0].shape[-1])))
+    with torch.no_grad():
+        for window in tokens:
+            model(input_ids=window[None])
+    found = {}
+    for index, inputs in caught.items():
+        x = torch.cat(inputs).double()
+        stem = f"model.layers.{index}.block_sparse_moe" if mixtral else f"model.layers.{index}.mlp"
+        chosen = (x @ tensors[f"{stem}.gate.weight"].T).topk(config.num_experts_per_tok, dim=-1).indices
+        for e in range(experts):
+            mine = x[(chosen == e).any(-1)]
+            gate, up, down = (("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj"))
+            weight = {w: tensors[f"{stem}.experts.{e}.{w}.weight"] for w in (gate, up)}
+            between = torch.nn.functional.silu(mine @ weight[gate].T) * (mine @ weight[up].T)
+            found |= {f"{stem}.experts.{e}.{w}.weight": mine for w in (gate, up)}
+            found[f"{stem}.experts.{e}.{down}.weight"] = between
+    return found
+
+
+@pytest.mark.parametrize("kind", MOE)
+def test_each_experts_tensor_is_calibrated_on_the_tokens_routed_to_it(decoders, kind):
+    """The Hessian and token count the runner hands on for each checkpoint tensor of the fused experts, and the
+    weight it hands, are those of the expert's own rows on the tokens the router sends it (`routed_inputs`);
+    the weight given back lands in those rows of the fused parameter, as the next pass shows."""
+    from safetensors.torch import load_file
+
+    folder = decoders[kind]
+    model, tokens = opened(folder), windows(folder)
+    tensors = load_file(folder / "model.safetensors")
+    expected = routed_inputs(folder, tokens.tokens)
+    seen: dict[str, tuple[torch.Tensor, int]] = {}
+
+    def on_linear(name, weight, stats):
+        if name in expected:
+            torch.testing.assert_close(weight, tensors[name])  # its own rows, in its own order
+            seen[name] = (stats.hessian.clone(), stats.tokens)
+        return None
+
+    result = run_blocks(model, tokens, set(expected), on_linear)
+    assert set(seen) == set(expected) and not result.not_linear and not result.outside
+    reached = 0
+    for name, x in expected.items():
+        hessian, count = seen[name]
+        assert count == x.shape[0]
+        reached += count > 0
+        want = x.T @ x
+        torch.testing.assert_close(hessian, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()) if count else 0.0)
+    assert reached >= len(expected) // 2  # most experts took tokens: the check is not of empty sums
