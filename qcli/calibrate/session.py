@@ -214,18 +214,31 @@ def measure_importance(source: Source, input: Path, calibrating: CalibrationInpu
                        progress: BlockProgress | None = None) -> MeasuredImportance:
     """Every Linear in the model's blocks run float on the calibration text (`device`: auto, cpu or cuda),
     each one's sum of squares per input channel and token count, named as llama.cpp names them."""
-    from qcli.io.imatrix import Imatrix, ImatrixEntry, hf_to_gguf_names
+    from qcli.io.imatrix import Imatrix, ImatrixEntry, expert_stem, hf_to_gguf_names
 
     model, text, tokens, run, chosen = _block_run(source, input, calibrating, device, progress)
-    names = hf_to_gguf_names(run.stats, model.module.config.model_type)
-    unnamed = sorted(set(run.stats) - set(names))
+    stems = {name: expert_stem(name) for name in run.stats}
+    names = hf_to_gguf_names({stem for stem, _ in stems.values()}, model.module.config.model_type)
+    unnamed = sorted(name for name, (stem, _) in stems.items() if stem not in names)
     if unnamed:
         raise UsageError(printable(f"the gguf package's name table of model_type {model.module.config.model_type!r} "
                                    f"has no llama.cpp name for {count_and_first(unnamed)} of the model's Linears"),
                          hint="upgrade the gguf package (pip install -U gguf); llama.cpp's converter may not "
                               "convert this model")
-    entries = {names[name]: ImatrixEntry(stats.importance * stats.tokens, [stats.tokens])
-               for name, stats in run.stats.items()}
+    entries, experts = {}, {}
+    for name, stats in run.stats.items():
+        stem, expert = stems[name]
+        if expert is None:
+            entries[names[stem]] = ImatrixEntry(stats.importance * stats.tokens, [stats.tokens])
+        else:  # llama.cpp's one entry of every expert: row e expert e's, each its own count
+            experts.setdefault(names[stem], {})[expert] = stats
+    for name, by_expert in experts.items():
+        rows = range(max(by_expert) + 1)
+        squares = [by_expert[e].importance * by_expert[e].tokens if e in by_expert else None for e in rows]
+        width = next(s for s in squares if s is not None).shape[0]
+        entries[name] = ImatrixEntry(torch.stack([torch.zeros(width, dtype=torch.float64) if s is None else s
+                                                  for s in squares]),
+                                     [by_expert[e].tokens if e in by_expert else 0 for e in rows])
     imatrix = Imatrix(entries, (Path(text.name).name,), int(tokens.tokens.shape[0]), int(tokens.tokens.shape[1]))
     return MeasuredImportance(imatrix, imatrix.chunk_count, imatrix.chunk_size, tokens.available, chosen)
 
@@ -307,21 +320,31 @@ def file_importance(path: Path, folder: Path, infos: list[TensorInfo]) -> dict[s
     llama.cpp importance matrix holds, its names mapped from the model's (config.json's `model_type`);
     those it lacks are left out. `InputError` for a vector of another length than the tensor's last axis."""
     from qcli.calibrate.model import load_config
-    from qcli.io.imatrix import hf_to_gguf_names, read_imatrix
+    from qcli.io.imatrix import expert_stem, hf_to_gguf_names, read_imatrix
 
     imatrix = read_imatrix(path)
-    names = hf_to_gguf_names([i.name for i in infos], load_config(folder).model_type)
+    stems = {info.name: expert_stem(info.name) for info in infos}
+    names = hf_to_gguf_names({stem for stem, _ in stems.values()}, load_config(folder).model_type)
     importance = {}
     for info in infos:
-        found = imatrix.entries.get(names.get(info.name, ""))
-        if found is None or found.importance.ndim != 1:
+        stem, expert = stems[info.name]
+        found = imatrix.entries.get(names.get(stem, ""))
+        if found is None:
             continue
         columns = info.shape[-1]
-        if found.importance.shape[0] != columns:
-            raise InputError(f"{path}: the importance of {quoted(info.name)} has {found.importance.shape[0]} "
+        values = found.importance
+        if expert is not None:  # an expert's row of every expert's [n_expert, n_in] (flat in a legacy file)
+            values = values.reshape(-1, columns) if values.size % columns == 0 else values
+            if values.ndim != 2 or expert >= values.shape[0]:
+                continue
+            values = values[expert]
+        elif values.ndim != 1:
+            continue
+        if values.shape[0] != columns:
+            raise InputError(f"{path}: the importance of {quoted(info.name)} has {values.shape[0]} "
                              f"input channels; the tensor has {columns}",
                              hint="use the importance matrix computed for this model")
-        importance[info.name] = torch.from_numpy(found.importance.astype("float64"))
+        importance[info.name] = torch.from_numpy(values.astype("float64"))
     return importance
 
 

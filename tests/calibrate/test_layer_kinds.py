@@ -20,10 +20,11 @@ from qcli.calibrate.data import CalibrationSet, CalibrationText, calibration_tok
 from qcli.calibrate.model import CalibrationModel, load_tokenizer, open_model
 from qcli.calibrate.runner import block_linears, layer_kinds, run_blocks
 from qcli.calibrate.session import shapes_of
-from qcli.io.imatrix import gguf_to_hf_names, hf_to_gguf_names
+from qcli.io.imatrix import expert_stem, gguf_to_hf_names, hf_to_gguf_names
 from qcli.io.readers import open_source
 from tests.calibrate.test_calibrated_quantize import SEQ_LEN as IMATRIX_SEQ_LEN
 from tests.calibrate.test_calibrated_quantize import TEXT as IMATRIX_TEXT
+from tests.calibrate.test_calibrated_quantize import windows as imatrix_windows
 from tests.calibrate.test_imatrix_command import squares_by_input
 from tests.calibrate_support import KINDS, SLIDING, TEXT, tiny_decoder
 from tests.cli_support import cli
@@ -135,23 +136,29 @@ def test_the_imatrix_names_every_linear_as_llama_cpp_and_holds_the_models_activa
                  "--samples", "1000", "--seq-len", str(IMATRIX_SEQ_LEN))
     assert result.code == 0, result.err
     tensors = {t.name: t for t in gguf.GGUFReader(out).tensors}
-    model = opened(folder)
-    linears = block_linears(model)
-    model_type = model.module.config.model_type
-    names = hf_to_gguf_names(linears, model_type)
-    assert set(names) == set(linears) and all(name.startswith("blk.") for name in names.values())
+    model_type = opened(folder).module.config.model_type
+    stems = {expert_stem(name)[0] for name in linears(folder)}  # every expert's tensors as llama.cpp merges them
+    names = hf_to_gguf_names(stems, model_type)
+    assert set(names) == stems and all(name.startswith("blk.") for name in names.values())
     assert set(tensors) == {f"{name}{part}" for name in names.values() for part in (".in_sum2", ".counts")}
-    assert gguf_to_hf_names(names.values(), model_type, hf=linears) == {cpp: hf for hf, cpp in names.items()}
+    assert gguf_to_hf_names(names.values(), model_type, hf=stems) == {cpp: hf for hf, cpp in names.items()}
     for name, (sums, tokens) in squares_by_input(folder).items():  # the Linears transformers' model runs
         stem = names[f"{name}.weight"]
         assert tensors[f"{stem}.counts"].data.tolist() == [tokens]
         np.testing.assert_allclose(tensors[f"{stem}.in_sum2"].data, sums, rtol=1e-5)
-    if kind in ("gemma2", "gemma3", "qwen2-sliding", "qwen2-moe"):
-        weighed = cli("quantize", folder, "-o", tmp_path / "out.bpk", "--scheme", "q4s-b32", "--calibration", "mse",
-                      "--imatrix", out, "--json")
-        assert weighed.code == 0, weighed.err
-        warnings = [w["message"] for w in json.loads(weighed.out)["warnings"]]
-        assert not [w for w in warnings if "holds no importance" in w], warnings
+    if kind in MOE:  # each expert's row: the squares of the tokens routed to it, found without qcli
+        routed = routed_inputs(folder, imatrix_windows(folder))
+        for name, x in routed.items():
+            stem, expert = expert_stem(name)
+            cpp = names[stem]
+            assert tensors[f"{cpp}.counts"].data.reshape(-1)[expert] == x.shape[0]
+            np.testing.assert_allclose(tensors[f"{cpp}.in_sum2"].data[expert], (x * x).sum(0).numpy(), rtol=1e-4,
+                                       atol=1e-6 * float((x * x).sum(0).max()) if len(x) else 0.0)
+    weighed = cli("quantize", folder, "-o", tmp_path / "out.bpk", "--scheme", "q4s-b32", "--calibration", "mse",
+                  "--imatrix", out, "--json")
+    assert weighed.code == 0, weighed.err
+    warnings = [w["message"] for w in json.loads(weighed.out)["warnings"]]
+    assert not [w for w in warnings if "holds no importance" in w], warnings
 
 
 def routed_inputs(folder: Path, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
