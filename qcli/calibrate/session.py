@@ -121,6 +121,8 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
         done.warnings.append(Problem(Kind.calibration, tokens.shortfall, "give more text with --calibration-data, "
                                      "or fewer --samples or a shorter --seq-len", Severity.warning))
 
+    unreached: list[str] = []
+
     def on_linear(name: str, weight: torch.Tensor, stats: LinearStats) -> torch.Tensor | None:
         done.importance[name] = stats.importance
         done.bytes += weight.numel() * weight.element_size()
@@ -130,6 +132,10 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
                 done.errors[measured[name].name] = _codec_output_error(measured[name], weight, stats.hessian)
             return None
         decision, shape = entry.decision, tuple(entry.out_shape)
+        if stats.tokens == 0:  # an expert routing sent no token: nothing to weigh by, the unweighted search
+            unreached.append(entry.name)
+            done.payloads[entry.name] = _encoded(entry, weight, calibration=Calibration.Mse)[0]
+            return None
         if decision.calibration is Calibration.Gptq:
             # each block's scale searched over its columns' current weights (§6), each column weighed by its
             # input's mean square: on all-MiniLM-L6-v2 at q4f-b32 MinMax's scales left GPTQ below the
@@ -168,6 +174,11 @@ def calibrate(plan: Plan, source: Source, folder: Path, calibrating: Calibration
             Kind.calibration, f"{len(left)} tensors are not Linears in the model's repeated blocks and are not "
             f"calibrated: {', '.join(left[:3])}{', ...' if len(left) > 3 else ''}",
             "their scales are the data-free ones; a recipe rule can keep them", Severity.warning, tensors=tuple(left)))
+    if unreached:
+        done.warnings.append(Problem(
+            Kind.calibration, f"{count_and_first(unreached)} of experts the router sent no calibration token to "
+            "took none", "their scales are the unweighted Mse search's; more calibration text "
+            "reaches more experts", Severity.warning, tensors=tuple(unreached)))
     done.record = CalibrationRecord(
         "gptq" if quantized else "mse" if weighed else codec_method(list(measured.values())),
         text.name, text.sha256, samples=int(tokens.tokens.shape[0]),
@@ -182,14 +193,14 @@ def codec_method(entries: list[PlanEntry]) -> str:
     return entries[0].decision.calibration.name.lower() if entries else "minmax"
 
 
-def _encoded(entry: PlanEntry, weight: torch.Tensor, importance: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The codec's payload of a Linear's `weight` ([out, in]) under its entry's scheme and calibration (the
-    pipeline's bytes), and its decode on W's axes."""
+def _encoded(entry: PlanEntry, weight: torch.Tensor, importance: torch.Tensor | None = None,
+             calibration: Calibration | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The codec's payload of a Linear's `weight` ([out, in]) under its entry's scheme and calibration (or
+    `calibration`; the pipeline's bytes), and its decode on W's axes."""
     decision = entry.decision
     written = weight.t() if decision.transpose else weight
-    payload = qcli.codec.encode(written.cpu(), decision.scheme, decision.calibration, name=entry.name,
-                                importance=importance)
+    payload = qcli.codec.encode(written.cpu(), decision.scheme, calibration or decision.calibration,
+                                name=entry.name, importance=importance)
     dequantized = qcli.codec.decode(payload, decision.scheme, tuple(entry.out_shape))
     return payload, dequantized.t() if decision.transpose else dequantized
 

@@ -226,3 +226,42 @@ def test_each_experts_tensor_is_calibrated_on_the_tokens_routed_to_it(decoders, 
         want = x.T @ x
         torch.testing.assert_close(hessian, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()) if count else 0.0)
     assert reached >= len(expected) // 2  # most experts took tokens: the check is not of empty sums
+
+
+def test_an_expert_no_token_reaches_takes_the_unweighted_search(tmp_path):
+    """A Mixtral routing each token to one expert, its router's rows of experts 2 and 3 zero and that of
+    expert 1 expert 0's negated: logits (a, -a, 0, 0) send every token to expert 0 or 1, and experts 2 and 3
+    take none. GPTQ gives their tensors the bytes the data-free mse search writes (not GPTQ's zeroed columns
+    of inputs that never fire), and a warning names them."""
+    import transformers as t
+    from safetensors.torch import load_file, save_file
+
+    from qcli.io.burnpack import BurnpackReader
+    from tests.calibrate_support import VOCAB, llama_tokenizer
+
+    config = t.MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=VOCAB, num_local_experts=4, num_experts_per_tok=1)
+    torch.manual_seed(0)
+    t.MixtralForCausalLM(config).save_pretrained(tmp_path)
+    llama_tokenizer(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    for layer in range(2):
+        gate = tensors[f"model.layers.{layer}.block_sparse_moe.gate.weight"]
+        gate[1], gate[2:] = -gate[0], 0
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    (tmp_path / "calibration.txt").write_text(IMATRIX_TEXT)
+    common = ("--scheme", "q4s-b32", "--device", "cpu", "--json")
+    gptq = cli("quantize", tmp_path, "-o", tmp_path / "gptq.bpk", *common, "--calibration", "gptq",
+               "--calibration-data", tmp_path / "calibration.txt", "--samples", "1000", "--seq-len", str(SEQ_LEN))
+    assert gptq.code == 0, gptq.err
+    searched = cli("quantize", tmp_path, "-o", tmp_path / "mse.bpk", *common, "--calibration", "mse")
+    assert searched.code == 0, searched.err
+    unreached = [f"model.layers.{layer}.block_sparse_moe.experts.{e}.{w}.weight"
+                 for layer in range(2) for e in (2, 3) for w in ("w1", "w2", "w3")]
+    warned = [w for w in json.loads(gptq.out)["warnings"] if "no calibration token" in w["message"]]
+    assert len(warned) == 1 and sorted(warned[0]["tensors"]) == sorted(unreached)
+    ours, theirs = BurnpackReader.open(tmp_path / "gptq.bpk"), BurnpackReader.open(tmp_path / "mse.bpk")
+    for name in unreached:
+        assert bytes(ours.read(name)) == bytes(theirs.read(name)), name
+    reached = "model.layers.0.block_sparse_moe.experts.0.w1.weight"
+    assert bytes(ours.read(reached)) != bytes(theirs.read(reached))  # GPTQ's own, on its tokens
