@@ -57,9 +57,9 @@ def windows(folder: Path) -> CalibrationSet:
     return calibration_tokens(text, load_tokenizer(folder), samples=SAMPLES, seq_len=SEQ_LEN, seed=0)
 
 
-def replayed(folder: Path) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Each block's output over the windows as the runner's pass gives it (every Linear's weight given back,
-    so each block runs twice: the second pass's), and the windows."""
+def replayed(folder: Path, given=lambda name, weight: weight.clone()) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each block's output over the windows as the runner's pass gives it (every Linear's weight given back
+    as `given(name, weight)` makes it, so each block runs twice: the second pass's), and the windows."""
     model = opened(folder)
     blocks = model.module.model.layers
     outputs: list[list[torch.Tensor]] = [[] for _ in blocks]
@@ -68,7 +68,7 @@ def replayed(folder: Path) -> tuple[list[torch.Tensor], torch.Tensor]:
             lambda _m, _args, out, index=index: outputs[index].append(out if torch.is_tensor(out) else out[0]))
     tokens = windows(folder)
     assembled = {name for assembly in model.assembled.values() for name in assembly.names}
-    run_blocks(model, tokens, set(model.names.values()) | assembled, lambda name, weight, stats: weight.clone())
+    run_blocks(model, tokens, set(model.names.values()) | assembled, lambda name, weight, stats: given(name, weight))
     return [torch.cat(found[-SAMPLES:]) for found in outputs], tokens.tokens
 
 
@@ -95,6 +95,28 @@ def test_each_blocks_output_is_the_models_own_hidden_state(decoders, kind):
     found, tokens = replayed(decoders[kind])
     expected, model = own_forward(decoders[kind], tokens)
     assert_blocks(found, expected, model)
+
+
+@pytest.mark.parametrize("kind", MOE)
+def test_the_weights_given_back_for_experts_take_their_tensors_place(decoders, kind, tmp_path):
+    """Each expert tensor's weight given back reversed in its rows: the blocks then give what transformers'
+    own model gives from a checkpoint holding those reversed tensors, so each lands in its own expert's rows
+    of the fused parameter, in its own row order."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = decoders[kind]
+    changed = shutil.copytree(folder, tmp_path / "changed")
+    tensors = load_file(folder / "model.safetensors")
+    reversed_ = {name: value.flip(0).contiguous() for name, value in tensors.items() if ".experts." in name}
+    assert reversed_
+    save_file(tensors | reversed_, changed / "model.safetensors", metadata={"format": "pt"})
+    found, tokens = replayed(folder, lambda name, weight: weight.flip(0) if name in reversed_ else weight.clone())
+    expected, model = own_forward(changed, tokens)
+    assert_blocks(found, expected, model)
+    unchanged, _ = own_forward(folder, tokens)
+    assert (unchanged[-1] - expected[-1]).abs().max() > 1e-3  # the reversed experts change what the model gives
 
 
 @pytest.mark.parametrize("kind", TWO_KINDS)
