@@ -62,7 +62,8 @@ class Scores:
 
     def result(self) -> Evaluation:
         n = max(self.tokens, 1)
-        return Evaluation(self.windows, self.tokens, self.kl / n, self.kl_max, self.same / n,
+        # KL is never below 0: a sum that is, by a few ulps, is f32 rounding where the two models all but agree
+        return Evaluation(self.windows, self.tokens, max(self.kl / n, 0.0), self.kl_max, self.same / n,
                           _exp(self.nll / n), _exp(self.source_nll / n))
 
 
@@ -180,9 +181,11 @@ def evaluate_quantized(folder: Path, checkpoint: Sequence[TensorInfo], source: C
                        ) -> tuple[Evaluation, dict[str, Evaluation] | None, str, CalibrationSet]:
     """The model `folder`'s config.json describes (checked against the `checkpoint`'s tensors, by the names
     they are written with), in f32 on `device` (auto, cpu or cuda), its parameters `source(name)` and, swapped
-    in, `quantized(name)`, scored on windows of `given`'s text cut by `folder`'s tokenizer; with `each`, also
-    every tensor whose quantized values differ from the source's scored alone (by the name it is written
-    with; `Evaluator.evaluate_each`); with the device it ran on and the windows."""
+    in, `quantized(name)` (a parameter transformers makes of several tensors, as fused experts are, made of
+    theirs by its conversion), scored on windows of `given`'s text cut by `folder`'s tokenizer; with `each`,
+    also every tensor whose quantized values differ from the source's scored alone (by the name it is written
+    with, a made parameter by the model's; `Evaluator.evaluate_each`); with the device it ran on and the
+    windows."""
     from qcli.calibrate.data import consecutive_tokens, framed, read_calibration_text, special_frame
     from qcli.calibrate.model import check_positions, load_tokenizer, open_model
 
@@ -194,7 +197,7 @@ def evaluate_quantized(folder: Path, checkpoint: Sequence[TensorInfo], source: C
         raise UsageError(printable(f"{folder / 'config.json'} describes a {type(module).__name__}, which predicts no "
                                    "next token"), hint="qcli eval scores causal language models (architectures "
                                    "ending in ForCausalLM in config.json)")
-    unmapped = sorted(n for n, _ in module.named_parameters() if n not in model.names)
+    unmapped = sorted(n for n, _ in module.named_parameters() if n not in model.names and n not in model.assembled)
     if unmapped:
         raise UsageError(printable(f"the checkpoint has no tensor for {len(unmapped)} of the parameters of the model "
                                    f"{folder / 'config.json'} describes: {quoted(unmapped[0])}"),
@@ -219,7 +222,7 @@ def evaluate_quantized(folder: Path, checkpoint: Sequence[TensorInfo], source: C
     if not each:
         return evaluator.evaluate(swapped, progress=progress), None, chosen, windows
     scores, alone = evaluator.evaluate_each(swapped, progress)
-    return scores, {model.names[name]: own for name, own in alone.items()}, chosen, windows
+    return scores, {model.names.get(name, name): own for name, own in alone.items()}, chosen, windows
 
 
 def _loaded(model: CalibrationModel, quantized: Callable[[str], torch.Tensor], device: torch.device
@@ -239,10 +242,15 @@ def _loaded(model: CalibrationModel, quantized: Callable[[str], torch.Tensor], d
         for alias in group:
             owner, _, leaf = alias.rpartition(".")
             module.get_submodule(owner)._parameters[leaf] = param
-        checkpoint = model.names[name]
-        value = quantized(checkpoint)
+        assembly = model.assembled.get(name)
+        if assembly is None:
+            checkpoint = quoted(model.names[name])
+            value = quantized(model.names[name])
+        else:  # fused experts: made of the file's tensors as of the source's, by transformers' conversion
+            checkpoint = f"{quoted(assembly.names[0])} and {len(assembly.names) - 1} more"
+            value = assembly.build(name, quantized, module)
         if tuple(value.shape) != tuple(meta.shape):
-            raise UsageError(printable(f"tensor {quoted(checkpoint)} of the quantized file decodes to "
+            raise UsageError(printable(f"tensor {checkpoint} of the quantized file decodes to "
                                        f"{list(value.shape)}; the model has {list(meta.shape)} for {quoted(name)}"),
                              hint="evaluate against the checkpoint the .bpk was written from")
         value = value.to(device, torch.float32)

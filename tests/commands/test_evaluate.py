@@ -71,6 +71,16 @@ def hand_decoded(bpk: Path) -> dict[str, torch.Tensor]:
 def direct(model: Path, weights: dict[str, torch.Tensor]) -> dict:
     """KL(source || quantized), top-1 agreement and both perplexities, from the models' logits on WINDOWS
     windows of SEQ_LEN tokens laid end to end from the text's start (the tokenizer adds no special token)."""
+    from transformers import AutoModelForCausalLM
+
+    other = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    missing, unexpected = other.load_state_dict(weights, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    return compared(model, other)
+
+
+def compared(model: Path, other: torch.nn.Module) -> dict:
+    """`direct`'s scores of the model `other` against `model`'s own."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -78,9 +88,6 @@ def direct(model: Path, weights: dict[str, torch.Tensor]) -> dict:
     assert tokenizer("a").input_ids == tokenizer("a", add_special_tokens=False).input_ids
     windows = torch.tensor(ids[: WINDOWS * SEQ_LEN]).view(WINDOWS, SEQ_LEN)
     source = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    other = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    missing, unexpected = other.load_state_dict(weights, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}
     with torch.no_grad():
         p = source(windows).logits[:, :-1].double().log_softmax(-1).reshape(-1, 300)
         q = other(windows).logits[:, :-1].double().log_softmax(-1).reshape(-1, 300)
@@ -311,3 +318,30 @@ def test_the_worst_tensors_table(model, tmp_path):
                                                                         "--json").json
     lines = eval_error(bpk, model, model.parent / "text.txt", 2, "--per-tensor", "0")
     assert "--per-tensor 0" in lines[0] and "--per-tensor 10" in lines[-1]
+
+
+def test_fused_experts_are_made_of_the_files_tensors(tmp_path):
+    """A Mixtral whose experts transformers fuses from the per-expert tensors the file holds: the scores are
+    those of transformers' own model loaded from a checkpoint of the hand-decoded tensors (its own conversion
+    fusing them), and --per-tensor scores each fused parameter under the model's name."""
+    import shutil
+
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from tests.calibrate_support import tiny_decoder
+
+    model = tiny_decoder(tmp_path / "mixtral", "mixtral")
+    (tmp_path / "text.txt").write_text(TEXT)
+    bpk = quantized(model, tmp_path / "q.bpk")
+    got = evaluate(bpk, model, "--per-tensor", "1")
+    decoded = shutil.copytree(model, tmp_path / "decoded")
+    save_file({k: v.contiguous() for k, v in hand_decoded(bpk).items()}, decoded / "model.safetensors",
+              metadata={"format": "pt"})
+    want = compared(model, AutoModelForCausalLM.from_pretrained(decoded, dtype=torch.float32).eval())
+    assert want["kl"] > 1e-6
+    assert got["kl"] == pytest.approx(want["kl"], rel=1e-3, abs=1e-7)
+    assert got["perplexity"]["quantized"] == pytest.approx(want["quantized"], rel=1e-4)
+    names = {t["name"] for t in got["per_tensor"]}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in names and "model.layers.3.mlp.experts.down_proj" in names
+    assert "model.layers.0.self_attn.q_proj.weight" in names
