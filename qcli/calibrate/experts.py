@@ -11,8 +11,9 @@ and its tensors stay uncalibrated. The markers are [rows, 1] and [1, columns], n
 What each expert takes is caught as the experts run (`ExpertInputs`): transformers' eager experts call
 `F.linear(x, weight[e])` on the tokens routed to expert e, so a torch function mode sums, for each call whose
 weight is a view of expert e of a tracked parameter, that x into expert e's Hessian: the tokens routing gave
-it and no other. The run asks transformers for its eager experts (`eager_experts`): the grouped kernels
-(`grouped_mm`) take every expert in one call.
+it and no other. Experts that never call F.linear on their weight are left uncalibrated (the runner); a call
+on part of one expert's weight is refused. The run asks transformers for its eager experts
+(`eager_experts`): the grouped kernels (`grouped_mm`) take every expert in one call.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torch.overrides import TorchFunctionMode
 
 from qcli.calibrate.gptq import Hessian
 from qcli.calibrate.model import Assembly
+from qcli.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -104,8 +106,9 @@ class ExpertInputs(TorchFunctionMode):
         offset = weight.storage_offset() - param.storage_offset()
         expert, rest = divmod(offset, param.stride(0))
         if rest or tuple(weight.shape) != tuple(param.shape[1:]) or weight.stride() != param.stride()[1:]:
-            raise ValueError(f"F.linear on a view of the fused experts that is no one expert's weight: "
-                             f"{list(weight.shape)} at {offset}")
+            raise UsageError(f"the model's experts run F.linear on a part of one expert's weight ({list(weight.shape)} "
+                             f"of {list(param.shape)}), which calibration cannot follow",
+                             hint="quantize without calibration, or keep the experts with a recipe rule")
         return expert
 
 

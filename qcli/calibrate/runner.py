@@ -218,6 +218,8 @@ def _calibrated(block: nn.Module, linears: list[tuple[nn.Linear, str]],
         stats[name] = found
     for index, (param, slices) in enumerate(experts):
         hessians = routed.hessians[str(index)]
+        if not hessians:  # the experts ran without F.linear on any expert's weight: their inputs are not known
+            continue
         for piece in slices:  # an expert routing never reached has no tokens: zero H, as llama.cpp counts it
             give_back_cached(hidden.device)
             total = hessians.get(piece.expert) or hessians.setdefault(piece.expert, Hessian(param.shape[2],
