@@ -349,7 +349,8 @@ class _Planner:
         reason adds to say so."""
         if calibration is not Calibration.Gptq or info.name in self.calibrated:
             return calibration, ""
-        return fallback, f" ({fallback.name}: not a Linear in the model's blocks, which GPTQ calibrates)"
+        return fallback, (f" ({fallback.name}: not a Linear (nor an expert's) in the model's blocks, which GPTQ "
+                          "calibrates)")
 
     def calibration_refused(self, info: TensorInfo, rule: Rule) -> str | None:
         """Why `--calibration` cannot apply to the scheme of `rule` (reported once per rule, as an error),
