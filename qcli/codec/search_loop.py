@@ -1,9 +1,12 @@
-"""The scale search in one compiled loop on the CPU's cores: the `_search` extension (`_search.c`), which
-the build compiles where it finds a C compiler. It works out each block's candidates, measures them and
-keeps the least, as `qcli.codec.search` does with torch (docs/arithmetic.md §6): the same candidates in
-the same order, the same integer errors, so the same bytes, each block read once while it is in registers
-where torch makes a dozen passes over every candidate's copy of the piece. Without it (`BUILT` false) the
-search takes torch's passes, more slowly.
+"""The CPU codec's compiled loops on the CPU's cores: the `_search` extension (`_search.c`), which the
+build compiles where it finds a C compiler.
+
+The scale search (`choose`, `errors`) works out each block's candidates, measures them and keeps the
+least, as `qcli.codec.search` does with torch (docs/arithmetic.md §6): the same candidates in the same
+order, the same integer errors, so the same bytes, each block read once while it is in registers where
+torch makes a dozen passes over every candidate's copy of the piece. `measured` measures a chunk's encode
+from its codes, as `qcli.measure` does from a decode, in one read of the chunk. Without the extension
+(`BUILT` false) the search takes torch's passes and the measuring decodes, more slowly.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from qcli.codec import minifloat
 from qcli.codec.blocks import block_rows, broadcast_to_blocks, to_blocks
 from qcli.layout import BlockGrid
 from qcli.scheme import QuantScheme, QuantValue
@@ -107,15 +111,43 @@ def _errors(x: torch.Tensor, w: torch.Tensor | None, scales: torch.Tensor, units
     _shared(run, rows, elements * count)
 
 
-def _shared(run: Callable[[int, int], None], rows: int, work_per_row: int) -> None:
-    """`run(start, stop)` over rows [0, rows), cut into contiguous runs among torch's intra-op threads
-    (the extension releases the interpreter while it computes), or on this thread where that is little."""
+def measured(rows: torch.Tensor, fields: torch.Tensor, scales: torch.Tensor, grid: BlockGrid, value: QuantValue,
+             errors: torch.Tensor, peaks: torch.Tensor | None = None) -> tuple[float, float]:
+    """The energies (sum x^2, sum (x' - x)^2, float64) of the f32 CPU chunk `rows` (of `grid.shape`) against
+    its decode x' from `fields` (the codec's, one byte each, of the same shape) and `scales` (each block's
+    decode scale, flat f32 in grid order), each product and difference the f32 one `qcli.codec.decode`
+    and `qcli.measure` form; each block's largest |x' - x| raises `errors` (flat f32, one per block; NaN
+    stays), its largest |x| `peaks` where given."""
+    x = block_rows(to_blocks(rows, grid), grid)
+    codes = block_rows(to_blocks(fields, grid), grid)
+    table = _value_table(value) if value.is_minifloat() else None
+    blocks, elements = x.shape
+
+    def run(start: int, stop: int) -> tuple[float, float]:
+        return _search.measured(x.data_ptr() + 4 * start * elements, codes.data_ptr() + start * elements,
+                                _address(table, 0), scales.data_ptr() + 4 * start, errors.data_ptr() + 4 * start,
+                                _address(peaks, 4 * start), stop - start, elements)
+
+    parts = _shared(run, blocks, elements)
+    return sum(signal for signal, _ in parts), sum(error for _, error in parts)
+
+
+@functools.cache
+def _value_table(value: QuantValue) -> torch.Tensor:
+    """f32 value of each of the 256 bytes as a minifloat code of `value` (NaN past its codes)."""
+    codes = minifloat.table(minifloat.FORMATS[value])
+    return torch.cat([codes, torch.full((256 - codes.numel(),), torch.nan)]).contiguous()
+
+
+def _shared(run: Callable[[int, int], object], rows: int, work_per_row: int) -> list:
+    """`run(start, stop)`'s results over rows [0, rows), cut into contiguous runs among torch's intra-op
+    threads (the extension releases the interpreter while it computes), or on this thread where that is
+    little."""
     threads = min(torch.get_num_threads(), rows)
     if threads <= 1 or rows * work_per_row < ALONE:
-        run(0, rows)
-        return
+        return [run(0, rows)]
     bounds = [rows * i // threads for i in range(threads + 1)]
-    list(_pool(threads).map(run, bounds[:-1], bounds[1:]))
+    return list(_pool(threads).map(run, bounds[:-1], bounds[1:]))
 
 
 @functools.cache
