@@ -6,7 +6,8 @@ whose error is over its scheme's bound (`error_bound`; NaN counts as over). Noth
 waits for the device: `stats` and `failure` read the results back afterwards. The CPU pipeline measures
 a tensor while the codec encodes it instead (`Measurement.measuring`, `ChunkedTensor`), a chunk at a time
 while the chunk is in cache: from its codes in the compiled loop (`qcli.codec.search_loop.measured`), the
-bytes just packed decoded for the chunk's first rows, or from the decode of all of them without the loop. The bound itself is here, beside the decode it
+bytes just packed unpacked for the chunk's first rows and held to them, or from the decode of all of them
+without the loop. The bound itself is here, beside the decode it
 judges: `error_bound` from the source alone, `stored_bound` from the scales a payload stores (which
 `inspect --compare` also takes).
 
@@ -47,10 +48,10 @@ SLICE_VALUES = 1 << 24
 # the block errors' f32 block views: within 24 bytes per value of a slice at once.
 BYTES_PER_VALUE = 24
 BOUND_BLOCKS = 1 << 16  # blocks whose bound `ChunkedTensor.finish` computes at once
-# The share of each encoded chunk's rows (one in this many) whose packed bytes the CPU pipeline decodes
-# where the compiled loop measures the chunk from its fields: every chunk's first rows, so that each
-# tensor's packing is checked without decoding it whole.
-DECODED_SHARE = 16
+# The share of each encoded chunk's rows (one in this many) whose packed bytes the CPU pipeline unpacks
+# and holds to their fields where the compiled loop measures the chunk from them: every chunk's first
+# rows, so that each tensor's packing is checked without unpacking it whole.
+UNPACKED_SHARE = 16
 
 
 @dataclass(frozen=True)
@@ -415,23 +416,29 @@ class ChunkedTensor:
             self.abs_sums = reduced
 
     def chunk(self, rows: torch.Tensor, fields: torch.Tensor, values: torch.Tensor, first_block: int) -> None:
-        """Measure a chunk just encoded: from its fields in the compiled loop where it is built
-        (`search_loop.measured`: the decode's values without a decode), with the decode of its packed bytes
-        kept for its first rows (`sampled_rows`), which checks its packing; else from the decode of all its
-        bytes."""
+        """Measure a chunk just encoded: from its fields and the payload's scales in the compiled loop where
+        it is built (`search_loop.measured`: the decode's values, formed as it forms them), its packed bytes
+        unpacked for its first rows (`sampled_rows`) and held to those fields, measured as a decode where
+        they differ (so a packing fault there is over the bound); else from the decode of all its bytes."""
+        from qcli.codec.pack import unpack_fields
+
         started = time.perf_counter()
-        grid = layout.BlockGrid.of(self.scheme, tuple(rows.shape))
-        part = slice(first_block, first_block + math.prod(grid.grid))
-        if search_loop.BUILT:
+        if not search_loop.BUILT:
+            self._decoded(rows, values, first_block, energies=True)
+        else:
+            grid = layout.BlockGrid.of(self.scheme, tuple(rows.shape))
+            part = slice(first_block, first_block + math.prod(grid.grid))
             peaks = self.peaks[part] if self.calibration is Calibration.AbsMean else None
             signal, error = search_loop.measured(rows, fields, self.scales[part], grid, self.scheme.value,
                                                  self.errors[part], peaks)
             self.measurement.sums.signal += signal
             self.measurement.sums.error += error
             sample = sampled_rows(self.scheme, tuple(rows.shape))
-            rows = rows[:sample] if rows.dim() >= 2 else rows
+            if rows.dim() >= 2:
+                rows, fields = rows[:sample], fields[:sample]
             values = values[: layout.value_bytes(self.scheme, tuple(rows.shape))]
-        self._decoded(rows, values, first_block, energies=not search_loop.BUILT)
+            if not torch.equal(unpack_fields(values, self.scheme, tuple(rows.shape)), fields):
+                self._decoded(rows, values, first_block, energies=False)
         self.measurement.seconds += time.perf_counter() - started
 
     def _decoded(self, rows: torch.Tensor, values: torch.Tensor, first_block: int, energies: bool) -> None:
@@ -469,13 +476,13 @@ class ChunkedTensor:
 
 
 def sampled_rows(scheme: QuantScheme, shape: tuple[int, ...]) -> int:
-    """How many first rows of an encoded chunk of `shape` the CPU pipeline decodes from its packed bytes
-    where the compiled loop measures it from its fields: a `DECODED_SHARE` of them, in whole blocks (a
+    """How many first rows of an encoded chunk of `shape` the CPU pipeline unpacks from its packed bytes
+    where the compiled loop measures it from its fields: a `UNPACKED_SHARE` of them, in whole blocks (a
     chunk of rank < 2 whole)."""
     if len(shape) < 2:
         return shape[0] if shape else 1
     step = _step(scheme, shape)
-    return min(shape[0], max(1, math.ceil(shape[0] / DECODED_SHARE / step)) * step)
+    return min(shape[0], max(1, math.ceil(shape[0] / UNPACKED_SHARE / step)) * step)
 
 
 def _max_into(into: torch.Tensor, part: torch.Tensor) -> None:
