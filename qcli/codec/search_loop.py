@@ -117,19 +117,14 @@ def measured(rows: torch.Tensor, fields: torch.Tensor, scales: torch.Tensor, gri
     its decode x' from `fields` (the codec's, one byte each, of the same shape) and `scales` (each block's
     decode scale, flat f32 in grid order), each product and difference the f32 one `qcli.codec.decode`
     and `qcli.measure` form; each block's largest |x' - x| raises `errors` (flat f32, one per block; NaN
-    stays), its largest |x| `peaks` where given."""
+    stays), its largest |x| `peaks` where given. On the calling thread: a chunk is measured at about 1 G
+    values a second on one core, and sharing it out among threads made it no faster (docs/benchmarks.md)."""
     x = block_rows(to_blocks(rows, grid), grid)
     codes = block_rows(to_blocks(fields, grid), grid)
     table = _value_table(value) if value.is_minifloat() else None
     blocks, elements = x.shape
-
-    def run(start: int, stop: int) -> tuple[float, float]:
-        return _search.measured(x.data_ptr() + 4 * start * elements, codes.data_ptr() + start * elements,
-                                _address(table, 0), scales.data_ptr() + 4 * start, errors.data_ptr() + 4 * start,
-                                _address(peaks, 4 * start), stop - start, elements)
-
-    parts = _shared(run, blocks, elements)
-    return sum(signal for signal, _ in parts), sum(error for _, error in parts)
+    return _search.measured(x.data_ptr(), codes.data_ptr(), _address(table, 0), scales.data_ptr(),
+                            errors.data_ptr(), _address(peaks, 0), blocks, elements)
 
 
 @functools.cache
@@ -139,15 +134,15 @@ def _value_table(value: QuantValue) -> torch.Tensor:
     return torch.cat([codes, torch.full((256 - codes.numel(),), torch.nan)]).contiguous()
 
 
-def _shared(run: Callable[[int, int], object], rows: int, work_per_row: int) -> list:
-    """`run(start, stop)`'s results over rows [0, rows), cut into contiguous runs among torch's intra-op
-    threads (the extension releases the interpreter while it computes), or on this thread where that is
-    little."""
+def _shared(run: Callable[[int, int], None], rows: int, work_per_row: int) -> None:
+    """`run(start, stop)` over rows [0, rows), cut into contiguous runs among torch's intra-op threads
+    (the extension releases the interpreter while it computes), or on this thread where that is little."""
     threads = min(torch.get_num_threads(), rows)
     if threads <= 1 or rows * work_per_row < ALONE:
-        return [run(0, rows)]
+        run(0, rows)
+        return
     bounds = [rows * i // threads for i in range(threads + 1)]
-    return list(_pool(threads).map(run, bounds[:-1], bounds[1:]))
+    list(_pool(threads).map(run, bounds[:-1], bounds[1:]))
 
 
 @functools.cache
