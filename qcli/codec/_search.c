@@ -444,10 +444,54 @@ static PyObject *measured(PyObject *self, PyObject *args) {
     return Py_BuildValue("(dd)", signal, error);
 }
 
+/* qcli.codec.minifloat.encode, one element at a time: the code (one byte) of each f32 value, already
+ * clamped to the format's range, of `mbits` mantissa bits and bias `bias`: normal values round their f32
+ * mantissa to nearest, ties to even, by the integer trick (which carries into the exponent), subnormal
+ * ones (below `min_normal`, f32 bits) scale exactly by `inverse` (a power of two) onto the subnormal
+ * spacing and round half to even; `sign_bit` is set for a negative value (a -0 code included). */
+CLONES static void minifloat_codes_of(const float *v, uint8_t *out, Py_ssize_t n, int mbits, int bias,
+                                      uint32_t sign_bit, uint32_t min_normal, float inverse) {
+    const int shift = 23 - mbits;
+    const int32_t rebias = (int32_t)(127 - bias) << mbits;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        uint32_t bits = bits_of(v[k]);
+        int32_t mag = (int32_t)(bits & 0x7FFFFFFFu);
+        int32_t normal = (((mag >> shift) & 1) + mag + ((1 << (shift - 1)) - 1)) >> shift;
+        normal -= rebias;
+        float scaled = float_of((uint32_t)mag) * inverse;
+        scaled = scaled < 4194304.0f ? scaled : 0.0f; /* only a subnormal's is used: below 2^22, rint_small exact */
+        int32_t subnormal = (int32_t)rint_small(scaled);
+        int32_t code = (uint32_t)mag < min_normal ? subnormal : normal;
+        out[k] = (uint8_t)(code | (bits >> 31 ? (int32_t)sign_bit : 0));
+    }
+}
+
+/* minifloat_codes(v, out, n, mbits, bias, sign_bit, min_normal, inverse): v f32 [n], contiguous, within the
+ * format's range; out: uint8 [n], written. The interpreter's lock is released while it runs. */
+static PyObject *minifloat_codes(PyObject *self, PyObject *args) {
+    unsigned long long vp, op;
+    Py_ssize_t n;
+    int mbits, bias;
+    unsigned int sign_bit, min_normal;
+    float inverse;
+    if (!PyArg_ParseTuple(args, "KKniiIIf", &vp, &op, &n, &mbits, &bias, &sign_bit, &min_normal, &inverse))
+        return NULL;
+    if (n < 0 || mbits < 1 || mbits > 22 || sign_bit > 0x80u) {
+        PyErr_SetString(PyExc_ValueError, "minifloat_codes: a negative size or a format wider than a byte");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    minifloat_codes_of((const float *)(uintptr_t)vp, (uint8_t *)(uintptr_t)op, n, mbits, bias, sign_bit, min_normal,
+                       inverse);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"errors", errors, METH_VARARGS, "Each candidate scale's exact error on each block (docs/arithmetic.md §6)."},
     {"search", search_blocks, METH_VARARGS, "Each block's candidate scale of least error (docs/arithmetic.md §6)."},
     {"measured", measured, METH_VARARGS, "A chunk's error sums and each block's largest error, from its codes."},
+    {"minifloat_codes", minifloat_codes, METH_VARARGS, "Each f32 value's minifloat code (qcli.codec.minifloat)."},
     {NULL, NULL, 0, NULL},
 };
 

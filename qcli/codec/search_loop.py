@@ -5,8 +5,10 @@ The scale search (`choose`, `errors`) works out each block's candidates, measure
 least, as `qcli.codec.search` does with torch (docs/arithmetic.md §6): the same candidates in the same
 order, the same integer errors, so the same bytes, each block read once while it is in registers where
 torch makes a dozen passes over every candidate's copy of the piece. `measured` measures a chunk's encode
-from its codes, as `qcli.measure` does from a decode, in one read of the chunk. Without the extension
-(`BUILT` false) the search takes torch's passes and the measuring decodes, more slowly.
+from its codes, as `qcli.measure` does from a decode, in one read of the chunk; `minifloat_codes` makes
+a minifloat value type's codes as `qcli.codec.minifloat.encode` does, in one pass where torch takes ten.
+Without the extension (`BUILT` false) the search and the codes take torch's passes and the measuring
+decodes, more slowly.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 from qcli.codec import minifloat
 from qcli.codec.blocks import block_rows, broadcast_to_blocks, to_blocks
 from qcli.layout import BlockGrid
-from qcli.scheme import QuantScheme, QuantValue
+from qcli.scheme import MinifloatFormat, QuantScheme, QuantValue
 
 try:
     from qcli.codec import _search
@@ -125,6 +127,15 @@ def measured(rows: torch.Tensor, fields: torch.Tensor, scales: torch.Tensor, gri
     blocks, elements = x.shape
     return _search.measured(x.data_ptr(), codes.data_ptr(), _address(table, 0), scales.data_ptr(),
                             errors.data_ptr(), _address(peaks, 0), blocks, elements)
+
+
+def minifloat_codes(v: torch.Tensor, fmt: MinifloatFormat, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`qcli.codec.minifloat.encode` of the contiguous f32 CPU `v` (within the format's range) in one pass on
+    the calling thread, as uint8 codes of `v`'s shape (into `out`, of as many bytes, where given)."""
+    out = torch.empty(v.shape, dtype=torch.uint8) if out is None else out
+    _search.minifloat_codes(v.data_ptr(), out.data_ptr(), v.numel(), fmt.mantissa_bits, fmt.bias, fmt.sign_bit,
+                            fmt.min_normal_f32_bits, 1.0 / fmt.subnormal_spacing)
+    return out
 
 
 @functools.cache

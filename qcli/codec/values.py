@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from qcli.codec import minifloat
+from qcli.codec import minifloat, search_loop
 from qcli.codec.blocks import from_blocks, per_block, to_blocks
 from qcli.layout import BlockGrid
 from qcli.scheme import QuantValue
@@ -40,8 +40,10 @@ def to_fields(
     a, b = value.range()
     v = from_blocks(v, grid).clamp_(a, b)
     if value.is_minifloat():
-        codes = minifloat.encode(v.contiguous(), minifloat.FORMATS[value])
-        target = _part(None if out is None else out.view(torch.uint8), grid.shape)
+        fmt, target = minifloat.FORMATS[value], _part(None if out is None else out.view(torch.uint8), grid.shape)
+        if search_loop.BUILT and v.device.type == "cpu" and not torch.compiler.is_compiling():
+            return search_loop.minifloat_codes(v.contiguous(), fmt, target)
+        codes = minifloat.encode(v.contiguous(), fmt)
         return codes.to(torch.uint8) if target is None else target.copy_(codes)  # codes fit a byte
     v.round_()  # half to even; clamping first is the same, a and b are integers
     target = _part(None if out is None else out.view(torch.int8), grid.shape)
