@@ -444,6 +444,45 @@ static PyObject *measured(PyObject *self, PyObject *args) {
     return Py_BuildValue("(dd)", signal, error);
 }
 
+/* qcli.codec.values.to_fields for an integer value type: each element's quotient by its block's scale
+ * (one IEEE division; an exact zero stays zero where the scale is zero), clamped to [lo, hi] and rounded
+ * half to even (|q| < 2^22 after the clamp: rint_small is exact), as one byte. */
+CLONES static void integer_codes_of(const float *x, const float *scales, int8_t *out, Py_ssize_t blocks,
+                                    Py_ssize_t elements, float lo, float hi) {
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        const float *xb = x + b * elements;
+        int8_t *ob = out + b * elements;
+        const float s = scales[b];
+        const int zero_scale = s == 0.0f;
+        for (Py_ssize_t k = 0; k < elements; k++) {
+            float q = xb[k] / s;
+            if (zero_scale) q = xb[k] == 0.0f ? xb[k] : q;
+            q = q > lo ? q : lo;
+            q = q < hi ? q : hi;
+            ob[k] = (int8_t)rint_small(q);
+        }
+    }
+}
+
+/* integer_codes(x, scales, out, blocks, elements, lo, hi): x f32 [blocks, elements] contiguous, scales f32
+ * [blocks], out int8 [blocks, elements], written; lo and hi integers within a byte. The interpreter's lock
+ * is released while it runs. */
+static PyObject *integer_codes(PyObject *self, PyObject *args) {
+    unsigned long long xp, sp, op;
+    Py_ssize_t blocks, elements;
+    float lo, hi;
+    if (!PyArg_ParseTuple(args, "KKKnnff", &xp, &sp, &op, &blocks, &elements, &lo, &hi)) return NULL;
+    if (blocks < 0 || elements < 0 || !(lo >= -128.0f && hi <= 127.0f && lo <= hi)) {
+        PyErr_SetString(PyExc_ValueError, "integer_codes: negative sizes or a range wider than a byte");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    integer_codes_of((const float *)(uintptr_t)xp, (const float *)(uintptr_t)sp, (int8_t *)(uintptr_t)op, blocks,
+                     elements, lo, hi);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 /* qcli.codec.minifloat.encode, one element at a time: the code (one byte) of each f32 value, already
  * clamped to the format's range, of `mbits` mantissa bits and bias `bias`: normal values round their f32
  * mantissa to nearest, ties to even, by the integer trick (which carries into the exponent), subnormal
@@ -492,6 +531,7 @@ static PyMethodDef methods[] = {
     {"search", search_blocks, METH_VARARGS, "Each block's candidate scale of least error (docs/arithmetic.md §6)."},
     {"measured", measured, METH_VARARGS, "A chunk's error sums and each block's largest error, from its codes."},
     {"minifloat_codes", minifloat_codes, METH_VARARGS, "Each f32 value's minifloat code (qcli.codec.minifloat)."},
+    {"integer_codes", integer_codes, METH_VARARGS, "Each f32 value's integer code at its block's scale."},
     {NULL, NULL, 0, NULL},
 };
 

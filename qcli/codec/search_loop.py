@@ -5,8 +5,9 @@ The scale search (`choose`, `errors`) works out each block's candidates, measure
 least, as `qcli.codec.search` does with torch (docs/arithmetic.md §6): the same candidates in the same
 order, the same integer errors, so the same bytes, each block read once while it is in registers where
 torch makes a dozen passes over every candidate's copy of the piece. `measured` measures a chunk's encode
-from its codes, as `qcli.measure` does from a decode, in one read of the chunk; `minifloat_codes` makes
-a minifloat value type's codes as `qcli.codec.minifloat.encode` does, in one pass where torch takes ten.
+from its codes, as `qcli.measure` does from a decode, in one read of the chunk; `integer_codes` and
+`minifloat_codes` make the codes as `qcli.codec.values.to_fields` and `qcli.codec.minifloat.encode` do, in
+one pass where torch takes several.
 Without the extension (`BUILT` false) the search and the codes take torch's passes and the measuring
 decodes, more slowly.
 """
@@ -14,6 +15,7 @@ decodes, more slowly.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -127,6 +129,23 @@ def measured(rows: torch.Tensor, fields: torch.Tensor, scales: torch.Tensor, gri
     blocks, elements = x.shape
     return _search.measured(x.data_ptr(), codes.data_ptr(), _address(table, 0), scales.data_ptr(),
                             errors.data_ptr(), _address(peaks, 0), blocks, elements)
+
+
+def integer_codes(x: torch.Tensor, effective: torch.Tensor, grid: BlockGrid, value: QuantValue,
+                  out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """`qcli.codec.values.to_fields` of an integer value type (int8 of `grid.shape`, into `out` where given) for
+    the contiguous f32 CPU `x` and its blocks' effective scales (grid-shaped), in one pass on the calling
+    thread; None where the blocks do not lie in `x`'s own order (blocks across rows, or padded), which
+    torch's passes then take."""
+    if not (math.prod(grid.grid) == 1 or (grid.padded == grid.shape and all(b == 1 for b in grid.block[:-1]))):
+        return None
+    out = torch.empty(grid.shape, dtype=torch.int8) if out is None else out
+    scales = effective.reshape(-1).to(torch.float32).contiguous()
+    lo, hi = value.range()
+    blocks = scales.numel()
+    _search.integer_codes(x.data_ptr(), scales.data_ptr(), out.data_ptr(), blocks, x.numel() // max(blocks, 1),
+                          float(lo), float(hi))
+    return out
 
 
 def minifloat_codes(v: torch.Tensor, fmt: MinifloatFormat, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -28,6 +28,12 @@ def to_fields(
     buffers reused chunk after chunk, where a fresh tensor each time costs its page faults. `zero_scale`
     says whether any of `effective` is zero, when the caller knows (for every chunk of a tensor at once).
     """
+    if not value.is_minifloat() and search_loop.BUILT and x.device.type == "cpu" and x.is_contiguous() \
+            and not torch.compiler.is_compiling():
+        target = _part(None if out is None else out.view(torch.int8), grid.shape)
+        codes = search_loop.integer_codes(x, effective, grid, value, target)
+        if codes is not None:
+            return codes
     blocks = to_blocks(x, grid)
     v = torch.div(blocks, per_block(effective, grid), out=_part(scratch, blocks.shape))  # IEEE, as div_rn
     # An exact zero stays zero. x / s already gives x for x == ±0 unless s underflowed to 0 (0/0), so the
