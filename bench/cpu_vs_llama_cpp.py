@@ -26,7 +26,8 @@ policies: llama.cpp writes the tied token embedding, which is also the output he
 (`output_tensor_type` Q8_0; Q6_K by default) as qcli's policy does, so both quantize the same tensors at
 the same widths; the run checks that from both outputs.
 
-Recorded per run: the child's wall time from exec to exit (the whole command), and the quantize call's own
+Recorded per run: the child's wall time from exec to exit (the whole command), its CPU time (user and system
+over every thread, which a loaded machine disturbs less), and the quantize call's own
 time (llama.cpp: `llama_model_quantize` alone, timed in the child; qcli: its `--json` timings' total);
 weights/s is quantized weights over each, per core over `--threads`. Then the codec alone (`encode`, no
 statistics) on one torch thread, for the per-core rate against ggml's. Outputs go to `--out` (default
@@ -43,6 +44,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -254,28 +256,34 @@ def _child_env(threads: int) -> dict[str, str]:
     return os.environ | {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
 
 
-def run_llama(source: Path, target: Path, kind: str, threads: int) -> dict:
-    command = [sys.executable, "-c", LLAMA_CHILD, str(source), str(target), kind, str(threads)]
+def _child(command: list[str], threads: int) -> tuple[bytes, float, float]:
+    """The child's stdout, its wall seconds from exec to exit, and its CPU seconds (user and system, every
+    thread), which other processes on a loaded machine disturb less than the wall clock."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     child = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=True,
                            env=_child_env(threads))
     wall = time.perf_counter() - started
-    doc = json.loads(child.stdout.splitlines()[-1])
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return child.stdout, wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
+def run_llama(source: Path, target: Path, kind: str, threads: int) -> dict:
+    command = [sys.executable, "-c", LLAMA_CHILD, str(source), str(target), kind, str(threads)]
+    stdout, wall, cpu = _child(command, threads)
+    doc = json.loads(stdout.splitlines()[-1])
     if doc["status"] != 0:
         raise SystemExit(f"llama_model_quantize returned {doc['status']} for {source} -> {kind}")
-    return {"wall_seconds": wall, "call_seconds": doc["call_seconds"]}
+    return {"wall_seconds": wall, "cpu_seconds": cpu, "call_seconds": doc["call_seconds"]}
 
 
 def run_qcli(source: Path, target: Path, preset: str, flags: list[str], threads: int) -> dict:
     command = [sys.executable, "-m", "qcli", "quantize", str(source), "-o", str(target), "--force",
                "--device", "cpu", "--scheme", preset, "--json", *flags]
-    started = time.perf_counter()
-    child = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=True,
-                           env=_child_env(threads))
-    wall = time.perf_counter() - started
-    doc = json.loads(child.stdout)
+    stdout, wall, cpu = _child(command, threads)
+    doc = json.loads(stdout)
     timings = doc["timings"]
-    return {"wall_seconds": wall, "call_seconds": timings["total_seconds"],
+    return {"wall_seconds": wall, "cpu_seconds": cpu, "call_seconds": timings["total_seconds"],
             "quantize_seconds": timings["quantize"]["seconds"], "stats_seconds": timings["stats"]["seconds"],
             "weights": _qcli_widths(doc)}
 
@@ -342,25 +350,28 @@ def _markdown(results: dict, codec: dict, args, load_before, load_after) -> str:
         f"{args.dir} --out {args.out} --models {','.join(args.models)} --runs {args.runs} --threads {args.threads}`: "
         f"{args.threads} threads on both sides, input cached, medians of {args.runs} runs in fresh processes; load "
         f"average {load_before[0]:.2f} before, {load_after[0]:.2f} after.", "",
-        "`wall` is the child process from exec to exit; `call` is llama.cpp's `llama_model_quantize` alone and "
-        "qcli's own total (its `--json` timings: read, quantize, stats, write, verify). M w/s is millions of "
-        f"quantized weights per second; per core, over {args.threads}.", "",
-        "| model | type | tool | wall s | call s | M w/s (wall) | M w/s (call) | per core (call) | per core × ggml's "
-        "reference | qcli × llama.cpp (wall) |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "`wall` is the child process from exec to exit; `CPU` its user and system seconds over every thread; `call` "
+        "is llama.cpp's `llama_model_quantize` alone and qcli's own total (its `--json` timings: read, quantize, "
+        "stats, write, verify). M w/s is millions of quantized weights per second; per core, over "
+        f"{args.threads}. `qcli × llama.cpp` is llama.cpp's median over qcli's (above 1: qcli is faster).", "",
+        "| model | type | tool | wall s | CPU s | call s | M w/s (wall) | M w/s (call) | per core (call) | per core × "
+        "ggml's reference | qcli × llama.cpp (wall) | qcli × llama.cpp (CPU) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, model in results.items():
         for kind, pair in model["pairs"].items():
             weights = pair["weights"] / 1e6
             llama_wall = _median(pair["runs"]["llama.cpp"], "wall_seconds")
+            llama_cpu = _median(pair["runs"]["llama.cpp"], "cpu_seconds")
             for tool, rows in pair["runs"].items():
                 wall, call = _median(rows, "wall_seconds"), _median(rows, "call_seconds")
+                cpu = _median(rows, "cpu_seconds")
                 label = f"llama.cpp {kind}" if tool == "llama.cpp" else f"qcli {pair['preset']}, {tool}"
                 per_core = weights / call / args.threads
-                versus = "" if tool == "llama.cpp" else f"{llama_wall / wall:.2f}"
-                lines.append(f"| {name} ({weights:.0f} M) | {kind} | {label} | {wall:.2f} | {call:.2f} | "
+                versus = "| |" if tool == "llama.cpp" else f"{llama_wall / wall:.2f} | {llama_cpu / cpu:.2f} |"
+                lines.append(f"| {name} ({weights:.0f} M) | {kind} | {label} | {wall:.2f} | {cpu:.2f} | {call:.2f} | "
                              f"{weights / wall:.0f} | {weights / call:.0f} | {per_core:.0f} | "
-                             f"{per_core / GGML_REFERENCE[kind]:.2f} | {versus} |")
+                             f"{per_core / GGML_REFERENCE[kind]:.2f} | {versus}")
     lines += ["", "The codec alone (`encode`, no statistics) on one core: one torch thread, an F16 8192x2048 "
               "tensor, best and median of 9 runs in a fresh process, M weights/s:", "",
               "| preset | best | median | best × ggml's reference (Q4_0 485, Q8_0 178) |", "|---|---:|---:|---:|"]

@@ -5,7 +5,9 @@ and accumulates, in device tensors, what `--stats` reports (`qcli.codec.ErrorSum
 whose error is over its scheme's bound (`error_bound`; NaN counts as over). Nothing in it
 waits for the device: `stats` and `failure` read the results back afterwards. The CPU pipeline measures
 a tensor while the codec encodes it instead (`Measurement.measuring`, `ChunkedTensor`), a chunk at a time
-from the bytes just packed, while the chunk is in cache. The bound itself is here, beside the decode it
+while the chunk is in cache: from its codes in the compiled loop (`qcli.codec.search_loop.measured`), the
+bytes just packed unpacked for the chunk's first rows and held to them, or from the decode of all of them
+without the loop. The bound itself is here, beside the decode it
 judges: `error_bound` from the source alone, `stored_bound` from the scales a payload stores (which
 `inspect --compare` also takes).
 
@@ -28,6 +30,7 @@ import torch
 
 import qcli.codec
 from qcli import layout
+from qcli.codec import search_loop
 from qcli.codec.blocks import counts, to_blocks
 from qcli.codec.decode import block_scales
 from qcli.codec.search import CLIPS
@@ -45,6 +48,10 @@ SLICE_VALUES = 1 << 24
 # the block errors' f32 block views: within 24 bytes per value of a slice at once.
 BYTES_PER_VALUE = 24
 BOUND_BLOCKS = 1 << 16  # blocks whose bound `ChunkedTensor.finish` computes at once
+# The share of each encoded chunk's rows (one in this many) whose packed bytes the CPU pipeline unpacks
+# and holds to their fields where the compiled loop measures the chunk from them: every chunk's first
+# rows, so that each tensor's packing is checked without unpacking it whole.
+UNPACKED_SHARE = 16
 
 
 @dataclass(frozen=True)
@@ -406,26 +413,54 @@ class ChunkedTensor:
         self.scales: torch.Tensor | None = None
 
     def begin(self, reduced: torch.Tensor, payload: torch.Tensor) -> None:
-        self.scales = block_scales(payload, self.scheme, self.grid.shape).reshape(-1)  # as stored
+        scales = block_scales(payload, self.scheme, self.grid.shape)
+        self.scales = scales.reshape(-1).to(torch.float32).contiguous()  # as stored, flat for the loop
         if self.calibration is not Calibration.AbsMean:
             self.peaks = reduced.reshape(-1)
         else:
             self.abs_sums = reduced
 
-    def chunk(self, rows: torch.Tensor, values: torch.Tensor, first_block: int) -> None:
-        """Decode a chunk from the payload bytes just packed and the payload's scales, and measure it."""
-        from qcli.codec.decode import decode_values
+    def chunk(self, rows: torch.Tensor, fields: torch.Tensor, values: torch.Tensor, first_block: int) -> None:
+        """Measure a chunk just encoded: from its fields and the payload's scales in the compiled loop where
+        it is built (`search_loop.measured`: the decode's values, formed as it forms them), its packed bytes
+        unpacked for its first rows (`sampled_rows`) and held to those fields, measured as a decode where
+        they differ (so a packing fault there is over the bound); else from the decode of all its bytes."""
+        from qcli.codec.pack import unpack_fields
 
         started = time.perf_counter()
+        if not search_loop.BUILT:
+            self._decoded(rows, values, first_block, energies=True)
+        else:
+            assert self.scales is not None and self.peaks is not None, "`begin` comes first"
+            grid = layout.BlockGrid.of(self.scheme, tuple(rows.shape))
+            part = slice(first_block, first_block + math.prod(grid.grid))
+            peaks = self.peaks[part] if self.calibration is Calibration.AbsMean else None
+            signal, error = search_loop.measured(rows, fields, self.scales[part], grid, self.scheme.value,
+                                                 self.errors[part], peaks)
+            self.measurement.sums.signal += signal
+            self.measurement.sums.error += error
+            sample = sampled_rows(self.scheme, tuple(rows.shape))
+            if rows.dim() >= 2:
+                rows, fields = rows[:sample], fields[:sample]
+            values = values[: layout.value_bytes(self.scheme, tuple(rows.shape))]
+            if not torch.equal(unpack_fields(values, self.scheme, tuple(rows.shape)), fields):
+                self._decoded(rows, values, first_block, energies=False)
+        self.measurement.seconds += time.perf_counter() - started
+
+    def _decoded(self, rows: torch.Tensor, values: torch.Tensor, first_block: int, energies: bool) -> None:
+        """Decode `rows`' packed bytes `values` with the payload's scales and measure them: each block's
+        largest error, and with `energies` the sums."""
+        from qcli.codec.decode import decode_values
+
         assert self.scales is not None and self.peaks is not None, "`begin` comes first"
         grid = layout.BlockGrid.of(self.scheme, tuple(rows.shape))
         part = slice(first_block, first_block + math.prod(grid.grid))
         difference = decode_values(values, self.scales[part], self.scheme, rows.shape).sub_(rows)
-        self.measurement.sums.add_difference(rows, difference, quick=True)
+        if energies:
+            self.measurement.sums.add_difference(rows, difference, quick=True)
         _max_into(self.errors[part], to_blocks(difference.abs_(), grid).amax(dim=grid.block_axes))
         if self.calibration is Calibration.AbsMean:
             _max_into(self.peaks[part], to_blocks(rows, grid).abs().amax(dim=grid.block_axes))
-        self.measurement.seconds += time.perf_counter() - started
 
     def finish(self) -> None:
         """Check every block against its bound, and take the largest error into the sums."""
@@ -446,6 +481,16 @@ class ChunkedTensor:
                 m.take_first_over(self.errors[part], bound_of(*ranges, self.scheme, self.calibration, whole), start)
                 m.take_range(needed_scales(*ranges, self.scheme, self.calibration, whole), self.scheme)
         m.seconds += time.perf_counter() - started
+
+
+def sampled_rows(scheme: QuantScheme, shape: tuple[int, ...]) -> int:
+    """How many first rows of an encoded chunk of `shape` the CPU pipeline unpacks from its packed bytes
+    where the compiled loop measures it from its fields: a `UNPACKED_SHARE` of them, in whole blocks (a
+    chunk of rank < 2 whole)."""
+    if len(shape) < 2:
+        return shape[0] if shape else 1
+    step = _step(scheme, shape)
+    return min(shape[0], max(1, math.ceil(shape[0] / UNPACKED_SHARE / step)) * step)
 
 
 def _max_into(into: torch.Tensor, part: torch.Tensor) -> None:

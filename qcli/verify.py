@@ -1,13 +1,15 @@
 """Verified output: the written files read back, and the error when a decode is out of its bound.
 
-While the output is written, each quantized payload is decoded once, by the pipeline (`qcli.measure`;
-the same decode gives the error statistics), and must lie, block by block, within its scheme's error
-bound of its source (`qcli.measure.error_bound`; `out_of_bound` is the error when it does not); the
-writer records a digest of every payload it writes (`qcli.io.digest`), a kept tensor's being its source
-bytes as written. Before the rename, the complete files are opened again with the bounded reader
-(`read_back`): every input tensor must be there exactly once, with the dtype, shape and length the plan
-gave it, and its bytes must hash to what was checked. Nothing is decoded or read from the source twice.
-Any failure is an `OutputError`; the caller then leaves the target untouched.
+While the output is written, each quantized tensor is measured once, by the pipeline (`qcli.measure`;
+the same measuring gives the error statistics: on the CPU from its codes and its payload's scales, a
+sample of its packed rows held to its codes; elsewhere from the decode of its payload), and must lie,
+block by block, within its scheme's error bound of its source (`qcli.measure.error_bound`;
+`out_of_bound` is the error when it does not); the writer records a digest of every payload it writes
+(`qcli.io.digest`), a kept tensor's being its source bytes as written. Before the rename, the complete
+files are opened again with the bounded reader (`read_back`): every input tensor must be there exactly
+once, with the dtype, shape and length the plan gave it, and its bytes must hash to what was checked.
+Nothing is decoded or read from the source twice. Any failure is an `OutputError`; the caller then
+leaves the target untouched.
 """
 
 from __future__ import annotations

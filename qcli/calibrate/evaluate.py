@@ -8,13 +8,19 @@ Each prediction (position `t` predicting token `t + 1`) gives KL(source || quant
 distributions, whether their most likely tokens agree, and both models' negative log-likelihood of the
 token that follows (`Scores`); the mean KL, the top-1 agreement and both perplexities are over every
 prediction of every window (`Evaluation`).
+
+Each tensor's contribution, where asked (`Evaluator.evaluate_each`), is measured exactly, not by a
+proxy: the same scores of the model with that one tensor's quantized values swapped in and every other at
+the source's, against the same source log-probabilities of the window, so a window costs one more forward
+pass a tensor. With one tensor quantized, its contribution is the whole model's scores; with several, the
+contributions need not add up to the whole (errors of two tensors can compound or cancel).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -55,7 +61,8 @@ class Scores:
 
     def result(self) -> Evaluation:
         n = max(self.tokens, 1)
-        return Evaluation(self.windows, self.tokens, self.kl / n, self.kl_max, self.same / n,
+        # KL is never below 0: a sum that is, by a few ulps, is f32 rounding where the two models all but agree
+        return Evaluation(self.windows, self.tokens, max(self.kl / n, 0.0), self.kl_max, self.same / n,
                           _exp(self.nll / n), _exp(self.source_nll / n))
 
 
@@ -79,7 +86,7 @@ class SwappedWeights:
             owner, _, leaf = name.rpartition(".")
             places.setdefault(id(param), []).append((module.get_submodule(owner), leaf))
             by_name[name] = param
-        self._swaps: list[tuple[list[tuple[nn.Module, str]], nn.Parameter, nn.Parameter]] = []
+        self._swaps: dict[str, tuple[list[tuple[nn.Module, str]], nn.Parameter, nn.Parameter]] = {}
         done: set[int] = set()
         for name, value in values.items():
             own = by_name[name]
@@ -89,20 +96,27 @@ class SwappedWeights:
             if tuple(value.shape) != tuple(own.shape):
                 raise ValueError(f"{name}: shape {list(value.shape)} for a parameter of {list(own.shape)}")
             other = nn.Parameter(value.to(own.device, own.dtype), requires_grad=False)
-            self._swaps.append((places[id(own)], own, other))
+            self._swaps[name] = (places[id(own)], own, other)
 
     def __len__(self) -> int:
         return len(self._swaps)
 
+    @property
+    def names(self) -> list[str]:
+        """The parameters swapped, by the name `values` gave each (one of a tied group)."""
+        return list(self._swaps)
+
     @contextmanager
-    def swapped(self) -> Iterator[None]:
-        for places, _, other in self._swaps:
+    def swapped(self, only: str | None = None) -> Iterator[None]:
+        """Every parameter swapped in, or `only` that one (a name of `names`)."""
+        swaps = list(self._swaps.values()) if only is None else [self._swaps[only]]
+        for places, _, other in swaps:
             for owner, leaf in places:
                 owner._parameters[leaf] = other
         try:
             yield
         finally:
-            for places, own, _ in self._swaps:
+            for places, own, _ in swaps:
                 for owner, leaf in places:
                     owner._parameters[leaf] = own
 
@@ -131,7 +145,18 @@ class Evaluator:
         """The scores of the model with `weights` swapped in against the model as it is, window by window;
         `source`, where given, gives the source's log-probabilities of window `i` instead (computed once
         for many evaluations)."""
+        return self._scored(weights, source, progress, [])[0]
+
+    def evaluate_each(self, weights: SwappedWeights, progress: WindowDone | None = None
+                      ) -> tuple[Evaluation, dict[str, Evaluation]]:
+        """`evaluate`'s scores, and those of each parameter of `weights` swapped in alone (by its name in
+        `weights.names`), against the same source log-probabilities: one more forward pass a window each."""
+        return self._scored(weights, None, progress, weights.names)
+
+    def _scored(self, weights: SwappedWeights, source: Callable[[int], torch.Tensor] | None,
+                progress: WindowDone | None, alone: Sequence[str]) -> tuple[Evaluation, dict[str, Evaluation]]:
         scores = Scores()
+        each = {name: Scores() for name in alone}
         count = self.windows.shape[0]
         started = time.perf_counter()
         if progress is not None:
@@ -139,19 +164,25 @@ class Evaluator:
         for i, window in enumerate(self.windows):
             reference = self.logprobs(window) if source is None else source(i)
             with weights.swapped():
-                quantized = self.logprobs(window)
-            scores.add(reference, quantized, window[1:])
-            del reference, quantized
+                scores.add(reference, self.logprobs(window), window[1:])
+            for name, own in each.items():
+                with weights.swapped(only=name):
+                    own.add(reference, self.logprobs(window), window[1:])
+            del reference
             if progress is not None:
                 progress(i + 1, count, time.perf_counter() - started)
-        return scores.result()
+        return scores.result(), {name: own.result() for name, own in each.items()}
 
 
 def evaluate_quantized(checkpoint: Checkpoint, quantized: Callable[[str], torch.Tensor], given: CalibrationInput,
-                       device: str, progress: WindowDone | None = None) -> tuple[Evaluation, str, CalibrationSet]:
+                       device: str, progress: WindowDone | None = None, each: bool = False
+                       ) -> tuple[Evaluation, dict[str, Evaluation] | None, str, CalibrationSet]:
     """The checkpoint's model (its tensors named as the file writes them) in f32 on `device` (auto, cpu or
-    cuda), scored with `quantized(name)` swapped in on windows of `given`'s text cut by its tokenizer; with the
-    device it ran on and the windows."""
+    cuda), scored with `quantized(name)` swapped in on windows of `given`'s text cut by its tokenizer (a
+    parameter transformers makes of several tensors, as fused experts are, made of theirs by its conversion);
+    with `each`, also every tensor whose quantized values differ from the source's scored alone (by the name
+    it is written with, a made parameter by the model's; `Evaluator.evaluate_each`); with the device it ran
+    on and the windows."""
     from qcli.calibrate.checkpoint import check_positions
     from qcli.calibrate.data import consecutive_tokens, framed, read_calibration_text, special_frame
     from qcli.calibrate.model import open_model, token_embedding
@@ -165,7 +196,7 @@ def evaluate_quantized(checkpoint: Checkpoint, quantized: Callable[[str], torch.
         raise UsageError(printable(f"{folder / 'config.json'} describes a {type(module).__name__}, which predicts no "
                                    "next token"), hint="qcli eval scores causal language models (architectures "
                                    "ending in ForCausalLM in config.json)")
-    unmapped = sorted(n for n, _ in module.named_parameters() if n not in model.names)
+    unmapped = sorted(n for n, _ in module.named_parameters() if n not in model.names and n not in model.assembled)
     if unmapped:
         raise UsageError(printable(f"the checkpoint has no tensor for {len(unmapped)} of the parameters of the model "
                                    f"{folder / 'config.json'} describes: {quoted(unmapped[0])}"),
@@ -187,7 +218,10 @@ def evaluate_quantized(checkpoint: Checkpoint, quantized: Callable[[str], torch.
     chosen = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
     swapped = _loaded(model, quantized, torch.device(chosen))
     evaluator = Evaluator(module, windows.tokens)
-    return evaluator.evaluate(swapped, progress=progress), chosen, windows
+    if not each:
+        return evaluator.evaluate(swapped, progress=progress), None, chosen, windows
+    scores, alone = evaluator.evaluate_each(swapped, progress)
+    return scores, {model.names.get(name, name): own for name, own in alone.items()}, chosen, windows
 
 
 def _loaded(model: CalibrationModel, quantized: Callable[[str], torch.Tensor], device: torch.device
@@ -207,10 +241,15 @@ def _loaded(model: CalibrationModel, quantized: Callable[[str], torch.Tensor], d
         for alias in group:
             owner, _, leaf = alias.rpartition(".")
             module.get_submodule(owner)._parameters[leaf] = param
-        checkpoint = model.names[name]
-        value = quantized(checkpoint)
+        assembly = model.assembled.get(name)
+        if assembly is None:
+            checkpoint = quoted(model.names[name])
+            value = quantized(model.names[name])
+        else:  # fused experts: made of the file's tensors as of the source's, by transformers' conversion
+            checkpoint = f"{quoted(assembly.names[0])} and {len(assembly.names) - 1} more"
+            value = assembly.build(name, quantized, module)
         if tuple(value.shape) != tuple(meta.shape):
-            raise UsageError(printable(f"tensor {quoted(checkpoint)} of the quantized file decodes to "
+            raise UsageError(printable(f"tensor {checkpoint} of the quantized file decodes to "
                                        f"{list(value.shape)}; the model has {list(meta.shape)} for {quoted(name)}"),
                              hint="evaluate against the checkpoint the .bpk was written from")
         value = value.to(device, torch.float32)

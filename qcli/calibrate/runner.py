@@ -22,25 +22,28 @@ goes on past the first block, each block passed through (its input given back as
 weights loaded), and each block keeps the arguments the model gave it: every block runs with its own
 kind's inputs. Parameters transformers assembles from several checkpoint tensors (a MoE layer's experts,
 fused into one [experts, out, in] tensor) are assembled as transformers does (`model.Assembly`), so MoE
-blocks run with their routing; those experts are no nn.Linear and are not calibrated (their checkpoint
-names come back in `not_linear`). Only `nn.Linear` layers are calibrated: the Linears outside the blocks
-(an LM head, BERT's pooler) are not run, and are returned apart, as are names that are no Linear's weight
-(GPT-2's Conv1D).
+blocks run with their routing; each checkpoint tensor of such experts is calibrated as the Linear it is,
+on the tokens routed to its expert (`experts`: its rows of the fused parameter read off transformers'
+conversion, its input caught as the expert runs), its weight put back in those rows. Only these and
+`nn.Linear` layers are calibrated: the Linears outside the blocks (an LM head, BERT's pooler) are not run,
+and are returned apart, as are names that are neither (GPT-2's Conv1D, a MoE router's weight, experts a
+conversion lays out otherwise).
 """
 
 from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from qcli.calibrate.data import CalibrationSet
+from qcli.calibrate.experts import ExpertInputs, ExpertSlice, eager_experts, expert_slices
 from qcli.calibrate.gptq import Hessian
 from qcli.calibrate.model import CalibrationModel, build_model, token_embedding
 from qcli.errors import InputError, InternalError, UsageError
@@ -110,10 +113,14 @@ def repeated_blocks(module: nn.Module) -> tuple[str, nn.ModuleList]:
     return max(lists, key=lambda item: sum(p.numel() for p in item[1].parameters()))
 
 
-def block_linears(model: CalibrationModel) -> list[str]:
-    """The checkpoint names of the weights of the nn.Linear layers in the model's repeated blocks, block by
-    block in the order they run: what `run_blocks` can calibrate (no weight is read)."""
-    return [name for block in _linears_by_block(model, *repeated_blocks(model.module)) for _, name in block]
+def block_linears(model: CalibrationModel, shapes: Mapping[str, Sequence[int]]) -> list[str]:
+    """The checkpoint names of the weights of the nn.Linear layers in the model's repeated blocks, and of the
+    checkpoint tensors of their fused experts (given the checkpoint's tensor `shapes`), block by block in
+    the order they run: what `run_blocks` can calibrate (no weight is read)."""
+    path, blocks = repeated_blocks(model.module)
+    return [name for index, block in enumerate(_linears_by_block(model, path, blocks))
+            for name in [n for _, n in block]
+            + [s.name for _, slices in _fused_experts(model, path, index, blocks[index], shapes) for s in slices]]
 
 
 def _linears_by_block(model: CalibrationModel, path: str, blocks: nn.ModuleList) -> list[list[tuple[nn.Linear, str]]]:
@@ -123,48 +130,80 @@ def _linears_by_block(model: CalibrationModel, path: str, blocks: nn.ModuleList)
             for index, block in enumerate(blocks)]
 
 
+def _fused_experts(model: CalibrationModel, path: str, index: int, block: nn.Module,
+                   shapes: Mapping[str, Sequence[int]]) -> list[tuple[str, list[ExpertSlice]]]:
+    """Block `index`'s fused experts (parameters transformers makes of several checkpoint tensors, [experts,
+    out, in]) whose checkpoint tensors are whole rows of one expert each (`experts.expert_slices`), by name."""
+    found = []
+    for name, param in block.named_parameters(prefix=f"{path}.{index}"):
+        assembly = model.assembled.get(name)
+        slices = None if assembly is None else expert_slices(assembly, name, param, model.module, shapes)
+        if slices is not None:
+            found.append((name, slices))
+    return found
+
+
 def run_blocks(model: CalibrationModel, tokens: CalibrationSet, linears: Collection[str], on_linear: OnLinear,
                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                progress: Callable[[BlockDone], None] | None = None) -> CalibrationRun:
     """Run `tokens`' windows through `model` block by block on `device`, computing in `dtype`; for each
-    nn.Linear whose weight's checkpoint name is in `linears`, in the order of the block's modules, call
-    `on_linear` with the stats of its input and put in place the weight it returns. `progress` hears of
-    the start and of each block done. The model's buffers are left on `device`."""
+    nn.Linear whose weight's checkpoint name is in `linears`, in the order of the block's modules, then each
+    checkpoint tensor of fused experts in `linears`, call `on_linear` with the stats of its input and put
+    in place the weight it returns. `progress` hears of the start and of each block done. The model's
+    buffers are left on `device`."""
     device = torch.device(device)
     module = model.module
     path, blocks = repeated_blocks(module)
     wanted = set(linears)
     asked = [[(sub, name) for sub, name in block if name in wanted] for block in _linears_by_block(model, path, blocks)]
+    shapes: dict[str, tuple[int, ...]] = {}  # of the checkpoint tensors read, which the experts' rows are read off
+
+    def tensor(name: str) -> torch.Tensor:
+        value = model.tensor(name)
+        shapes[name] = tuple(value.shape)
+        return value
+
+    reading = replace(model, tensor=tensor)
+    fused = any(name in wanted for assembly in model.assembled.values() for name in assembly.names)
     for sub in module.modules():  # small, and needed where the blocks run
         sub._buffers.update({name: b.to(device) for name, b in sub._buffers.items() if b is not None})
     stats: dict[str, LinearStats] = {}
     start = time.perf_counter()
     if progress is not None:
         progress(BlockDone(0, len(blocks), tokens.used, 0.0))
-    with torch.no_grad():
-        hidden, extras = _block_inputs(model, blocks, tokens.tokens, device, dtype)
+    with torch.no_grad(), eager_experts(module) if fused else nullcontext():
+        hidden, extras = _block_inputs(reading, blocks, tokens.tokens, device, dtype)
         spare = torch.empty_like(hidden)
         for index, block in enumerate(blocks):
-            with _checkpoint_weights(model, device, dtype) as load:
+            with _checkpoint_weights(reading, device, dtype) as load:
                 for name, sub in block.named_modules(prefix=f"{path}.{index}"):
                     load(sub, name)
-                stats |= _calibrated(block, asked[index], hidden, extras[index], spare, on_linear)
+                experts = [] if not fused else [
+                    (block.get_parameter(name.removeprefix(f"{path}.{index}.")), mine)
+                    for name, slices in _fused_experts(model, path, index, block, shapes)
+                    for mine in [[s for s in slices if s.name in wanted]] if mine]
+                stats |= _calibrated(block, asked[index], experts, hidden, extras[index], spare, on_linear)
             hidden, spare = spare, hidden
             if progress is not None:
                 progress(BlockDone(index + 1, len(blocks), tokens.used, time.perf_counter() - start))
     every = {model.names.get(f"{name}.weight") for name, sub in module.named_modules() if isinstance(sub, nn.Linear)}
+    every |= stats.keys()
     return CalibrationRun(stats, sorted((wanted & every) - stats.keys()), sorted(wanted - every), len(blocks))
 
 
-def _calibrated(block: nn.Module, linears: list[tuple[nn.Linear, str]], hidden: torch.Tensor,
+def _calibrated(block: nn.Module, linears: list[tuple[nn.Linear, str]],
+                experts: list[tuple[nn.Parameter, list[ExpertSlice]]], hidden: torch.Tensor,
                 extras: list[tuple[tuple, dict]], out: torch.Tensor, on_linear: OnLinear) -> dict[str, LinearStats]:
-    """The stats of `block`'s `linears` (with their checkpoint names) over every window of `hidden`, run with
-    the block's float weights, each handed to `on_linear` in turn; `out` left holding the block's outputs,
-    with the weights on_linear gave back (run again where it gave any)."""
+    """The stats of `block`'s `linears` (with their checkpoint names) and of its fused `experts`' checkpoint
+    tensors over every window of `hidden`, run with the block's float weights, each handed to `on_linear` in
+    turn; `out` left holding the block's outputs, with the weights on_linear gave back (run again where it
+    gave any)."""
     sums = _HessianSums(linears)
     hooks = [linear.register_forward_hook(sums.hook(index)) for index, (linear, _) in enumerate(linears)]
+    routed = ExpertInputs({str(i): param for i, (param, _) in enumerate(experts)})
     try:
-        _run(block, hidden, extras, out)
+        with routed if experts else nullcontext():
+            _run(block, hidden, extras, out)
     finally:
         sums.last = None
         for hook in hooks:
@@ -177,6 +216,24 @@ def _calibrated(block: nn.Module, linears: list[tuple[nn.Linear, str]], hidden: 
         found.hessian = None
         sums.release(index)  # a sum freed once the last Linear that reads it has had its turn
         stats[name] = found
+    for index, (param, slices) in enumerate(experts):
+        hessians = routed.hessians[str(index)]
+        if not hessians:  # the experts ran without F.linear on any expert's weight: their inputs are not known
+            continue
+        for piece in slices:  # an expert routing never reached has no tokens: zero H, as llama.cpp counts it
+            give_back_cached(hidden.device)
+            total = hessians.get(piece.expert) or hessians.setdefault(piece.expert, Hessian(param.shape[2],
+                                                                                            param.device))
+            found = _input_stats(piece.name, total)
+            weight = param[piece.expert, piece.rows]
+            given = on_linear(piece.name, weight, found)
+            if given is not None:
+                _check_shape(piece.name, given, weight)
+                param[piece.expert, piece.rows] = given.to(param.dtype)
+                changed = True
+            found.hessian = None
+            stats[piece.name] = found
+        routed.hessians[str(index)] = {}
     if changed:
         give_back_cached(hidden.device)
         _run(block, hidden, extras, out)
@@ -364,19 +421,26 @@ class _HessianSums:
         window)."""
         root = self._root(index)
         total = self.sums.get(root) or self.sums.setdefault(root, self._new(index))  # never called: zeros
-        hessian, tokens = total.matrix, total.tokens
-        diagonal = hessian.diagonal()
-        if not torch.isfinite(diagonal).all():
-            raise InputError(f"the calibration activations into {quoted(self.names[index])} hold NaN or Inf values",
-                             hint="the checkpoint's weights before it may hold them, or the activations overflow "
-                                  "the dtype computed in: calibrate in float32")
-        return LinearStats(self.names[index], tokens, (diagonal / max(tokens, 1)).cpu(), hessian)
+        return _input_stats(self.names[index], total)
 
     def release(self, index: int) -> None:
         """Free the sum Linear `index` read where no Linear after it reads it too."""
         root = self._root(index)
         if all(self._root(later) != root for later in range(index + 1, len(self.names))):
             self.sums.pop(root, None)
+
+
+def _input_stats(name: str, total: Hessian) -> LinearStats:
+    """The stats of the input summed in `total` into the weight `name`; an input error where it held NaN or
+    Inf, which every diagonal element of H, a sum of squares, shows in its own channel (checked once, not at
+    every window)."""
+    hessian, tokens = total.matrix, total.tokens
+    diagonal = hessian.diagonal()
+    if not torch.isfinite(diagonal).all():
+        raise InputError(f"the calibration activations into {quoted(name)} hold NaN or Inf values",
+                         hint="the checkpoint's weights before it may hold them, or the activations overflow "
+                              "the dtype computed in: calibrate in float32")
+    return LinearStats(name, tokens, (diagonal / max(tokens, 1)).cpu(), hessian)
 
 
 def _run(block: nn.Module, hidden: torch.Tensor, extras: list[tuple[tuple, dict]], out: torch.Tensor) -> None:
@@ -406,18 +470,23 @@ def _replace(linear: nn.Linear, name: str, weight: torch.Tensor | None) -> bool:
     """Put `weight` (on_linear's answer) in place of `linear`'s; whether there was one."""
     if weight is None:
         return False
-    if tuple(weight.shape) != tuple(linear.weight.shape):
-        raise InternalError(f"the weight computed for {quoted(name)} has shape {list(weight.shape)}, "
-                            f"not {list(linear.weight.shape)}")
+    _check_shape(name, weight, linear.weight)
     linear.weight.copy_(weight)
     return True
+
+
+def _check_shape(name: str, given: torch.Tensor, weight: torch.Tensor) -> None:
+    if tuple(given.shape) != tuple(weight.shape):
+        raise InternalError(f"the weight computed for {quoted(name)} has shape {list(given.shape)}, "
+                            f"not {list(weight.shape)}")
 
 
 def estimate_memory(config: PretrainedConfig, samples: int, seq_len: int, dtype: torch.dtype = torch.float32,
                     on_linear_bytes: Callable[[nn.Linear], int] | None = None) -> int:
     """Bytes a calibration run of `samples` windows of `seq_len` tokens holds on its device at most, computing
     in `dtype`: the activations of every window twice, with the larger of the embeddings (loaded while the
-    first block's inputs are caught) and one block's weights and float64 Hessians, and what one window takes
+    first block's inputs are caught) and one block's weights and float64 Hessians (one an expert of fused
+    experts), and what one window takes
     through a block (its widest activations, the float64 copy of a Linear's input, the attention scores),
     `SLACK` for the libraries' workspaces and the allocator's rounding, and what on_linear allocates (the
     quantizer's work on a Hessian): `on_linear_bytes(linear)` for the Linear that takes most. On an H200,
@@ -430,7 +499,8 @@ def estimate_memory(config: PretrainedConfig, samples: int, seq_len: int, dtype:
     hidden = embeddings.embedding_dim
     linears = [sub for sub in blocks[0].modules() if isinstance(sub, nn.Linear)]
     weights = sum(p.numel() for p in blocks[0].parameters()) * size
-    hessians = sum(linear.in_features**2 for linear in linears) * 8
+    experts = [p for p in blocks[0].parameters() if p.dim() == 3]  # fused: a Hessian an expert
+    hessians = (sum(linear.in_features**2 for linear in linears) + sum(p.shape[0] * p.shape[2]**2 for p in experts)) * 8
     widest = max((max(linear.in_features, linear.out_features) for linear in linears), default=hidden)
     heads = getattr(config.get_text_config(), "num_attention_heads", 1)
     window = seq_len * widest * (4 * size + 8) + heads * seq_len**2 * size

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -76,9 +76,14 @@ class Calibrated:
 
 
 def reachable(checkpoint: Checkpoint) -> frozenset[str]:
-    """The checkpoint names of the Linear weights in the model's repeated blocks: what GPTQ calibrates
-    (the model built on the meta device; no weight is read)."""
-    return frozenset(block_linears(open_model(checkpoint)))
+    """The checkpoint names of the Linear weights in the model's repeated blocks (their fused experts' too):
+    what GPTQ calibrates (the model built on the meta device; no weight is read)."""
+    return frozenset(block_linears(open_model(checkpoint), shapes_of(checkpoint.tensors)))
+
+
+def shapes_of(infos: Sequence[TensorInfo]) -> dict[str, tuple[int, ...]]:
+    """Each checkpoint tensor's shape, by name: what fused experts' rows are read off (`runner.block_linears`)."""
+    return {info.name: tuple(info.shape) for info in infos}
 
 
 def estimate(checkpoint: Checkpoint, calibrating: CalibrationInput, gptq_run: bool) -> int:
@@ -115,6 +120,8 @@ def calibrate(plan: Plan, checkpoint: Checkpoint, calibrating: CalibrationInput,
         done.warnings.append(Problem(Kind.calibration, tokens.shortfall, "give more text with --calibration-data, "
                                      "or fewer --samples or a shorter --seq-len", Severity.warning))
 
+    unreached: list[str] = []
+
     def on_linear(name: str, weight: torch.Tensor, stats: LinearStats) -> torch.Tensor | None:
         done.importance[name] = stats.importance
         done.bytes += weight.numel() * weight.element_size()
@@ -126,6 +133,10 @@ def calibrate(plan: Plan, checkpoint: Checkpoint, calibrating: CalibrationInput,
                 done.errors[measured[name].name] = _codec_output_error(measured[name], weight, hessian)
             return None
         decision, encoding = entry.decision, entry.encoding
+        if stats.tokens == 0:  # an expert routing sent no token: nothing to weigh by, the unweighted search
+            unreached.append(entry.name)
+            done.payloads[entry.name] = _encoded(entry, weight, calibration=Calibration.Mse)[0]
+            return None
         scheme = encoding.scheme
         assert scheme is not None, "a calibrated tensor is quantized"
         if decision.calibration is Calibration.Gptq:
@@ -166,6 +177,11 @@ def calibrate(plan: Plan, checkpoint: Checkpoint, calibrating: CalibrationInput,
             Kind.calibration, f"{len(left)} tensors are not Linears in the model's repeated blocks and are not "
             f"calibrated: {', '.join(left[:3])}{', ...' if len(left) > 3 else ''}",
             "their scales are the data-free ones; a recipe rule can keep them", Severity.warning, tensors=tuple(left)))
+    if unreached:
+        done.warnings.append(Problem(
+            Kind.calibration, f"{count_and_first(unreached)} of experts the router sent no calibration token to "
+            "took none", "their scales are the unweighted Mse search's; more calibration text "
+            "reaches more experts", Severity.warning, tensors=tuple(unreached)))
     done.record = CalibrationRecord(
         "gptq" if quantized else "mse" if weighed else codec_method(list(measured.values())),
         text.name, text.sha256, samples=int(tokens.tokens.shape[0]),
@@ -180,15 +196,15 @@ def codec_method(entries: list[PlanEntry]) -> str:
     return entries[0].decision.calibration.name.lower() if entries else "minmax"
 
 
-def _encoded(entry: PlanEntry, weight: torch.Tensor, importance: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The codec's payload of a Linear's `weight` ([out, in]) under its entry's scheme and calibration (the
-    pipeline's bytes), and its decode on W's axes."""
+def _encoded(entry: PlanEntry, weight: torch.Tensor, importance: torch.Tensor | None = None,
+             calibration: Calibration | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The codec's payload of a Linear's `weight` ([out, in]) under its entry's scheme and calibration (or
+    `calibration`; the pipeline's bytes), and its decode on W's axes."""
     encoding = entry.encoding
     assert encoding.scheme is not None, "a calibrated tensor is quantized"
     written = weight.t() if encoding.transpose else weight
-    payload = qcli.codec.encode(written.cpu(), encoding.scheme, entry.decision.calibration, name=entry.name,
-                                importance=importance)
+    payload = qcli.codec.encode(written.cpu(), encoding.scheme, calibration or entry.decision.calibration,
+                                name=entry.name, importance=importance)
     dequantized = qcli.codec.decode(payload, encoding.scheme, encoding.shape)
     return payload, dequantized.t() if encoding.transpose else dequantized
 
@@ -213,18 +229,32 @@ def measure_importance(checkpoint: Checkpoint, calibrating: CalibrationInput, de
                        progress: BlockProgress | None = None) -> MeasuredImportance:
     """Every Linear in the model's blocks run float on the calibration text (`device`: auto, cpu or cuda),
     each one's sum of squares per input channel and token count, named as llama.cpp names them."""
-    from qcli.io.imatrix import Imatrix, ImatrixEntry, hf_to_gguf_names
+    from qcli.io.imatrix import Imatrix, ImatrixEntry, expert_stem, hf_to_gguf_names
 
     model, text, tokens, run, chosen = _block_run(checkpoint, calibrating, device, progress)
-    names = hf_to_gguf_names(run.stats, model.module.config.model_type)
-    unnamed = sorted(set(run.stats) - set(names))
+    stems = {name: expert_stem(name) for name in run.stats}
+    names = hf_to_gguf_names({stem for stem, _ in stems.values()}, model.module.config.model_type)
+    unnamed = sorted(name for name, (stem, _) in stems.items() if stem not in names)
     if unnamed:
         raise UsageError(printable(f"the gguf package's name table of model_type {model.module.config.model_type!r} "
                                    f"has no llama.cpp name for {count_and_first(unnamed)} of the model's Linears"),
                          hint="upgrade the gguf package (pip install -U gguf); llama.cpp's converter may not "
                               "convert this model")
-    entries = {names[name]: ImatrixEntry(stats.importance * stats.tokens, np.array([stats.tokens]))
-               for name, stats in run.stats.items()}
+    entries: dict[str, ImatrixEntry] = {}
+    experts: dict[str, dict[int, LinearStats]] = {}
+    for name, stats in run.stats.items():
+        stem, expert = stems[name]
+        if expert is None:
+            entries[names[stem]] = ImatrixEntry(stats.importance * stats.tokens, np.array([stats.tokens]))
+        else:  # llama.cpp's one entry of every expert: row e expert e's, each its own count
+            experts.setdefault(names[stem], {})[expert] = stats
+    for name, by_expert in experts.items():
+        rows = range(max(by_expert) + 1)
+        squares = [by_expert[e].importance * by_expert[e].tokens if e in by_expert else None for e in rows]
+        width = next(s for s in squares if s is not None).shape[0]
+        entries[name] = ImatrixEntry(torch.stack([torch.zeros(width, dtype=torch.float64) if s is None else s
+                                                  for s in squares]).numpy(),
+                                     np.array([by_expert[e].tokens if e in by_expert else 0 for e in rows]))
     imatrix = Imatrix(entries, (Path(text.name).name,), int(tokens.tokens.shape[0]), int(tokens.tokens.shape[1]))
     return MeasuredImportance(imatrix, imatrix.chunk_count, imatrix.chunk_size, tokens.available, chosen)
 
@@ -243,7 +273,8 @@ def _block_run(checkpoint: Checkpoint, calibrating: CalibrationInput, device: st
     input measured: the model, the text, its windows, the run and the device chosen."""
     model, text, tokens = _opened(checkpoint, calibrating)
     chosen = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
-    run = run_blocks(model, tokens, block_linears(model), lambda *_: None, chosen, progress=progress)
+    run = run_blocks(model, tokens, block_linears(model, shapes_of(checkpoint.tensors)), lambda *_: None, chosen,
+                     progress=progress)
     return model, text, tokens, run, chosen
 
 
@@ -304,25 +335,33 @@ def _from_imatrix(path: Path, checkpoint: Checkpoint, weighed: list[PlanEntry], 
 
 def file_importance(path: Path, checkpoint: Checkpoint, infos: list[TensorInfo]) -> dict[str, torch.Tensor]:
     """The importance of each of `infos`' input channels (float64 [in], by the checkpoint's name) that a
-    llama.cpp importance matrix holds; those it lacks are left out.
-
-    The matrix's names are mapped from the model's by config.json's `model_type`. A vector of another length
-    than the tensor's last axis is an `InputError`."""
-    from qcli.io.imatrix import hf_to_gguf_names, read_imatrix
+    llama.cpp importance matrix holds, its names mapped from the model's (config.json's `model_type`);
+    those it lacks are left out. `InputError` for a vector of another length than the tensor's last axis."""
+    from qcli.io.imatrix import expert_stem, hf_to_gguf_names, read_imatrix
 
     imatrix = read_imatrix(path)
-    names = hf_to_gguf_names([i.name for i in infos], checkpoint.config.model_type)
+    stems = {info.name: expert_stem(info.name) for info in infos}
+    names = hf_to_gguf_names({stem for stem, _ in stems.values()}, checkpoint.config.model_type)
     importance = {}
     for info in infos:
-        found = imatrix.entries.get(names.get(info.name, ""))
-        if found is None or found.importance.ndim != 1:
+        stem, expert = stems[info.name]
+        found = imatrix.entries.get(names.get(stem, ""))
+        if found is None:
             continue
         columns = info.shape[-1]
-        if found.importance.shape[0] != columns:
-            raise InputError(f"{path}: the importance of {quoted(info.name)} has {found.importance.shape[0]} "
+        values = found.importance
+        if expert is not None:  # an expert's row of every expert's [n_expert, n_in] (flat in a legacy file)
+            values = values.reshape(-1, columns) if values.size % columns == 0 else values
+            if values.ndim != 2 or expert >= values.shape[0]:
+                continue
+            values = values[expert]
+        elif values.ndim != 1:
+            continue
+        if values.shape[0] != columns:
+            raise InputError(f"{path}: the importance of {quoted(info.name)} has {values.shape[0]} "
                              f"input channels; the tensor has {columns}",
                              hint="use the importance matrix computed for this model")
-        importance[info.name] = torch.from_numpy(found.importance.astype("float64"))
+        importance[info.name] = torch.from_numpy(values.astype("float64"))
     return importance
 
 

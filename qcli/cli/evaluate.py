@@ -11,6 +11,7 @@ from qcli.calibrate.inputs import SAMPLES, SEQ_LEN
 from qcli.cli import _output
 from qcli.cli._formats import CHECKPOINT_HELP
 from qcli.commands import evaluate as command
+from qcli.errors import UsageError
 from qcli.io.source import Names
 from qcli.report.evaluate import EvalReport
 from qcli.text import printable
@@ -47,6 +48,13 @@ def evaluate(
                      " quantize --names hf wrote them. Default: what a model folder's qcli.json records, else"
                      " file."),
     ] = None,
+    per_tensor: Annotated[
+        int | None,
+        typer.Option("--per-tensor", metavar="N", show_default=False,
+                     help="Also score each tensor whose decoded values differ from SOURCE's with it alone quantized"
+                     " (exact: one more forward pass a window each) and list the N of largest KL; --json lists"
+                     " all."),
+    ] = None,
     device: Annotated[
         str, typer.Option("--device", metavar="auto|cpu|cuda", help="auto is cuda when torch sees a GPU, else cpu.")
     ] = "auto",
@@ -63,16 +71,19 @@ def evaluate(
     tensor is paired with SOURCE's of its name first: one either side lacks, or a shape that disagrees, is
     refused. Needs qcli[calibrate].
     """
+    if per_tensor is not None and per_tensor < 1:
+        raise UsageError(f"--per-tensor {per_tensor} lists no tensor", hint="pass --per-tensor 10 for the ten worst")
     with _output.run_progress(_output.progress_enabled(quiet=quiet, json=json_output)) as progress:
         report = command.evaluate_file(quantized, against=against, text=text, samples=samples, seq_len=seq_len,
                                        names=None if names is None else names.value, device=device,
+                                       per_tensor=per_tensor is not None,
                                        progress=progress and progress.windows)
     if report.shortfall is not None and not json_output:
         _output.warn(report.shortfall)
     if json_output:
         _output.print_json(report.to_json())
     else:
-        render(report, quiet)
+        render(report, quiet, per_tensor)
 
 
 def scores_line(report: EvalReport) -> str:
@@ -81,7 +92,7 @@ def scores_line(report: EvalReport) -> str:
             f"perplexity {scores.source_perplexity:.4g} → {scores.perplexity:.4g}")
 
 
-def render(report: EvalReport, quiet: bool) -> None:
+def render(report: EvalReport, quiet: bool, per_tensor: int | None) -> None:
     out = _output.stdout()
     if not quiet:
         out.print(f"{printable(report.quantized_path)} against {printable(report.source_path)}: "
@@ -90,3 +101,23 @@ def render(report: EvalReport, quiet: bool) -> None:
         out.print(f"on {report.scores.windows} windows × {report.seq_len} tokens of {printable(report.text)} "
                   f"({report.scores.tokens:,} predictions), {report.device}, {report.seconds:.1f} s", soft_wrap=True)
     out.print(scores_line(report), soft_wrap=True)
+    if per_tensor is not None and not quiet:
+        render_worst(out, report, per_tensor)
+
+
+def render_worst(out, report: EvalReport, count: int) -> None:
+    """The `count` tensors of largest KL quantized alone, and how their sum compares with the whole's."""
+    worst = report.worst
+    shown = worst[:count]
+    total = sum(own.kl for _, own in worst)
+    out.print(f"each tensor quantized alone, every other at the source's values (exact, {len(worst)} tensors): "
+              f"the {len(shown)} of largest KL", soft_wrap=True)
+    if not shown:
+        return
+    columns = [("tensor", "left"), ("KL", "right"), ("share", "right"), ("top-1", "right"),
+               ("perplexity", "right")]
+    rows = [[printable(name), f"{own.kl:.5f}", f"{100 * own.kl / total:.1f} %" if total > 0 else "-",
+             f"{100 * own.same_top1:.2f} %", f"{own.perplexity:.4g}"] for name, own in shown]
+    out.print(_output.tensor_table(columns, rows, out.width))
+    out.print(f"sum over the {len(worst)} tensors {total:.5f}, the whole model {report.scores.kl:.5f}: errors of "
+              "several tensors compound or cancel, so the parts need not add up to the whole", soft_wrap=True)

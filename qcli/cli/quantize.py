@@ -214,7 +214,7 @@ def quantize(
         bool,
         typer.Option(
             "--stats/--no-stats",
-            help="Measure each quantized tensor's error against its source (from the same one decode,"
+            help="Measure each quantized tensor's error against its source (from the same one measuring,"
             " on the pipeline's device, that --verify checks).",
         ),
     ] = True,

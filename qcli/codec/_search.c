@@ -294,9 +294,244 @@ static PyObject *search_blocks(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* A chunk's encode measured where its codes are made: each block's decode q * s (q the field, or a
+ * minifloat code's value from `table`, s its block's scale, one f32 product as the decode forms it) minus
+ * its source, one f32 difference, as qcli.measure measures a decode. Per block: the largest |difference|
+ * into errors[b] (kept where larger, NaN where any difference is NaN) and, with `peaks`, the largest |x|
+ * likewise; over the blocks, the energies sum x^2 and sum difference^2 in double: each segment of a block
+ * summed in f32 lanes, where the compiler has vectors, then in double, or again in double where its f32 sums
+ * left the range in which they lose nothing that matters. */
+
+/* The energies and largest magnitudes of elements [from, n) of a block, the squares in double. */
+INLINED void block_tail(const float *xb, const int8_t *qb, const uint8_t *cb, const float *table, float s,
+                        Py_ssize_t from, Py_ssize_t n, double *sx, double *se, float *m, float *p,
+                        const int minifloat) {
+    for (Py_ssize_t k = from; k < n; k++) {
+        float xv = xb[k];
+        float q = minifloat ? table[cb[k]] : (float)qb[k];
+        float d = q * s - xv;
+        float ad = fabsf(d), ax = fabsf(xv);
+        *sx += (double)xv * xv;
+        *se += (double)d * d;
+        *m = ad > *m ? ad : *m;
+        *p = ax > *p ? ax : *p;
+    }
+}
+
+/* A segment's f32 sums of squares in this range lost nothing that matters to underflow and did not
+ * overflow (else it is summed again in double), as qcli.codec.stats takes a chunk's. */
+#define F32_ENERGY_FLOOR 0x1p-90f
+#define F32_ENERGY_CEILING 0x1p120f
+
+#if defined(__GNUC__)
+/* Eight lanes at once in the compiler's vector types (AVX2's registers where the clone has them). */
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+typedef int8_t i8x8 __attribute__((vector_size(8)));
+#define LANES 8
+#define SEGMENT 256 /* elements summed in f32 lanes before the sums go into double: 32 terms a lane */
+
+/* `into` raised lane by lane to `a` where `a` is larger (a NaN lane of `a` is not; see the sums) */
+#define RAISE(into, a)                                                                                        \
+    do {                                                                                                      \
+        f32x8 raised_ = (a);                                                                                  \
+        i32x8 take_ = raised_ > (into);                                                                       \
+        (into) = (f32x8)(((i32x8)raised_ & take_) | ((i32x8)(into) & ~take_));                               \
+    } while (0)
+#define MAGNITUDE(a) ((f32x8)((i32x8)(a) & 0x7FFFFFFF))
+#else
+#define LANES 0 /* the scalar loop alone */
+#endif
+
+INLINED void measure_encoded_of(const float *x, const void *fields, const float *table, const float *scales,
+                                float *errors, float *peaks, Py_ssize_t blocks, Py_ssize_t elements,
+                                double *signal, double *error, const int minifloat) {
+    double total_signal = 0.0, total_error = 0.0;
+#if LANES
+    Py_ssize_t whole = elements / LANES * LANES;
+#else
+    Py_ssize_t whole = 0;
+#endif
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        const float *xb = x + b * elements;
+        const int8_t *qb = (const int8_t *)fields + b * elements;
+        const uint8_t *cb = (const uint8_t *)fields + b * elements;
+        const float s = scales[b];
+        double block_signal = 0.0, block_error = 0.0;
+        float m = 0.0f, p = 0.0f;
+#if LANES
+        const f32x8 sv = (f32x8){0} + s;
+        f32x8 worst = {0}, peak = {0};
+        for (Py_ssize_t start = 0; start < whole; start += SEGMENT) {
+            Py_ssize_t stop = start + SEGMENT < whole ? start + SEGMENT : whole;
+            f32x8 sx = {0}, se = {0};
+            for (Py_ssize_t k = start; k < stop; k += LANES) {
+                f32x8 xv, q;
+                memcpy(&xv, xb + k, sizeof xv);
+                if (minifloat) {
+                    q = (f32x8){table[cb[k]], table[cb[k + 1]], table[cb[k + 2]], table[cb[k + 3]],
+                                table[cb[k + 4]], table[cb[k + 5]], table[cb[k + 6]], table[cb[k + 7]]};
+                } else {
+                    i8x8 codes;
+                    memcpy(&codes, qb + k, sizeof codes);
+                    q = __builtin_convertvector(codes, f32x8);
+                }
+                f32x8 d = q * sv - xv;
+                sx += xv * xv;
+                se += d * d;
+                RAISE(worst, MAGNITUDE(d));
+                RAISE(peak, MAGNITUDE(xv));
+            }
+            float fs = 0.0f, fe = 0.0f;
+            for (int j = 0; j < LANES; j++) {
+                fs += sx[j];
+                fe += se[j];
+            }
+            if (fs >= F32_ENERGY_FLOOR && fs <= F32_ENERGY_CEILING && fe >= F32_ENERGY_FLOOR &&
+                fe <= F32_ENERGY_CEILING) {
+                for (int j = 0; j < LANES; j++) {
+                    block_signal += sx[j];
+                    block_error += se[j];
+                }
+            } else { /* summed again in double, a NaN kept */
+                block_tail(xb, qb, cb, table, s, start, stop, &block_signal, &block_error, &m, &p, minifloat);
+            }
+        }
+        for (int j = 0; j < LANES; j++) {
+            m = worst[j] > m ? worst[j] : m;
+            p = peak[j] > p ? peak[j] : p;
+        }
+#endif
+        block_tail(xb, qb, cb, table, s, whole, elements, &block_signal, &block_error, &m, &p, minifloat);
+        if (block_error != block_error) m = NAN; /* a NaN difference: its square made the sum NaN */
+        if (m != m || m > errors[b]) errors[b] = m;
+        if (peaks && p > peaks[b]) peaks[b] = p;
+        total_signal += block_signal;
+        total_error += block_error;
+    }
+    *signal = total_signal;
+    *error = total_error;
+}
+
+CLONES static void measure_encoded(const float *x, const void *fields, const float *table, const float *scales,
+                                   float *errors, float *peaks, Py_ssize_t blocks, Py_ssize_t elements,
+                                   double *signal, double *error) {
+    if (table) measure_encoded_of(x, fields, table, scales, errors, peaks, blocks, elements, signal, error, 1);
+    else measure_encoded_of(x, fields, table, scales, errors, peaks, blocks, elements, signal, error, 0);
+}
+
+/* measured(x, fields, table, scales, errors, peaks, blocks, elements) -> (sum x^2, sum difference^2)
+ *
+ * x: f32 [blocks, elements], contiguous; fields: the codes of the same shape, one byte each (int8 integers,
+ * or uint8 minifloat codes with `table` the f32 value of each of the 256 bytes; 0 for integers); scales:
+ * f32 [blocks], each block's decode scale; errors, peaks (0 for none): f32 [blocks], raised to each block's
+ * largest |difference| and |x|. The interpreter's lock is released while it runs. */
+static PyObject *measured(PyObject *self, PyObject *args) {
+    unsigned long long xp, fp, tp, sp, ep, pp;
+    Py_ssize_t blocks, elements;
+    if (!PyArg_ParseTuple(args, "KKKKKKnn", &xp, &fp, &tp, &sp, &ep, &pp, &blocks, &elements))
+        return NULL;
+    if (blocks < 0 || elements < 0) {
+        PyErr_SetString(PyExc_ValueError, "measured: negative sizes");
+        return NULL;
+    }
+    double signal = 0.0, error = 0.0;
+    Py_BEGIN_ALLOW_THREADS
+    measure_encoded((const float *)(uintptr_t)xp, (const void *)(uintptr_t)fp, (const float *)(uintptr_t)tp,
+                    (const float *)(uintptr_t)sp, (float *)(uintptr_t)ep, (float *)(uintptr_t)pp, blocks, elements,
+                    &signal, &error);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(dd)", signal, error);
+}
+
+/* qcli.codec.values.to_fields for an integer value type: each element's quotient by its block's scale
+ * (one IEEE division; an exact zero stays zero where the scale is zero), clamped to [lo, hi] and rounded
+ * half to even (|q| < 2^22 after the clamp: rint_small is exact), as one byte. */
+CLONES static void integer_codes_of(const float *x, const float *scales, int8_t *out, Py_ssize_t blocks,
+                                    Py_ssize_t elements, float lo, float hi) {
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        const float *xb = x + b * elements;
+        int8_t *ob = out + b * elements;
+        const float s = scales[b];
+        const int zero_scale = s == 0.0f;
+        for (Py_ssize_t k = 0; k < elements; k++) {
+            float q = xb[k] / s;
+            if (zero_scale) q = xb[k] == 0.0f ? xb[k] : q;
+            q = q > lo ? q : lo;
+            q = q < hi ? q : hi;
+            ob[k] = (int8_t)rint_small(q);
+        }
+    }
+}
+
+/* integer_codes(x, scales, out, blocks, elements, lo, hi): x f32 [blocks, elements] contiguous, scales f32
+ * [blocks], out int8 [blocks, elements], written; lo and hi integers within a byte. The interpreter's lock
+ * is released while it runs. */
+static PyObject *integer_codes(PyObject *self, PyObject *args) {
+    unsigned long long xp, sp, op;
+    Py_ssize_t blocks, elements;
+    float lo, hi;
+    if (!PyArg_ParseTuple(args, "KKKnnff", &xp, &sp, &op, &blocks, &elements, &lo, &hi)) return NULL;
+    if (blocks < 0 || elements < 0 || !(lo >= -128.0f && hi <= 127.0f && lo <= hi)) {
+        PyErr_SetString(PyExc_ValueError, "integer_codes: negative sizes or a range wider than a byte");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    integer_codes_of((const float *)(uintptr_t)xp, (const float *)(uintptr_t)sp, (int8_t *)(uintptr_t)op, blocks,
+                     elements, lo, hi);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* qcli.codec.minifloat.encode, one element at a time: the code (one byte) of each f32 value, already
+ * clamped to the format's range, of `mbits` mantissa bits and bias `bias`: normal values round their f32
+ * mantissa to nearest, ties to even, by the integer trick (which carries into the exponent), subnormal
+ * ones (below `min_normal`, f32 bits) scale exactly by `inverse` (a power of two) onto the subnormal
+ * spacing and round half to even; `sign_bit` is set for a negative value (a -0 code included). */
+CLONES static void minifloat_codes_of(const float *v, uint8_t *out, Py_ssize_t n, int mbits, int bias,
+                                      uint32_t sign_bit, uint32_t min_normal, float inverse) {
+    const int shift = 23 - mbits;
+    const int32_t rebias = (int32_t)(127 - bias) << mbits;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        uint32_t bits = bits_of(v[k]);
+        int32_t mag = (int32_t)(bits & 0x7FFFFFFFu);
+        int32_t normal = (((mag >> shift) & 1) + mag + ((1 << (shift - 1)) - 1)) >> shift;
+        normal -= rebias;
+        float scaled = float_of((uint32_t)mag) * inverse;
+        scaled = scaled < 4194304.0f ? scaled : 0.0f; /* only a subnormal's is used: below 2^22, rint_small exact */
+        int32_t subnormal = (int32_t)rint_small(scaled);
+        int32_t code = (uint32_t)mag < min_normal ? subnormal : normal;
+        out[k] = (uint8_t)(code | (bits >> 31 ? (int32_t)sign_bit : 0));
+    }
+}
+
+/* minifloat_codes(v, out, n, mbits, bias, sign_bit, min_normal, inverse): v f32 [n], contiguous, within the
+ * format's range; out: uint8 [n], written. The interpreter's lock is released while it runs. */
+static PyObject *minifloat_codes(PyObject *self, PyObject *args) {
+    unsigned long long vp, op;
+    Py_ssize_t n;
+    int mbits, bias;
+    unsigned int sign_bit, min_normal;
+    float inverse;
+    if (!PyArg_ParseTuple(args, "KKniiIIf", &vp, &op, &n, &mbits, &bias, &sign_bit, &min_normal, &inverse))
+        return NULL;
+    if (n < 0 || mbits < 1 || mbits > 22 || sign_bit > 0x80u) {
+        PyErr_SetString(PyExc_ValueError, "minifloat_codes: a negative size or a format wider than a byte");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    minifloat_codes_of((const float *)(uintptr_t)vp, (uint8_t *)(uintptr_t)op, n, mbits, bias, sign_bit, min_normal,
+                       inverse);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"errors", errors, METH_VARARGS, "Each candidate scale's exact error on each block (docs/arithmetic.md §6)."},
     {"search", search_blocks, METH_VARARGS, "Each block's candidate scale of least error (docs/arithmetic.md §6)."},
+    {"measured", measured, METH_VARARGS, "A chunk's error sums and each block's largest error, from its codes."},
+    {"minifloat_codes", minifloat_codes, METH_VARARGS, "Each f32 value's minifloat code (qcli.codec.minifloat)."},
+    {"integer_codes", integer_codes, METH_VARARGS, "Each f32 value's integer code at its block's scale."},
     {NULL, NULL, 0, NULL},
 };
 

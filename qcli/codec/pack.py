@@ -93,8 +93,11 @@ def pack_scales(stored: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
 
 
 def unpack_scales(region: torch.Tensor, dtype: ScaleDtype) -> torch.Tensor:
-    """f32 scales from their bytes: a minifloat's code through its table, or an f32's top bits."""
+    """f32 scales from their bytes: a minifloat's code through its table, or an f32's top bits; F16's by
+    torch's own widening, exact as the table (binary16 is the table's F16, NaN to NaN)."""
     traits = dtype.traits
+    if dtype is ScaleDtype.F16:
+        return region.clone().view(torch.float16).to(torch.float32)  # the clone: a 2-byte aligned start
     words = torch.zeros(region.numel() // traits.bytes, 4, dtype=torch.uint8, device=region.device)
     words[:, : traits.bytes] = region.reshape(-1, traits.bytes)
     codes = words.view(torch.int32).reshape(-1)

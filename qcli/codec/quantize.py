@@ -62,9 +62,10 @@ class EncodeObserver(Protocol):
         """Before any chunk: the whole tensor's `block_reduce`, grid-shaped (f32 max|x| under MinMax, f64
         sum|x| under AbsMean), and the payload, whose scales are in place and whose values follow."""
 
-    def chunk(self, rows: torch.Tensor, values: torch.Tensor, first_block: int) -> None:
-        """A chunk just packed: its source rows (f32, the tensor's grid shape), the payload bytes that now
-        hold their values, and the flat index of its first block in the tensor's grid."""
+    def chunk(self, rows: torch.Tensor, fields: torch.Tensor, values: torch.Tensor, first_block: int) -> None:
+        """A chunk just packed: its source rows (f32, the tensor's grid shape), their fields (one byte each,
+        `qcli.codec.values.to_fields`' of the same shape), the payload bytes that now hold them, and the
+        flat index of its first block in the tensor's grid."""
 
 
 def encode(
@@ -105,7 +106,7 @@ def encode(
             pack_fields(fields, scheme, values)
         offset += values.numel()
         if observer is not None:
-            observer.chunk(piece, values, grid_rows.start * blocks_per_row)
+            observer.chunk(piece, fields, values, grid_rows.start * blocks_per_row)
     return out
 
 

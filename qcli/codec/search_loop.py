@@ -1,22 +1,30 @@
-"""The scale search in one compiled loop on the CPU's cores: the `_search` extension (`_search.c`), which
-the build compiles where it finds a C compiler. It works out each block's candidates, measures them and
-keeps the least, as `qcli.codec.search` does with torch (docs/arithmetic.md §6): the same candidates in
-the same order, the same integer errors, so the same bytes, each block read once while it is in registers
-where torch makes a dozen passes over every candidate's copy of the piece. Without it (`BUILT` false) the
-search takes torch's passes, more slowly.
+"""The CPU codec's compiled loops on the CPU's cores: the `_search` extension (`_search.c`), which the
+build compiles where it finds a C compiler.
+
+The scale search (`choose`, `errors`) works out each block's candidates, measures them and keeps the
+least, as `qcli.codec.search` does with torch (docs/arithmetic.md §6): the same candidates in the same
+order, the same integer errors, so the same bytes, each block read once while it is in registers where
+torch makes a dozen passes over every candidate's copy of the piece. `measured` measures a chunk's encode
+from its codes, as `qcli.measure` does from a decode, in one read of the chunk; `integer_codes` and
+`minifloat_codes` make the codes as `qcli.codec.values.to_fields` and `qcli.codec.minifloat.encode` do, in
+one pass where torch takes several.
+Without the extension (`BUILT` false) the search and the codes take torch's passes and the measuring
+decodes, more slowly.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from qcli.codec import minifloat
 from qcli.codec.blocks import block_rows, broadcast_to_blocks, to_blocks
 from qcli.layout import BlockGrid
-from qcli.scheme import QuantScheme, QuantValue
+from qcli.scheme import MinifloatFormat, QuantScheme, QuantValue
 
 try:
     from qcli.codec import _search  # type: ignore[attr-defined]  # the C extension, where built: no stub
@@ -105,6 +113,55 @@ def _errors(x: torch.Tensor, w: torch.Tensor | None, scales: torch.Tensor, units
                        block_stride, rows, *_value_constants(value))
 
     _shared(run, rows, elements * count)
+
+
+def measured(rows: torch.Tensor, fields: torch.Tensor, scales: torch.Tensor, grid: BlockGrid, value: QuantValue,
+             errors: torch.Tensor, peaks: torch.Tensor | None = None) -> tuple[float, float]:
+    """The energies (sum x^2, sum (x' - x)^2, float64) of the f32 CPU chunk `rows` (of `grid.shape`) against
+    its decode x' from `fields` (the codec's, one byte each, of the same shape) and `scales` (each block's
+    decode scale, flat f32 in grid order), each product and difference the f32 one `qcli.codec.decode`
+    and `qcli.measure` form; each block's largest |x' - x| raises `errors` (flat f32, one per block; NaN
+    stays), its largest |x| `peaks` where given. On the calling thread: a chunk is measured at about 1 G
+    values a second on one core, and sharing it out among threads made it no faster (docs/benchmarks.md)."""
+    x = block_rows(to_blocks(rows, grid), grid)
+    codes = block_rows(to_blocks(fields, grid), grid)
+    table = _value_table(value) if value.is_minifloat() else None
+    blocks, elements = x.shape
+    return _search.measured(x.data_ptr(), codes.data_ptr(), _address(table, 0), scales.data_ptr(),
+                            errors.data_ptr(), _address(peaks, 0), blocks, elements)
+
+
+def integer_codes(x: torch.Tensor, effective: torch.Tensor, grid: BlockGrid, value: QuantValue,
+                  out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """`qcli.codec.values.to_fields` of an integer value type (int8 of `grid.shape`, into `out` where given) for
+    the contiguous f32 CPU `x` and its blocks' effective scales (grid-shaped), in one pass on the calling
+    thread; None where the blocks do not lie in `x`'s own order (blocks across rows, or padded), which
+    torch's passes then take."""
+    if not (math.prod(grid.grid) == 1 or (grid.padded == grid.shape and all(b == 1 for b in grid.block[:-1]))):
+        return None
+    out = torch.empty(grid.shape, dtype=torch.int8) if out is None else out
+    scales = effective.reshape(-1).to(torch.float32).contiguous()
+    lo, hi = value.range()
+    blocks = scales.numel()
+    _search.integer_codes(x.data_ptr(), scales.data_ptr(), out.data_ptr(), blocks, x.numel() // max(blocks, 1),
+                          float(lo), float(hi))
+    return out
+
+
+def minifloat_codes(v: torch.Tensor, fmt: MinifloatFormat, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`qcli.codec.minifloat.encode` of the contiguous f32 CPU `v` (within the format's range) in one pass on
+    the calling thread, as uint8 codes of `v`'s shape (into `out`, of as many bytes, where given)."""
+    out = torch.empty(v.shape, dtype=torch.uint8) if out is None else out
+    _search.minifloat_codes(v.data_ptr(), out.data_ptr(), v.numel(), fmt.mantissa_bits, fmt.bias, fmt.sign_bit,
+                            fmt.min_normal_f32_bits, 1.0 / fmt.subnormal_spacing)
+    return out
+
+
+@functools.cache
+def _value_table(value: QuantValue) -> torch.Tensor:
+    """f32 value of each of the 256 bytes as a minifloat code of `value` (NaN past its codes)."""
+    codes = minifloat.table(minifloat.FORMATS[value])
+    return torch.cat([codes, torch.full((256 - codes.numel(),), torch.nan)]).contiguous()
 
 
 def _shared(run: Callable[[int, int], None], rows: int, work_per_row: int) -> None:

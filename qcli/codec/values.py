@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from qcli.codec import minifloat
+from qcli.codec import minifloat, search_loop
 from qcli.codec.blocks import from_blocks, per_block, to_blocks
 from qcli.layout import BlockGrid
 from qcli.scheme import QuantValue
@@ -27,7 +27,14 @@ def to_fields(
     and `out` (flat, one byte per element) the fields when given, each at least as long as the blocks:
     buffers reused chunk after chunk, where a fresh tensor each time costs its page faults. `zero_scale`
     says whether any of `effective` is zero, when the caller knows (for every chunk of a tensor at once).
+    On the CPU the compiled loop makes the same codes in one pass (`search_loop.integer_codes`, where the
+    blocks lie in the tensor's own order, and `search_loop.minifloat_codes`).
     """
+    if not value.is_minifloat() and _compiled(x) and x.is_contiguous():
+        target = _part(None if out is None else out.view(torch.int8), grid.shape)
+        codes = search_loop.integer_codes(x, effective, grid, value, target)
+        if codes is not None:
+            return codes
     blocks = to_blocks(x, grid)
     v = torch.div(blocks, per_block(effective, grid), out=_part(scratch, blocks.shape))  # IEEE, as div_rn
     # An exact zero stays zero. x / s already gives x for x == ±0 unless s underflowed to 0 (0/0), so the
@@ -40,12 +47,21 @@ def to_fields(
     a, b = value.range()
     v = from_blocks(v, grid).clamp_(a, b)
     if value.is_minifloat():
-        codes = minifloat.encode(v.contiguous(), minifloat.FORMATS[value])
-        target = _part(None if out is None else out.view(torch.uint8), grid.shape)
+        fmt, target = minifloat.FORMATS[value], _part(None if out is None else out.view(torch.uint8), grid.shape)
+        if _compiled(v):
+            return search_loop.minifloat_codes(v.contiguous(), fmt, target)
+        codes = minifloat.encode(v.contiguous(), fmt)
         return codes.to(torch.uint8) if target is None else target.copy_(codes)  # codes fit a byte
     v.round_()  # half to even; clamping first is the same, a and b are integers
     target = _part(None if out is None else out.view(torch.int8), grid.shape)
     return v.to(torch.int8) if target is None else target.copy_(v)
+
+
+def _compiled(x: torch.Tensor) -> bool:
+    """Whether the compiled loop makes the codes of `x`: f32 on the CPU, where it is built, outside
+    torch.compile."""
+    return search_loop.BUILT and x.device.type == "cpu" and x.dtype == torch.float32 \
+        and not torch.compiler.is_compiling()
 
 
 def _part(buffer: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor | None:

@@ -59,15 +59,16 @@ class Pair:
 
 def evaluate_file(quantized: str | Path, *, against: str | Path, text: str | Path, samples: int | None = None,
                   seq_len: int | None = None, names: str | None = None, device: str = "auto",
-                  progress=None) -> EvalReport:
+                  per_tensor: bool = False, progress=None) -> EvalReport:
     """Score `quantized` (a .bpk, the index of its shards, or a model folder holding `model.bpk`) against
-    `against`, the checkpoint it was written from (or ORG/NAME in the local Hugging Face cache).
-
-    The scores are the mean next-token KL(source || quantized), the top-1 agreement and both perplexities, on
-    at most `samples` windows of `seq_len` tokens laid end to end from the start of `text`. The model is built
-    from the config.json and tokenizer of the model folder, else of the source's folder (`model_folder`).
-    `names` picks a GGUF source's tensor names; by default it is what the model folder's record says quantize
-    used. `progress(done, count, seconds)` hears of each window scored."""
+    `against` (the checkpoint it was written from: safetensors, GGUF, or ORG/NAME in the local Hugging Face
+    cache) on at most `samples` windows of `seq_len` tokens laid end to end from the start of `text`: the mean
+    next-token KL(source || quantized), the top-1 agreement and both perplexities. The model is built from the
+    config.json of the model folder, else the source's folder, and its tokenizer is the same folder's.
+    `names`: a GGUF source's tensor names (`file` or `hf`); by default what a model folder's record says
+    quantize read it with, else `file`. `per_tensor`: also score each tensor whose decoded values differ
+    from the source's with it alone quantized (one more forward pass a window each). `progress(done, count,
+    seconds)` is told each window scored."""
     data = Path(text)
     given = CalibrationInput(data, SAMPLES if samples is None else samples, SEQ_LEN if seq_len is None else seq_len)
     given.check_windows()
@@ -89,15 +90,15 @@ def evaluate_file(quantized: str | Path, *, against: str | Path, text: str | Pat
             lambda name: _source_values(source, pairs[name].source, found.get(pairs[name].source)), described)
         from qcli.calibrate.evaluate import evaluate_quantized
 
-        result, chosen, windows = evaluate_quantized(checkpoint, lambda name: decoded(reader, pairs[name]), given,
-                                                     device, progress)
+        result, each, chosen, windows = evaluate_quantized(checkpoint, lambda name: decoded(reader, pairs[name]),
+                                                           given, device, progress, per_tensor)
     return EvalReport(
         quantized_path=str(quantized), source_path=str(against), config=checkpoint.described,
         text=windows.name, text_sha256=windows.sha256, seq_len=int(windows.tokens.shape[1]), scores=result,
         quantized=sum(isinstance(p.entry.dtype, QFloat) for p in pairs.values()),
         kept=sum(not isinstance(p.entry.dtype, QFloat) for p in pairs.values()),
         transposed=sum(p.transposed for p in pairs.values()), device=chosen,
-        seconds=time.perf_counter() - started, shortfall=windows.shortfall)
+        seconds=time.perf_counter() - started, shortfall=windows.shortfall, each=each)
 
 
 def model_folder(folder: Path | None, source: Path, scratch: Path) -> tuple[Path, str]:

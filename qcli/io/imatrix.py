@@ -354,6 +354,19 @@ def gguf_to_hf_names(names: Iterable[str], model_type: str, hf: Iterable[str] | 
                         for base, suffix in [split_suffix(name)] if base in bases})
 
 
+_EXPERT = re.compile(r"\.experts\.(\d{1,9})\.")  # a per-expert tensor's expert: `mlp.experts.3.w1.weight`
+
+
+def expert_stem(name: str) -> tuple[str, int | None]:
+    """A per-expert tensor's name as llama.cpp's converter merges every expert's into one (`...experts.3.w1.weight`
+    -> `...experts.w1.weight`, which the gguf package's tables name `blk.N.ffn_gate_exps.weight`) and its
+    expert; another name as it is, and None."""
+    found = _EXPERT.search(name)
+    if found is None:
+        return name, None
+    return name[: found.start()] + ".experts." + name[found.end():], int(found.group(1))
+
+
 def hf_to_gguf_names(names: Iterable[str], model_type: str) -> dict[str, str]:
     """Each of `names` in Hugging Face's naming mapped to llama.cpp's (`model.layers.3.mlp.down_proj.weight` ->
     `blk.3.ffn_down.weight`); a name no table gives is left out.

@@ -350,7 +350,8 @@ class _Planner:
         reason adds to say so."""
         if calibration is not Calibration.Gptq or info.name in self.calibrated:
             return calibration, ""
-        return fallback, f" ({fallback.name}: not a Linear in the model's blocks, which GPTQ calibrates)"
+        return fallback, (f" ({fallback.name}: not a Linear (nor an expert's) in the model's blocks, which GPTQ "
+                          "calibrates)")
 
     def calibration_refused(self, info: TensorInfo, rule: Rule, scheme: QuantScheme,
                             calibration: Calibration) -> str | None:

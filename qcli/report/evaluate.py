@@ -27,7 +27,9 @@ class Evaluation:
 class EvalReport:
     """A quantized model's next-token predictions against its source's (`scores`), on windows of `seq_len`
     tokens of the text; the tensors the quantized file holds by what they are (`quantized`, `kept`,
-    `transposed`: the decoded ones written `[in, out]`, turned back); where it ran, and how long."""
+    `transposed`: the decoded ones written `[in, out]`, turned back); where it ran, and how long; with
+    --per-tensor, `each`: the scores of each tensor whose decoded values differ from the source's, quantized
+    alone (every other at the source's values), by its name in the file."""
 
     quantized_path: str
     source_path: str
@@ -42,6 +44,12 @@ class EvalReport:
     device: str
     seconds: float
     shortfall: str | None = None
+    each: dict[str, Evaluation] | None = None
+
+    @property
+    def worst(self) -> list[tuple[str, Evaluation]]:
+        """Each tensor scored alone (`each`, by its name in the file), the largest KL first."""
+        return sorted((self.each or {}).items(), key=lambda item: (-item[1].kl, item[0]))
 
     def to_json(self) -> dict:
         scores = self.scores
@@ -63,4 +71,6 @@ class EvalReport:
             "device": self.device,
             "seconds": self.seconds,
             "warnings": [] if self.shortfall is None else [self.shortfall],
-        }
+        } | ({} if self.each is None else {"per_tensor": [
+            {"name": name, "kl": finite(own.kl), "kl_max": finite(own.kl_max), "same_top1": own.same_top1,
+             "perplexity": finite(own.perplexity)} for name, own in self.worst]})

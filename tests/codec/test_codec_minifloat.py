@@ -1,18 +1,30 @@
 """Minifloat codes: E4M3/E5M2 against torch's float8 conversions (an independent oracle), E2M1 against
-the hand-written code table and the tie cases of qfloat-spec §2.5."""
+the hand-written code table and the tie cases of qfloat-spec §2.5; each by torch's passes
+(`minifloat.encode`) and by the compiled loop (`search_loop.minifloat_codes`, where it is built)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from qcli.codec import minifloat
+from qcli.codec import minifloat, search_loop
 from qcli.scheme import E2M1, E4M3, E5M2
 
 FP8 = [pytest.param(E4M3, torch.float8_e4m3fn, id="E4M3"), pytest.param(E5M2, torch.float8_e5m2, id="E5M2")]
 
 # qfloat-spec §3.5 / §4: codes 0..7 are these magnitudes, 8..15 their negatives (8 is -0).
 E2M1_TABLE = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def _loop_codes(v: torch.Tensor, fmt) -> torch.Tensor:
+    return search_loop.minifloat_codes(v.contiguous(), fmt).to(torch.int32)
+
+
+ENCODERS = [
+    pytest.param(minifloat.encode, id="torch"),
+    pytest.param(_loop_codes, id="loop",
+                 marks=pytest.mark.skipif(not search_loop.BUILT, reason="the compiled loop is not built")),
+]
 
 
 def oracle(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -33,18 +45,20 @@ def boundary_inputs(fmt) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(("fmt", "dtype"), FP8)
-def test_fp8_codes_at_every_boundary_match_torch(fmt, dtype):
+@pytest.mark.parametrize("encode", ENCODERS)
+def test_fp8_codes_at_every_boundary_match_torch(fmt, dtype, encode):
     v = boundary_inputs(fmt)
-    assert torch.equal(minifloat.encode(v, fmt), oracle(v, dtype))
+    assert torch.equal(encode(v, fmt), oracle(v, dtype))
 
 
 @pytest.mark.parametrize(("fmt", "dtype"), FP8)
-def test_fp8_codes_of_random_values_match_torch(fmt, dtype):
+@pytest.mark.parametrize("encode", ENCODERS)
+def test_fp8_codes_of_random_values_match_torch(fmt, dtype, encode):
     gen = torch.Generator().manual_seed(3)
     n = 400_000
     v = torch.randn(n, generator=gen) * torch.exp2(torch.randint(-40, 20, (n,), generator=gen).float())
     v = v.clamp(-fmt.max, fmt.max)
-    assert torch.equal(minifloat.encode(v, fmt), oracle(v, dtype))
+    assert torch.equal(encode(v, fmt), oracle(v, dtype))
 
 
 @pytest.mark.parametrize(("fmt", "dtype"), FP8)
@@ -75,9 +89,10 @@ def test_e2m1_table():
     assert minifloat.table(E2M1).tolist() == E2M1_TABLE + [-m for m in E2M1_TABLE]
 
 
-def test_e2m1_codes_of_the_grid_and_their_negatives():
+@pytest.mark.parametrize("encode", ENCODERS)
+def test_e2m1_codes_of_the_grid_and_their_negatives(encode):
     v = torch.tensor(E2M1_TABLE + [-m for m in E2M1_TABLE])
-    assert minifloat.encode(v, E2M1).tolist() == list(range(16))
+    assert encode(v, E2M1).tolist() == list(range(16))
 
 
 @pytest.mark.parametrize(
@@ -109,9 +124,10 @@ def test_e2m1_codes_of_the_grid_and_their_negatives():
         (-7.0, 15),
     ],
 )
-def test_e2m1_rounding(x, code):
+@pytest.mark.parametrize("encode", ENCODERS)
+def test_e2m1_rounding(x, code, encode):
     v = torch.tensor([x]).clamp(-6, 6)
-    assert minifloat.encode(v, E2M1).item() == code
+    assert encode(v, E2M1).item() == code
 
 
 def test_decode_maps_codes_through_the_table():

@@ -141,3 +141,28 @@ def test_without_the_loop_the_search_writes_the_same_bytes(preset, monkeypatch):
     assert torch.equal(with_loop[0], without[0]) and torch.equal(with_loop[1], without[1])
     if scheme.block is not None:  # the search chose scales of its own
         assert not torch.equal(with_loop[0], encode(x, scheme, Calibration.MinMax))
+
+
+@pytest.mark.parametrize("scheme,calibration,shape", [case for case in all_schemes()
+                                                      if case[1] is not Calibration.Mse],
+                         ids=lambda case: str(case))
+def test_the_compiled_codes_write_torchs_bytes(scheme, calibration, shape, monkeypatch):
+    # Every value type's codes (`integer_codes`, `minifloat_codes`) against torch's passes without the
+    # loop, on values over many binades with zero rows, in every store, block and scale dtype.
+    x = hostile(shape, seed=7)
+    with_loop = encode(x, scheme, calibration)
+    monkeypatch.setattr(search_loop, "BUILT", False)
+    assert torch.equal(with_loop, encode(x, scheme, calibration))
+
+
+def test_the_compiled_integer_codes_take_blocks_in_the_tensors_own_order_only():
+    # Rows of [32] blocks (and one per-tensor block) are the tensor's order; [2, 16] tiles and padded
+    # edge blocks are not, and torch's passes take those.
+    x = hostile((4, 64), seed=8)
+    value = QuantValue.Q4S
+    for block, taken in (([32], True), ([2, 16], False), ([48], False)):
+        grid = BlockGrid.of(QuantScheme().with_value(value).per_block(block, ScaleDtype.F32), x.shape)
+        effective = torch.ones(grid.grid)
+        assert (search_loop.integer_codes(x, effective, grid, value) is not None) == taken, block
+    grid = BlockGrid.of(QuantScheme().with_value(value).per_tensor(ScaleDtype.F32), x.shape)
+    assert search_loop.integer_codes(x, torch.ones(grid.grid), grid, value) is not None

@@ -71,6 +71,16 @@ def hand_decoded(bpk: Path) -> dict[str, torch.Tensor]:
 def direct(model: Path, weights: dict[str, torch.Tensor]) -> dict:
     """KL(source || quantized), top-1 agreement and both perplexities, from the models' logits on WINDOWS
     windows of SEQ_LEN tokens laid end to end from the text's start (the tokenizer adds no special token)."""
+    from transformers import AutoModelForCausalLM
+
+    other = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    missing, unexpected = other.load_state_dict(weights, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    return compared(model, other)
+
+
+def compared(model: Path, other: torch.nn.Module) -> dict:
+    """`direct`'s scores of the model `other` against `model`'s own."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -78,9 +88,6 @@ def direct(model: Path, weights: dict[str, torch.Tensor]) -> dict:
     assert tokenizer("a").input_ids == tokenizer("a", add_special_tokens=False).input_ids
     windows = torch.tensor(ids[: WINDOWS * SEQ_LEN]).view(WINDOWS, SEQ_LEN)
     source = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    other = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    missing, unexpected = other.load_state_dict(weights, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}
     with torch.no_grad():
         p = source(windows).logits[:, :-1].double().log_softmax(-1).reshape(-1, 300)
         q = other(windows).logits[:, :-1].double().log_softmax(-1).reshape(-1, 300)
@@ -248,3 +255,93 @@ def test_smollm2_against_its_gguf(smollm2, tmp_path):  # noqa: F811
     assert report["config"] == f"{smollm2} (its metadata)" and report["tokens"] == 2 * 63
     assert 0 < report["kl"] < 1 and 0.4 < report["same_top1"] < 1
     assert 1 < report["perplexity"]["source"] < report["perplexity"]["quantized"] < 4 * report["perplexity"]["source"]
+
+
+def alone_recipe(tmp_path: Path, *names: str) -> Path:
+    """A recipe that quantizes `names` to Q4S in blocks of 32 (F16 scales) and keeps every other tensor."""
+    recipe = tmp_path / "alone.toml"
+    rules = "".join(f'[[rule]]\nmatch = "{n}"\nvalue = "Q4S"\nblock = [32]\nblock_scale = "F16"\n\n' for n in names)
+    recipe.write_text("version = 1\n" + rules + KEEP_ALL)
+    return recipe
+
+
+def test_one_tensor_quantized_contributes_the_whole_kl(model, tmp_path):
+    name = "model.layers.1.mlp.down_proj.weight"
+    got = evaluate(quantized(model, tmp_path / "one.bpk", "--recipe", alone_recipe(tmp_path, name)), model,
+                   "--per-tensor", "3")
+    assert [t["name"] for t in got["per_tensor"]] == [name]
+    alone = got["per_tensor"][0]
+    assert got["kl"] > 1e-6 and alone["kl"] == got["kl"] and alone["kl_max"] == got["kl_max"]
+    assert alone["same_top1"] == got["same_top1"] and alone["perplexity"] == got["perplexity"]["quantized"]
+
+
+def test_each_tensor_alone_is_a_direct_computation(model, tmp_path):
+    """Two tensors quantized: each one's scores are those of the source model with that one tensor's values
+    replaced by its hand-decoded ones (transformers' model loaded by itself), the largest KL first."""
+    from safetensors.torch import load_file
+
+    names = ["model.layers.0.self_attn.v_proj.weight", "model.layers.1.mlp.up_proj.weight"]
+    bpk = quantized(model, tmp_path / "two.bpk", "--recipe", alone_recipe(tmp_path, *names), "--transpose")
+    got = evaluate(bpk, model, "--per-tensor", "1")
+    source, decoded = load_file(model / "model.safetensors"), hand_decoded(bpk)
+    want = {n: direct(model, source | {n: decoded[n]}) for n in names}
+    assert [t["name"] for t in got["per_tensor"]] == sorted(names, key=lambda n: -want[n]["kl"])
+    for alone in got["per_tensor"]:
+        expected = want[alone["name"]]
+        assert expected["kl"] > 1e-6
+        assert alone["kl"] == pytest.approx(expected["kl"], rel=1e-3, abs=1e-7)
+        assert alone["same_top1"] == pytest.approx(expected["same_top1"], abs=1.5 / expected["tokens"])
+        assert alone["perplexity"] == pytest.approx(expected["quantized"], rel=1e-4)
+    both = direct(model, source | {n: decoded[n] for n in names})
+    assert got["kl"] == pytest.approx(both["kl"], rel=1e-3, abs=1e-7)
+
+
+def test_the_worst_tensors_table(model, tmp_path):
+    names = ["model.layers.0.self_attn.v_proj.weight", "model.layers.1.mlp.up_proj.weight"]
+    bpk = quantized(model, tmp_path / "two.bpk", "--recipe", alone_recipe(tmp_path, *names))
+    common = ("--text", model.parent / "text.txt", "--samples", "2", "--seq-len", str(SEQ_LEN), "--device", "cpu")
+    report = cli("eval", bpk, "--against", model, *common, "--json", "--per-tensor", "1").json
+    done = cli("eval", bpk, "--against", model, *common, "--per-tensor", "1")
+    assert done.code == 0, done.err
+    lines = done.out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("each tensor quantized alone"))
+    assert "exact, 2 tensors" in lines[start] and "the 1 of largest KL" in lines[start]
+    worst = report["per_tensor"][0]
+    assert lines[start + 1].split() == ["tensor", "KL", "share", "top-1", "perplexity"]
+    row = lines[start + 3].split()
+    assert row[:2] == [worst["name"], f"{worst['kl']:.5f}"]
+    total = sum(t["kl"] for t in report["per_tensor"])
+    assert row[2] == f"{100 * worst['kl'] / total:.1f}"
+    assert lines[start + 4].startswith("sum over the 2 tensors")
+    plain = cli("eval", bpk, "--against", model, *common)
+    assert "each tensor" not in plain.out and "per_tensor" not in cli("eval", bpk, "--against", model, *common,
+                                                                        "--json").json
+    lines = eval_error(bpk, model, model.parent / "text.txt", 2, "--per-tensor", "0")
+    assert "--per-tensor 0" in lines[0] and "--per-tensor 10" in lines[-1]
+
+
+def test_fused_experts_are_made_of_the_files_tensors(tmp_path):
+    """A Mixtral whose experts transformers fuses from the per-expert tensors the file holds: the scores are
+    those of transformers' own model loaded from a checkpoint of the hand-decoded tensors (its own conversion
+    fusing them), and --per-tensor scores each fused parameter under the model's name."""
+    import shutil
+
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from tests.calibrate_support import tiny_decoder
+
+    model = tiny_decoder(tmp_path / "mixtral", "mixtral")
+    (tmp_path / "text.txt").write_text(TEXT)
+    bpk = quantized(model, tmp_path / "q.bpk")
+    got = evaluate(bpk, model, "--per-tensor", "1")
+    decoded = shutil.copytree(model, tmp_path / "decoded")
+    save_file({k: v.contiguous() for k, v in hand_decoded(bpk).items()}, decoded / "model.safetensors",
+              metadata={"format": "pt"})
+    want = compared(model, AutoModelForCausalLM.from_pretrained(decoded, dtype=torch.float32).eval())
+    assert want["kl"] > 1e-6
+    assert got["kl"] == pytest.approx(want["kl"], rel=1e-3, abs=1e-7)
+    assert got["perplexity"]["quantized"] == pytest.approx(want["quantized"], rel=1e-4)
+    names = {t["name"] for t in got["per_tensor"]}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in names and "model.layers.3.mlp.experts.down_proj" in names
+    assert "model.layers.0.self_attn.q_proj.weight" in names

@@ -18,10 +18,12 @@ import torch
 
 import qcli.codec
 from qcli import layout, measure
+from qcli.codec import search_loop
 from qcli.error_stats import ErrorStats
 from qcli.measure import Measurement, whole_range
 from qcli.pipeline import GpuSettings
-from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue, ScaleDtype
+from qcli.presets import PRESETS
+from qcli.scheme import Calibration, Native, PackedU32, QuantScheme, QuantValue, ScaleDtype, accept_problems
 from tests import qfloat_reference as ref
 from tests.kernel_support import checkpoint, fixed_plan
 
@@ -127,6 +129,66 @@ def test_slices_measure_what_the_whole_tensor_does(case, shape, monkeypatch, cou
     assert_close(got, want)
     assert got.max_abs == pytest.approx(expected_stats(x, decoded)[2], rel=F32_SUMS)
     assert sliced.failure() is None and whole.failure() is None
+
+
+def encoded_and_measured(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration
+                         ) -> tuple[torch.Tensor, Measurement]:
+    """The payload of `x` and its measurement as the CPU pipeline takes them, while the codec encodes."""
+    m = Measurement.on("cpu")
+    observer = m.measuring(x, scheme, calibration)
+    payload = qcli.codec.encode(x, scheme, calibration, observer=observer)
+    observer.finish()
+    return payload, m
+
+
+@pytest.mark.parametrize("loop", [True, False], ids=["codes", "decode"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_cpu_pipeline_measures_the_reference_decode(case, loop, monkeypatch) -> None:
+    # Measured from the codes in the compiled loop, or from the decode of every chunk without it: the same
+    # payload as the reference writer's, the statistics of its decode (to the f32 rounding of the differences).
+    if loop and not search_loop.BUILT:
+        pytest.skip("the compiled loop is not built (no C compiler)")
+    monkeypatch.setattr(search_loop, "BUILT", loop)
+    scheme, calibration, _ = CASES[case]
+    x = source((40, 48))
+    payload, decoded = reference(x, case)
+    got, m = encoded_and_measured(x, scheme, calibration)
+    assert torch.equal(got, payload)
+    assert_close(m.stats(), ErrorStats(*expected_stats(x, decoded)))
+    assert m.failure() is None
+
+
+@pytest.mark.skipif(not search_loop.BUILT, reason="the compiled loop is not built (no C compiler)")
+@pytest.mark.parametrize("preset,calibration", [
+    (name, calibration) for name, preset in PRESETS.items()
+    for calibration in (Calibration.MinMax, Calibration.AbsMean, Calibration.Mse)
+    if not accept_problems(preset.scheme, calibration)
+])
+def test_measuring_from_the_codes_gives_what_the_decode_does(preset, calibration) -> None:
+    # Every preset, a bf16 tensor of rows five orders of magnitude apart, in several chunks: the compiled
+    # loop's sums against a decode of the whole payload (`Measurement.add`, held to the reference writer
+    # above): the largest error, the bound check and the range loss alike, the energies to f32 rounding.
+    scheme = PRESETS[preset].scheme
+    x = (source((1200, 512)) * 100).to(torch.bfloat16)
+    payload, chunked = encoded_and_measured(x, scheme, calibration)
+    decoded = Measurement.on("cpu")
+    decoded.add(x, payload, scheme, calibration)
+    assert_close(chunked.stats(), decoded.stats())
+    assert chunked.stats().max_abs == decoded.stats().max_abs
+    assert (chunked.failure(), chunked.range_loss()) == (decoded.failure(), decoded.range_loss())
+
+
+@pytest.mark.skipif(not search_loop.BUILT, reason="the compiled loop is not built (no C compiler)")
+def test_measuring_from_the_codes_sums_tiny_and_huge_values_in_float64() -> None:
+    # Squares of 1e-30 underflow f32 and of 1e25 overflow it: the block is summed again in float64.
+    scheme = PRESETS["q8s-b32"].scheme
+    for magnitude in (1e-30, 1e25):
+        x = source((64, 64)) / 100 * magnitude
+        payload, chunked = encoded_and_measured(x, scheme, Calibration.MinMax)
+        decoded = qcli.codec.decode(payload, scheme, x.shape).double()
+        want = expected_stats(x.double(), decoded)
+        got = chunked.stats()
+        assert (got.rel_rms, got.max_abs) == pytest.approx(want[::2], rel=F32_SUMS), magnitude
 
 
 def flip_value(payload: torch.Tensor, case: str, shape: tuple[int, int], row: int, col: int) -> None:

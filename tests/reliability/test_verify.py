@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from qcli.codec import decode, encode
+from qcli.codec import decode, encode, search_loop
+from qcli.codec.quantize import CHUNK_ELEMENTS
 from qcli.errors import OutputError
 from qcli.io.burnpack import BurnpackReader, BurnpackWriter, TensorEntry
 from qcli.io.dtypes import Plain, QFloat
@@ -319,18 +320,45 @@ def test_cli_read_back_catches_bytes_changed_after_the_bound_check(tmp_path: Pat
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("flags", [[], ["--no-stats"], ["--no-verify"]], ids=["both", "verify", "stats"])
-def test_each_quantized_tensor_is_decoded_once(tmp_path: Path, monkeypatch, flags: list[str]) -> None:
-    # The CPU pipeline decodes each chunk's payload bytes as it packs them: every value once.
+def counted_decodes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """The shapes the payload decoder is called with, in order."""
     decoding = importlib.import_module("qcli.codec.decode")  # the module, which `qcli.codec.decode` is not
-    decoded: list[int] = []
+    decoded: list[tuple[int, ...]] = []
     real = decoding.decode_values
     monkeypatch.setattr(decoding, "decode_values",
-                        lambda values, scales, scheme, shape: decoded.append(math.prod(shape))
+                        lambda values, scales, scheme, shape: decoded.append(tuple(shape))
                         or real(values, scales, scheme, shape))
+    return decoded
+
+
+@pytest.mark.parametrize("flags", [[], ["--no-stats"], ["--no-verify"]], ids=["both", "verify", "stats"])
+def test_without_the_compiled_loop_each_quantized_tensor_is_decoded_once(tmp_path: Path, monkeypatch,
+                                                                         flags: list[str]) -> None:
+    # The CPU pipeline then decodes each chunk's payload bytes as it packs them: every value once.
+    monkeypatch.setattr(search_loop, "BUILT", False)
+    decoded = counted_decodes(monkeypatch)
     doc = cli("quantize", SINGLE, "-o", tmp_path / "o.bpk", "--device", "cpu", "--json", *flags).json
     quantized = [t for t in doc["tensors"] if t["decision"] == "quantize"]
-    assert sum(decoded) == sum(math.prod(t["shape"]) for t in quantized) > 0
+    assert sum(map(math.prod, decoded)) == sum(math.prod(t["shape"]) for t in quantized) > 0
+
+
+@pytest.mark.skipif(not search_loop.BUILT, reason="the compiled loop is not built (no C compiler)")
+@pytest.mark.parametrize("flags", [[], ["--no-stats"], ["--no-verify"]], ids=["both", "verify", "stats"])
+def test_the_compiled_loop_unpacks_a_sixteenth_of_each_quantized_tensor(tmp_path: Path, monkeypatch,
+                                                                        flags: list[str]) -> None:
+    # The loop measures every value from its code; the packed bytes of each chunk's first sixteenth of
+    # rows (rounded up) are unpacked and match those codes, so nothing is decoded. The sample's tensors
+    # are one chunk each, their blocks one row high.
+    decoded = counted_decodes(monkeypatch)
+    packing = importlib.import_module("qcli.codec.pack")
+    unpacked: list[tuple[int, ...]] = []
+    real = packing.unpack_fields
+    monkeypatch.setattr(packing, "unpack_fields",
+                        lambda region, scheme, shape: unpacked.append(tuple(shape)) or real(region, scheme, shape))
+    doc = cli("quantize", SINGLE, "-o", tmp_path / "o.bpk", "--device", "cpu", "--json", *flags).json
+    quantized = [t["shape"] for t in doc["tensors"] if t["decision"] == "quantize"]
+    assert all(math.prod(shape) <= CHUNK_ELEMENTS for shape in quantized) and quantized
+    assert unpacked == [(math.ceil(rows / 16), *rest) for rows, *rest in quantized] and decoded == []
 
 
 def test_no_verify_no_stats_decodes_nothing(tmp_path: Path, monkeypatch) -> None:
@@ -362,17 +390,23 @@ def test_each_source_tensor_is_read_once(tmp_path: Path, monkeypatch) -> None:
     assert sorted(loads) == sorted(t["name"] for t in doc["tensors"])
 
 
-def test_the_decode_and_its_measuring_are_timed_as_stats(tmp_path: Path, monkeypatch) -> None:
-    # A decode made slow on purpose shows in the stats phase, not in quantize.
-    decoding = importlib.import_module("qcli.codec.decode")
-    real, calls = decoding.decode_values, []
+@pytest.mark.parametrize("loop", [True, False], ids=["loop", "decode"])
+def test_the_decode_and_its_measuring_are_timed_as_stats(tmp_path: Path, monkeypatch, loop: bool) -> None:
+    # The measuring (the compiled loop's, or the decode without it) made slow on purpose shows in the stats
+    # phase, not in quantize.
+    if loop and not search_loop.BUILT:
+        pytest.skip("the compiled loop is not built (no C compiler)")
+    monkeypatch.setattr(search_loop, "BUILT", loop)
+    module, name = (search_loop, "measured") if loop else (importlib.import_module("qcli.codec.decode"),
+                                                           "decode_values")
+    real, calls = getattr(module, name), []
 
     def slow(*args):
         calls.append(1)
-        time.sleep(0.02)
+        time.sleep(0.1)  # one per chunk: over a second in all, beyond the quantizing of the tiny sample
         return real(*args)
 
-    monkeypatch.setattr(decoding, "decode_values", slow)
+    monkeypatch.setattr(module, name, slow)
     timings = cli("quantize", SINGLE, "-o", tmp_path / "o.bpk", "--device", "cpu", "--json").json["timings"]
-    assert calls and timings["stats"]["seconds"] >= 0.02 * len(calls)
+    assert calls and timings["stats"]["seconds"] >= 0.1 * len(calls)
     assert timings["quantize"]["seconds"] < timings["stats"]["seconds"]
