@@ -23,8 +23,9 @@ import functools
 import math
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 import triton
@@ -49,7 +50,7 @@ from qcli.kernels import _search as KS
 from qcli.kernels._arith import RESCALE_DOWN, RESCALE_UP, SAFE_HIGH, SAFE_LOW
 from qcli.kernels.constants import COMPILE_OPTIONS, clips, scale_constants, value_constants
 from qcli.scheme import Calibration, QuantScheme, check_accepted
-from qcli.tensor_range import TensorRange
+from qcli.tensor_range import TensorRange, taken
 
 _FLOAT_DTYPES = tuple(torch_dtype(d) for d in KERNEL_DTYPES)  # the rows' (`qcli.io.dtypes`)
 _TILE = 4096          # values per program (bench/tune.py: the fastest on an H200 for most schemes)
@@ -108,11 +109,11 @@ class _Launch:
     is 16-byte aligned, so the compiled kernel is kept per both: an input of another dtype (bf16 after f32)
     must not run the kernel compiled for the first."""
 
-    kernel: object
+    kernel: Any  # a Triton JITFunction (Triton has no type information)
     grid: int
-    ints: tuple
-    constexprs: dict
-    _compiled: dict = field(default_factory=dict)
+    ints: tuple[int, ...]
+    constexprs: dict[str, object]
+    _compiled: dict[tuple[object, ...], Callable[..., object]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # the parameters in order: pointers, ints, then the constexprs, which launch by position too
@@ -122,7 +123,8 @@ class _Launch:
 
     def __call__(self, *pointers) -> None:
         addresses = tuple(None if p is None else p.data_ptr() for p in pointers)
-        key = tuple(None if p is None else (p.dtype, a % 16 == 0) for p, a in zip(pointers, addresses, strict=True))
+        key = tuple(None if p is None or a is None else (p.dtype, a % 16 == 0)
+                    for p, a in zip(pointers, addresses, strict=True))
         runner = self._compiled.get(key)
         if runner is None:
             args = [p.tensor() if isinstance(p, _View) else p for p in pointers]
@@ -132,10 +134,11 @@ class _Launch:
                 if runner is not None:
                     self._compiled[key] = runner
             return
+        assert self._constexpr_values is not None, "a runner is kept only for a kernel launched by position"
         runner(*addresses, *self.ints, *self._constexpr_values)
 
 
-def _runner(compiled: object, grid: int, positional: bool):
+def _runner(compiled: Any, grid: int, positional: bool) -> Callable[..., object] | None:
     """The compiled kernel's own launcher for `grid` (it takes the current stream per call), or None where
     this Triton's compiled kernel offers none (its launch path is not public API): every launch then goes
     through the JIT, slower by its binding but the same kernel, and a warning says so once."""
@@ -221,7 +224,7 @@ def _tensor_alpha(whole: TensorRange, scheme: QuantScheme, calibration: Calibrat
     scheme (float64 division, IEEE on every device, then rounded once), else its largest |x|."""
     if calibration is Calibration.AbsMean and scheme.block is None:
         return whole.mean().to(torch.float32)
-    return whole.peak
+    return taken(whole.peak)
 
 
 def tensor_range(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, bad: torch.Tensor
@@ -265,13 +268,13 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
         fused = _fused_launch(scheme, shape, x.dtype, calibration)
         if fused is not None:
             launch, value_bytes, scale_bytes = fused
-            values = _View(out, 0, value_bytes, torch.int32 if scheme.size_bits_stored() == 32 else torch.uint8)
-            scales = _View(out, value_bytes, scale_bytes)
+            value_view = _View(out, 0, value_bytes, torch.int32 if scheme.size_bits_stored() == 32 else torch.uint8)
+            scale_view = _View(out, value_bytes, scale_bytes)
             if scheme.is_two_level():
                 peak = (whole or tensor_range(x, scheme, calibration, bad)).peak
-                launch(x, values, scales, _View(out, value_bytes + scale_bytes, 4), peak, bad)
+                launch(x, value_view, scale_view, _View(out, value_bytes + scale_bytes, 4), peak, bad)
             else:
-                launch(x, values, scales, None, None, bad)
+                launch(x, value_view, scale_view, None, None, bad)
             return
     grid = layout.BlockGrid.of(scheme, shape)
     value_bytes = layout.value_bytes(scheme, shape)
@@ -301,7 +304,7 @@ def searches_in_kernel(scheme: QuantScheme, shape: tuple[int, ...]) -> bool:
 
 
 def _column_or_row_weights(importance: torch.Tensor | None, scheme: QuantScheme, shape: tuple[int, ...], name: str
-                           ) -> tuple[torch.Tensor, int] | None | bool:
+                           ) -> tuple[torch.Tensor, int] | None | Literal[False]:
     """The search's integer weights (`importance_weights`) as the searched kernel reads them: (int32 weights
     on x's device, WEIGH_COLUMNS or WEIGH_ROWS), None where nothing weighs, or False for an importance
     that is neither per column nor per row (the torch search takes it)."""
@@ -445,7 +448,7 @@ def _scales(x, scheme: QuantScheme, calibration: Calibration, grid: layout.Block
     s_eff = torch.empty(n, dtype=torch.float32, device=x.device)
     r_eff = torch.empty_like(s_eff)
     scale_bytes = layout.scale_bytes(scheme, tuple(x.shape))
-    _scales_launch(scheme, n)(alpha, whole.peak if two_level else None, scales,
+    _scales_launch(scheme, n)(alpha, whole.peak if two_level and whole is not None else None, scales,
                               scales[scale_bytes:] if two_level else None, s_eff, r_eff)
     return s_eff, r_eff
 
@@ -470,10 +473,10 @@ def _searched(x, scheme: QuantScheme, grid: layout.BlockGrid, scales, bad, whole
     them. The ranges are MinMax's, from the range kernel."""
     if searched is None:
         if scheme.block is None:
-            alpha = (whole or tensor_range(x, scheme, Calibration.MinMax, bad)).peak
+            alpha = taken((whole or tensor_range(x, scheme, Calibration.MinMax, bad)).peak)
         else:
             alpha = _block_alpha(x, grid, Calibration.MinMax, bad)
-        peak = whole.peak.reshape(()) if whole is not None and scheme.is_two_level() else None
+        peak = taken(whole.peak).reshape(()) if whole is not None and scheme.is_two_level() else None
         search = Search(alpha.reshape(grid.grid), scheme, grid.shape, peak, importance=importance, name=name)
         band = grid.block[0] if scheme.block is not None else 1
         step = max(1, _SEARCH_PIECE // max(1, math.prod(grid.shape[1:]) * band)) * band

@@ -43,7 +43,7 @@ def shield_checkout(root: Path = _ROOT, name: str = SHADOWED) -> None:
     if name in sys.modules or not ((root / "pyproject.toml").is_file() and (root / name).is_dir()):
         return
     if _elsewhere(name, root) is None:
-        sys.modules[name] = None
+        sys.modules[name] = None  # type: ignore[assignment]  # import's "not found" mark, which typeshed omits
     elif not any(isinstance(finder, _Elsewhere) for finder in sys.meta_path):
         sys.meta_path.insert(0, _Elsewhere(name, root))
 

@@ -37,7 +37,7 @@ from qcli.codec.search import CLIPS
 from qcli.codec.stats import ErrorSums
 from qcli.problem import Kind, Problem, Severity
 from qcli.scheme import F32_MIN_POSITIVE, Calibration, QuantScheme, ScaleDtype, accept_problems
-from qcli.tensor_range import TensorRange
+from qcli.tensor_range import TensorRange, taken
 from qcli.text import quoted
 
 if TYPE_CHECKING:
@@ -106,7 +106,8 @@ def block_ranges(
     measures them; a per-tensor scheme's one block is `whole`'s."""
     grid = layout.BlockGrid.of(scheme, x.shape)
     if scheme.block is None:
-        return whole.peak.reshape(grid.grid), None
+        assert whole is not None, "a per-tensor scheme's one block is the whole tensor"
+        return taken(whole.peak).reshape(grid.grid), None
     blocks = to_blocks(x.to(torch.float32), grid).abs()
     peak = blocks.amax(dim=grid.block_axes)
     mean = None
@@ -132,14 +133,16 @@ def _alpha(peak: torch.Tensor, mean: torch.Tensor | None, scheme: QuantScheme, c
            whole: TensorRange | None) -> torch.Tensor:
     """The range each block's scale covers (docs/arithmetic.md §1), from `block_ranges`."""
     if scheme.block is None:
+        assert whole is not None, "a per-tensor scheme's one block is the whole tensor"
         return whole.mean().reshape(peak.shape) if calibration is Calibration.AbsMean else peak
-    return mean if calibration is Calibration.AbsMean else peak
+    return taken(mean) if calibration is Calibration.AbsMean else peak
 
 
-def _global_scale(whole: TensorRange, scheme: QuantScheme) -> torch.Tensor:
+def _global_scale(whole: TensorRange | None, scheme: QuantScheme) -> torch.Tensor:
     """A two-level scheme's f32 global, in float64: the tensor's peak scale over the scale dtype's max."""
+    assert whole is not None, "a two-level scheme's global is the whole tensor's"
     h, traits = scheme.value.half_range(), scheme.scale_dtype().traits
-    return torch.clamp(whole.peak.to(torch.float64) / h / traits.max, min=F32_MIN_POSITIVE)
+    return torch.clamp(taken(whole.peak).to(torch.float64) / h / traits.max, min=F32_MIN_POSITIVE)
 
 
 def bound_of(
@@ -158,6 +161,7 @@ def bound_of(
     # How far above the exact scale `round_up` may land: one unit of the dtype's last mantissa bit, or,
     # below the dtype's normal range, what it makes of the smallest scale, round_up(f32::MIN_POSITIVE).
     traits = dtype.traits
+    floor: float | torch.Tensor
     slack, floor = 2.0**-traits.mantissa_bits, max(traits.smallest, F32_MIN_POSITIVE)
     if scheme.is_two_level():
         cap, floor = float("inf"), _global_scale(whole, scheme) * (1 + _F32_ROUNDING) * floor
@@ -388,6 +392,7 @@ class Measurement:
         if not (underflowed or saturated):
             return None
         least, largest = self.needed.tolist()
+        assert self.scheme is not None, "a part was measured"
         return RangeLoss(self.scheme, self.blocks, underflowed, saturated, least, largest)
 
 
@@ -426,6 +431,7 @@ class ChunkedTensor:
         if not search_loop.BUILT:
             self._decoded(rows, values, first_block, energies=True)
         else:
+            assert self.scales is not None and self.peaks is not None, "`begin` comes first"
             grid = layout.BlockGrid.of(self.scheme, tuple(rows.shape))
             part = slice(first_block, first_block + math.prod(grid.grid))
             peaks = self.peaks[part] if self.calibration is Calibration.AbsMean else None
@@ -446,6 +452,7 @@ class ChunkedTensor:
         largest error, and with `energies` the sums."""
         from qcli.codec.decode import decode_values
 
+        assert self.scales is not None and self.peaks is not None, "`begin` comes first"
         grid = layout.BlockGrid.of(self.scheme, tuple(rows.shape))
         part = slice(first_block, first_block + math.prod(grid.grid))
         difference = decode_values(values, self.scales[part], self.scheme, rows.shape).sub_(rows)
@@ -460,6 +467,7 @@ class ChunkedTensor:
         started = time.perf_counter()
         m = self.measurement
         if self.errors.numel():
+            assert self.peaks is not None, "`begin` comes first"
             m.sums.max_abs = torch.maximum(m.sums.max_abs, self.errors.amax().to(torch.float64))
             peak = self.peaks.amax().reshape(1)
             total = torch.zeros(1, dtype=torch.float64) if self.abs_sums is None else self.abs_sums.sum().reshape(1)

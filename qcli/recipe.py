@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from pathlib import Path
+from typing import TypeVar
 
 from qcli.errors import RecipeError, SchemeError
 from qcli.io.dtypes import EXACT_FLOAT_DTYPES
@@ -64,6 +65,7 @@ DOCUMENTED_RULE_KEYS = ("match", "keep", *SCHEME_KEYS, "transpose", "preset", "c
 RULE_KEYS = (*DOCUMENTED_RULE_KEYS, *ZERO_POINT_KEYS)  # zero-point keys are read only to be refused
 STORES = {"PackedU32": PackedU32, "Native": Native, "PackedNative": PackedNative}
 LineOf = Callable[[str], int]  # the line of a key in the table being read
+_E = TypeVar("_E", bound=Enum)
 
 
 class ZeroPoint(StrEnum):
@@ -479,7 +481,7 @@ class _Parser:
             return None
         return value
 
-    def enum(self, table: dict, key: str, enum: type[Enum], line: LineOf) -> Enum | None:
+    def enum(self, table: dict, key: str, enum: type[_E], line: LineOf) -> _E | None:
         """An enum member by name, any case; None (with a fault) for an unknown name."""
         name = self.string(table, key, line)
         if name is None:
@@ -526,6 +528,7 @@ class _Parser:
             return name, None, None, (_zero_point_refusal(None, name),)
         if k_quant(key) is not None:  # Q3_K, Q6_K: symmetric, but with integer sub-block scales
             refused = foreign_preset(name)
+            assert refused is not None, "a k-quant's name is a foreign preset"
             return name, None, None, (Problem(Kind.scheme, refused.message, refused.hint),)
         self.fault(line, f"unknown preset {shown(name)}", f"{_suggest(key, list(PRESETS))}known presets: "
                    f"{', '.join(PRESETS)} (docs/presets.md)")
@@ -564,8 +567,8 @@ class _Parser:
             return None
         # stripped first: `\s*(\w+)\s*(...)?\s*` would backtrack quadratically over a run of spaces
         parsed = re.fullmatch(r"(\w+)\s*(?:\(\s*(\d{1,4})\s*\))?", name.strip())
-        kind = parsed and next((k for k in STORES if k.lower() == parsed.group(1).lower()), None)
-        if not kind or (kind == "Native" and parsed.group(2)):
+        kind = None if parsed is None else next((k for k in STORES if k.lower() == parsed.group(1).lower()), None)
+        if parsed is None or not kind or (kind == "Native" and parsed.group(2)):
             self.fault(line("store"), f"unknown store {shown(name)}",
                        f"{_suggest(name, list(STORES))}one of {', '.join(STORES)}")
             return None

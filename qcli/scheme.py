@@ -487,7 +487,8 @@ def _scheme_from_serde(obj: object) -> QuantScheme:
         ((kind, dim),) = store.items()
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
             raise ValueError(f"store dim {dim!r}")
-        parsed_store = {"PackedU32": PackedU32, "PackedNative": PackedNative}[kind](dim)
+        packed: dict[str, type[PackedU32 | PackedNative]] = {"PackedU32": PackedU32, "PackedNative": PackedNative}
+        parsed_store = packed[kind](dim)
     else:
         raise ValueError(f"store {store!r}")
     tensor = obj.get("tensor")

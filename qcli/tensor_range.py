@@ -25,11 +25,17 @@ class TensorRange:
     count: int
 
     def add(self, other: TensorRange) -> TensorRange:
-        """The range of both parts together."""
-        peak = None if self.peak is None else self.peak.maximum(other.peak)
-        total = None if self.total is None else self.total + other.total
+        """The range of both parts together (taken alike: what one has, the other has)."""
+        peak = None if self.peak is None else self.peak.maximum(taken(other.peak))
+        total = None if self.total is None else self.total + taken(other.total)
         return TensorRange(peak, total, self.count + other.count)
 
     def mean(self) -> torch.Tensor:
         """mean |x|, float64 (docs/arithmetic.md's AbsMean alpha before its f32 rounding)."""
-        return self.total / self.count
+        return taken(self.total) / self.count
+
+
+def taken(part: torch.Tensor | None) -> torch.Tensor:
+    """`peak` or `total` where the caller's scheme needs it, and so the range has it."""
+    assert part is not None, "the range is taken with what its scheme's scales need"
+    return part

@@ -71,9 +71,9 @@ def read_back(
             if written.name in found:
                 raise _failed(target, f"tensor '{written.name}' is written twice")
             found[written.name] = (reader, written, target)
-    written = {entry.info.name: entry.name for entry in plan.entries}  # source name -> name written
-    inputs = {written.get(name, name) for name in set(inputs) - plan.consumed()}
-    for name in sorted(inputs | set(written.values())):
+    renamed = {entry.info.name: entry.name for entry in plan.entries}  # source name -> name written
+    inputs = {renamed.get(name, name) for name in set(inputs) - plan.consumed()}
+    for name in sorted(inputs | set(renamed.values())):
         if name not in found:
             raise _failed(targets[0], f"input tensor '{name}' is missing from the output")
     for name in sorted(set(found) - inputs):

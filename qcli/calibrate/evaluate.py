@@ -185,7 +185,7 @@ def evaluate_quantized(checkpoint: Checkpoint, quantized: Callable[[str], torch.
     on and the windows."""
     from qcli.calibrate.checkpoint import check_positions
     from qcli.calibrate.data import consecutive_tokens, framed, read_calibration_text, special_frame
-    from qcli.calibrate.model import open_model
+    from qcli.calibrate.model import open_model, token_embedding
 
     assert given.data is not None
     text = read_calibration_text(given.data, "text")
@@ -210,7 +210,7 @@ def evaluate_quantized(checkpoint: Checkpoint, quantized: Callable[[str], torch.
         raise UsageError(f"--seq-len {given.seq_len} leaves no room for text beside the tokenizer's "
                          f"{len(before) + len(after)} special tokens", hint="pass a longer --seq-len")
     windows = framed(consecutive_tokens(text, tokenizer, given.samples, body), tokenizer)
-    rows = module.get_input_embeddings().num_embeddings
+    rows = token_embedding(module).num_embeddings
     if int(windows.tokens.max()) >= rows:
         raise InputError(printable(f"the tokenizer of {folder} gives token id {int(windows.tokens.max())} on the "
                                    f"text, past the {rows} rows of the model's token embedding"),
@@ -255,5 +255,5 @@ def _loaded(model: CalibrationModel, quantized: Callable[[str], torch.Tensor], d
         value = value.to(device, torch.float32)
         if not torch.equal(value, reference):
             values[name] = value
-    module.to(device)
+    module.to(device)  # type: ignore[arg-type]  # transformers' wrapper of `to` types its self as the argument
     return SwappedWeights(module, values)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -29,6 +30,9 @@ from torch.overrides import TorchFunctionMode
 from qcli.calibrate.gptq import Hessian
 from qcli.calibrate.model import Assembly
 from qcli.errors import UsageError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ class ExpertInputs(TorchFunctionMode):
     @staticmethod
     def _expert(weight: torch.Tensor, param: torch.Tensor) -> int:
         """Which expert of `param` the view `weight` is; an error for a view that is no one expert's whole."""
-        offset = weight.storage_offset() - param.storage_offset()
+        offset = int(weight.storage_offset() - param.storage_offset())  # torch types it a SymInt
         expert, rest = divmod(offset, param.stride(0))
         if rest or tuple(weight.shape) != tuple(param.shape[1:]) or weight.stride() != param.stride()[1:]:
             raise UsageError(f"the model's experts run F.linear on a part of one expert's weight ({list(weight.shape)} "
@@ -113,7 +117,7 @@ class ExpertInputs(TorchFunctionMode):
 
 
 @contextmanager
-def eager_experts(module: nn.Module) -> Iterator[None]:
+def eager_experts(module: PreTrainedModel) -> Iterator[None]:
     """transformers' eager experts inside (one `F.linear` an expert, `ExpertInputs` catches), the model's own
     choice put back on leaving; nothing for a transformers without the setting."""
     get = getattr(module, "get_experts_implementation", None)

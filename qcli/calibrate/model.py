@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -24,7 +24,8 @@ from qcli.errors import InputError, InternalError, UsageError
 from qcli.text import printable, quoted
 
 if TYPE_CHECKING:
-    from transformers import PretrainedConfig
+    from transformers import PretrainedConfig, PreTrainedModel
+    from transformers.core_model_loading import WeightConverter, WeightRenaming
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class Assembly:
     under the pattern of `converter` (a transformers WeightConverter) it matched, in the order transformers
     collects them (expert 0 first); `build(tensor)` runs the converter's operations on them."""
 
-    converter: object
+    converter: WeightConverter
     sources: list[tuple[str, str]]  # (source pattern, checkpoint name)
 
     @property
@@ -66,7 +67,7 @@ class CalibrationModel:
     checkpoint name -> the tensor on the CPU), and the parameters transformers makes from several of the
     checkpoint's tensors (`assembled`: parameter name -> how), made as transformers makes them."""
 
-    module: nn.Module
+    module: PreTrainedModel
     names: dict[str, str]
     tensor: Callable[[str], torch.Tensor]
     assembled: dict[str, Assembly] = field(default_factory=dict)
@@ -97,7 +98,12 @@ class CalibrationModel:
         return value
 
 
-def build_model(config: PretrainedConfig) -> nn.Module:
+def token_embedding(module: PreTrainedModel) -> nn.Embedding:
+    """The model's token embedding (transformers types it a Module), one row a token of the vocabulary."""
+    return cast("nn.Embedding", module.get_input_embeddings())
+
+
+def build_model(config: PretrainedConfig) -> PreTrainedModel:
     """The model `config` describes, its parameters on the meta device: a causal language model where the
     config's architectures name one (its head included), else the base model (an encoder such as BERT).
     In eval mode: no dropout."""
@@ -126,11 +132,11 @@ def _parameters_on_meta() -> Iterator[None]:
             param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
         register(module, name, param)
 
-    nn.Module.register_parameter = on_meta
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign, assignment]  # patched for the block
     try:
         yield
     finally:
-        nn.Module.register_parameter = register
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
 def open_model(checkpoint: Checkpoint) -> CalibrationModel:
@@ -141,7 +147,7 @@ def open_model(checkpoint: Checkpoint) -> CalibrationModel:
     return CalibrationModel(module, names, checkpoint.tensor, assembled)
 
 
-def parameter_names(module: nn.Module, checkpoint: Iterable[str]) -> tuple[dict[str, str], dict[str, Assembly]]:
+def parameter_names(module: PreTrainedModel, checkpoint: Iterable[str]) -> tuple[dict[str, str], dict[str, Assembly]]:
     """The checkpoint name of each parameter of `module` that the checkpoint holds: by transformers' own
     renaming of the checkpoint's names, with the base-model prefix added or dropped where only that
     differs; a parameter tied to another (the same tensor under two names) takes the other's tensor where
@@ -152,7 +158,7 @@ def parameter_names(module: nn.Module, checkpoint: Iterable[str]) -> tuple[dict[
     rename = _renaming(module)
     for name in checkpoint:
         target, converter, pattern = rename(name)
-        if converter is not None:
+        if converter is not None and pattern is not None:  # a converter's match has its pattern
             assembly = converted.setdefault(target, Assembly(converter, []))
             assembly.sources.append((pattern, name))
             first, *others = converter.target_patterns
@@ -174,7 +180,7 @@ def parameter_names(module: nn.Module, checkpoint: Iterable[str]) -> tuple[dict[
     for group in tied.values():
         own = {name: lookup(renamed, name) for name in group}
         shared = next((found for found in own.values() if found is not None), None)
-        names.update({name: found or shared for name, found in own.items() if (found or shared) is not None})
+        names.update({name: chosen for name, found in own.items() if (chosen := found or shared) is not None})
     parameters = [name for group in tied.values() for name in group if name not in names]
     return names, {name: lookup(converted, name) for name in parameters if lookup(converted, name) is not None}
 
@@ -191,7 +197,7 @@ def _natural(name: str) -> list:
     return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
 
 
-def _renaming(module: nn.Module) -> Callable[[str], tuple[str, object, str | None]]:
+def _renaming(module: PreTrainedModel) -> Callable[[str], tuple[str, WeightConverter | None, str | None]]:
     """transformers' renaming of a checkpoint name to the model's on loading, and where its conversions
     make the tensor into another (merged, split, permuted), the converter that does and the pattern the
     name matched in it (else None, None)."""
@@ -205,9 +211,10 @@ def _renaming(module: nn.Module) -> Callable[[str], tuple[str, object, str | Non
         return lambda name: (legacy(name)[0], None, None)
     transforms = get_model_conversion_mapping(module)
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
-    renamings = [t for t in transforms if not isinstance(t, WeightConverter)]
+    # every other transform renames only (a WeightRenaming), as transformers' own loader takes them
+    renamings = cast("list[WeightRenaming]", [t for t in transforms if not isinstance(t, WeightConverter)])
 
-    def rename(name: str) -> tuple[str, object, str | None]:
+    def rename(name: str) -> tuple[str, WeightConverter | None, str | None]:
         target, pattern = rename_source_key(name, renamings, converters)
         if pattern is None:
             return target, None, None

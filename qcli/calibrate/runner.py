@@ -45,7 +45,7 @@ from torch import nn
 from qcli.calibrate.data import CalibrationSet
 from qcli.calibrate.experts import ExpertInputs, ExpertSlice, eager_experts, expert_slices
 from qcli.calibrate.gptq import Hessian
-from qcli.calibrate.model import CalibrationModel, build_model
+from qcli.calibrate.model import CalibrationModel, build_model, token_embedding
 from qcli.errors import InputError, InternalError, UsageError
 from qcli.text import quoted
 
@@ -312,6 +312,7 @@ def _block_inputs(model: CalibrationModel, blocks: nn.ModuleList, ids: torch.Ten
                 del blocks[index].forward
             for hook in hooks:
                 hook.remove()
+    assert hidden is not None, "every window reaches the first block"
     return hidden, caught if every else caught * len(blocks)
 
 
@@ -392,7 +393,7 @@ class _HessianSums:
         def add(_linear: nn.Module, args: tuple, _output: torch.Tensor) -> None:
             x = args[0]
             same = self.last is not None and self.last[0] is x
-            reads = self._root(self.last[1]) if same else index
+            reads = self._root(self.last[1]) if self.last is not None and same else index
             if index not in self.sums and index not in self.owner:  # its first window
                 if same:
                     self.owner[index] = reads
@@ -494,7 +495,7 @@ def estimate_memory(config: PretrainedConfig, samples: int, seq_len: int, dtype:
     module = build_model(config)
     _, blocks = repeated_blocks(module)
     size = dtype.itemsize
-    embeddings = module.get_input_embeddings()
+    embeddings = token_embedding(module)
     hidden = embeddings.embedding_dim
     linears = [sub for sub in blocks[0].modules() if isinstance(sub, nn.Linear)]
     weights = sum(p.numel() for p in blocks[0].parameters()) * size

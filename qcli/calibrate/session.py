@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 import qcli.codec
@@ -30,7 +31,7 @@ from qcli.calibrate.data import (
     special_frame,
 )
 from qcli.calibrate.gptq import gptq, output_error, workspace_bytes
-from qcli.calibrate.model import CalibrationModel, open_model
+from qcli.calibrate.model import CalibrationModel, open_model, token_embedding
 from qcli.calibrate.runner import (
     BlockDone,
     LinearStats,
@@ -124,28 +125,32 @@ def calibrate(plan: Plan, checkpoint: Checkpoint, calibrating: CalibrationInput,
     def on_linear(name: str, weight: torch.Tensor, stats: LinearStats) -> torch.Tensor | None:
         done.importance[name] = stats.importance
         done.bytes += weight.numel() * weight.element_size()
+        hessian = stats.hessian
+        assert hessian is not None, "held while its Linear is calibrated"
         entry = quantized.get(name) or weighed_by_name.get(name)
         if entry is None:
             if name in measured:  # the codec's scales, only measured: the pipeline writes the same bytes
-                done.errors[measured[name].name] = _codec_output_error(measured[name], weight, stats.hessian)
+                done.errors[measured[name].name] = _codec_output_error(measured[name], weight, hessian)
             return None
         decision, encoding = entry.decision, entry.encoding
         if stats.tokens == 0:  # an expert routing sent no token: nothing to weigh by, the unweighted search
             unreached.append(entry.name)
             done.payloads[entry.name] = _encoded(entry, weight, calibration=Calibration.Mse)[0]
             return None
+        scheme = encoding.scheme
+        assert scheme is not None, "a calibrated tensor is quantized"
         if decision.calibration is Calibration.Gptq:
             # each block's scale searched over its columns' current weights (§6), each column weighed by its
             # input's mean square: on all-MiniLM-L6-v2 at q4f-b32 MinMax's scales left GPTQ below the
             # data-free search, and on SmolLM2 the weighing took the KL from 0.162 to 0.116 (docs/benchmarks.md)
-            result = gptq(weight, stats.hessian, encoding.scheme, transpose=encoding.transpose, search=True,
+            result = gptq(weight, hessian, scheme, transpose=encoding.transpose, search=True,
                           importance=stats.importance, name=name)
-            payload = qcli.codec.pack(_on_cpu(result.parts), encoding.scheme, encoding.shape)
+            payload = qcli.codec.pack(_on_cpu(result.parts), scheme, encoding.shape)
             dequantized, error = result.dequantized, result.error
         else:  # the mse search, each input channel weighed by its mean square: the pipeline's bytes
             importance = stats.importance[:, None] if encoding.transpose else stats.importance
             payload, dequantized = _encoded(entry, weight, importance)
-            error = output_error(weight, dequantized, stats.hessian)
+            error = output_error(weight, dequantized, hessian)
         done.payloads[entry.name], done.errors[entry.name] = payload, error
         # GPTQ's blocks after this one see what the quantized weights give; the mse search leaves them float
         return dequantized.to(weight.device, weight.dtype) if decision.calibration is Calibration.Gptq else None
@@ -196,6 +201,7 @@ def _encoded(entry: PlanEntry, weight: torch.Tensor, importance: torch.Tensor | 
     """The codec's payload of a Linear's `weight` ([out, in]) under its entry's scheme and calibration (or
     `calibration`; the pipeline's bytes), and its decode on W's axes."""
     encoding = entry.encoding
+    assert encoding.scheme is not None, "a calibrated tensor is quantized"
     written = weight.t() if encoding.transpose else weight
     payload = qcli.codec.encode(written.cpu(), encoding.scheme, calibration or entry.decision.calibration,
                                 name=entry.name, importance=importance)
@@ -234,11 +240,12 @@ def measure_importance(checkpoint: Checkpoint, calibrating: CalibrationInput, de
                                    f"has no llama.cpp name for {count_and_first(unnamed)} of the model's Linears"),
                          hint="upgrade the gguf package (pip install -U gguf); llama.cpp's converter may not "
                               "convert this model")
-    entries, experts = {}, {}
+    entries: dict[str, ImatrixEntry] = {}
+    experts: dict[str, dict[int, LinearStats]] = {}
     for name, stats in run.stats.items():
         stem, expert = stems[name]
         if expert is None:
-            entries[names[stem]] = ImatrixEntry(stats.importance * stats.tokens, [stats.tokens])
+            entries[names[stem]] = ImatrixEntry(stats.importance * stats.tokens, np.array([stats.tokens]))
         else:  # llama.cpp's one entry of every expert: row e expert e's, each its own count
             experts.setdefault(names[stem], {})[expert] = stats
     for name, by_expert in experts.items():
@@ -246,8 +253,8 @@ def measure_importance(checkpoint: Checkpoint, calibrating: CalibrationInput, de
         squares = [by_expert[e].importance * by_expert[e].tokens if e in by_expert else None for e in rows]
         width = next(s for s in squares if s is not None).shape[0]
         entries[name] = ImatrixEntry(torch.stack([torch.zeros(width, dtype=torch.float64) if s is None else s
-                                                  for s in squares]),
-                                     [by_expert[e].tokens if e in by_expert else 0 for e in rows])
+                                                  for s in squares]).numpy(),
+                                     np.array([by_expert[e].tokens if e in by_expert else 0 for e in rows]))
     imatrix = Imatrix(entries, (Path(text.name).name,), int(tokens.tokens.shape[0]), int(tokens.tokens.shape[1]))
     return MeasuredImportance(imatrix, imatrix.chunk_count, imatrix.chunk_size, tokens.available, chosen)
 
@@ -274,11 +281,12 @@ def _block_run(checkpoint: Checkpoint, calibrating: CalibrationInput, device: st
 def _opened(checkpoint: Checkpoint, calibrating: CalibrationInput
             ) -> tuple[CalibrationModel, CalibrationText, CalibrationSet]:
     """The checkpoint's model, the calibration text, and its windows."""
+    assert calibrating.data is not None, "calibration without an imatrix reads its text"
     text = read_calibration_text(calibrating.data)
     model = open_model(checkpoint)
     check_positions(model.module.config, calibrating.seq_len)
     tokens = windows(text, checkpoint.tokenizer, calibrating)
-    rows = model.module.get_input_embeddings().num_embeddings
+    rows = token_embedding(model.module).num_embeddings
     if int(tokens.tokens.max()) >= rows:
         raise InputError(printable(f"the tokenizer of {checkpoint.folder} gives token id {int(tokens.tokens.max())} "
                                    f"on the calibration text, past the {rows} rows of the model's token embedding"),

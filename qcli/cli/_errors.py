@@ -41,7 +41,8 @@ def usage(exc: Exception) -> int:
     choice = _bad_choice(exc, hint)
     if choice is not None:
         return emit(choice)
-    message = exc.format_message() if callable(getattr(exc, "format_message", None)) else str(exc)
+    format_message = getattr(exc, "format_message", None)  # click's errors have it
+    message = format_message() if callable(format_message) else str(exc)
     first, _, rest = printable(message).partition("\n")
     possibilities = sorted(getattr(exc, "possibilities", None) or [])
     if possibilities:

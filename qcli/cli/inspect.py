@@ -150,10 +150,10 @@ def _render_compare(report: InspectReport, out: Console) -> None:
     for r in c.rows:
         err = r.error
         status = ("exact" if r.exact else "ok") + (" (T)" if r.transposed else "")
-        ratio = None if not r.bound else r.block_error / r.bound
-        rows.append([printable(r.name), _output.number(err and err.sqnr_db, ".1f"),
-                     _output.number(err and err.max_abs, ".3g"), _output.number(r.mean_block_ratio, ".2f"),
-                     _output.number(ratio, ".3f"),
+        ratio = None if not r.bound or r.block_error is None else r.block_error / r.bound
+        rows.append([printable(r.name), _output.number(None if err is None else err.sqnr_db, ".1f"),
+                     _output.number(None if err is None else err.max_abs, ".3g"),
+                     _output.number(r.mean_block_ratio, ".2f"), _output.number(ratio, ".3f"),
                      f"problem {problems.key(printable(f'{r.name}: {r.problem}'))}" if r.problem else status])
     out.print(_output.tensor_table(columns, rows, out.width))
     if problems.texts:

@@ -114,7 +114,8 @@ def quantize(
             show_default=False,
         ),
     ] = None,
-    requantize: requantize_option(" --stats reports the error added to the dequantized weights.") = None,
+    # an Annotated built per command (its help); mypy takes no call for a type
+    requantize: requantize_option(" --stats reports the error added to the dequantized weights.") = None,  # type: ignore[valid-type]
     names: NamesOption = Names.file,
     recipe: Annotated[
         Path | None, typer.Option("--recipe", metavar="FILE", help="TOML recipe: rules per tensor name.")
@@ -273,7 +274,8 @@ def error_json(exc: QcliError) -> dict:
 def _run(input, output, shown: bool, **given) -> QuantizeReport:
     options = QuantizeOptions.parse(**given)  # every value checked before anything is read
     with _output.run_progress(shown) as progress:
-        report = command.quantize(input, output, options, progress and progress.tensors, progress and progress.blocks)
+        report = command.quantize(input, output, options, progress.tensors if progress is not None else None,
+                                  progress.blocks if progress is not None else None)
     dry_run = options.dry_run
     target = Path(report.output)
     if target.name.lower().endswith(".safetensors"):  # after the plan: refusals come first
@@ -298,13 +300,13 @@ def worst(rows: list[TensorRow]) -> tuple[list[TensorRow], str]:
     calibration tokens where the run measured it (GPTQ lowers SQNR on purpose, to lower that error), else
     by SQNR."""
     ordered = sorted(rows, key=lambda t: natural_key(t.name))
-    calibrated = [t for t in ordered if t.output_error is not None]
+    calibrated = [(t, t.output_error) for t in ordered if t.output_error is not None]
     if calibrated:
-        chosen = sorted(calibrated, key=lambda t: -t.output_error)[:WORST]
+        chosen = [t for t, _ in sorted(calibrated, key=lambda pair: -pair[1])[:WORST]]
         what = f"the highest output error (out err) of the {len(calibrated)} measured"
     else:
-        measured = [t for t in ordered if t.error is not None and t.error.sqnr_db is not None]
-        chosen, what = sorted(measured, key=lambda t: t.error.sqnr_db)[:WORST], "the lowest SQNR"
+        measured = [(t, t.error.sqnr_db) for t in ordered if t.error is not None and t.error.sqnr_db is not None]
+        chosen, what = [t for t, _ in sorted(measured, key=lambda pair: pair[1])[:WORST]], "the lowest SQNR"
     return (sorted(chosen, key=lambda t: natural_key(t.name)),
             f"the {len(chosen)} tensors with {what} (--verbose: all {len(rows)})")
 
@@ -368,6 +370,7 @@ def render(report: QuantizeReport, mode: str = "default") -> None:
             phases.append(_output.glued(f"{name} {phase.seconds:.2f} s{rate}"))
     say("; ".join(phases) + f"; {_output.glued(f'total {timings.total_seconds:.2f} s')} on {report.device}")
     memory = report.memory
+    assert memory is not None, "a run that wrote measured its memory"
     say(f"peak memory {_output.glued(size(memory.peak_bytes))}: the tensors"
         f" {_output.glued(size(memory.tensors_bytes))} beside the runtime's"
         f" {_output.glued(size(memory.runtime_bytes))}")
@@ -382,8 +385,12 @@ WEIGHED = {"weights": "plain squared weight error", "imatrix": "weighed by the i
 def target_lines(report: QuantizeReport) -> list[str]:
     """What --target-bpw or --target-size chose: the bits achieved, each group's presets, the recipe."""
     target = report.target
-    asked = (f"--target-bpw {target.bits_per_weight:g}" if target.bits_per_weight is not None
-             else f"--target-size {_output.human_bytes(target.size)}")
+    assert target is not None, "asked of a run with a target"
+    if target.bits_per_weight is not None:
+        asked = f"--target-bpw {target.bits_per_weight:g}"
+    else:
+        assert target.size is not None, "a target asks for bits per weight or a size"
+        asked = f"--target-size {_output.human_bytes(target.size)}"
     lines = [f"{asked}: {target.achieved_bits_per_weight:.3f} bits per quantized weight"
              + (f", the file at most {_output.human_bytes(target.file_bytes_bound)}"
                 if target.file_bytes_bound is not None else "")
@@ -435,6 +442,7 @@ def load_lines(load: BurnLoad, width: int) -> list[str]:
 def calibration_line(report: QuantizeReport) -> str:
     """What the calibration ran on (a dry run: what it will run on, and its memory estimate)."""
     record, glued = report.calibration, _output.glued
+    assert record is not None, "asked of a calibrated run"
     if record.samples is None:
         return f"calibration: {record.method}, weighed by the importance matrix {printable(record.file)}"
     windows = f"{glued(f'{record.samples} × {record.seq_len} tokens')} of {printable(record.file)}"

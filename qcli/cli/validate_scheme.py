@@ -50,7 +50,7 @@ def validate_scheme(
             "plan quantizes, and report each whose block scales its scale dtype cannot hold."
         ),
     ] = False,
-    requantize: requantize_option() = None,
+    requantize: requantize_option() = None,  # type: ignore[valid-type]  # an Annotated built per command
     burn_backend: BurnBackendOption = None,
     burn_version: BurnVersionOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,

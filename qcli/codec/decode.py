@@ -17,7 +17,7 @@ def as_bytes(payload: object) -> torch.Tensor:
     """A 1-D uint8 tensor over bytes-like `payload` or a tensor's raw bytes, on the tensor's device."""
     if isinstance(payload, torch.Tensor):
         return payload.detach().contiguous().reshape(-1).view(torch.uint8)
-    data = bytearray(payload)
+    data = bytearray(payload)  # type: ignore[call-overload]  # by design: TypeError for anything not bytes-like
     if not data:  # torch.frombuffer refuses an empty buffer; a tensor with no element has no payload
         return torch.empty(0, dtype=torch.uint8)
     return torch.frombuffer(data, dtype=torch.uint8)

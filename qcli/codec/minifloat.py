@@ -18,7 +18,7 @@ import torch
 from qcli.scheme import MinifloatFormat, QuantValue
 
 # The minifloat value types' formats (`qcli.scheme.VALUE_TRAITS`); the scale dtypes' are in `SCALE_TRAITS`.
-FORMATS = {value: value.traits.minifloat for value in QuantValue if value.is_minifloat()}
+FORMATS = {value: fmt for value in QuantValue if (fmt := value.traits.minifloat) is not None}  # `is_minifloat`
 
 
 def encode(v: torch.Tensor, fmt: MinifloatFormat) -> torch.Tensor:

@@ -131,12 +131,12 @@ def candidates(alpha: torch.Tensor, scheme: QuantScheme, peak: torch.Tensor | No
         if dtype.traits.signed:
             toward_a = divided(alpha, a)
             tried += [toward_a[None], toward_a * clips]
-    stored = [first.stored[None]]
+    slabs = [first.stored[None]]
     for part in torch.cat(tried).split(slab_size(alpha)):  # in slabs, as `Search.add` measures them
         relative = part if first.global_scale is None else divided(part, first.global_scale)
         rounded = nearest(relative.abs(), dtype)
-        stored.append(torch.where(rounded > 0, rounded.copysign(relative), first.stored))  # zero: MinMax's scale
-    stored = torch.cat(stored)
+        slabs.append(torch.where(rounded > 0, rounded.copysign(relative), first.stored))  # zero: MinMax's scale
+    stored = torch.cat(slabs)
     if first.global_scale is None:
         return Scales(stored, stored, None)
     return Scales(stored, torch.cat([first.effective[None], first.global_scale * stored[1:]]), first.global_scale)
@@ -260,7 +260,7 @@ class Search:
             self.found = candidates(alpha, scheme, peak)
             self.totals = torch.zeros(self.found.stored.shape[0], dtype=torch.float64, device=alpha.device)
         else:
-            global_scale = float(global_of(peak, scheme)) if scheme.is_two_level() else None
+            global_scale = float(global_of(peak, scheme)) if peak is not None and scheme.is_two_level() else None
             self.chosen = Scales(torch.empty_like(alpha), torch.empty_like(alpha), global_scale)
 
     def add(self, piece: torch.Tensor, grid_rows: slice, first_row: int = 0) -> None:

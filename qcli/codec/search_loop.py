@@ -27,7 +27,7 @@ from qcli.layout import BlockGrid
 from qcli.scheme import MinifloatFormat, QuantScheme, QuantValue
 
 try:
-    from qcli.codec import _search
+    from qcli.codec import _search  # type: ignore[attr-defined]  # the C extension, where built: no stub
 except ImportError:  # built without a C compiler
     _search = None
 

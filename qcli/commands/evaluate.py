@@ -69,10 +69,10 @@ def evaluate_file(quantized: str | Path, *, against: str | Path, text: str | Pat
     quantize read it with, else `file`. `per_tensor`: also score each tensor whose decoded values differ
     from the source's with it alone quantized (one more forward pass a window each). `progress(done, count,
     seconds)` is told each window scored."""
-    given = CalibrationInput(Path(text), SAMPLES if samples is None else samples,
-                             SEQ_LEN if seq_len is None else seq_len)
+    data = Path(text)
+    given = CalibrationInput(data, SAMPLES if samples is None else samples, SEQ_LEN if seq_len is None else seq_len)
     given.check_windows()
-    named_file(given.data, "text", TEXT_HINT)  # before the slow imports
+    named_file(data, "text", TEXT_HINT)  # before the slow imports
     device = require_device(device)
     started = time.perf_counter()
     bpk, folder = quantized_file(Path(quantized))

@@ -57,7 +57,8 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
     (`qcli.io.reads`). `input` may be a model `ORG/NAME` in the local Hugging Face cache (`qcli.io.readers.locate`)."""
     from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN
 
-    given = CalibrationInput(Path(calibration_data), SAMPLES if samples is None else samples,
+    data = Path(calibration_data)
+    given = CalibrationInput(data, SAMPLES if samples is None else samples,
                              SEQ_LEN if seq_len is None else seq_len, SEED if seed is None else seed)
     given.check_windows()
     given.check_files()  # before the slow imports
@@ -75,7 +76,7 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
         reads = Reads()
         reads.add_source(source)
         reads.extend(read_beside(checkpoint.folder), "a file beside the input that the run reads")
-        reads.add(given.data, "the calibration text")
+        reads.add(data, "the calibration text")
         reads.refuse_target(target, TARGET_HINT)
         from qcli.calibrate.session import measure_importance
 

@@ -144,7 +144,9 @@ def _default_plan(infos: list[TensorInfo]) -> SourcePlan:
                for e in plan.entries}
     for e in plan.entries:
         transcode = e.decision.transcode
-        for companion in transcode.companions if transcode is not None else ():
+        if transcode is None:
+            continue
+        for companion in transcode.companions:
             tensors[companion.name] = PlannedTensor(
                 transcode.format, "consumed", f"companion of {e.info.name}, written inside its transcode", None)
     assert plan.preset is not None
@@ -229,7 +231,7 @@ def _compare(reader: BurnpackSet, entries: list[TensorEntry], compare: str | Pat
             text = str(e.dtype)
             if tuple(x.shape) != tuple(e.shape):
                 src = "the transposed source" if flip else "the source"
-                problem = f"shape {list(e.shape)} but {src} is {list(x.shape)}"
+                problem: str | None = f"shape {list(e.shape)} but {src} is {list(x.shape)}"
                 rows.append(CompareRow(e.name, text, flip, False, None, problem))
                 continue
             data = reader.read(e.name)

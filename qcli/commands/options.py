@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from qcli.calibrate.inputs import SAMPLES, SEED, SEQ_LEN, CalibrationInput
 from qcli.errors import UsageError, one_of
@@ -59,7 +60,7 @@ class QuantizeOptions:
         seed: int | None = None,
         imatrix: str | Path | None = None,
         write_recipe: str | Path | None = None,
-        **given: object,
+        **given: Any,  # the plan's options and the flags, each checked where it is taken by name
     ) -> QuantizeOptions:
         """The options from their names as a user writes them (`scheme="q4s-b32"`, `calibration="mse"`,
         `max_shard_size="500MiB"`); each unknown name is a UsageError, raised before anything is read. The
@@ -93,10 +94,15 @@ class QuantizeOptions:
             **{k: v for k, v in given.items() if k in _FLAGS},
         )
 
+    def calibration_asked(self) -> str | None:
+        """`--calibration` as the user spells it (`mse`), None where it was not given."""
+        calibration = self.plan.calibration
+        return None if calibration is None else calibration.name.lower()
+
     def record(self) -> dict[str, object]:
         """The options that shaped the plan, as a model folder's record states them (`qcli.output`)."""
         plan = self.plan
-        return {"calibration": None if plan.calibration is None else plan.calibration.name.lower(),
+        return {"calibration": self.calibration_asked(),
                 "requantize": None if plan.requantize is None else plan.requantize.name,
                 "names": str(self.names), "max_shard_size": self.max_shard_size, "transpose": plan.transpose}
 

@@ -161,13 +161,13 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
         recorded = options.record()
         record = folder_record(report, input, recorded)
         folder_output = None if folder is None else ModelFolder(folder, copies, record)
-        outputs = Output(plan, target, options.max_shard_size, metadata(report, recorded["calibration"]),
+        outputs = Output(plan, target, options.max_shard_size, metadata(report, options.calibration_asked()),
                          folder_output)
         report.outputs = [str(path) for path in outputs.paths]
         report.warnings += outputs.prepare(reads, force=force, dry_run=dry_run)
         if report.target is not None:
             report.target.file_bytes_bound = size_bound(plan.container_entries(),
-                                                        metadata(report, recorded["calibration"]))
+                                                        metadata(report, options.calibration_asked()))
         if dry_run:
             if chosen is not None:
                 chosen.write(options.write_recipe)
@@ -175,14 +175,16 @@ def quantize(input: str | Path, output: str | Path | None, options: QuantizeOpti
         resume()
         requantizing = any(e.decision.requantize is not None for e in plan.entries)
         device = options.device
+        assert runtime is not None, "a run that writes loads its runtime"
         report.device, run = runtime.select("cpu" if requantizing and device == "auto" else device)
         resident = _warm_runtime()
-        calibrated = None
+        calibrated: Calibrated | None = None
         if report.calibration is not None:
             from qcli.calibrate.session import calibrate
 
             calibrated = calibrate(plan, checkpoint, options.calibrating,
                                    "cpu" if report.device == "cpu" else "cuda", blocks)
+            assert calibrated is not None, "the plan needs the calibration its record says"
             report.calibration, report.warnings = calibrated.record, report.warnings + calibrated.warnings
             run = with_prepared(run, calibrated.payloads, importance=calibrated.importance)
         report.tensors, report.timings = _write(plan, source, run, outputs, stats, progress, verify, report.warnings,
@@ -242,6 +244,7 @@ def _choose(checkpoint: Checkpoint, source: Source, given: Recipe | None, option
     calibration text's activations where given), then the greedy allocation, as a recipe."""
     planned = options.plan
     target, backend, version = planned.target, planned.backend, planned.burn_version
+    assert target is not None, "chosen for a run with a target"
     base = make_checked_plan(source.infos(), given, planned, found=found, calibrated=reachable)
     candidates = forms(backend, version, planned.calibration)
     choices = free_tensors(base, candidates, backend, version)
@@ -326,6 +329,7 @@ def _calibration_record(plan: Plan, checkpoint: Checkpoint, options: QuantizeOpt
     if given.data is None:
         from qcli.io.imatrix import read_imatrix
 
+        assert given.imatrix is not None, "the importance comes from calibration data or an imatrix"
         read_imatrix(given.imatrix)  # its faults refused here, a dry run's too
         return CalibrationRecord("mse", str(given.imatrix), file_sha256(given.imatrix))
     from qcli.calibrate.data import read_calibration_text
@@ -449,5 +453,7 @@ def _reported(entry: PlanEntry, measured: Measurement, target: Path, stats: bool
         failure = measured.failure()
         timings.verify.seconds += time.perf_counter() - tick
         if failure is not None:
-            raise out_of_bound(failure, entry.decision.scheme, entry.name, target)
+            scheme = entry.decision.scheme
+            assert scheme is not None, "a measured tensor is a quantized one"
+            raise out_of_bound(failure, scheme, entry.name, target)
     return error

@@ -116,7 +116,7 @@ def range_problems(plan: Plan, source: Source) -> list[Problem]:
     for payload in cpu.run(plan, source, measure=True):
         measured = payload.measurement
         loss = None if measured is None else measured.range_loss()
-        if loss is not None:
+        if measured is not None and loss is not None:
             problem = loss.problem(payload.entry.info.name, measured.stats().sqnr_db)
             problems.append(replace(problem, severity=Severity.error))
     return problems
@@ -127,7 +127,9 @@ def _backend_refusals(rules: Iterable[Rule], backend: BurnBackend, version: str)
     shapes unknown)."""
     problems = []
     for rule in rules:
-        why = None if rule.scheme is None or rule.refusals else load_problem(backend, rule.scheme, (), version)
+        if rule.scheme is None or rule.refusals:
+            continue
+        why = load_problem(backend, rule.scheme, (), version)
         if why is not None:
             hint = backend_way_out(backend, rule.scheme, (), version, rule)
             problems.append(Problem(Kind.backend, f"rule (match {rule.match!r}) asks for {rule.describe()}, "

@@ -16,7 +16,7 @@ tensors that show packing no module claimed, are refused.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Protocol
 
 from qcli.formats import awq, bitsandbytes, compressed_tensors, declaration, fp8, gguf, gptq, hqq, nvfp4, quanto
 from qcli.formats.found import Encoded, Found, Load, Transcode
@@ -32,16 +32,23 @@ class FormatModule(Protocol):
     and quantizes again (None where none of its weights is `Encoded`), the `quant_method` values it reads,
     and `detect`."""
 
-    NAME: str
-    REQUANTIZED: str | None
-    METHODS: frozenset[str]
+    # Read-only, as a module's constants are to its readers: a module whose REQUANTIZED is a str, or None,
+    # is a FormatModule either way (an attribute `str | None` would hold it to that type exactly).
+    @property
+    def NAME(self) -> str: ...
+
+    @property
+    def REQUANTIZED(self) -> str | None: ...
+
+    @property
+    def METHODS(self) -> frozenset[str]: ...
 
     def detect(self, infos: Sequence[TensorInfo], declared: declaration.Declaration | None) -> dict[str, Found]: ...
 
 
 # Each module's `detect(infos, declaration)`. A later module's finding for a weight takes the place
 # of an earlier one's: compressed-tensors' config says the FP8 layout fp8 infers from the scale's shape.
-FORMATS = cast(tuple[FormatModule, ...], (fp8, nvfp4, gptq, awq, hqq, bitsandbytes, quanto, compressed_tensors, gguf))
+FORMATS: tuple[FormatModule, ...] = (fp8, nvfp4, gptq, awq, hqq, bitsandbytes, quanto, compressed_tensors, gguf)
 # What `--requantize` covers, each format named once: "GPTQ zero points, ...; GGUF types with ...".
 REQUANTIZED = "; ".join(f"{f.NAME} {f.REQUANTIZED}" for f in FORMATS if f.REQUANTIZED is not None)
 HANDLED = frozenset().union(*(f.METHODS for f in FORMATS))  # every quant_method a module reads

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qcli.formats.found import Encoded, Found, Load
 from qcli.io.dtypes import EXACT_FLOAT_DTYPES
@@ -117,7 +117,7 @@ def detect(infos: Sequence[TensorInfo], declared: Declaration | None) -> dict[st
     return found
 
 
-def plan(info: TensorInfo, zeros: TensorInfo, scales: TensorInfo, config: dict,
+def plan(info: TensorInfo, zeros: TensorInfo, scales: TensorInfo, config: dict[str, Any],
          by_name: dict[str, TensorInfo]) -> Found:
     """What AWQ weight `info` becomes: refused (requantizable), or why its tensors are not AWQ's."""
     version = str(config.get("version", "gemm")).lower()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qcli.errors import InputError
 from qcli.formats.found import Encoded, Found, Load
@@ -86,7 +86,7 @@ class Codebook(Encoded):
     """One bitsandbytes 4-bit weight: its companions (the state last) and, once its JSON is read, what
     it dequantizes to."""
 
-    state: dict | None = None  # the quant_state JSON, read by `with_state`
+    state: dict[str, Any] | None = None  # the quant_state JSON, read by `with_state`
 
     decoded_as = "dequantized as bitsandbytes does, then quantized"
 
@@ -108,12 +108,19 @@ class Codebook(Encoded):
     def companion(self, field: str) -> TensorInfo | None:
         return next((c for c in self.companions if c.name == f"{self.weight.name}.{field}"), None)
 
+    def _loaded(self, field: str, load: Load) -> torch.Tensor:
+        """A companion the state names, loaded (`with_state` found each there)."""
+        info = self.companion(field)
+        assert info is not None, "the state is read before the weight is dequantized"
+        return load(info.name)
+
     def with_state(self, load: Load) -> Codebook:
         """This weight with its quant_state JSON read (a few hundred bytes, no weight); `InputError` naming
         the tensor when it is not what bitsandbytes writes."""
         name = self.companions[-1].name
         try:
-            state = parse_json(self.weight.file, bytes(load(name).reshape(-1).tolist()), STATE_HINT,
+            # untrusted JSON: a value of the wrong type fails its use below (TypeError, caught)
+            state: Any = parse_json(self.weight.file, bytes(load(name).reshape(-1).tolist()), STATE_HINT,
                                f"tensor {quoted(name)}'s quant_state")
             shape, blocksize = [int(d) for d in state["shape"]], int(state["blocksize"])
             absmax, table, n = self.companion("absmax"), self.companion("quant_map"), math.prod(shape)
@@ -146,14 +153,14 @@ class Codebook(Encoded):
         state = self.state
         assert state is not None, "the state is read before the weight is dequantized"
         n = math.prod(self.shape)
-        absmax = load(self.companion("absmax").name).reshape(-1)
+        absmax = self._loaded("absmax", load).reshape(-1)
         if nested(state):  # the scales are 8-bit codes themselves, with an f32 offset added
-            scales = _blockwise(load(self.companion("nested_quant_map").name).to(torch.float32), absmax,
-                                load(self.companion("nested_absmax").name), int(state["nested_blocksize"]))
+            scales = _blockwise(self._loaded("nested_quant_map", load).to(torch.float32), absmax,
+                                self._loaded("nested_absmax", load), int(state["nested_blocksize"]))
             absmax = scales + torch.tensor(float(state["nested_offset"]), dtype=torch.float32)
         codes = load(self.weight.name).reshape(-1)
         nibbles = torch.stack([codes >> 4, codes & 0xF], dim=1).reshape(-1)[:n]
-        table = load(self.companion("quant_map").name).to(torch.float32)
+        table = self._loaded("quant_map", load).to(torch.float32)
         values = _blockwise(table, nibbles, absmax.to(torch.float32), state["blocksize"])
         return values.reshape(self.shape).to(getattr(torch, state["dtype"]))
 
@@ -189,7 +196,7 @@ def int8(weight: TensorInfo, stats: TensorInfo, form: TensorInfo | None) -> Foun
                 grid)
 
 
-def nested(state: dict) -> bool:
+def nested(state: dict[str, Any]) -> bool:
     """Whether the state's absmax are 8-bit codes themselves (bitsandbytes' compressed statistics)."""
     return "nested_offset" in state
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeGuard
 
 from qcli.errors import InputError
 from qcli.formats import fp8
@@ -91,13 +91,15 @@ class Weights:
         if not isinstance(obj, dict):
             return f"its weights are {type(obj).__name__}, not an object"
         size, block = obj.get("group_size"), obj.get("block_structure")
-        sizes = tuple(block) if isinstance(block, list) and len(block) == 2 and all(map(_positive, block)) else None
-        weights = Weights(obj.get("num_bits"), obj.get("type"), obj.get("symmetric", True), obj.get("strategy"),
-                          size if _positive(size) else None, sizes)
-        if (not _positive(weights.num_bits) or weights.type not in ("int", "float")
-                or not isinstance(weights.symmetric, bool)
-                or weights.strategy not in ("tensor", "channel", "group", "tensor_group", "block")):
+        num_bits, kind, symmetric, strategy = (obj.get("num_bits"), obj.get("type"), obj.get("symmetric", True),
+                                               obj.get("strategy"))
+        if (not _positive(num_bits) or not isinstance(kind, str) or kind not in ("int", "float")
+                or not isinstance(symmetric, bool) or not isinstance(strategy, str)
+                or strategy not in ("tensor", "channel", "group", "tensor_group", "block")):
             return f"its weights {printable(str(obj))} are not compressed-tensors' weights"
+        sizes = (block[0], block[1]) if isinstance(block, list) and len(block) == 2 and all(map(_positive, block)) \
+            else None
+        weights = Weights(num_bits, kind, symmetric, strategy, size if _positive(size) else None, sizes)
         if weights.strategy in ("group", "tensor_group") and weights.group_size is None:
             return f"strategy {weights.strategy} with group_size {printable(str(size))}"
         if weights.strategy == "block" and weights.block_structure is None:
@@ -132,7 +134,7 @@ class Group:
     weights: Weights | str
 
 
-def groups(config: dict) -> list[Group]:
+def groups(config: dict[str, Any]) -> list[Group]:
     """The config groups that quantize weights, in config.json's order."""
     top = config.get("format") if config.get("format") != "mixed-precision" else None
     found = []
@@ -392,8 +394,8 @@ def plan(info: TensorInfo, layout: tuple[str, tuple[str, ...]], companions: dict
     if scale.dtype not in SCALE_DTYPES:
         return f"its scale {scale.name} is {scale.dtype}, not one of {', '.join(SCALE_DTYPES)}"
     if stored == "pack-quantized":  # the row length: the scales' groups, else as many codes as the words hold
-        grouped = weights.group_size is not None and weights.strategy in ("group", "tensor_group")
-        cols = scale.shape[-1] * weights.group_size if grouped and scale.shape else width * 32 // weights.num_bits
+        per_scale = weights.group_size if weights.strategy in ("group", "tensor_group") else None
+        cols = scale.shape[-1] * per_scale if per_scale is not None and scale.shape else width * 32 // weights.num_bits
         if "weight_shape" not in companions or math.ceil(cols * weights.num_bits / 32) != width:
             return f"{stored} {list(info.shape)} does not hold {weights.describe()} rows of its scales"
     else:
@@ -469,8 +471,8 @@ def stored_shape(weight: TensorInfo, info: TensorInfo, bits: int, load: Load) ->
     return shape
 
 
-def unpack(words: torch.Tensor, bits: int, shape: tuple[int, int]) -> torch.Tensor:
-    """int8 codes of `shape` from compressed-tensors' dense packing: each row's codes `q + 2^(bits-1)`,
+def unpack(words: torch.Tensor, bits: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """int8 codes of `shape` (rows, columns) from compressed-tensors' dense packing: each row's codes `q + 2^(bits-1)`,
     element i at bit `i * bits` of the row's little-endian words, spanning two words where it must."""
     import torch
 
@@ -497,5 +499,5 @@ def _squeezed(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(d for d in shape if d != 1)
 
 
-def _positive(n: object) -> bool:
+def _positive(n: object) -> TypeGuard[int]:
     return isinstance(n, int) and not isinstance(n, bool) and n > 0

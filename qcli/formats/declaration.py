@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from qcli.errors import InputError
 from qcli.formats.found import Encoded, Found, Load, Transcode
@@ -67,7 +67,7 @@ class Declaration:
 
     method: str  # lowercase, as `quant_method` spells it
     file: str  # config.json, or a side file's name
-    raw: dict
+    raw: dict[str, Any]
 
     def describe(self) -> str:
         """`quant_method 'gptq' (checkpoint_format 'marlin') in config.json`."""
@@ -83,7 +83,7 @@ class Declaration:
                 or self.method == "bitsandbytes" and bool(self.raw.get("load_in_4bit") or self.raw.get("load_in_8bit")))
 
 
-def quantization_config(declared: Declaration | None) -> dict:
+def quantization_config(declared: Declaration | None) -> dict[str, Any]:
     """What `config.json`'s `quantization_config` says ({} where there is none, or a side file declares)."""
     return declared.raw if declared is not None and declared.file == CONFIG else {}
 
@@ -113,7 +113,7 @@ def _json(path: Path) -> object:
         return None
 
 
-def _method(raw: dict, implied: str) -> str:
+def _method(raw: dict[str, Any], implied: str) -> str:
     """`quant_method` in lowercase; bitsandbytes' older configs name none but say `load_in_4bit`/`_8bit`."""
     method = raw.get("quant_method")
     if isinstance(method, str) and method:

@@ -68,11 +68,24 @@ class Encoded(ABC):
     format: str  # "bitsandbytes NF4"
     companions: tuple[TensorInfo, ...]
 
-    kind: ClassVar[Kind] = Kind.lookup  # the problem its refusal is
-    encoding: ClassVar[str] = "a codebook"  # what it is, for its refused decision's reason
     decoded_as: ClassVar[str]  # how `--requantize` decodes it, for the refusal's hint
-    offered: ClassVar[str] = REQUANTIZE_NARROW  # the preset the refusal offers
     requantizable: ClassVar[bool] = True  # whether `dequantize` is a way out: `--requantize`
+
+    # Read-only properties, so that a format may set each as a class attribute or work it out per weight.
+    @property
+    def kind(self) -> Kind:
+        """The problem its refusal is."""
+        return Kind.lookup
+
+    @property
+    def encoding(self) -> str:
+        """What it is, for its refused decision's reason."""
+        return "a codebook"
+
+    @property
+    def offered(self) -> str:
+        """The preset the refusal offers."""
+        return REQUANTIZE_NARROW
 
     def hint(self, preset: str | None = None) -> str:
         """What to do about its refusal: requantize into `preset` (the user's own), else the one offered."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qcli.formats.declaration import quantization_config
 from qcli.formats.found import Found, Load, Transcode
@@ -107,7 +107,7 @@ def detect(infos: Sequence[TensorInfo], declared: Declaration | None) -> dict[st
     return found
 
 
-def block_size(config: dict) -> tuple[int, int] | None:
+def block_size(config: dict[str, Any]) -> tuple[int, int] | None:
     """The `weight_block_size` of a checkpoint's `quantization_config`, or None."""
     size = config.get("weight_block_size")
     if isinstance(size, list) and len(size) == 2 and all(isinstance(d, int) and d > 0 for d in size):

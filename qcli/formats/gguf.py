@@ -318,20 +318,20 @@ UNDECODED = {
 class GgufEncoded(Encoded):
     """A GGUF tensor of a type no Burn scheme holds, dequantized by the gguf package for `--requantize`."""
 
-    refusal: Refusal | None = None
+    refusal: Refusal
 
     decoded_as = DECODED_AS
 
     @property
-    def kind(self) -> Kind:  # type: ignore[override]
+    def kind(self) -> Kind:
         return self.refusal.kind
 
     @property
-    def encoding(self) -> str:  # type: ignore[override]
+    def encoding(self) -> str:
         return self.refusal.encoding
 
     @property
-    def offered(self) -> str:  # type: ignore[override]
+    def offered(self) -> str:
         return self.refusal.offered
 
     @property

@@ -243,10 +243,10 @@ def detect(infos: Sequence[TensorInfo], declared: Declaration | None) -> dict[st
     settings: Config | str | None = None
     for info in infos:
         base, dot, leaf = info.name.rpartition(".")
-        companions = tuple(by_name.get(f"{base}{dot}{c}") for c in (ZEROS, SCALES, ORDER))
-        if leaf == CODES and None not in companions:
+        zeros, scales, order = (by_name.get(f"{base}{dot}{c}") for c in (ZEROS, SCALES, ORDER))
+        if leaf == CODES and zeros is not None and scales is not None and order is not None:
             settings = settings or Config.of(declared)
-            found[info.name] = plan(info, companions, settings, by_name)
+            found[info.name] = plan(info, (zeros, scales, order), settings, by_name)
     return found
 
 

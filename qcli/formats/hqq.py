@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qcli.errors import InputError
 from qcli.formats.found import Encoded, Found, Load
@@ -49,7 +49,7 @@ STATE_HINT = "re-save the checkpoint with HQQ (HQQLinear.state_dict) or transfor
 class Hqq(Encoded):
     """One HQQ linear: its W_q with the scale, zero and meta tensors, and once read (`with_state`) its meta."""
 
-    meta: dict | None = None
+    meta: dict[str, Any] | None = None
 
     kind = Kind.scheme
     encoding = "a zero point"
@@ -71,7 +71,8 @@ class Hqq(Encoded):
     @property
     def shape(self) -> tuple[int, ...]:
         assert self.meta is not None, "the meta is read before the shape is asked"
-        return self.meta["shape"]
+        shape: tuple[int, ...] = self.meta["shape"]
+        return shape
 
     @property
     def dtype(self) -> str:
@@ -86,10 +87,11 @@ class Hqq(Encoded):
         its W_q, scale and zero."""
         module = self.weight.name.rpartition(".")[0]
         try:
-            meta = {leaf: load(self.companion(leaf).name) for leaf in META}
-            meta = {"shape": tuple(int(d) for d in meta["shape"].reshape(-1).tolist()),
-                    **{k: int(meta[k].item()) for k in ("nbits", "group_size", "axis")},
-                    **{k: bytes(meta[k].reshape(-1).tolist()).decode() for k in ("packing", "compute_dtype")}}
+            tensors = {leaf: load(self.companion(leaf).name) for leaf in META}
+            meta: dict[str, Any] = {
+                "shape": tuple(int(d) for d in tensors["shape"].reshape(-1).tolist()),
+                **{k: int(tensors[k].item()) for k in ("nbits", "group_size", "axis")},
+                **{k: bytes(tensors[k].reshape(-1).tolist()).decode() for k in ("packing", "compute_dtype")}}
         except (ValueError, RuntimeError, UnicodeDecodeError) as exc:
             raise InputError(printable(f"HQQ module '{module}': its meta tensors are not HQQ's: {exc}"),
                              hint=STATE_HINT) from None

@@ -33,6 +33,8 @@ from qcli.problem import Kind
 from qcli.scheme import PackedU32, QuantScheme, QuantValue
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
     from qcli.formats.declaration import Declaration
@@ -70,7 +72,7 @@ class Bits(Encoded):
     decoded_as = "dequantized as optimum-quanto does (scale * code - shift), then quantized"
 
     @property
-    def offered(self) -> str:  # type: ignore[override]
+    def offered(self) -> str:
         return REQUANTIZE_NARROW if self.bits == 4 else "q2s-b32"
 
     @property
@@ -125,7 +127,7 @@ def detect(infos: Sequence[TensorInfo], declared: Declaration | None) -> dict[st
     return found
 
 
-def weight_types(path) -> dict[str, str]:
+def weight_types(path: Path) -> dict[str, str]:
     """`quanto_qmap.json`'s weight type by module, or {} where there is none or it is not quanto's."""
     try:
         qmap = load_json(path, "") if path.exists() else {}

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO, NoReturn
+from typing import BinaryIO, NoReturn, TypeVar, cast
 
 import cbor2
 
@@ -37,6 +37,8 @@ from qcli.io.writeback import Writeback
 from qcli.text import printable, shown
 
 __all__ = ["BurnpackReader", "BurnpackWriter", "TensorEntry"]
+
+_V = TypeVar("_V")
 
 MAGIC_NUMBER = 0x4255524E  # "NRUB" on disk
 FORMAT_VERSION = 1
@@ -100,7 +102,8 @@ def header_bytes(metadata_size: int) -> bytes:
 
 def place(entries: Sequence[TensorEntry]) -> list[tuple[int, int]]:
     """`[start, end)` of each entry relative to D, in the given order: every start aligned to 256."""
-    offsets, end = [], 0
+    offsets: list[tuple[int, int]] = []
+    end = 0
     for entry in entries:
         start = align(end) if offsets else 0
         end = start + entry.nbytes
@@ -133,7 +136,7 @@ def _encode_shortest_float(encoder: cbor2.CBOREncoder, value: object) -> None:
     encoder.write(b"\xfb" + struct.pack(">d", value.value))
 
 
-def _bytewise(mapping: Mapping[str, object]) -> dict[str, object]:
+def _bytewise(mapping: Mapping[str, _V]) -> dict[str, _V]:
     """The map in Rust's `BTreeMap<String, _>` order: bytewise on UTF-8."""
     return {key: mapping[key] for key in sorted(mapping, key=lambda k: k.encode("utf-8"))}
 
@@ -190,7 +193,8 @@ def encode_metadata(
         top["metadata"] = _bytewise(metadata)
     if scalars:
         top["scalars"] = {
-            name: {kind: _ShortestFloat(v) if kind == "Float" else v for kind, v in scalar.items()}
+            # a "Float" value is a float (`_check_scalar`)
+            name: {kind: _ShortestFloat(cast(float, v)) if kind == "Float" else v for kind, v in scalar.items()}
             for name, scalar in _bytewise(scalars).items()
         }
     return cbor2.dumps(top, default=_encode_shortest_float)
@@ -239,7 +243,7 @@ def _byte_view(data: object) -> memoryview:
             raise ValueError(f"tensor data must be contiguous and on the CPU, got {data.device} "
                              f"contiguous={data.is_contiguous()}")
         return memoryview(data.detach().reshape(-1).view(torch.uint8).numpy())
-    view = memoryview(data)  # TypeError for anything that is not bytes-like
+    view = memoryview(data)  # type: ignore[arg-type]  # by design: TypeError for anything not bytes-like
     if not view.c_contiguous:
         raise ValueError("tensor data must be a contiguous buffer")
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
@@ -322,7 +326,7 @@ class BurnpackWriter:
 
     def write(self, name: str, data: object) -> None:
         """Append the next tensor's bytes; `name` must be the next entry and `data` exactly its `nbytes`."""
-        if self._file is None:
+        if self._file is None or self._writeback is None:  # both are set together by __enter__
             raise ValueError("BurnpackWriter.write() outside its context or after commit()")
         if self._next == len(self._entries):
             raise ValueError(f"tensor {name!r} written after every entry was written")
@@ -348,7 +352,7 @@ class BurnpackWriter:
 
         What `finish` returns can be read back and checked before `commit` puts it in place.
         """
-        if self._file is None:
+        if self._file is None or self._writeback is None:
             raise ValueError("BurnpackWriter.finish() outside its context or twice")
         if self._next != len(self._entries):
             missing = len(self._entries) - self._next

@@ -13,14 +13,16 @@ import os
 import stat
 import sys
 from collections.abc import Callable
+from io import BufferedReader
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import NamedTuple, TypeVar
 
 from qcli.errors import InputError, UsageError
 from qcli.text import printable, quoted
 
 READ_MAX = 1 << 30  # bytes per read call (Linux reads at most 2 GiB - 4 KiB at once)
 NOT_REGULAR_HINT = "qcli reads regular files only, not pipes, devices or sockets; save the data to a file first"
+_J = TypeVar("_J")  # a JSON document: `checked_json` gives back what it checked
 
 
 class NotRegularFile(OSError):
@@ -41,7 +43,7 @@ def file_kind(mode: int) -> str:
     return "not a file"
 
 
-def open_regular(path: Path | str) -> BinaryIO:
+def open_regular(path: Path | str) -> BufferedReader:
     """`path` opened for reading, only if it is a regular file (after symbolic links).
 
     A FIFO, a device or a socket raises `NotRegularFile` (an `OSError`) without being opened: opening a
@@ -121,8 +123,10 @@ def _unique_keys(path: Path, hint: str) -> Callable[[list[tuple[str, object]]], 
         result = dict(pairs)  # built in C: a header's 200k objects are checked in a blink
         if len(result) != len(pairs):
             seen: set[str] = set()
-            twice = next(key for key, _ in pairs if key in seen or seen.add(key))
-            raise _invalid(path, f"{quoted(twice)} appears twice in the JSON", hint)
+            for key, _ in pairs:
+                if key in seen:
+                    raise _invalid(path, f"{quoted(key)} appears twice in the JSON", hint)
+                seen.add(key)
         return result
 
     return hook
@@ -181,8 +185,7 @@ def parse_json(path: Path, data: bytes | str, hint: str, what: str = "the JSON",
     return checked_json(path, read_json(path, data, hint, what), hint, what, depth)
 
 
-def checked_json(path: Path, document: object, hint: str, what: str = "the JSON",
-                 depth: int = MAX_JSON_DEPTH) -> object:
+def checked_json(path: Path, document: _J, hint: str, what: str = "the JSON", depth: int = MAX_JSON_DEPTH) -> _J:
     """`document`, parsed JSON, once its nesting is measured (without recursion) and found within `depth`,
     and its strings hold no lone surrogate (a `\\ud800` escape, which is no Unicode character and which
     tokenizers and encoders fail on); else an `InputError` naming `what` it is, with `hint`."""

@@ -110,7 +110,7 @@ class GgufSource:
     def __init__(self, path: Path, infos: list[TensorInfo], metadata: dict[str, object], version: int,
                  opened: FileState, value_types: dict[str, int] | None = None) -> None:
         self.files = [path]
-        self.index = None  # a GGUF model is one file
+        self.index: Path | None = None  # a GGUF model is one file
         self.opened = {path: opened}  # its state when its header was read
         self.metadata = metadata
         self.value_types = value_types or {}  # each metadata key's GGUF value type (UINT32, ...)
@@ -165,7 +165,7 @@ class GgufSource:
             if self._fd is None:
                 with open_regular(info.file) as file:
                     self._fd = os.dup(file.fileno())
-            read_into(self._fd, memoryview(data.numpy()), info.offset)
+            read_into(self._fd, data.numpy().data, info.offset)
         except OSError as exc:
             raise InputError(printable(f"{info.file}: cannot load tensor {quoted(name)} ({info.dtype} "
                                        f"{list(info.shape)}): {exc}"),
@@ -207,10 +207,15 @@ class _Header:
         self.pos += n
 
     def scalar(self, fmt: str, what: str) -> int | float | bool:
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+        value: int | float | bool = struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+        return value
+
+    def integer(self, fmt: str, what: str) -> int:
+        """An unsigned field of the header's own (`fmt` "<I" or "<Q"): a length, a count, a type or an offset."""
+        return int(self.scalar(fmt, what))
 
     def string(self, what: str) -> str:
-        length = self.scalar("<Q", f"the length of {what}")
+        length = self.integer("<Q", f"the length of {what}")
         data = self.take(length, what)
         try:
             return data.decode("utf-8")
@@ -227,7 +232,7 @@ class _Header:
             raise self.fail(f"metadata {quoted(key)} has the unknown value type {kind}")
         if depth > 2:
             raise self.fail(f"metadata {quoted(key)} nests arrays more than 3 deep")
-        item, count = self.scalar("<I", what), self.scalar("<Q", what)
+        item, count = self.integer("<I", what), self.integer("<Q", what)
         if item in _SCALARS:
             width = struct.calcsize(_SCALARS[item])
             if count <= SHORT_ARRAY:
@@ -265,7 +270,7 @@ class _Header:
                 raise self.fail("GGUF version 1 (32-bit counts), which llama.cpp no longer reads",
                                 hint="convert it again with a current llama.cpp (GGUF version 3)")
             raise self.fail(f"unknown GGUF version {version}; qcli reads versions 2 and 3")
-        tensor_count, kv_count = self.scalar("<Q", "the tensor count"), self.scalar("<Q", "the metadata count")
+        tensor_count, kv_count = self.integer("<Q", "the tensor count"), self.integer("<Q", "the metadata count")
         if kv_count > (self.size - self.pos) // 12 or tensor_count > (self.size - self.pos) // 24:
             raise self.fail(f"the header claims {tensor_count} tensors and {kv_count} metadata entries, more "
                             f"than a file of {self.size} bytes can describe")
@@ -274,7 +279,7 @@ class _Header:
             key = self.string("a metadata key")
             if key in metadata:
                 raise self.fail(f"metadata {quoted(key)} appears twice")
-            self.types[key] = self.scalar("<I", f"the type of {quoted(key)}")
+            self.types[key] = self.integer("<I", f"the type of {quoted(key)}")
             metadata[key] = self.value(self.types[key], key)
         alignment = self.alignment(metadata)
         self.split(metadata)
@@ -300,12 +305,12 @@ class _Header:
         name = self.string("a tensor name")
         if not name:
             raise self.fail("a tensor has an empty name")
-        n_dims = self.scalar("<I", f"the rank of tensor {quoted(name)}")
+        n_dims = self.integer("<I", f"the rank of tensor {quoted(name)}")
         if n_dims > MAX_DIMS:
             raise self.fail(f"tensor {quoted(name)} has {n_dims} axes; GGUF tensors have at most {MAX_DIMS}")
-        ne = tuple(self.scalar("<Q", f"the shape of tensor {quoted(name)}") for _ in range(n_dims))
-        type_id = self.scalar("<I", f"the type of tensor {quoted(name)}")
-        offset = self.scalar("<Q", f"the offset of tensor {quoted(name)}")
+        ne = tuple(self.integer("<Q", f"the shape of tensor {quoted(name)}") for _ in range(n_dims))
+        type_id = self.integer("<I", f"the type of tensor {quoted(name)}")
+        offset = self.integer("<Q", f"the offset of tensor {quoted(name)}")
         ggml = GGML_TYPES.get(type_id)
         if ggml is None:
             raise self.fail(f"tensor {quoted(name)} has the unknown ggml type {type_id}",

@@ -23,6 +23,8 @@ from qcli.text import printable, shown
 if TYPE_CHECKING:
     import gguf
 
+    from qcli.io.source import Source
+
 # The architectures whose Hugging Face layout is known here, and whether llama.cpp's converter permuted
 # their Q and K rows (convert_hf_to_gguf.py: LlamaModel does, Qwen2Model does not). Not qwen3: the first
 # `model.` name the tables give its Q and K norms is another family's (`q_layernorm`, not `q_norm`).
@@ -32,10 +34,12 @@ SUFFIXES = (".weight", ".bias")
 _HINT = "drop --names to keep llama.cpp's names"
 
 
-def hf_names(source: GgufSource) -> GgufSource:
+def hf_names(source: Source) -> GgufSource:
     """`source` with its tensors under Hugging Face's names (those the tables do not know kept as they are),
     and the permuted Q and K rows read in Hugging Face's order."""
     import gguf
+
+    assert isinstance(source, GgufSource)  # the GGUF reader's `hf_names`: it is given what that reader opened
 
     path, metadata = source.files[0], source.metadata
     arch = metadata.get("general.architecture")

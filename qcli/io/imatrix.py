@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -168,10 +168,13 @@ def _read_gguf(path: Path) -> Imatrix:
         if kind is not None and kind != IMATRIX_TYPE:
             raise _fail(path, f"a GGUF file of general.type {shown(kind)}, not an importance matrix",
                         hint="give the imatrix file llama-imatrix wrote (imatrix.gguf), not a model")
-        datasets = _field(path, source, DATASETS, ARRAY)
+        # `_field` checked each's GGUF value type: an array the reader kept as a tuple (its items checked
+        # below), a u32 the reader gave as an int.
+        datasets = cast("tuple[str, ...]", _field(path, source, DATASETS, ARRAY))
         if not all(isinstance(name, str) for name in datasets):
             raise _fail(path, f"{DATASETS} is not an array of strings")
-        chunk_count, chunk_size = _field(path, source, CHUNK_COUNT, UINT32), _field(path, source, CHUNK_SIZE, UINT32)
+        chunk_count = cast(int, _field(path, source, CHUNK_COUNT, UINT32))
+        chunk_size = cast(int, _field(path, source, CHUNK_SIZE, UINT32))
         parts: dict[str, dict[str, TensorInfo]] = {}
         for info in source.infos():
             for suffix in (SUM2, SUM, COUNTS):

@@ -97,8 +97,9 @@ def open_source(path: Path | str, names: Names | str = Names.file) -> Source:
     Hugging Face's names."""
     path, names = Path(path), Names(names)
     reader = reader_of(path)
-    if names is Names.hf and reader.hf_names is None:
+    rename = reader.hf_names if names is Names.hf else None
+    if names is Names.hf and rename is None:
         raise UsageError(f"--names hf maps the llama.cpp names of a GGUF file; this input is {reader.name}",
                          hint=f"drop --names: a {reader.name} checkpoint's names are kept as they are")
     source = reader.open(path)
-    return reader.hf_names(source) if names is Names.hf else source
+    return rename(source) if rename is not None else source

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 class _Read:
     path: Path
     role: str  # what the file is to the run, as a message says it: "the input", "the recipe"
-    resolved: Path
+    resolved: Path | None  # None where the path cannot be resolved (a loop of links)
     state: FileState
 
 

@@ -100,7 +100,7 @@ class SafetensorsSource:
                              hint="keep the tensor out of the recipe or export it in another dtype")
         data = torch.empty(info.nbytes, dtype=torch.uint8)
         try:
-            read_into(self._fd(info.file), memoryview(data.numpy()), info.offset)
+            read_into(self._fd(info.file), data.numpy().data, info.offset)
         except OSError as exc:
             raise InputError(
                 printable(f"{info.file}: cannot load tensor {quoted(name)} ({info.dtype} {list(info.shape)}): {exc}"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -46,7 +46,7 @@ class Source(Protocol):
     one tensor on the CPU in memory of its own. A tensor's bytes are `info.nbytes` at `info.offset` of
     `info.file`, as stored (the GPU pipeline reads them there), its rows in `info.rows` order when set."""
 
-    format: str  # its reader's name (`qcli.io.readers.READERS`): "safetensors", "gguf"
+    format: ClassVar[str]  # its reader's name (`qcli.io.readers.READERS`): "safetensors", "gguf"
     files: list[Path]
     index: Path | None  # the index of a sharded checkpoint
     opened: dict[Path, FileState]  # each of `files`' state when its header was read (`qcli.io.reads`)

@@ -124,9 +124,10 @@ class OpenOutput:
         before (nothing written, exit 130) or after it, as `Interrupted` saying the output was written.
         """
         done = []
+        committed: list[BurnpackWriter | StagedFile] = [*self._writers, *self._beside]
         with _interrupts_held() as held:
             try:
-                for writer in [*self._writers, *self._beside]:
+                for writer in committed:
                     writer.commit()
                     done.append(writer.target)
             except BaseException:
@@ -187,4 +188,4 @@ def _interrupts_held() -> Iterator[list[int]]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        held[:] = [signum for signum in held if previous[signum] is not signal.SIG_IGN]
+        held[:] = [signum for signum in held if previous[signal.Signals(signum)] is not signal.SIG_IGN]

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from qcli import __version__
 from qcli.errors import InputError, OutputError, UsageError
@@ -85,7 +85,7 @@ def recorded_files(folder: Path) -> list[Path]:
     it gives them (MODEL_FILE, its shards and index), copies among SIDE_FILES. Any other name in the record
     is not qcli's to remove, whoever wrote it there."""
     try:
-        record = load_json(folder / RECORD_FILE, "")
+        record: Any = load_json(folder / RECORD_FILE, "")  # not an object: .get raises, as caught below
         weights, copied = record.get("weights", []), record.get("copied", [])
         own = [*(n for n in weights if isinstance(n, str) and _OWN_WEIGHTS.fullmatch(n)),
                *(n for n in copied if isinstance(n, str) and n in SIDE_FILES)]

@@ -41,6 +41,7 @@ def metadata(report: QuantizeReport, calibration: str | None = None) -> dict[str
         meta["recipe_sha256"] = report.recipe_sha256
     record = report.calibration
     if record is not None:  # what it is asked to run on: the windows a short text gives are fewer
+        assert record.file is not None, "a run's calibration names its file"
         meta["calibration"] = json.dumps({"method": record.method, "file": Path(record.file).name,
                                           "sha256": record.sha256, "samples": record.samples,
                                           "seq_len": record.seq_len, "seed": record.seed})

@@ -122,9 +122,10 @@ def transcoded(entry: PlanEntry, codes: torch.Tensor, source: Source) -> torch.T
     in a damaged checkpoint: its decode would be NaN or Inf, a model no one can use."""
     from qcli.codec.decode import unfinite_blocks
 
-    transcode = entry.decision.transcode
+    transcode, scheme = entry.decision.transcode, entry.encoding.scheme
+    assert transcode is not None and scheme is not None, "a transcoded entry has both"
     payload = transcode.payload(codes, source.load)
-    bad, blocks = unfinite_blocks(payload, entry.encoding.scheme, entry.encoding.shape)
+    bad, blocks = unfinite_blocks(payload, scheme, entry.encoding.shape)
     if bad:
         raise InputError(printable(f"{entry.info.file}: tensor {quoted(entry.info.name)} ({transcode.format}) has "
                                    f"scales that are NaN or infinite in {bad} of its {blocks} blocks, so it would "

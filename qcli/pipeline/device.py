@@ -25,9 +25,10 @@ DEVICES = ("auto", "cpu", "cuda")
 log = logging.getLogger(__name__)
 
 
-def select_pipeline(device: str, environ: Mapping[str, str] = os.environ) -> tuple[str, Pipeline]:
+def select_pipeline(device: str, environ: Mapping[str, str] = os.environ,
+                    ahead: threading.Event | None = None) -> tuple[str, Pipeline]:
     """`(device, run)`: auto is cuda when torch sees a GPU; QCLI_KERNELS=triton forces the GPU pipeline,
-    which takes its `GpuSettings` from `environ`."""
+    which takes its `GpuSettings` from `environ` and waits for `ahead` (set) before its first launch."""
     device = require_device(device, environ)
     if environ.get("QCLI_KERNELS") == "triton":
         device = "triton"
@@ -45,7 +46,7 @@ def select_pipeline(device: str, environ: Mapping[str, str] = os.environ) -> tup
         raise UsageError(
             f"the GPU pipeline is unavailable: {exc}", hint="use --device cpu, or install qcli with triton"
         ) from None
-    return device, partial(gpu.run, settings=GpuSettings.from_env(environ))
+    return device, partial(gpu.run, settings=GpuSettings.from_env(environ), ahead=ahead)
 
 
 def require_device(device: str, environ: Mapping[str, str] = os.environ) -> str:
@@ -133,17 +134,15 @@ class Runtime:
         self._log(f"runtime ready; the main thread waited {time.perf_counter() - tick:.3f} s for it")
         if self._prefetch is not None:
             self._log(f"{self._prefetch.read / 1e9:.2f} GB of the input read into the page cache meanwhile")
-        chosen, run = select_pipeline(device, self._environ)
+        chosen, run = select_pipeline(device, self._environ, self._compiled if self._warming else None)
         if chosen == "cpu":
             self._stop_prefetch()
-        elif self._warming:
-            run = partial(run, ahead=self._compiled)
         return chosen, run
 
     def __enter__(self) -> Runtime:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop_prefetch()
 
     def _stop_prefetch(self) -> None:

@@ -39,8 +39,8 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -62,11 +62,12 @@ from qcli.measure import BYTES_PER_VALUE, SLICE_VALUES, Measurement, whole_range
 from qcli.pipeline import GpuSettings, Payload
 from qcli.pipeline.cpu import cast_kept, entry_importance, transcoded
 from qcli.scheme import Calibration, check_accepted
-from qcli.tensor_range import TensorRange
+from qcli.tensor_range import TensorRange, taken
 
 if TYPE_CHECKING:
     from qcli.io.source import Source
     from qcli.plan.entries import Plan, PlanEntry
+    from qcli.scheme import QuantScheme
 
 log = logging.getLogger(__name__)
 _SLOTS = 2  # staging buffers: pieces read ahead of the device
@@ -206,9 +207,8 @@ def _pieces(index: int, entry: PlanEntry, settings: GpuSettings, measure: bool) 
         step = scheme.block.size.to_dim_vec(len(info.shape))[0] if scheme.block else 1
         per_row = footprint / rows
         chunk_rows = max(step, int(max(room, 0) / per_row) // step * step)
-    two_pass = scheme is not None and chunk_rows < rows and (scheme.block is None or scheme.is_two_level())
-    passes = (Pass.quantize,)
-    if two_pass:
+    passes: tuple[Pass, ...] = (Pass.quantize,)
+    if scheme is not None and chunk_rows < rows and (scheme.block is None or scheme.is_two_level()):  # two passes
         search = scheme.block is None and decision.calibration is Calibration.Mse
         passes = (Pass.range, Pass.search, Pass.quantize) if search else (Pass.range, Pass.quantize)
     piece_rows = max(1, settings.piece_bytes // row_bytes) if row_bytes else 1
@@ -257,7 +257,7 @@ class _Stage:
         while self.registered:
             _unregistered(self.registered.pop())
 
-    def event(self, stream) -> torch.cuda.Event | None:
+    def event(self, stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
         if stream is None:
             return None
         event = torch.cuda.Event()
@@ -278,7 +278,7 @@ def _unregistered(buffer: torch.Tensor) -> bool:
     return _on_own_thread(lambda: torch.cuda.cudart().cudaHostUnregister(buffer.data_ptr()))
 
 
-def _on_own_thread(call) -> bool:
+def _on_own_thread(call: Callable[[], int]) -> bool:
     """Whether the CUDA runtime `call`, made on a new thread, returned success."""
     done: list[bool] = []
 
@@ -300,8 +300,10 @@ class _Reader:
     is in its buffer once every read is done (`wait`)."""
 
     def __init__(self, pieces: list[_Piece], stage: _Stage, read_slice: int) -> None:
-        self.ready: queue.Queue = queue.Queue()
-        self.free = [queue.Queue() for _ in stage.staging]
+        # each piece with its slot and reads, or what stopped the reader
+        self.ready: queue.Queue[tuple[_Piece, int, list[Future[None]]] | BaseException] = queue.Queue()
+        # per slot: None, or the event after which its buffer is free
+        self.free: list[queue.Queue[torch.cuda.Event | None]] = [queue.Queue() for _ in stage.staging]
         for free in self.free:
             free.put(None)
         self._stage, self._pieces, self._read_slice = stage, pieces, read_slice
@@ -311,7 +313,7 @@ class _Reader:
         self._thread = threading.Thread(target=self._run, name="qcli-reader", daemon=True)
         self._thread.start()
 
-    def release(self, slot: int, event) -> None:
+    def release(self, slot: int, event: torch.cuda.Event | None) -> None:
         self.free[slot].put(event)
 
     def stop(self) -> None:
@@ -332,20 +334,20 @@ class _Reader:
                     return
                 if event is not None:
                     event.synchronize()
-                self.ready.put((piece, slot, self._start(piece, self._stage.staging[slot].numpy())))
+                self.ready.put((piece, slot, self._start(piece, self._stage.staging[slot].numpy().data)))
         except BaseException as exc:  # handed to the consumer, which raises it
-            self.ready.put((exc, None, None))
+            self.ready.put(exc)
 
-    def _start(self, piece: _Piece, buffer) -> list:
+    def _start(self, piece: _Piece, view: memoryview) -> list[Future[None]]:
         fd = self._fds.get(piece.file)
         if fd is None:
             fd = self._fds[piece.file] = os.open(piece.file, os.O_RDONLY)
-        step, view = self._read_slice, memoryview(buffer)
+        step = self._read_slice
         return [self._pool.submit(read_into, fd, view[s : min(s + step, piece.nbytes)], piece.offset + s)
                 for s in range(0, piece.nbytes, step)]
 
     @staticmethod
-    def wait(piece: _Piece, reads: list) -> None:
+    def wait(piece: _Piece, reads: list[Future[None]]) -> None:
         for read in reads:
             try:
                 read.result()
@@ -370,8 +372,8 @@ class _Tensor:
     importance: torch.Tensor | None = None  # what weighs its Mse search (`entry_importance`), on the host
     search: Search | None = None  # a chunked per-tensor Mse scheme's, fed in the search pass
     searched: Scales | None = None  # what it picked
-    done = None                 # event after the last copy into `out`
-    measure_done = None         # event after the last measuring work
+    done: torch.cuda.Event | None = None  # event after the last copy into `out`
+    measure_done: torch.cuda.Event | None = None  # event after the last measuring work
 
 
 def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: bool, source: Source,
@@ -379,9 +381,10 @@ def _quantize(pieces: list[_Piece], reader: _Reader, stage: _Stage, measure: boo
     pending: list[_Tensor] = []
     current: _Tensor | None = None
     for _ in pieces:
-        piece, slot, reads = reader.ready.get()
-        if isinstance(piece, BaseException):
-            raise piece
+        ready = reader.ready.get()
+        if isinstance(ready, BaseException):
+            raise ready
+        piece, slot, reads = ready
         reader.wait(piece, reads)
         if ahead is not None:  # the first launch: after the kernels compiled ahead, while the reads go on
             tick = time.perf_counter()
@@ -461,7 +464,7 @@ def _upload(tensor: _Tensor, piece: _Piece, host: torch.Tensor, stage: _Stage) -
         if piece.start == piece.chunk_start:
             tensor.chunk = torch.empty(_chunk_shape(piece, piece.chunk_start, piece.chunk_stop),
                                        dtype=torch_dtype(info.dtype), device=stage.device)
-        rows = tensor.chunk.reshape(max(piece.chunk_stop - piece.chunk_start, 1), -1)
+        rows = _chunk(tensor).reshape(max(piece.chunk_stop - piece.chunk_start, 1), -1)
         rows = rows[piece.start - piece.chunk_start : piece.stop - piece.chunk_start]
         rows.view(torch.uint8).reshape(-1).copy_(host, non_blocking=True)
 
@@ -483,12 +486,12 @@ def _stream_range(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
     added into the tensor's (`_streams_range`)."""
     if not _streams_range(piece):
         return
-    if stage.compute is not None:
+    if stage.compute is not None and stage.h2d is not None:
         stage.compute.wait_stream(stage.h2d)
-    rows = tensor.chunk.reshape(max(piece.chunk_stop - piece.chunk_start, 1), -1)
+    rows = _chunk(tensor).reshape(max(piece.chunk_stop - piece.chunk_start, 1), -1)
     part = rows[piece.start - piece.chunk_start : piece.stop - piece.chunk_start]
     with _on(stage.compute):
-        got = tensor_range(part.reshape(_chunk_shape(piece, piece.start, piece.stop)), piece.entry.encoding.scheme,
+        got = tensor_range(part.reshape(_chunk_shape(piece, piece.start, piece.stop)), _scheme(piece),
                            Calibration.MinMax, tensor.bad)
         tensor.whole = got if tensor.whole is None else tensor.whole.add(got)
 
@@ -497,17 +500,18 @@ def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
     """Quantize a whole device chunk (or collect its range, or feed its scale's search, in a pass before),
     copy its payload back and, when measuring, measure it."""
     entry, decision, encoding = piece.entry, piece.entry.decision, piece.entry.encoding
-    scheme = encoding.scheme
-    if stage.compute is not None:
+    scheme, chunk = _scheme(piece), _chunk(tensor)
+    if stage.compute is not None and stage.h2d is not None:
         stage.compute.wait_stream(stage.h2d)
-        tensor.chunk.record_stream(stage.compute)
+        chunk.record_stream(stage.compute)
     with _on(stage.compute):
-        x = tensor.chunk.t().contiguous() if encoding.transpose else tensor.chunk
+        x = chunk.t().contiguous() if encoding.transpose else chunk
         if piece.purpose is Pass.search:
             if tensor.search is None:
                 shape = encoding.shape
-                tensor.search = Search(tensor.whole.peak.reshape(BlockGrid.of(scheme, shape).grid), scheme, shape,
-                                       importance=tensor.importance, name=entry.info.name)
+                assert tensor.whole is not None, "the range pass comes before the search pass"
+                peak = taken(tensor.whole.peak).reshape(BlockGrid.of(scheme, shape).grid)
+                tensor.search = Search(peak, scheme, shape, importance=tensor.importance, name=entry.info.name)
             tensor.search.add(x.to(torch.float32), slice(None), piece.chunk_start)
             return
         if piece.purpose is Pass.range:
@@ -525,7 +529,7 @@ def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
                 tensor.searched = tensor.search.scales()
             enqueue(x, scheme, decision.calibration, payload, tensor.bad, whole=tensor.whole,
                     searched=tensor.searched, importance=tensor.importance, name=entry.info.name)
-    if stage.d2h is not None:
+    if stage.d2h is not None and stage.compute is not None:
         stage.d2h.wait_stream(stage.compute)
         payload.record_stream(stage.d2h)
     with _on(stage.d2h):
@@ -537,6 +541,19 @@ def _process(tensor: _Tensor, piece: _Piece, stage: _Stage) -> None:
         with _on(stage.compute):
             tensor.measured.add(x, payload, scheme, decision.calibration, whole=tensor.measure_whole,
                                 first_row=piece.chunk_start)
+
+
+def _scheme(piece: _Piece) -> QuantScheme:
+    """The scheme of a piece whose tensor is quantized on the device (`_streams_range`, `_process`)."""
+    scheme = piece.entry.encoding.scheme
+    assert scheme is not None, "only a quantized tensor's pieces reach the device"
+    return scheme
+
+
+def _chunk(tensor: _Tensor) -> torch.Tensor:
+    """The device chunk `_upload` allocated at the chunk's first piece."""
+    assert tensor.chunk is not None, "the chunk's first piece allocates it"
+    return tensor.chunk
 
 
 def _finish(tensor: _Tensor) -> Payload:
@@ -551,13 +568,13 @@ def _finish(tensor: _Tensor) -> Payload:
 class _on:
     """`torch.cuda.stream(s)`, or nothing on the CPU."""
 
-    def __init__(self, stream) -> None:
+    def __init__(self, stream: torch.cuda.Stream | None) -> None:
         self._context = torch.cuda.stream(stream) if stream is not None else None
 
     def __enter__(self) -> None:
         if self._context is not None:
             self._context.__enter__()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._context is not None:
             self._context.__exit__(*exc)

@@ -19,7 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from qcli.plan.entries import Plan
+
+    _Job = tuple[Path, int, int]  # a read: the file, the offset, the length
 
 SLICE = 16 << 20  # bytes per read
 THREADS = 16
@@ -30,7 +34,8 @@ class Prefetch:
     def __init__(self, plan: Plan, limit: int) -> None:
         self._stopped = threading.Event()
         self.read = 0  # bytes read so far
-        jobs, total = [], 0
+        jobs: list[_Job] = []
+        total = 0
         for entry in plan.entries:
             info = entry.info
             for start in range(0, info.nbytes, SLICE):
@@ -48,12 +53,12 @@ class Prefetch:
         self._thread.join()
         return self.read
 
-    def _run(self, jobs: list) -> None:
+    def _run(self, jobs: list[_Job]) -> None:
         local = threading.local()  # each thread's own descriptors (its own readahead) and sink
         opened: list[int] = []
         lock = threading.Lock()
 
-        def read(job) -> None:
+        def read(job: _Job) -> None:
             if self._stopped.is_set():
                 return
             path, offset, n = job

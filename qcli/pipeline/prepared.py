@@ -22,14 +22,16 @@ def rest_of(plan: Plan, prepared: Collection[str]) -> Plan:
     return replace(plan, entries=[e for e in plan.entries if e.name not in prepared])
 
 
-def with_prepared(run: Pipeline, payloads: Mapping[str, torch.Tensor], **options) -> Pipeline:
-    """`run` over the rest of the plan (given `options`, e.g. the search's importance), with each entry of
-    `payloads` in its place in plan order, measured against its source tensor on the CPU."""
+def with_prepared(run: Pipeline, payloads: Mapping[str, torch.Tensor],
+                  importance: Mapping[str, torch.Tensor] | None = None) -> Pipeline:
+    """`run` over the rest of the plan (given the search's `importance`, unless the call gives its own), with
+    each entry of `payloads` in its place in plan order, measured against its source tensor on the CPU."""
 
-    def pipeline(plan: Plan, source: Source, measure: bool = False) -> Iterator[Payload]:
+    def pipeline(plan: Plan, source: Source, measure: bool = False, *,
+                 importance: Mapping[str, torch.Tensor] | None = importance) -> Iterator[Payload]:
         from qcli.measure import Measurement
 
-        others = run(rest_of(plan, payloads), source, measure, **options)
+        others = run(rest_of(plan, payloads), source, measure, importance=importance)
         for entry in plan.entries:
             if entry.name not in payloads:
                 yield next(others)
@@ -41,6 +43,7 @@ def with_prepared(run: Pipeline, payloads: Mapping[str, torch.Tensor], **options
             scheme, payload = entry.encoding.scheme, payloads[entry.name]
             measured = None
             if measure:
+                assert scheme is not None, "a prepared entry is a quantized one"
                 measured = Measurement.on("cpu")
                 measured.add(x, payload, scheme, entry.decision.calibration)
             yield Payload(entry, payload, measured, read)

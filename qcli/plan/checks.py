@@ -115,7 +115,8 @@ def rule_problems(findings: Findings, recipe: Recipe | None, rule: Rule, names: 
     if not names:
         shadowed = [e for e in entries if rule.matches(e.info.name)]
         if shadowed:
-            earlier = list({id(e.decision.rule): e.decision.rule for e in shadowed}.values())
+            # each matched by an earlier rule, so decided by one
+            earlier = list({id(r): r for e in shadowed if (r := e.decision.rule) is not None}.values())
             by = ", ".join(f"rule {r.number} ({r.location})" for r in earlier)
             findings.problem(
                 Kind.unmatched_rule, f"rule (match {rule.match!r}) is shadowed by {by}: every tensor it "
@@ -198,6 +199,7 @@ def version_problems(findings: Findings, options: PlanOptions, entries: Sequence
     for (_, why), group in unheld.items():
         names = [e.info.name for e in group]
         scheme = group[0].decision.scheme
+        assert scheme is not None, "an entry is unheld for its scheme"
         if group[0].decision.transcode:  # a transcode's scheme is the checkpoint's: there is no other to offer
             instead = f"write it for --burn-version {BURN_VERSION}"
         elif packs_outer(scheme):

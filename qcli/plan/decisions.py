@@ -278,6 +278,7 @@ class _Planner:
             smaller = smaller_block(scheme, shape, calibration)
             if smaller is None:
                 return None
+            assert scheme.block is not None and smaller.block is not None, "only a block can be too large"
             reason += (f" → block {smaller.block.size}: {shape[-1]} is not a multiple of "
                        f"{scheme.block.size.dims()[0]}")
             scheme = smaller
@@ -325,7 +326,7 @@ class _Planner:
         shape = info.shape[::-1] if transpose else info.shape
         why_not = self.cannot_take(info, rule.scheme, shape)
         if why_not is None and rule.calibration is None and self.options.calibration is not None:
-            refused = self.calibration_refused(info, rule)
+            refused = self.calibration_refused(info, rule, rule.scheme, self.options.calibration)
             if refused is not None:
                 return self.kept(info, f"{where}: keep, {refused}", rule, transpose)
         if why_not is None:
@@ -352,11 +353,11 @@ class _Planner:
         return fallback, (f" ({fallback.name}: not a Linear (nor an expert's) in the model's blocks, which GPTQ "
                           "calibrates)")
 
-    def calibration_refused(self, info: TensorInfo, rule: Rule) -> str | None:
+    def calibration_refused(self, info: TensorInfo, rule: Rule, scheme: QuantScheme,
+                            calibration: Calibration) -> str | None:
         """Why `--calibration` cannot apply to the scheme of `rule` (reported once per rule, as an error),
         or None."""
-        calibration = self.options.calibration
-        refusals = accept_problems(rule.scheme, calibration)
+        refusals = accept_problems(scheme, calibration)
         if not refusals:
             return None
         if id(rule) not in self.refused_calibration:

@@ -10,6 +10,7 @@ import functools
 import math
 import os
 from dataclasses import dataclass
+from typing import cast
 
 from qcli import BURN_VERSION, layout
 from qcli.burn_backends import qfloat
@@ -108,7 +109,9 @@ class PlanEntry:
             if self.decision.cast is not None:
                 return Plain(self.decision.cast).nbytes(self.info.shape)
             return self.info.nbytes
-        return layout.quantized_data_len(self.encoding.scheme, self.encoding.shape)
+        scheme = self.encoding.scheme
+        assert scheme is not None, "a quantized entry's encoding has its scheme"
+        return layout.quantized_data_len(scheme, self.encoding.shape)
 
     @property
     def in_nbytes(self) -> int:
@@ -138,7 +141,9 @@ class PlanEntry:
         if self.decision.scheme is None:
             cast = self.out_nbytes if self.decision.cast is not None else 0
             return self.info.nbytes * (2 if self.decision.transpose else 1) + cast
-        blocks = layout.num_scales(self.encoding.scheme, self.encoding.shape)
+        scheme = self.encoding.scheme
+        assert scheme is not None, "a quantized entry's encoding has its scheme"
+        blocks = layout.num_scales(scheme, self.encoding.shape)
         return self.info.nbytes + self.out_nbytes + GRID_BYTES_PER_BLOCK * blocks + CHUNK_WORKING_BYTES
 
 
@@ -187,8 +192,9 @@ class Plan:
 
     def container_entries(self) -> list[TensorEntry]:
         """Each tensor as the container lists it (name, written dtype and shape, bytes), in plan order: what
-        its size bounds and the shards are worked out from."""
-        return [TensorEntry(e.name, e.out_dtype, tuple(e.out_shape), e.out_nbytes) for e in self.entries]
+        its size bounds and the shards are worked out from. A tensor Burn has no dtype for (`out_dtype` None)
+        is refused by the plan's checks before a plan is written."""
+        return [TensorEntry(e.name, cast(DType, e.out_dtype), tuple(e.out_shape), e.out_nbytes) for e in self.entries]
 
     def calibrated_by(self, calibration: Calibration) -> list[PlanEntry]:
         """The entries quantized from their own float values whose scales `calibration` chooses (a
