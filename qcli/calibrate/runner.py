@@ -51,6 +51,10 @@ if TYPE_CHECKING:
 
 
 SLACK = 64 << 20  # bytes estimate_memory allows for cuBLAS's workspace and the caching allocator's rounding
+# On the CPU a block runs on this many tokens of windows a call at most: one window of 256 tokens at a time,
+# SmolLM2's block took 5 to 8 times as long as the same 16 windows in one call on 2 loaded cores
+# (docs/benchmarks.md), each small product paying the threads' start and join.
+CPU_BATCH_TOKENS = 4096
 
 
 @dataclass
@@ -399,12 +403,39 @@ class _HessianSums:
 
 
 def _run(block: nn.Module, hidden: torch.Tensor, extras: list[tuple[tuple, dict]], out: torch.Tensor) -> None:
-    """`block` on each window of `hidden`, one at a time, its output written to `out` (matrix products in
-    TF32 on CUDA: the module's docstring)."""
+    """`block` on the windows of `hidden` (`_batches` of them at a time), its output written to `out` (matrix
+    products in TF32 on CUDA: the module's docstring)."""
     with _tf32(hidden.device):
-        for index, (args, kwargs) in enumerate(extras):
-            result = block(hidden[index : index + 1], *args, **kwargs)
-            out[index] = (result if isinstance(result, torch.Tensor) else result[0])[0]
+        for start, stop in _batches(hidden, extras):
+            args, kwargs = extras[start]
+            result = block(hidden[start:stop], *args, **kwargs)
+            out[start:stop] = result if isinstance(result, torch.Tensor) else result[0]
+
+
+def _batches(hidden: torch.Tensor, extras: list[tuple[tuple, dict]]) -> Iterator[tuple[int, int]]:
+    """The windows run in one call, as [start, stop) ranges: on the CPU, consecutive windows whose arguments
+    are alike (`_alike`), up to CPU_BATCH_TOKENS tokens; on other devices each window alone, which keeps
+    `estimate_memory`'s bound."""
+    most = max(1, CPU_BATCH_TOKENS // hidden.shape[1]) if hidden.device.type == "cpu" else 1
+    start = 0
+    while start < len(extras):
+        stop = start + 1
+        while stop < len(extras) and stop - start < most and _alike(extras[stop], extras[start]):
+            stop += 1
+        yield start, stop
+        start = stop
+
+
+def _alike(a, b) -> bool:
+    """Whether two windows' block arguments are the same: the very same tensors (`_Pool` shares equal ones),
+    equal plain values, in the same structure."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a is b
+    if isinstance(a, tuple | list):
+        return type(a) is type(b) and len(a) == len(b) and all(_alike(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_alike(a[k], b[k]) for k in a)
+    return a is b or (isinstance(a, bool | int | float | str) and type(a) is type(b) and a == b)
 
 
 @contextmanager
