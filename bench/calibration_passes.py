@@ -13,8 +13,9 @@ made in `--work` as bench.calibrated makes them. qcli's windows (`qcli.calibrate
 tokenizer's special tokens around each) are the floor's tokens too.
 
 **Rows**, each timed in this process with torch at `--threads`:
-- *imatrix pass*: qcli's `input_importance` (what `qcli imatrix` and a target's sensitivity run: the model
-  opened, the text tokenized, the blocks run one at a time, every block Linear's input measured); the floor:
+- *imatrix pass*: qcli's `run_blocks` as `qcli imatrix` and a target's sensitivity run it (`hessians=False`:
+  every block Linear's input measured; the model opened and the text tokenized beforehand, as the floor's
+  model is loaded before its clock starts, and the pass run once untimed first); the floor:
   transformers' model body (no LM head: qcli runs none) over all windows in one batch, a forward hook on each
   block Linear adding each input channel's sum of squares (float32, as llama.cpp sums). Beside them, whole
   processes: `python -m qcli imatrix` and `llama-imatrix` (`-c seq_len --chunks samples -b seq_len -t
@@ -132,7 +133,7 @@ def qcli_passes(folder: Path, data: Path, samples: int, seq_len: int, first_bloc
     from qcli.calibrate.inputs import CalibrationInput
     from qcli.calibrate.runner import block_linears as qcli_block_linears
     from qcli.calibrate.runner import run_blocks
-    from qcli.calibrate.session import _opened, input_importance
+    from qcli.calibrate.session import _opened
     from qcli.io.readers import open_source
 
     given = CalibrationInput(data, samples, seq_len)
@@ -144,10 +145,13 @@ def qcli_passes(folder: Path, data: Path, samples: int, seq_len: int, first_bloc
         return weight  # a weight given back: the block runs again, as GPTQ's does
 
     with open_source(folder) as source:
-        imatrix_s, _ = _timed(input_importance, source, folder, given, "cpu")
-        model, _, tokens = _opened(source, folder, given)
+        model, _, tokens = _opened(source, folder, given)  # as quantize and imatrix open it, untimed: the floor's
+        # model is loaded before its clock starts too
+        linears = qcli_block_linears(model)
+        run_blocks(model, tokens, linears, lambda *_: None, "cpu", hessians=False)  # the weights' pages read once
+        imatrix_s, _ = _timed(run_blocks, model, tokens, linears, lambda *_: None, "cpu", hessians=False)
         load = _load()
-        gptq_s, _ = _timed(run_blocks, model, tokens, qcli_block_linears(model), on_linear, "cpu")
+        gptq_s, _ = _timed(run_blocks, model, tokens, linears, on_linear, "cpu")
     return {"imatrix_pass_s": imatrix_s, "gptq_pass_s": gptq_s, "gptq_pass_load": load, "tokens": tokens.tokens,
             "first_block": kept}
 

@@ -21,7 +21,7 @@ activations weigh the sensitivity); a target below the smallest forms is refused
 reported with its message. llama.cpp: `llama-quantize [--imatrix llama.imatrix.gguf] --output-tensor-type
 q8_0 F32.gguf X.gguf TYPE threads` (the tied embedding at 8 bits as qcli keeps it, as bench.calibrated runs
 `llama_model_quantize`), dequantized by the `gguf` package. Bits per weight over the quantized matrices,
-scales included; seconds and peak resident memory of each whole command.
+scales included; the seconds of each whole command.
 
 **The cost** of a target's sensitivity: `--dry-run` of one target (the sensitivity measured and the forms
 chosen, nothing written) with each method, beside a plain GPTQ run of one preset on the same tokens.
@@ -75,8 +75,9 @@ ANCHORS = [("Q4_K_M", "imatrix"), ("Q3_K_M", ""), ("Q3_K_M", "imatrix")]  # the 
 
 
 def measured(command: list[str], env: dict | None = None) -> dict:
-    """`command` run to its end: exit code, stdout, stderr, wall seconds, its own peak resident bytes (from
-    wait4) and the load average as it ended."""
+    """`command` run to its end: exit code, stdout, stderr, wall seconds, peak resident bytes from wait4 (an
+    upper bound only: Linux counts the forked child's pages of this process before its exec, so it is never
+    below this process's own) and the load average as it ended."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         started = time.perf_counter()
         child = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=env)
@@ -228,7 +229,7 @@ def markdown(record: dict) -> str:
         f"calibration: {ref['samples']} windows × {ref['seq_len']} tokens of other modules' docstrings, for both "
         "tools' importance matrices and GPTQ. KL: mean next-token KL(reference ‖ row), nats, by qcli's evaluator "
         "for every row. Bits per weight over the quantized matrices (every linear and the tied embedding, scales "
-        "included). Seconds and peak resident memory (MiB): the whole command; load: the 1-minute load average "
+        "included). Seconds: the whole command; load: the 1-minute load average "
         "as the command ended (the machine is shared).", "",
     ]
     check = record["layout_check"]
@@ -239,7 +240,7 @@ def markdown(record: dict) -> str:
             for tool, m in record["imatrices"].items()]
     lines += [f"Importance matrices: {', '.join(made)}.", "",
               "| tool | target / type | method | bits/weight | weights by type | KL | top-1 % | perplexity | seconds "
-              "| peak MiB | load |", "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+              "| load |", "|---|---|---|---:|---|---:|---:|---:|---:|---:|"]
     absent = []
     for row in sorted(record["rows"], key=lambda r: r.get("bits_per_weight", 0.0)):
         if "not_available" in row:
@@ -247,13 +248,12 @@ def markdown(record: dict) -> str:
             continue
         lines.append(f"| {row['tool']} | {row['scheme']} | {row['method']} | {row['bits_per_weight']:.3f} | "
                      f"{_types(row)} | {row['kl']:.5f} | {100 * row['same_top1']:.2f} | "
-                     f"{_perplexity(row['perplexity'])} | {row['seconds']:.1f} | {_mib(row['peak_rss'])} | "
-                     f"{row['load']:.1f} |")
+                     f"{_perplexity(row['perplexity'])} | {row['seconds']:.1f} | {row['load']:.1f} |")
     lines += [""] * bool(absent) + absent
     lines += ["", "**The targets** (read off the table by the script):", "", *verdicts(record["rows"])]
     if record["costs"]:
         lines += ["", "**The cost of the sensitivity** (whole commands, this machine):", "",
-                  "| run | seconds | peak MiB | load |", "|---|---:|---:|---:|"]
+                  "| run | seconds | peak MiB (an upper bound: `measured`) | load |", "|---|---:|---:|---:|"]
         lines += [f"| {c['run']} | {c['seconds']:.1f} | {_mib(c['peak_rss'])} | {c['load']:.1f} |"
                   for c in record["costs"]]
     return "\n".join(lines) + "\n"
