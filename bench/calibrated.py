@@ -333,10 +333,6 @@ def qcli_row(command: list[str], target: Path, calibrated: bool, threads: int) -
     """The row's quantization by `command`: its decoded weights, weights per value type, bytes and count of the
     quantized ones, and the command's time; or, for a calibrated method that qcli rejects as a usage error,
     why it is not available."""
-    from qcli.codec import decode
-    from qcli.io.burnpack import BurnpackReader
-    from qcli.io.dtypes import QFloat
-
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=_child_env(threads))
     seconds = time.perf_counter() - started
@@ -346,6 +342,16 @@ def qcli_row(command: list[str], target: Path, calibrated: bool, threads: int) -
         return {"not_available": reason}
     if done.returncode != 0:
         raise SystemExit(f"{shlex.join(command)} failed ({done.returncode}):\n{done.stderr}")
+    return bpk_weights(target) | {"seconds": seconds}
+
+
+def bpk_weights(target: Path) -> dict:
+    """A burnpack's quantized tensors decoded by qcli's own reader and decoder, the weights per value type,
+    and the bytes and count of the quantized ones."""
+    from qcli.codec import decode
+    from qcli.io.burnpack import BurnpackReader
+    from qcli.io.dtypes import QFloat
+
     reader = BurnpackReader.open(target)
     weights, widths, nbytes, count = {}, Counter(), 0, 0
     for entry in reader.entries():
@@ -354,7 +360,7 @@ def qcli_row(command: list[str], target: Path, calibrated: bool, threads: int) -
             weights[entry.name] = decode(reader.read(entry.name), entry.dtype.scheme, shape)
             widths[entry.dtype.scheme.value.name] += int(np.prod(shape))
             nbytes, count = nbytes + entry.dtype.nbytes(shape), count + int(np.prod(shape))
-    return {"weights": weights, "types": dict(widths), "bytes": nbytes, "count": count, "seconds": seconds}
+    return {"weights": weights, "types": dict(widths), "bytes": nbytes, "count": count}
 
 
 def llama_row(source: Path, target: Path, kind: str, threads: int) -> dict:

@@ -54,6 +54,10 @@ if TYPE_CHECKING:
 
 
 SLACK = 64 << 20  # bytes estimate_memory allows for cuBLAS's workspace and the caching allocator's rounding
+# On the CPU a block runs on this many tokens of windows a call at most: one window of 256 tokens at a time,
+# SmolLM2's block took 5 to 8 times as long as the same 16 windows in one call on 2 loaded cores
+# (docs/benchmarks.md), each small product paying the threads' start and join.
+CPU_BATCH_TOKENS = 4096
 
 
 @dataclass
@@ -145,12 +149,15 @@ def _fused_experts(model: CalibrationModel, path: str, index: int, block: nn.Mod
 
 def run_blocks(model: CalibrationModel, tokens: CalibrationSet, linears: Collection[str], on_linear: OnLinear,
                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-               progress: Callable[[BlockDone], None] | None = None) -> CalibrationRun:
+               progress: Callable[[BlockDone], None] | None = None, hessians: bool = True) -> CalibrationRun:
     """Run `tokens`' windows through `model` block by block on `device`, computing in `dtype`; for each
     nn.Linear whose weight's checkpoint name is in `linears`, in the order of the block's modules, then each
     checkpoint tensor of fused experts in `linears`, call `on_linear` with the stats of its input and put
-    in place the weight it returns. `progress` hears of the start and of each block done. The model's
-    buffers are left on `device`."""
+    in place the weight it returns. `progress` hears of the start and of each block done. Without
+    `hessians`, only each Linear's input channels' sums of squares are summed (`LinearStats.hessian` None):
+    all an importance matrix needs of H, its diagonal, which spares the float64 [in, in] products (`qcli
+    imatrix` and a target's sensitivity; docs/benchmarks.md measures the pass against plain torch's). The
+    model's buffers are left on `device`."""
     device = torch.device(device)
     module = model.module
     path, blocks = repeated_blocks(module)
@@ -182,7 +189,8 @@ def run_blocks(model: CalibrationModel, tokens: CalibrationSet, linears: Collect
                     (block.get_parameter(name.removeprefix(f"{path}.{index}.")), mine)
                     for name, slices in _fused_experts(model, path, index, block, shapes)
                     for mine in [[s for s in slices if s.name in wanted]] if mine]
-                stats |= _calibrated(block, asked[index], experts, hidden, extras[index], spare, on_linear)
+                stats |= _calibrated(block, asked[index], experts, hidden, extras[index], spare, on_linear,
+                                     hessians)
             hidden, spare = spare, hidden
             if progress is not None:
                 progress(BlockDone(index + 1, len(blocks), tokens.used, time.perf_counter() - start))
@@ -193,12 +201,13 @@ def run_blocks(model: CalibrationModel, tokens: CalibrationSet, linears: Collect
 
 def _calibrated(block: nn.Module, linears: list[tuple[nn.Linear, str]],
                 experts: list[tuple[nn.Parameter, list[ExpertSlice]]], hidden: torch.Tensor,
-                extras: list[tuple[tuple, dict]], out: torch.Tensor, on_linear: OnLinear) -> dict[str, LinearStats]:
+                extras: list[tuple[tuple, dict]], out: torch.Tensor, on_linear: OnLinear, hessians: bool
+                ) -> dict[str, LinearStats]:
     """The stats of `block`'s `linears` (with their checkpoint names) and of its fused `experts`' checkpoint
     tensors over every window of `hidden`, run with the block's float weights, each handed to `on_linear` in
     turn; `out` left holding the block's outputs, with the weights on_linear gave back (run again where it
     gave any)."""
-    sums = _HessianSums(linears)
+    sums = _HessianSums(linears, hessians)
     hooks = [linear.register_forward_hook(sums.hook(index)) for index, (linear, _) in enumerate(linears)]
     routed = ExpertInputs({str(i): param for i, (param, _) in enumerate(experts)})
     try:
@@ -217,13 +226,13 @@ def _calibrated(block: nn.Module, linears: list[tuple[nn.Linear, str]],
         sums.release(index)  # a sum freed once the last Linear that reads it has had its turn
         stats[name] = found
     for index, (param, slices) in enumerate(experts):
-        hessians = routed.hessians[str(index)]
-        if not hessians:  # the experts ran without F.linear on any expert's weight: their inputs are not known
+        by_expert = routed.hessians[str(index)]
+        if not by_expert:  # the experts ran without F.linear on any expert's weight: their inputs are not known
             continue
         for piece in slices:  # an expert routing never reached has no tokens: zero H, as llama.cpp counts it
             give_back_cached(hidden.device)
-            total = hessians.get(piece.expert) or hessians.setdefault(piece.expert, Hessian(param.shape[2],
-                                                                                            param.device))
+            total = by_expert.get(piece.expert) or by_expert.setdefault(piece.expert, Hessian(param.shape[2],
+                                                                                              param.device))
             found = _input_stats(piece.name, total)
             weight = param[piece.expert, piece.rows]
             given = on_linear(piece.name, weight, found)
@@ -376,16 +385,32 @@ def _checkpoint_weights(model: CalibrationModel, device: torch.device, dtype: to
             owner._parameters[name] = meta
 
 
+class _SquareSums:
+    """Σ x² per input channel (float64 [in]) over the tokens of one Linear's input, and how many tokens: the
+    diagonal of `Hessian.matrix` without its off-diagonal products."""
+
+    def __init__(self, columns: int, device: torch.device) -> None:
+        self.diagonal = torch.zeros(columns, dtype=torch.float64, device=device)
+        self.tokens = 0
+
+    def add(self, x: torch.Tensor) -> None:
+        rows = x.detach().reshape(-1, self.diagonal.shape[0]).to(torch.float64)
+        self.diagonal += rows.square_().sum(0)
+        self.tokens += rows.shape[0]
+
+
 class _HessianSums:
     """Forward hooks summing the inputs of a block's Linears (by index in `linears`) into Hessians
-    (H = sum x x^T, float64), one per distinct input: a Linear fed the very tensor the Linear before it
-    took (q, k and v; gate and up) reads that one's sum, the same matrix, which spares a block most of
-    its float64 products. Which Linears share is settled on the first window and held on every other."""
+    (H = sum x x^T, float64), or, without `hessians`, into their diagonals alone, one per distinct input: a
+    Linear fed the very tensor the Linear before it took (q, k and v; gate and up) reads that one's sum, the
+    same matrix, which spares a block most of its float64 products. Which Linears share is settled on the
+    first window and held on every other."""
 
-    def __init__(self, linears: list[tuple[nn.Linear, str]]) -> None:
+    def __init__(self, linears: list[tuple[nn.Linear, str]], hessians: bool = True) -> None:
         self.linears = [linear for linear, _ in linears]
         self.names = [name for _, name in linears]
-        self.sums: dict[int, Hessian] = {}
+        self.hessians = hessians
+        self.sums: dict[int, Hessian | _SquareSums] = {}
         self.owner: dict[int, int] = {}  # a Linear's index -> the index whose sum it reads (its own: absent)
         self.last: tuple[torch.Tensor, int] | None = None  # the input summed last, and whose sum took it
 
@@ -411,9 +436,9 @@ class _HessianSums:
     def _root(self, index: int) -> int:
         return self.owner.get(index, index)
 
-    def _new(self, index: int) -> Hessian:
+    def _new(self, index: int) -> Hessian | _SquareSums:
         linear = self.linears[index]
-        return Hessian(linear.in_features, linear.weight.device)
+        return (Hessian if self.hessians else _SquareSums)(linear.in_features, linear.weight.device)
 
     def stats(self, index: int) -> LinearStats:
         """The stats of Linear `index`'s input; an input error where it held NaN or Inf, which every
@@ -430,12 +455,15 @@ class _HessianSums:
             self.sums.pop(root, None)
 
 
-def _input_stats(name: str, total: Hessian) -> LinearStats:
+def _input_stats(name: str, total: Hessian | _SquareSums) -> LinearStats:
     """The stats of the input summed in `total` into the weight `name`; an input error where it held NaN or
     Inf, which every diagonal element of H, a sum of squares, shows in its own channel (checked once, not at
     every window)."""
-    hessian, tokens = total.matrix, total.tokens
-    diagonal = hessian.diagonal()
+    if isinstance(total, Hessian):
+        hessian, diagonal = total.matrix, total.matrix.diagonal()
+    else:
+        hessian, diagonal = None, total.diagonal
+    tokens = total.tokens
     if not torch.isfinite(diagonal).all():
         raise InputError(f"the calibration activations into {quoted(name)} hold NaN or Inf values",
                          hint="the checkpoint's weights before it may hold them, or the activations overflow "
@@ -444,12 +472,39 @@ def _input_stats(name: str, total: Hessian) -> LinearStats:
 
 
 def _run(block: nn.Module, hidden: torch.Tensor, extras: list[tuple[tuple, dict]], out: torch.Tensor) -> None:
-    """`block` on each window of `hidden`, one at a time, its output written to `out` (matrix products in
-    TF32 on CUDA: the module's docstring)."""
+    """`block` on the windows of `hidden` (`_batches` of them at a time), its output written to `out` (matrix
+    products in TF32 on CUDA: the module's docstring)."""
     with _tf32(hidden.device):
-        for index, (args, kwargs) in enumerate(extras):
-            result = block(hidden[index : index + 1], *args, **kwargs)
-            out[index] = (result if isinstance(result, torch.Tensor) else result[0])[0]
+        for start, stop in _batches(hidden, extras):
+            args, kwargs = extras[start]
+            result = block(hidden[start:stop], *args, **kwargs)
+            out[start:stop] = result if isinstance(result, torch.Tensor) else result[0]
+
+
+def _batches(hidden: torch.Tensor, extras: list[tuple[tuple, dict]]) -> Iterator[tuple[int, int]]:
+    """The windows run in one call, as [start, stop) ranges: on the CPU, consecutive windows whose arguments
+    are alike (`_alike`), up to CPU_BATCH_TOKENS tokens; on other devices each window alone, which keeps
+    `estimate_memory`'s bound."""
+    most = max(1, CPU_BATCH_TOKENS // hidden.shape[1]) if hidden.device.type == "cpu" else 1
+    start = 0
+    while start < len(extras):
+        stop = start + 1
+        while stop < len(extras) and stop - start < most and _alike(extras[stop], extras[start]):
+            stop += 1
+        yield start, stop
+        start = stop
+
+
+def _alike(a, b) -> bool:
+    """Whether two windows' block arguments are the same: the very same tensors (`_Pool` shares equal ones),
+    equal plain values, in the same structure."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a is b
+    if isinstance(a, tuple | list):
+        return type(a) is type(b) and len(a) == len(b) and all(_alike(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_alike(a[k], b[k]) for k in a)
+    return a is b or (isinstance(a, bool | int | float | str) and type(a) is type(b) and a == b)
 
 
 @contextmanager

@@ -274,7 +274,7 @@ def _block_run(checkpoint: Checkpoint, calibrating: CalibrationInput, device: st
     model, text, tokens = _opened(checkpoint, calibrating)
     chosen = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
     run = run_blocks(model, tokens, block_linears(model, shapes_of(checkpoint.tensors)), lambda *_: None, chosen,
-                     progress=progress)
+                     progress=progress, hessians=False)
     return model, text, tokens, run, chosen
 
 

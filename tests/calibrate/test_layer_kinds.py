@@ -70,7 +70,7 @@ def replayed(folder: Path, given=lambda name, weight: weight.clone()) -> tuple[l
     tokens = windows(folder)
     assembled = {name for assembly in model.assembled.values() for name in assembly.names}
     run_blocks(model, tokens, set(model.names.values()) | assembled, lambda name, weight, stats: given(name, weight))
-    return [torch.cat(found[-SAMPLES:]) for found in outputs], tokens.tokens
+    return [torch.cat(found)[-SAMPLES:] for found in outputs], tokens.tokens  # windows may run several a call
 
 
 def own_forward(folder: Path, tokens: torch.Tensor) -> tuple[list[torch.Tensor], torch.nn.Module]:

@@ -131,6 +131,26 @@ def test_hessians_are_x_transpose_x_of_the_whole_models_activations(folders, arc
                                    rtol=RTOL[device], atol=0)
 
 
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+def test_without_hessians_the_importance_is_the_whole_models_mean_square_and_no_matrix_is_handed_on(folders, arch,
+                                                                                                     device):
+    seen = {}
+
+    def on_linear(name, weight, stats):
+        seen[name] = stats.hessian
+        return None
+
+    result, _ = run(folders[arch], on_linear, device, hessians=False)
+    hessians, _ = reference(folders[arch], windows(folders[arch]).tokens)
+    blocks = {name for name in hessians if name.startswith(BLOCKS[arch])}
+    assert set(seen) == blocks == set(result.stats)
+    assert all(hessian is None for hessian in seen.values())
+    for name, stats in result.stats.items():
+        assert stats.tokens == SAMPLES * SEQ_LEN and stats.importance.dtype == torch.float64
+        torch.testing.assert_close(stats.importance, hessians[name].diagonal() / (SAMPLES * SEQ_LEN),
+                                   rtol=RTOL[device], atol=0)
+
+
 @pytest.mark.parametrize(("arch", "together"), [
     ("llama", [("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
                ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",)]),
@@ -165,8 +185,9 @@ def test_each_blocks_output_is_the_whole_models(folders, arch, device):
     run_blocks(model, tokens, set(model.names.values()), on_linear, device=device)
     _, expected = reference(folders[arch], tokens.tokens)
     for index, found in enumerate(outputs):
-        assert len(found) == 2 * SAMPLES  # the float pass and the pass with the weights given back
-        torch.testing.assert_close(torch.cat(found[SAMPLES:]).cpu(), expected[index], rtol=RTOL[device],
+        windows_run = torch.cat(found)  # the windows may run one at a time or several in a call
+        assert windows_run.shape[0] == 2 * SAMPLES  # the float pass and the pass with the weights given back
+        torch.testing.assert_close(windows_run[SAMPLES:].cpu(), expected[index], rtol=RTOL[device],
                                    atol=RTOL[device] / 10)
 
 
