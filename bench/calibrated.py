@@ -61,6 +61,7 @@ from collections import Counter
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -270,6 +271,42 @@ def windows(tokenizer, text: str, count: int, length: int):
 
 
 # --- the evaluator ------------------------------------------------------------------------------------
+
+class Prepared(NamedTuple):
+    """What every run on SmolLM2 starts from (`prepared`)."""
+
+    source: Path  # the package's GGUF
+    folder: Path  # the f32 reference folder
+    f32: Path  # the F32 GGUF of the same weights
+    reference: dict  # the reference folder's weights
+    data: Path  # the calibration text, written under the work folder
+    calibration: str
+    held_out: str
+    tokenizer: object
+    model: object
+    ids: object  # the held-out windows
+
+
+def prepared(args: argparse.Namespace) -> Prepared:
+    """The reference made once under `args.work` (its folder and F32 GGUF checked to hold the same weights),
+    the calibration text written there, and the reference's tokenizer, model and held-out windows."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    source = package_gguf()
+    folder, f32 = reference_folder(args.work, source), f32_gguf(args.work, source)
+    reference = load_file(str(folder / "model.safetensors"))
+    check_gguf_layout(f32, reference)
+    calibration, held_out = texts()
+    data = args.work / "calibration.txt"
+    data.write_text(calibration)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return Prepared(source, folder, f32, reference, data, calibration, held_out, tokenizer, model,
+                    windows(tokenizer, held_out, args.windows, args.context))
+
 
 class Evaluator:
     """The reference model, its next-token log-probabilities on the windows (an f32 file in the work folder:
@@ -488,25 +525,12 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown methods {unknown}: define them with --method NAME=ARGS")
     import torch
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(args.threads)
-    args.work.mkdir(parents=True, exist_ok=True)
     outputs = args.work / "outputs"
-    outputs.mkdir(exist_ok=True)
+    outputs.mkdir(parents=True, exist_ok=True)
     started, load_before = time.perf_counter(), os.getloadavg()
-    source = package_gguf()
-    folder = reference_folder(args.work, source)
-    f32 = f32_gguf(args.work, source)
-    reference = load_file(str(folder / "model.safetensors"))
-    check_gguf_layout(f32, reference)
-    calibration, held_out = texts()
-    data = args.work / "calibration.txt"
-    data.write_text(calibration)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    ids = windows(tokenizer, held_out, args.windows, args.context)
+    source, folder, f32, reference, data, calibration, held_out, tokenizer, model, ids = prepared(args)
     check = check_logits(f32, model, ids.flatten()[:PROMPT_TOKENS].tolist(), tokenizer, args.threads)
     print(f"reference: {source.name} dequantized (f32) in {folder}; layout check: {check or 'no llama-cpp-python'}",
           flush=True)

@@ -50,15 +50,10 @@ from bench.calibrated import (
     _types,
     _version,
     bpk_weights,
-    check_gguf_layout,
     check_logits,
-    f32_gguf,
     gguf_weights,
-    package_gguf,
+    prepared,
     provenance,
-    reference_folder,
-    texts,
-    windows,
 )
 from bench.markdown import replace_section
 
@@ -303,22 +298,11 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown methods {unknown}: {', '.join(METHODS)}")
     import torch
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(args.threads)
     (args.work / "outputs").mkdir(parents=True, exist_ok=True)
     started, load_before = time.perf_counter(), os.getloadavg()
-    source = package_gguf()
-    folder, f32 = reference_folder(args.work, source), f32_gguf(args.work, source)
-    reference = load_file(str(folder / "model.safetensors"))
-    check_gguf_layout(f32, reference)
-    calibration, held_out = texts()
-    data = args.work / "calibration.txt"
-    data.write_text(calibration)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    ids = windows(tokenizer, held_out, args.windows, args.context)
+    source, folder, f32, reference, data, calibration, held_out, tokenizer, model, ids = prepared(args)
     runs = Runs(args, folder, f32, data)
     evaluator = Evaluator(model, ids, args.work)
     matrices = {n: t.numel() for n, t in reference.items() if t.dim() == 2}
