@@ -109,7 +109,8 @@ def value_bytes(scheme: QuantScheme, shape: Sequence[int]) -> int:
 
 def stored_as(scheme: QuantScheme, shape: Sequence[int]) -> tuple[QuantScheme, tuple[int, ...]]:
     """The scheme and shape whose last axis the payload's rows run along: a 2-D tensor packed along its
-    outer axis holds its inner-packed form's bytes on the transpose (`qcli.scheme.inner_packed`)."""
+    outer axis holds its inner-packed form's bytes on the transpose (`qcli.scheme.inner_packed`); any other
+    tensor, `scheme` itself and its shape."""
     if packs_outer(scheme) and len(shape) == 2:
         return inner_packed(scheme), tuple(shape)[::-1]
     return scheme, tuple(shape)

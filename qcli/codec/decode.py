@@ -10,7 +10,7 @@ from qcli import layout
 from qcli.codec.pack import unpack_fields, unpack_scales
 from qcli.codec.values import dequantize
 from qcli.errors import InputError, SchemeError
-from qcli.scheme import LOOKUP_WHY, Native, QuantMode, QuantScheme, packs_outer
+from qcli.scheme import LOOKUP_WHY, Native, QuantMode, QuantScheme
 
 
 def as_bytes(payload: object) -> torch.Tensor:
@@ -29,8 +29,9 @@ def decode(payload: object, scheme: QuantScheme, shape: Sequence[int]) -> torch.
     x = q * s for one level; x = (global * s_block) * q for two, the product formed in f32. A tensor payload
     is decoded on its own device (multiplications only: every device gives the same values).
     """
-    if packs_outer(scheme) and len(shape) == 2:  # the inner-packed form's bytes on the transpose
-        return decode(payload, *layout.stored_as(scheme, shape)).t().contiguous()
+    stored, stored_shape = layout.stored_as(scheme, shape)
+    if stored is not scheme:  # the inner-packed form's bytes on the transpose
+        return decode(payload, stored, stored_shape).t().contiguous()
     _check_decodable(scheme)
     shape = tuple(shape)
     data = as_bytes(payload)
@@ -55,8 +56,9 @@ def decode_values(values: torch.Tensor, scales: torch.Tensor, scheme: QuantSchem
 def block_scales(payload: object, scheme: QuantScheme, shape: Sequence[int]) -> torch.Tensor:
     """The f32 scale each block of a payload decodes with, grid-shaped: its stored scale, times the f32
     global of a two-level scheme (the product formed in f32, as `decode` forms it)."""
-    if packs_outer(scheme) and len(shape) == 2:  # stored in the inner-packed form's order (`layout.stored_as`)
-        return block_scales(payload, *layout.stored_as(scheme, shape)).t()
+    stored, stored_shape = layout.stored_as(scheme, shape)
+    if stored is not scheme:  # the scales in the inner-packed form's order
+        return block_scales(payload, stored, stored_shape).t()
     shape = tuple(shape)
     data = as_bytes(payload)
     start = layout.value_bytes(scheme, shape)

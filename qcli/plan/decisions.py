@@ -44,7 +44,6 @@ from qcli.scheme import (
     PackedU32,
     QuantScheme,
     accept_problems,
-    inner_packed,
     packs_outer,
 )
 
@@ -66,7 +65,7 @@ def _shape_problem(scheme: QuantScheme, shape: tuple[int, ...]) -> str | None:
     if packs_outer(scheme):
         if rank != 2:
             return f"{scheme.store} packs a 2-D tensor along its first axis; the tensor has {rank} axes"
-        return _shape_problem(inner_packed(scheme), shape[::-1])
+        return _shape_problem(*layout.stored_as(scheme, shape))
     block = scheme.block.size if scheme.block is not None else None
     if block is not None:
         if block.len > rank:

@@ -22,7 +22,7 @@ from qcli.io.source import TensorInfo
 from qcli.presets import Preset
 from qcli.problem import Problem, Severity
 from qcli.recipe import Rule
-from qcli.scheme import Calibration, QuantScheme, inner_packed, packs_outer
+from qcli.scheme import Calibration, QuantScheme
 
 # What quantizing holds beside a tensor's source and payload (`PlanEntry.peak_bytes`): six f32 grids of
 # a value per block at most, and a chunk's temporaries, about 24 bytes per value of a chunk of 2^18
@@ -90,10 +90,11 @@ class PlanEntry:
     @functools.cached_property
     def encoding(self) -> Encoding:
         """How its payload is made."""
-        scheme = self.decision.scheme
-        if scheme is not None and packs_outer(scheme):
-            return Encoding(inner_packed(scheme), not self.decision.transpose, self.out_shape[::-1])
-        return Encoding(scheme, self.decision.transpose, self.out_shape)
+        scheme, transpose = self.decision.scheme, self.decision.transpose
+        if scheme is None:
+            return Encoding(None, transpose, self.out_shape)
+        stored, shape = layout.stored_as(scheme, self.out_shape)
+        return Encoding(stored, transpose != (stored is not scheme), shape)  # the other orientation where it differs
 
     @functools.cached_property
     def out_dtype(self) -> DType | None:
