@@ -101,7 +101,8 @@ class InputError(QcliError):
     """An input file that cannot be read, or whose contents are corrupt or unsupported."""
 
     exit_code = 3
-    meaning = "unreadable or corrupt input (safetensors, GGUF or burnpack), or NaN or Inf in a tensor to quantize"
+    meaning = ("an input file that cannot be read, is corrupt or holds what qcli cannot take, or NaN or Inf in a "
+               "tensor to quantize")
 
 
 class NonFiniteTensor(InputError):
