@@ -18,9 +18,9 @@ import os
 import subprocess
 import sys
 
-KERNELS = {"_quantize": ("_quantize_fused_kernel", "_quantize_fused_rows_kernel", "_quantize_blocks_kernel",
-                         "_quantize_tensor_kernel", "_alpha_kernel", "_scales_kernel"),
-           "_search": ("_quantize_searched_kernel",), "_gptq": ("_gptq_columns_kernel",)}
+KERNELS = {"_quantize": ("quantize_fused_kernel", "quantize_fused_rows_kernel", "quantize_blocks_kernel",
+                         "quantize_tensor_kernel", "alpha_kernel", "scales_kernel"),
+           "_search": ("quantize_searched_kernel",), "_gptq": ("gptq_columns_kernel",)}
 _OPTION_NAMES = ("enable_fp_fusion", "num_warps")
 
 

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 MIN_POSITIVE = tl.constexpr(1.1754943508222875e-38)  # f32::MIN_POSITIVE, the floor of every scale
-# Scales within which the reciprocal and the residual of `_quotient` neither overflow nor lose bits.
+# Scales within which the reciprocal and the residual of `quotient` neither overflow nor lose bits.
 SAFE_LOW = tl.constexpr(2.0**-125)
 SAFE_HIGH = tl.constexpr(2.0**125)
 RESCALE_UP = tl.constexpr(2.0**64)
@@ -18,17 +18,17 @@ RESCALE_DOWN = tl.constexpr(2.0**-64)
 
 
 @triton.jit
-def _rint_bits(v):
+def rint_bits(v):
     """The bits of RN(v) + 1.5 * 2^23, for |v| < 2^22: adding 1.5 * 2^23 leaves no fraction bits (IEEE rounds
     half to even), and the sum's low 22 bits are RN(v) in two's complement, so a field needs no conversion."""
     return (v + 12582912.0).to(tl.int32, bitcast=True)
 
 
-RINT_BITS = tl.constexpr(0x4B400000)  # the bits of 1.5 * 2^23: `_rint_bits(v) - RINT_BITS` is RN(v)
+RINT_BITS = tl.constexpr(0x4B400000)  # the bits of 1.5 * 2^23: `rint_bits(v) - RINT_BITS` is RN(v)
 
 
 @triton.jit
-def _minifloat_code(a, sign, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, MAXV: tl.constexpr):
+def minifloat_code(a, sign, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, MAXV: tl.constexpr):
     """The nearest code (ties to even mantissa) of the magnitude `a` clamped to MAXV, with `sign` (0 or 1,
     int32) as its top bit, so -0 keeps its sign."""
     a = tl.minimum(a, MAXV)
@@ -40,18 +40,18 @@ def _minifloat_code(a, sign, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.
     # Subnormal range: multiples of 2^(1 - BIAS - MBITS); scaling by a power of two is exact.
     MIN_NORMAL: tl.constexpr = 2.0 ** (1 - BIAS)
     SUB_INV: tl.constexpr = 2.0 ** (BIAS - 1 + MBITS)
-    sub = _rint_bits(a * SUB_INV) - RINT_BITS
+    sub = rint_bits(a * SUB_INV) - RINT_BITS
     code = tl.where(a < MIN_NORMAL, sub, normal)
     return code | (sign << (EBITS + MBITS))
 
 
 # Triton's interpreter evaluates tl.fma as a rounded product plus an addend (runtime/interpreter.py,
-# `create_fma`), which breaks the exact residual `_quotient` relies on; there it divides instead.
+# `create_fma`), which breaks the exact residual `quotient` relies on; there it divides instead.
 FUSED_FMA = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
 
 
 @triton.jit
-def _quotient(x, s, r):
+def quotient(x, s, r):
     """RN(x / s) from r = RN(1 / s), for s in [SAFE_LOW, SAFE_HIGH] (Markstein): the residual
     x - q * s is exact in a fused multiply-add, and one correction step rounds correctly. Quotients that
     underflow may come out off by an ulp or with the wrong sign of zero; every caller takes the sign from x
@@ -64,9 +64,9 @@ def _quotient(x, s, r):
 
 
 @triton.jit
-def _rescaling(s):
+def rescaling(s):
     """A power of two p that brings the scale s (negative ones too: a searched scale may be) into
-    [SAFE_LOW, SAFE_HIGH] in magnitude, where `_quotient` is exact; x / s = (x * p) / (s * p). The product
+    [SAFE_LOW, SAFE_HIGH] in magnitude, where `quotient` is exact; x / s = (x * p) / (s * p). The product
     x * p is exact wherever it matters: below SAFE_LOW the block's values are tiny as well (at most its
     count times the half range times |s|), so x * 2^64 cannot overflow; above SAFE_HIGH, x * 2^-64 rounds
     only for |x| < 2^-62, whose quotient (under 2^-187) quantizes to zero either way."""
@@ -75,21 +75,21 @@ def _rescaling(s):
 
 
 @triton.jit
-def _value_field(x, s_eff, r_eff, IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr,
+def value_field(x, s_eff, r_eff, IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr,
                  HI: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
     """The stored field (low BITS bits, as int32) of RN(x / s_eff), from r_eff = RN(1 / s_eff), for s_eff in
-    [SAFE_LOW, SAFE_HIGH] (`_rescaling`)."""
-    v = _quotient(x, s_eff, r_eff)
+    [SAFE_LOW, SAFE_HIGH] (`rescaling`)."""
+    v = quotient(x, s_eff, r_eff)
     if IS_FLOAT:
         # the sign of x / s is the sign of x, also where the quotient underflows to zero
         sign = (x.to(tl.int32, bitcast=True) >> 31) & 1
-        return _minifloat_code(tl.abs(v), sign, EBITS, MBITS, BIAS, HI)
+        return minifloat_code(tl.abs(v), sign, EBITS, MBITS, BIAS, HI)
     else:
-        return _rint_bits(tl.minimum(tl.maximum(v, LO), HI)) & ((1 << BITS) - 1)
+        return rint_bits(tl.minimum(tl.maximum(v, LO), HI)) & ((1 << BITS) - 1)
 
 
 @triton.jit
-def _round_up(s, STEP: tl.constexpr, FLOOR: tl.constexpr, MAXR: tl.constexpr, EBITS: tl.constexpr,
+def round_up(s, STEP: tl.constexpr, FLOOR: tl.constexpr, MAXR: tl.constexpr, EBITS: tl.constexpr,
               MBITS: tl.constexpr, BIAS: tl.constexpr):
     """Round a positive f32 scale up onto its dtype's grid, saturating at MAXR; NaN stays NaN. The grid is
     `qcli.scheme.ScaleTraits` as constexprs (`qcli.kernels.launch`): STEP its `step_bits`, FLOOR the f32 bits
@@ -118,26 +118,26 @@ def _round_up(s, STEP: tl.constexpr, FLOOR: tl.constexpr, MAXR: tl.constexpr, EB
 
 
 @triton.jit
-def _scale_bits(stored, STEP: tl.constexpr, MAXR: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr,
+def scale_bits(stored, STEP: tl.constexpr, MAXR: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr,
                 BIAS: tl.constexpr):
-    """The little-endian storage bits of a scale already on its dtype's grid (constexprs as `_round_up`'s):
+    """The little-endian storage bits of a scale already on its dtype's grid (constexprs as `round_up`'s):
     its minifloat's code, or the f32's top bits (cubecl `f32_to_ue8m0` for UE8M0: the exponent field, 0 for
     the subnormal 2^-127; a NaN's exponent field is already 0xFF, its code)."""
     if EBITS > 0:
-        return _minifloat_code(stored, 0, EBITS, MBITS, BIAS, MAXR)
+        return minifloat_code(stored, 0, EBITS, MBITS, BIAS, MAXR)
     else:
         return stored.to(tl.int32, bitcast=True) >> STEP
 
 
 @triton.jit
-def _store_scale(ptr, index, bits, mask, SIZE: tl.constexpr):
+def store_scale(ptr, index, bits, mask, SIZE: tl.constexpr):
     """Write SIZE little-endian bytes of `bits` at byte `index * SIZE` (scales need not be aligned)."""
     for b in tl.static_range(SIZE):
         tl.store(ptr + index * SIZE + b, ((bits >> (8 * b)) & 0xFF).to(tl.uint8), mask=mask)
 
 
 @triton.jit
-def _stored_scale(alpha, glob, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr, STEP: tl.constexpr,
+def stored_scale(alpha, glob, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr, STEP: tl.constexpr,
                   FLOOR: tl.constexpr, MAXR: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr,
                   BIAS: tl.constexpr):
     """(stored scale, effective scale) of blocks with ranges `alpha` (docs/arithmetic.md §2): round_up(alpha /
@@ -145,7 +145,7 @@ def _stored_scale(alpha, glob, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr
     raw = tl.math.div_rn(alpha, HALF_RANGE)
     if TWO_LEVEL:
         raw = tl.math.div_rn(raw, glob)
-    stored = _round_up(tl.where(raw > 0, raw, MIN_POSITIVE), STEP, FLOOR, MAXR, EBITS, MBITS, BIAS)
+    stored = round_up(tl.where(raw > 0, raw, MIN_POSITIVE), STEP, FLOOR, MAXR, EBITS, MBITS, BIAS)
     if TWO_LEVEL:
         return stored, glob * stored
     else:

@@ -2,7 +2,7 @@
 
 A program holds R rows of the lazy block's columns of W in registers and walks the columns in order: where a
 group of C columns begins it fixes each row's block scale from the group's current weights (MinMax, or the
-search of `_search._searched_scales`, each column weighed by its importance), then quantizes column j as the
+search of `_search.searched_scales`, each column weighed by its importance), then quantizes column j as the
 codec does (`div_rn`, the clamp and rounding of `_arith`), spreads the column's error over the columns after
 it, and writes the fields, the decoded values and the errors. The torch loop makes a dozen launches a column;
 this makes one a lazy block. Rows are independent in GPTQ, so the programs never meet.
@@ -11,8 +11,8 @@ this makes one a lazy block. Rows are independent in GPTQ, so the programs never
 import triton
 import triton.language as tl
 
-from qcli.kernels._arith import _minifloat_code, _stored_scale
-from qcli.kernels._search import WEIGH_COLUMNS, WEIGH_NONE, _minifloat_value, _rint, _searched_scales
+from qcli.kernels._arith import minifloat_code, stored_scale
+from qcli.kernels._search import WEIGH_COLUMNS, WEIGH_NONE, minifloat_value, rint, searched_scales
 
 
 @triton.jit
@@ -33,15 +33,15 @@ def _field_and_value(x, s, IS_FLOAT: tl.constexpr, LO: tl.constexpr, HI: tl.cons
     v = tl.minimum(tl.maximum(v, LO), HI)
     if IS_FLOAT:
         sign = (v.to(tl.int32, bitcast=True) >> 31) & 1
-        field = _minifloat_code(tl.abs(v), sign, EBITS, MBITS, BIAS, HI)
-        return field, s * _minifloat_value(v, EBITS, MBITS, BIAS, HI)
+        field = minifloat_code(tl.abs(v), sign, EBITS, MBITS, BIAS, HI)
+        return field, s * minifloat_value(v, EBITS, MBITS, BIAS, HI)
     else:
-        q = _rint(v)
+        q = rint(v)
         return q.to(tl.int32), q * s
 
 
 @triton.jit
-def _gptq_columns_kernel(
+def gptq_columns_kernel(
     w_ptr, u_ptr, fields_ptr, dequantized_ptr, errors_ptr, stored_ptr, weights_ptr, weighed_ptr, clips_ptr,
     rows, width, w_stride, u_stride, out_stride, errors_stride, stored_stride, glob,
     R: tl.constexpr, BW: tl.constexpr, C: tl.constexpr, SEARCH: tl.constexpr, WEIGH: tl.constexpr,
@@ -80,17 +80,17 @@ def _gptq_columns_kernel(
             if SEARCH and WEIGH != WEIGH_NONE:
                 weighed = tl.load(weighed_ptr + j // C) != 0
                 w = tl.where(weighed, column_weights, 1)  # weights 1: the search unweighed, its bits J_PLAIN
-                stored, s = _searched_scales(current[:, None, :], w[None, None, :], alpha, glob, clips_ptr, CLIP_COUNT,
+                stored, s = searched_scales(current[:, None, :], w[None, None, :], alpha, glob, clips_ptr, CLIP_COUNT,
                                              CANDIDATES, tl.where(weighed, J_WEIGHED, J_PLAIN), TWO_LEVEL,
                                              HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX, SCALE_EBITS, SCALE_MBITS,
                                              SCALE_BIAS, IS_FLOAT, LO, HI, EBITS, MBITS, BIAS, WEIGH_COLUMNS)
             elif SEARCH:
-                stored, s = _searched_scales(current[:, None, :], 0, alpha, glob, clips_ptr, CLIP_COUNT, CANDIDATES,
+                stored, s = searched_scales(current[:, None, :], 0, alpha, glob, clips_ptr, CLIP_COUNT, CANDIDATES,
                                              J_PLAIN, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX,
                                              SCALE_EBITS, SCALE_MBITS, SCALE_BIAS, IS_FLOAT, LO, HI, EBITS, MBITS, BIAS,
                                              WEIGH_NONE)
             else:
-                stored, s = _stored_scale(alpha, glob, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX,
+                stored, s = stored_scale(alpha, glob, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX,
                                           SCALE_EBITS, SCALE_MBITS, SCALE_BIAS)
             tl.store(stored_ptr + r64 * stored_stride + j // C, stored, mask=row_live)
         x = _column(tile, cols, j)

@@ -2,9 +2,9 @@
 
 A tensor is viewed as rows of `C` values (`R` rows). A program of a quantize kernel takes `G` groups of
 `U` storage units of `N` values from one row, so a group is one `[U, N]` tile and a unit is one stored
-word or byte. `_quantize_fused_kernel` takes groups that are exactly one block of the last axis each, and
-computes their scales itself; `_quantize_blocks_kernel` reads each value's effective scale from an f32
-array computed beforehand (`_alpha_kernel` then `_scales_kernel`), one per block; `_quantize_tensor_kernel`
+word or byte. `quantize_fused_kernel` takes groups that are exactly one block of the last axis each, and
+computes their scales itself; `quantize_blocks_kernel` reads each value's effective scale from an f32
+array computed beforehand (`alpha_kernel` then `scales_kernel`), one per block; `quantize_tensor_kernel`
 works the tensor's one scale out from its range. The three share the tile, the value fields and the
 packing.
 
@@ -17,11 +17,11 @@ import triton.language as tl
 
 from qcli.kernels._arith import (
     MIN_POSITIVE,
-    _rescaling,
-    _scale_bits,
-    _store_scale,
-    _stored_scale,
-    _value_field,
+    rescaling,
+    scale_bits,
+    store_scale,
+    stored_scale,
+    value_field,
 )
 
 CAL_MINMAX = tl.constexpr(0)
@@ -29,7 +29,7 @@ CAL_ABSMEAN = tl.constexpr(1)
 
 
 @triton.jit
-def _range_terms(x, CAL: tl.constexpr):
+def range_terms(x, CAL: tl.constexpr):
     """What a block range reduces: the bits of |x| to a max (as integers they order like |x|, and NaN and
     inf order above every finite value), or |x| in float64 to a sum (which NaN and inf reach on their own)."""
     if CAL == CAL_MINMAX:
@@ -39,7 +39,7 @@ def _range_terms(x, CAL: tl.constexpr):
 
 
 @triton.jit
-def _reduce(terms, axis: tl.constexpr, CAL: tl.constexpr):
+def reduce(terms, axis: tl.constexpr, CAL: tl.constexpr):
     if CAL == CAL_MINMAX:
         return tl.max(terms, axis=axis)
     else:
@@ -47,7 +47,7 @@ def _reduce(terms, axis: tl.constexpr, CAL: tl.constexpr):
 
 
 @triton.jit
-def _block_range(reduced, block, C, BC: tl.constexpr, CAL: tl.constexpr, MEAN: tl.constexpr, bad_ptr):
+def block_range(reduced, block, C, BC: tl.constexpr, CAL: tl.constexpr, MEAN: tl.constexpr, bad_ptr):
     """From a block's reduced terms: max |x| (MinMax), the float64 sum of |x|, or with MEAN its f32 mean
     over the values the block holds. Raises the flag at bad_ptr for a block with NaN or inf."""
     if CAL == CAL_MINMAX:
@@ -82,7 +82,7 @@ def _left(remaining, TILE: tl.constexpr):
 
 
 @triton.jit
-def _program(x_ptr, C, chunks_per_row, G: tl.constexpr, U: tl.constexpr, N: tl.constexpr, EVEN: tl.constexpr):
+def program(x_ptr, C, chunks_per_row, G: tl.constexpr, U: tl.constexpr, N: tl.constexpr, EVEN: tl.constexpr):
     """This program's tile: its row, its first group, its `[G, U]` storage units and `[G, U, N]` values as
     int32 offsets from its first unit and value (per-value index arithmetic stays 32-bit), the first value's
     offset in the row, which values lie inside the row, and the values in f32."""
@@ -103,10 +103,10 @@ def _program(x_ptr, C, chunks_per_row, G: tl.constexpr, U: tl.constexpr, N: tl.c
 def _packed(x, s_eff, r_eff, inside, N: tl.constexpr, IS_FLOAT: tl.constexpr, BITS: tl.constexpr,
             LO: tl.constexpr, HI: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
             EVEN: tl.constexpr):
-    """The tile's values quantized (`_value_field`) and packed along its last axis of N, N fields of BITS bits
+    """The tile's values quantized (`value_field`) and packed along its last axis of N, N fields of BITS bits
     to a unit, the first in the least significant bits; values outside the tensor pack as zero fields."""
     tl.static_assert((N * BITS == 8) | (N * BITS == 32), "a storage unit is one byte or one u32 word")
-    field = _value_field(x, s_eff, r_eff, IS_FLOAT, BITS, LO, HI, EBITS, MBITS, BIAS)
+    field = value_field(x, s_eff, r_eff, IS_FLOAT, BITS, LO, HI, EBITS, MBITS, BIAS)
     if not EVEN:
         field = tl.where(inside, field, 0)
     packed = tl.sum(field << (tl.arange(0, N) * BITS), axis=-1)
@@ -116,7 +116,7 @@ def _packed(x, s_eff, r_eff, inside, N: tl.constexpr, IS_FLOAT: tl.constexpr, BI
 
 
 @triton.jit
-def _store_fields(x, s_eff, r_eff, inside, values_ptr, row, group, unit, units_per_row, G: tl.constexpr,
+def store_fields(x, s_eff, r_eff, inside, values_ptr, row, group, unit, units_per_row, G: tl.constexpr,
                   U: tl.constexpr, N: tl.constexpr, IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr,
                   HI: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
                   EVEN: tl.constexpr):
@@ -134,18 +134,18 @@ def _store_gathered(x, s_eff, r_eff, inside, values_ptr, row, group, unit, units
                     U: tl.constexpr, N: tl.constexpr, IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr,
                     HI: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
                     EVEN: tl.constexpr, SAFE: tl.constexpr):
-    """`_store_fields` under effective scales computed beforehand (`_scales_kernel`), whose reciprocals
+    """`store_fields` under effective scales computed beforehand (`scales_kernel`), whose reciprocals
     r_eff are already those of the rescaled scales: without SAFE, only s_eff and x are rescaled here."""
     if not SAFE:
-        p = _rescaling(s_eff)
+        p = rescaling(s_eff)
         s_eff = s_eff * p
         x = x * p
-    _store_fields(x, s_eff, r_eff, inside, values_ptr, row, group, unit, units_per_row, G, U, N, IS_FLOAT, BITS,
+    store_fields(x, s_eff, r_eff, inside, values_ptr, row, group, unit, units_per_row, G, U, N, IS_FLOAT, BITS,
                   LO, HI, EBITS, MBITS, BIAS, EVEN)
 
 
 @triton.jit
-def _global_scale(alpha_max_ptr, HALF_RANGE: tl.constexpr, MAXR: tl.constexpr):
+def global_scale(alpha_max_ptr, HALF_RANGE: tl.constexpr, MAXR: tl.constexpr):
     """max(max over blocks of raw / MAXR, MIN_POSITIVE), from the largest block range: both divisions are
     monotonic, so dividing the maximum equals the maximum of the quotients."""
     peak = tl.math.div_rn(tl.math.div_rn(tl.load(alpha_max_ptr), HALF_RANGE), MAXR)
@@ -162,12 +162,12 @@ def _store_block_scales(alpha, index, mask, scales_ptr, global_ptr, alpha_max_pt
     effective scales."""
     glob = 1.0
     if TWO_LEVEL:
-        glob = _global_scale(alpha_max_ptr, HALF_RANGE, SCALE_MAX)
-        _store_scale(global_ptr, 0, glob.to(tl.int32, bitcast=True), tl.program_id(0) == 0, 4)
-    stored, effective = _stored_scale(alpha, glob, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX,
+        glob = global_scale(alpha_max_ptr, HALF_RANGE, SCALE_MAX)
+        store_scale(global_ptr, 0, glob.to(tl.int32, bitcast=True), tl.program_id(0) == 0, 4)
+    stored, effective = stored_scale(alpha, glob, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX,
                                       SCALE_EBITS, SCALE_MBITS, SCALE_BIAS)
-    bits = _scale_bits(stored, SCALE_STEP, SCALE_MAX, SCALE_EBITS, SCALE_MBITS, SCALE_BIAS)
-    _store_scale(scales_ptr, index, bits, mask, SCALE_SIZE)
+    bits = scale_bits(stored, SCALE_STEP, SCALE_MAX, SCALE_EBITS, SCALE_MBITS, SCALE_BIAS)
+    store_scale(scales_ptr, index, bits, mask, SCALE_SIZE)
     return effective
 
 
@@ -178,18 +178,18 @@ def _scaled(alpha, index, mask, scales_ptr, global_ptr, alpha_max_ptr, TWO_LEVEL
             SCALE_SIZE: tl.constexpr, SAFE: tl.constexpr):
     """Store the scales of blocks with ranges `alpha` (`_store_block_scales`); return their effective scales
     brought into range, the reciprocals, and the power of two `p` by which the blocks' values are to be
-    multiplied too (`_rescaling`; 1 under SAFE, where none is)."""
+    multiplied too (`rescaling`; 1 under SAFE, where none is)."""
     s = _store_block_scales(alpha, index, mask, scales_ptr, global_ptr, alpha_max_ptr, TWO_LEVEL, HALF_RANGE,
                             SCALE_STEP, SCALE_FLOOR, SCALE_MAX, SCALE_EBITS, SCALE_MBITS, SCALE_BIAS, SCALE_SIZE)
     p = 1.0
     if not SAFE:
-        p = _rescaling(s)
+        p = rescaling(s)
         s = s * p
     return s, tl.math.div_rn(1.0, s), p
 
 
 @triton.jit
-def _quantize_fused_kernel(
+def quantize_fused_kernel(
     x_ptr, values_ptr, scales_ptr, global_ptr, alpha_max_ptr, bad_ptr, C, units_per_row, chunks_per_row,
     blocks_per_row,
     BC: tl.constexpr, G: tl.constexpr, U: tl.constexpr, N: tl.constexpr, CAL: tl.constexpr,
@@ -204,23 +204,23 @@ def _quantize_fused_kernel(
     its values. `global_ptr` and `alpha_max_ptr` are None for one level.
 
     EVEN: every program's tile lies wholly inside its row, so nothing is masked. SAFE: every scale the
-    scheme can produce lies where `_quotient` is exact, so none is rescaled (`_rescaling`)."""
+    scheme can produce lies where `quotient` is exact, so none is rescaled (`rescaling`)."""
     tl.static_assert(BC == U * N, "a group is one block: BC values, U whole units of N")
-    row, group, unit, local, start, inside, x = _program(x_ptr, C, chunks_per_row, G, U, N, EVEN)
+    row, group, unit, local, start, inside, x = program(x_ptr, C, chunks_per_row, G, U, N, EVEN)
     block = group + tl.arange(0, G)
-    terms = _reduce(_reduce(_range_terms(x, CAL), 2, CAL), 1, CAL)
-    alpha = _block_range(terms, block, C, BC, CAL, True, bad_ptr)
+    terms = reduce(reduce(range_terms(x, CAL), 2, CAL), 1, CAL)
+    alpha = block_range(terms, block, C, BC, CAL, True, bad_ptr)
     s, r, p = _scaled(alpha, row * blocks_per_row + block, block < blocks_per_row, scales_ptr, global_ptr,
                       alpha_max_ptr, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX, SCALE_EBITS,
                       SCALE_MBITS, SCALE_BIAS, SCALE_SIZE, SAFE)
     if not SAFE:
         x = x * p[:, None, None]
-    _store_fields(x, s[:, None, None], r[:, None, None], inside, values_ptr, row, group, unit, units_per_row,
+    store_fields(x, s[:, None, None], r[:, None, None], inside, values_ptr, row, group, unit, units_per_row,
                   G, U, N, IS_FLOAT, BITS, LO, HI, EBITS, MBITS, BIAS, EVEN)
 
 
 @triton.jit
-def _quantize_fused_rows_kernel(
+def quantize_fused_rows_kernel(
     x_ptr, values_ptr, scales_ptr, global_ptr, alpha_max_ptr, bad_ptr, R, C, units_per_row, chunks_per_row,
     bands_per_plane, blocks_per_row,
     BR: tl.constexpr, BC: tl.constexpr, G: tl.constexpr, U: tl.constexpr, N: tl.constexpr,
@@ -230,7 +230,7 @@ def _quantize_fused_rows_kernel(
     IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr,
     EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EVEN: tl.constexpr, SAFE: tl.constexpr,
 ):
-    """`_quantize_fused_kernel` for MinMax blocks of BR rows by BC values (the tensor seen as planes of R rows
+    """`quantize_fused_kernel` for MinMax blocks of BR rows by BC values (the tensor seen as planes of R rows
     of C values): a program takes a band of BR rows and G blocks along it as one `[BR, G, U, N]` tile, so
     each block lies wholly inside it, and reduces, scales and stores them in one pass. EVEN: no band or
     tile is partial."""
@@ -250,8 +250,8 @@ def _quantize_fused_rows_kernel(
     row = first + lane[:, None, None, None]
     x = _load(x_ptr + row * C + start + local, inside, 0.0, EVEN).to(tl.float32)
     block = group + tl.arange(0, G)
-    terms = tl.max(tl.max(tl.max(_range_terms(x, CAL_MINMAX), axis=3), axis=2), axis=0)
-    alpha = _block_range(terms, block, C, BC, CAL_MINMAX, False, bad_ptr)
+    terms = tl.max(tl.max(tl.max(range_terms(x, CAL_MINMAX), axis=3), axis=2), axis=0)
+    alpha = block_range(terms, block, C, BC, CAL_MINMAX, False, bad_ptr)
     s, r, p = _scaled(alpha, band * blocks_per_row + block, block < blocks_per_row, scales_ptr, global_ptr,
                       alpha_max_ptr, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX, SCALE_EBITS,
                       SCALE_MBITS, SCALE_BIAS, SCALE_SIZE, SAFE)
@@ -268,7 +268,7 @@ def _quantize_fused_rows_kernel(
 
 
 @triton.jit
-def _quantize_blocks_kernel(
+def quantize_blocks_kernel(
     x_ptr, values_ptr, s_eff_ptr, r_eff_ptr, row_base_ptr, C, units_per_row, chunks_per_row,
     BC: tl.constexpr, G: tl.constexpr, U: tl.constexpr, N: tl.constexpr,
     IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr,
@@ -276,7 +276,7 @@ def _quantize_blocks_kernel(
 ):
     """Values whose effective scales and their reciprocals were computed beforehand, one per block: the
     scale of column c of a row is at row_base[row] + c // BC (EVEN and SAFE as for the fused kernel)."""
-    row, group, unit, local, start, inside, x = _program(x_ptr, C, chunks_per_row, G, U, N, EVEN)
+    row, group, unit, local, start, inside, x = program(x_ptr, C, chunks_per_row, G, U, N, EVEN)
     # the scale of column start + local, without 64-bit arithmetic per value
     first = tl.load(row_base_ptr + row) + start // BC
     index = ((start % BC).to(tl.int32) + local) // BC
@@ -287,7 +287,7 @@ def _quantize_blocks_kernel(
 
 
 @triton.jit
-def _quantize_tensor_kernel(
+def quantize_tensor_kernel(
     x_ptr, values_ptr, alpha_ptr, scales_ptr, s_eff_ptr, r_eff_ptr, C, units_per_row, chunks_per_row,
     G: tl.constexpr, U: tl.constexpr, N: tl.constexpr, FROM_RANGE: tl.constexpr, HALF_RANGE: tl.constexpr,
     SCALE_STEP: tl.constexpr, SCALE_FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr, SCALE_EBITS: tl.constexpr,
@@ -299,26 +299,26 @@ def _quantize_tensor_kernel(
     range at `alpha_ptr` and program 0 stores it at `scales_ptr`, so no scale kernel runs first
     (`s_eff_ptr`, `r_eff_ptr` None); else its effective value and reciprocal were computed beforehand
     (`alpha_ptr`, `scales_ptr` None). EVEN and SAFE as for the fused kernel."""
-    row, group, unit, local, start, inside, x = _program(x_ptr, C, chunks_per_row, G, U, N, EVEN)
+    row, group, unit, local, start, inside, x = program(x_ptr, C, chunks_per_row, G, U, N, EVEN)
     if FROM_RANGE:
         s = _store_block_scales(tl.load(alpha_ptr), 0, tl.program_id(0) == 0, scales_ptr, None, None, False,
                                 HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX, SCALE_EBITS, SCALE_MBITS,
                                 SCALE_BIAS, SCALE_SIZE)
-        r = tl.math.div_rn(1.0, s * _rescaling(s))
+        r = tl.math.div_rn(1.0, s * rescaling(s))
     else:
         s = tl.load(s_eff_ptr)
         r = tl.load(r_eff_ptr)
     if not SAFE:
-        p = _rescaling(s)
+        p = rescaling(s)
         if p != 1.0:  # one scale for the whole tensor: its values are rescaled only where it needs it
             s = s * p
             x = x * p
-    _store_fields(x, s, r, inside, values_ptr, row, group, unit, units_per_row, G, U, N, IS_FLOAT, BITS, LO, HI,
+    store_fields(x, s, r, inside, values_ptr, row, group, unit, units_per_row, G, U, N, IS_FLOAT, BITS, LO, HI,
                   EBITS, MBITS, BIAS, EVEN)
 
 
 @triton.jit
-def _alpha_kernel(x_ptr, out_ptr, bad_ptr, C, blocks_per_row, chunks_per_row,
+def alpha_kernel(x_ptr, out_ptr, bad_ptr, C, blocks_per_row, chunks_per_row,
                   BC: tl.constexpr, G: tl.constexpr, BP: tl.constexpr, CAL: tl.constexpr,
                   PER_PROGRAM: tl.constexpr):
     """Ranges of blocks of BC values along each row: per block (max |x| in f32, or the f64 sum of |x|),
@@ -335,7 +335,7 @@ def _alpha_kernel(x_ptr, out_ptr, bad_ptr, C, blocks_per_row, chunks_per_row,
     start = group * BC
     inside = (k < BC) & (col < _left(C - start, G * BC))
     x = tl.load(x_ptr + row * C + start + col, mask=inside, other=0.0).to(tl.float32)
-    alpha = _block_range(_reduce(_range_terms(x, CAL), 1, CAL), block, C, BC, CAL, PER_PROGRAM, bad_ptr)
+    alpha = block_range(reduce(range_terms(x, CAL), 1, CAL), block, C, BC, CAL, PER_PROGRAM, bad_ptr)
     real = block < blocks_per_row
     if PER_PROGRAM:
         tl.store(out_ptr + pid, tl.max(tl.where(real, alpha, 0.0)))
@@ -344,13 +344,13 @@ def _alpha_kernel(x_ptr, out_ptr, bad_ptr, C, blocks_per_row, chunks_per_row,
 
 
 @triton.jit
-def _scales_kernel(alpha_ptr, alpha_max_ptr, scales_ptr, global_ptr, s_eff_ptr, r_eff_ptr, n,
+def scales_kernel(alpha_ptr, alpha_max_ptr, scales_ptr, global_ptr, s_eff_ptr, r_eff_ptr, n,
                    BLOCK: tl.constexpr, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr,
                    SCALE_STEP: tl.constexpr, SCALE_FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr,
                    SCALE_EBITS: tl.constexpr, SCALE_MBITS: tl.constexpr, SCALE_BIAS: tl.constexpr,
                    SCALE_SIZE: tl.constexpr):
     """Stored scales (bytes into the payload), effective f32 scales, and the reciprocals of the effective
-    scales brought into range (`_rescaling`), from f32 per-block ranges; for two levels also the global
+    scales brought into range (`rescaling`), from f32 per-block ranges; for two levels also the global
     (`alpha_max_ptr` and `global_ptr` are None for one level)."""
     tl.static_assert((BLOCK & (BLOCK - 1)) == 0, "BLOCK must be a power of two")
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -359,4 +359,4 @@ def _scales_kernel(alpha_ptr, alpha_max_ptr, scales_ptr, global_ptr, s_eff_ptr, 
     s_eff = _store_block_scales(alpha, i, inside, scales_ptr, global_ptr, alpha_max_ptr, TWO_LEVEL, HALF_RANGE,
                                 SCALE_STEP, SCALE_FLOOR, SCALE_MAX, SCALE_EBITS, SCALE_MBITS, SCALE_BIAS, SCALE_SIZE)
     tl.store(s_eff_ptr + i, s_eff, mask=inside)
-    tl.store(r_eff_ptr + i, tl.math.div_rn(1.0, s_eff * _rescaling(s_eff)), mask=inside)
+    tl.store(r_eff_ptr + i, tl.math.div_rn(1.0, s_eff * rescaling(s_eff)), mask=inside)

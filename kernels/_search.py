@@ -3,7 +3,7 @@ and the least kept in registers, then its values quantized under it, so a search
 a MinMax one is (docs/arithmetic.md §6; `qcli.codec.search` is the torch reference, `_search.c` the CPU's).
 
 Every quotient is `div_rn`, IEEE for any scale (the candidates may be negative, or underflow to zero under
-a global); integers come from the 1.5 * 2^23 trick on the bits (`_rint_bits`), exact for the magnitudes
+a global); integers come from the 1.5 * 2^23 trick on the bits (`rint_bits`), exact for the magnitudes
 here; a candidate's error is an int64 sum of integer terms, exact in any order, so the kernel picks what
 the CPU picks.
 """
@@ -13,20 +13,20 @@ import triton.language as tl
 
 from qcli.kernels._arith import (
     RINT_BITS,
-    _minifloat_code,
-    _rescaling,
-    _rint_bits,
-    _store_scale,
-    _stored_scale,
+    minifloat_code,
+    rescaling,
+    rint_bits,
+    store_scale,
+    stored_scale,
 )
 from qcli.kernels._quantize import (
     CAL_MINMAX,
-    _block_range,
-    _global_scale,
-    _program,
-    _range_terms,
-    _reduce,
-    _store_fields,
+    block_range,
+    global_scale,
+    program,
+    range_terms,
+    reduce,
+    store_fields,
 )
 
 WEIGH_NONE = tl.constexpr(0)
@@ -35,9 +35,9 @@ WEIGH_ROWS = tl.constexpr(2)     # one weight per row
 
 
 @triton.jit
-def _rint(v):
+def rint(v):
     """RN(v) as f32, half to even, for |v| < 2^22."""
-    return (_rint_bits(v) - RINT_BITS).to(tl.float32)
+    return (rint_bits(v) - RINT_BITS).to(tl.float32)
 
 
 @triton.jit
@@ -45,7 +45,7 @@ def _nearest(s, STEP: tl.constexpr, FLOOR: tl.constexpr, MAXR: tl.constexpr, EBI
              MBITS: tl.constexpr, BIAS: tl.constexpr):
     """`qcli.codec.scales.nearest`: a non-negative scale to its dtype's nearest grid value (ties to the even
     code, and between two powers of two to the larger), saturating at MAXR; it may round to zero.
-    Constexprs as `_round_up`'s."""
+    Constexprs as `round_up`'s."""
     if STEP == 0:
         return s
     else:
@@ -62,17 +62,17 @@ def _nearest(s, STEP: tl.constexpr, FLOOR: tl.constexpr, MAXR: tl.constexpr, EBI
         if EBITS > 0:
             SUB_LIMIT: tl.constexpr = 2.0 ** (1 - BIAS)
             SUB_INV: tl.constexpr = 2.0 ** (BIAS - 1 + MBITS)
-            value = tl.where(s < SUB_LIMIT, _rint(s * SUB_INV) * (1.0 / SUB_INV), value)
+            value = tl.where(s < SUB_LIMIT, rint(s * SUB_INV) * (1.0 / SUB_INV), value)
         return tl.where(s >= MAXR, MAXR, tl.minimum(value, MAXR))
 
 
 @triton.jit
-def _minifloat_value(v, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, MAXV: tl.constexpr):
+def minifloat_value(v, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, MAXV: tl.constexpr):
     """The minifloat value nearest v (clamped to MAXV, ties to even mantissa), with v's sign: the code
-    `_minifloat_code` gives, decoded."""
+    `minifloat_code` gives, decoded."""
     bits = v.to(tl.int32, bitcast=True)
     a = tl.minimum(tl.abs(v), MAXV)
-    code = _minifloat_code(a, 0, EBITS, MBITS, BIAS, MAXV)
+    code = minifloat_code(a, 0, EBITS, MBITS, BIAS, MAXV)
     SPACING: tl.constexpr = 2.0 ** (1 - BIAS - MBITS)
     normal = (code + ((127 - BIAS) << MBITS)) << (23 - MBITS)
     magnitude = tl.where(code < (1 << MBITS), code.to(tl.float32) * SPACING, normal.to(tl.float32, bitcast=True))
@@ -90,10 +90,10 @@ def _candidate_error(x, w, s, unit, IS_FLOAT: tl.constexpr, LO: tl.constexpr, HI
     v = tl.where(x == 0, x, v)  # an exact zero stays zero, also where s underflowed to zero
     v = tl.minimum(tl.maximum(v, LO), HI)
     if IS_FLOAT:
-        d = x - sb * _minifloat_value(v, EBITS, MBITS, BIAS, HI)
+        d = x - sb * minifloat_value(v, EBITS, MBITS, BIAS, HI)
     else:
-        d = x - _rint(v) * sb
-    t = (_rint_bits(d * unit[:, None, None]) - RINT_BITS).to(tl.int64)
+        d = x - rint(v) * sb
+    t = (rint_bits(d * unit[:, None, None]) - RINT_BITS).to(tl.int64)
     term = t * t
     if WEIGH != WEIGH_NONE:
         term = term * w
@@ -101,7 +101,7 @@ def _candidate_error(x, w, s, unit, IS_FLOAT: tl.constexpr, LO: tl.constexpr, HI
 
 
 @triton.jit
-def _searched_scales(x, w, alpha, glob, clips_ptr, CLIP_COUNT: tl.constexpr, CANDIDATES: tl.constexpr,
+def searched_scales(x, w, alpha, glob, clips_ptr, CLIP_COUNT: tl.constexpr, CANDIDATES: tl.constexpr,
                      J, TWO_LEVEL: tl.constexpr, HALF_RANGE: tl.constexpr,
                      SCALE_STEP: tl.constexpr, SCALE_FLOOR: tl.constexpr, SCALE_MAX: tl.constexpr,
                      SCALE_EBITS: tl.constexpr, SCALE_MBITS: tl.constexpr, SCALE_BIAS: tl.constexpr,
@@ -114,7 +114,7 @@ def _searched_scales(x, w, alpha, glob, clips_ptr, CLIP_COUNT: tl.constexpr, CAN
     the fixed-point bits of the errors (a constexpr, or a value where it differs from block to block)."""
     exponent = (alpha.to(tl.int32, bitcast=True) >> 23) - 127
     unit = (tl.minimum(tl.maximum(127 + J - exponent, 1), 254) << 23).to(tl.float32, bitcast=True)
-    first, first_effective = _stored_scale(alpha, glob, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX,
+    first, first_effective = stored_scale(alpha, glob, TWO_LEVEL, HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX,
                                            SCALE_EBITS, SCALE_MBITS, SCALE_BIAS)
     best = _candidate_error(x, w, first_effective, unit, IS_FLOAT, LO, HI, EBITS, MBITS, BIAS, WEIGH)
     stored, effective = first, first_effective
@@ -153,17 +153,17 @@ def _searched_scales(x, w, alpha, glob, clips_ptr, CLIP_COUNT: tl.constexpr, CAN
 @triton.jit
 def _stored_bits(stored, STEP: tl.constexpr, MAXR: tl.constexpr, EBITS: tl.constexpr, MBITS: tl.constexpr,
                  BIAS: tl.constexpr):
-    """`_arith._scale_bits` for a scale that may be negative: a minifloat dtype's code with the sign bit,
+    """`_arith.scale_bits` for a scale that may be negative: a minifloat dtype's code with the sign bit,
     or a cut-short f32's top bits (which hold the sign already)."""
     if EBITS > 0:
         sign = (stored.to(tl.int32, bitcast=True) >> 31) & 1
-        return _minifloat_code(tl.abs(stored), sign, EBITS, MBITS, BIAS, MAXR)
+        return minifloat_code(tl.abs(stored), sign, EBITS, MBITS, BIAS, MAXR)
     else:
         return stored.to(tl.int32, bitcast=True) >> STEP
 
 
 @triton.jit
-def _quantize_searched_kernel(
+def quantize_searched_kernel(
     x_ptr, values_ptr, scales_ptr, global_ptr, alpha_max_ptr, bad_ptr, weights_ptr, clips_ptr, C, units_per_row,
     chunks_per_row, blocks_per_row,
     BC: tl.constexpr, G: tl.constexpr, U: tl.constexpr, N: tl.constexpr, TWO_LEVEL: tl.constexpr,
@@ -174,15 +174,15 @@ def _quantize_searched_kernel(
     IS_FLOAT: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr, HI: tl.constexpr,
     EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr, EVEN: tl.constexpr, SAFE: tl.constexpr,
 ):
-    """`_quantize_fused_kernel` under `Calibration.Mse`: each group one block of BC values along the last
-    axis, its range, its searched scale (`_searched_scales`; into `scales_ptr`, and for two levels
+    """`quantize_fused_kernel` under `Calibration.Mse`: each group one block of BC values along the last
+    axis, its range, its searched scale (`searched_scales`; into `scales_ptr`, and for two levels
     MinMax's global into `global_ptr` from the largest block range at `alpha_max_ptr`), then its values.
     WEIGH: each element's error weighed by the int32 weight of its column or row at `weights_ptr`."""
     tl.static_assert(BC == U * N, "a group is one block: BC values, U whole units of N")
-    row, group, unit, local, start, inside, x = _program(x_ptr, C, chunks_per_row, G, U, N, EVEN)
+    row, group, unit, local, start, inside, x = program(x_ptr, C, chunks_per_row, G, U, N, EVEN)
     block = group + tl.arange(0, G)
-    terms = _reduce(_reduce(_range_terms(x, CAL_MINMAX), 2, CAL_MINMAX), 1, CAL_MINMAX)
-    alpha = _block_range(terms, block, C, BC, CAL_MINMAX, False, bad_ptr)
+    terms = reduce(reduce(range_terms(x, CAL_MINMAX), 2, CAL_MINMAX), 1, CAL_MINMAX)
+    alpha = block_range(terms, block, C, BC, CAL_MINMAX, False, bad_ptr)
     w = 0
     if WEIGH == WEIGH_COLUMNS:
         w = tl.load(weights_ptr + start + local, mask=inside, other=0).to(tl.int64)
@@ -190,18 +190,18 @@ def _quantize_searched_kernel(
         w = tl.load(weights_ptr + row).to(tl.int64)
     glob = 1.0
     if TWO_LEVEL:
-        glob = _global_scale(alpha_max_ptr, HALF_RANGE, SCALE_MAX)
-        _store_scale(global_ptr, 0, glob.to(tl.int32, bitcast=True), tl.program_id(0) == 0, 4)
-    stored, s = _searched_scales(x, w, alpha, glob, clips_ptr, CLIP_COUNT, CANDIDATES, J, TWO_LEVEL,
+        glob = global_scale(alpha_max_ptr, HALF_RANGE, SCALE_MAX)
+        store_scale(global_ptr, 0, glob.to(tl.int32, bitcast=True), tl.program_id(0) == 0, 4)
+    stored, s = searched_scales(x, w, alpha, glob, clips_ptr, CLIP_COUNT, CANDIDATES, J, TWO_LEVEL,
                                  HALF_RANGE, SCALE_STEP, SCALE_FLOOR, SCALE_MAX, SCALE_EBITS, SCALE_MBITS,
                                  SCALE_BIAS, IS_FLOAT, LO, HI, EBITS, MBITS, BIAS, WEIGH)
     bits = _stored_bits(stored, SCALE_STEP, SCALE_MAX, SCALE_EBITS, SCALE_MBITS, SCALE_BIAS)
-    _store_scale(scales_ptr, row * blocks_per_row + block, bits, block < blocks_per_row, SCALE_SIZE)
+    store_scale(scales_ptr, row * blocks_per_row + block, bits, block < blocks_per_row, SCALE_SIZE)
     if not SAFE:
-        p = _rescaling(s)
+        p = rescaling(s)
         s = s * p
         x = x * p[:, None, None]
     r = tl.math.div_rn(1.0, s)
-    _store_fields(x, s[:, None, None], r[:, None, None], inside, values_ptr, row, group, unit, units_per_row,
+    store_fields(x, s[:, None, None], r[:, None, None], inside, values_ptr, row, group, unit, units_per_row,
                   G, U, N, IS_FLOAT, BITS, LO, HI, EBITS, MBITS, BIAS, EVEN)
 

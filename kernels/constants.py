@@ -25,7 +25,7 @@ def value_constants(value: QuantValue) -> dict:
 
 
 def scale_constants(dtype: ScaleDtype) -> dict:
-    """A scale dtype's row (`qcli.scheme.ScaleTraits`) as the kernels' constexprs (`_arith._round_up`)."""
+    """A scale dtype's row (`qcli.scheme.ScaleTraits`) as the kernels' constexprs (`_arith.round_up`)."""
     traits = dtype.traits
     fmt = traits.minifloat
     ebits, mbits, bias = (fmt.exponent_bits, fmt.mantissa_bits, fmt.bias) if fmt else (0, 0, 0)

@@ -42,7 +42,7 @@ def lazy_block(w: torch.Tensor, u: torch.Tensor, fields: torch.Tensor, dequantiz
     c = layout.BlockGrid.of(scheme, (rows, width)).block[1]
     weigh = KS.WEIGH_NONE.value if weights is None else KS.WEIGH_COLUMNS.value
     weight_values, weighed = (None, None) if weights is None else weights
-    KG._gptq_columns_kernel[(triton.cdiv(rows, ROWS),)](
+    KG.gptq_columns_kernel[(triton.cdiv(rows, ROWS),)](
         w, u, fields, dequantized, errors, stored, weight_values, weighed, clips(w.device),
         rows, width, w.stride(0), u.stride(0), fields.stride(0), errors.stride(0), stored.stride(0),
         float(glob) if glob is not None else 1.0,

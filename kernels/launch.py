@@ -10,22 +10,16 @@ each chunk with it.
 The kernels take a scheme's facts as constexprs, from its value type's and scale dtype's rows in
 `qcli.scheme` (`value_constants`, `scale_constants`), and their tile shapes from `launch_config`.
 
-Every launch of a shape and scheme is the same but for its pointers, so its arguments are worked out once
-(`_Launch`, memoized per scheme, shape and dtype): the first launch goes through Triton's JIT, which
-compiles the kernel and checks its arguments; later ones go straight to the compiled kernel with raw
-device addresses, skipping the JIT's per-launch binding and specialization, several microseconds each,
-which at 4096² is most of the device's time.
+Each shape's launch is worked out once and memoized (`qcli.kernels.launcher.Launch`), so a repeated
+launch skips Triton's JIT.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import os
-import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import triton
@@ -49,6 +43,7 @@ from qcli.kernels import _quantize as K
 from qcli.kernels import _search as KS
 from qcli.kernels._arith import RESCALE_DOWN, RESCALE_UP, SAFE_HIGH, SAFE_LOW
 from qcli.kernels.constants import COMPILE_OPTIONS, clips, scale_constants, value_constants
+from qcli.kernels.launcher import Launch, View, interpreted
 from qcli.scheme import Calibration, QuantScheme, check_accepted
 from qcli.tensor_range import TensorRange, taken
 
@@ -65,11 +60,6 @@ _TENSOR_CHUNK = 4096  # values per partial range of a per-tensor scheme
 _SEARCH_PIECE = 1 << 24  # values per piece the torch search takes (its scratch and candidates follow it)
 
 
-def interpreted() -> bool:
-    """Whether Triton runs kernels in its interpreter (TRITON_INTERPRET=1), on CPU tensors."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 @dataclass(frozen=True)
 class LaunchConfig:
     """How a kernel covers rows of groups (a group: `group_values` values, of which a block or whole units):
@@ -82,81 +72,6 @@ class LaunchConfig:
     def even(self, cols: int, group_values: int) -> bool:
         """Whether every program's tile lies wholly inside its row of `cols` values, so nothing is masked."""
         return cols % (self.groups * group_values) == 0
-
-
-class _View(NamedTuple):
-    """`length` bytes of the uint8 tensor `base` from byte `offset`, as `dtype`: a pointer argument that
-    is a torch view only for the launch that compiles."""
-
-    base: torch.Tensor
-    offset: int
-    length: int
-    dtype: torch.dtype = torch.uint8
-
-    def tensor(self) -> torch.Tensor:
-        part = self.base[self.offset : self.offset + self.length]
-        return part if self.dtype is torch.uint8 else part.view(self.dtype)
-
-    def data_ptr(self) -> int:
-        return self.base.data_ptr() + self.offset
-
-
-@dataclass
-class _Launch:
-    """One kernel's launch for one shape and scheme: its grid, its integer arguments and its constexprs
-    (with the launch options), all fixed; the pointers (tensors, `_View`s or None, first in every
-    kernel's signature) vary. Triton specializes a kernel on each pointer's element type and on whether it
-    is 16-byte aligned, so the compiled kernel is kept per both: an input of another dtype (bf16 after f32)
-    must not run the kernel compiled for the first."""
-
-    kernel: Any  # a Triton JITFunction (Triton has no type information)
-    grid: int
-    ints: tuple[int, ...]
-    constexprs: dict[str, object]
-    _compiled: dict[tuple[object, ...], Callable[..., object]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        # the parameters in order: pointers, ints, then the constexprs, which launch by position too
-        names = getattr(self.kernel, "arg_names", None)
-        self._constexpr_values = None if names is None else tuple(
-            self.constexprs[n] for n in names if n in self.constexprs)
-
-    def __call__(self, *pointers) -> None:
-        addresses = tuple(None if p is None else p.data_ptr() for p in pointers)
-        key = tuple(None if p is None or a is None else (p.dtype, a % 16 == 0)
-                    for p, a in zip(pointers, addresses, strict=True))
-        runner = self._compiled.get(key)
-        if runner is None:
-            args = [p.tensor() if isinstance(p, _View) else p for p in pointers]
-            compiled = self.kernel[(self.grid,)](*args, *self.ints, **self.constexprs)
-            if compiled is not None and not interpreted():  # the interpreter compiles nothing
-                runner = _runner(compiled, self.grid, self._constexpr_values is not None)
-                if runner is not None:
-                    self._compiled[key] = runner
-            return
-        assert self._constexpr_values is not None, "a runner is kept only for a kernel launched by position"
-        runner(*addresses, *self.ints, *self._constexpr_values)
-
-
-def _runner(compiled: Any, grid: int, positional: bool) -> Callable[..., object] | None:
-    """The compiled kernel's own launcher for `grid` (it takes the current stream per call), or None where
-    this Triton's compiled kernel offers none (its launch path is not public API): every launch then goes
-    through the JIT, slower by its binding but the same kernel, and a warning says so once."""
-    try:
-        runner = compiled[(grid, 1, 1)] if positional else None
-    except (TypeError, KeyError, AttributeError):
-        runner = None
-    if not callable(runner):
-        _warn_jit_launches()
-        return None
-    return runner
-
-
-@functools.cache
-def _warn_jit_launches() -> None:
-    warnings.warn(f"Triton {triton.__version__} offers no direct launch of a compiled kernel: every launch goes "
-                  "through its JIT, which is slower per launch but computes the same bytes", RuntimeWarning,
-                  stacklevel=3)
 
 
 def launch_config(group_values: int, groups_per_row: int, wide: bool = False) -> LaunchConfig:
@@ -199,7 +114,7 @@ def _fused(scheme: QuantScheme, grid: layout.BlockGrid) -> bool:
 
 
 def _fused_rows(scheme: QuantScheme, grid: layout.BlockGrid, calibration: Calibration) -> bool:
-    """Whether `_quantize_fused_rows_kernel` takes the scheme's blocks: MinMax over blocks of the last two
+    """Whether `quantize_fused_rows_kernel` takes the scheme's blocks: MinMax over blocks of the last two
     axes only, a power of two of rows by a power-of-two width holding whole storage units (an AbsMean's
     float64 sum over rows is taken in the order of the gathered path's)."""
     if scheme.block is None or calibration is not Calibration.MinMax or len(grid.block) < 2:
@@ -268,11 +183,11 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
         fused = _fused_launch(scheme, shape, x.dtype, calibration)
         if fused is not None:
             launch, value_bytes, scale_bytes = fused
-            value_view = _View(out, 0, value_bytes, torch.int32 if scheme.size_bits_stored() == 32 else torch.uint8)
-            scale_view = _View(out, value_bytes, scale_bytes)
+            value_view = View(out, 0, value_bytes, torch.int32 if scheme.size_bits_stored() == 32 else torch.uint8)
+            scale_view = View(out, value_bytes, scale_bytes)
             if scheme.is_two_level():
                 peak = (whole or tensor_range(x, scheme, calibration, bad)).peak
-                launch(x, value_view, scale_view, _View(out, value_bytes + scale_bytes, 4), peak, bad)
+                launch(x, value_view, scale_view, View(out, value_bytes + scale_bytes, 4), peak, bad)
             else:
                 launch(x, value_view, scale_view, None, None, bad)
             return
@@ -326,21 +241,21 @@ def _enqueue_searched(x: torch.Tensor, scheme: QuantScheme, out: torch.Tensor, b
     """The searched kernel's launch for a `_fused` scheme: scales searched and values written in one pass."""
     shape = tuple(x.shape)
     weigh = KS.WEIGH_NONE.value if weights is None else weights[1]
-    launch, value_bytes, scale_bytes = _searched_launch(scheme, shape, weigh)
-    values = _View(out, 0, value_bytes, torch.int32 if scheme.size_bits_stored() == 32 else torch.uint8)
-    scales = _View(out, value_bytes, scale_bytes)
+    launch, value_bytes, scale_bytes = searched_launch(scheme, shape, weigh)
+    values = View(out, 0, value_bytes, torch.int32 if scheme.size_bits_stored() == 32 else torch.uint8)
+    scales = View(out, value_bytes, scale_bytes)
     w = None if weights is None else weights[0].to(x.device, non_blocking=True)
     factors = clips(x.device)
     if scheme.is_two_level():
         peak = (whole or tensor_range(x, scheme, Calibration.Mse, bad)).peak
-        launch(x, values, scales, _View(out, value_bytes + scale_bytes, 4), peak, bad, w, factors)
+        launch(x, values, scales, View(out, value_bytes + scale_bytes, 4), peak, bad, w, factors)
     else:
         launch(x, values, scales, None, None, bad, w, factors)
 
 
 @functools.lru_cache(maxsize=4096)
-def _searched_launch(scheme: QuantScheme, shape: tuple[int, ...], weigh: int) -> tuple[_Launch, int, int]:
-    """`_quantize_searched_kernel`'s launch for a `_fused` scheme (pointers: x, values, scales, the global
+def searched_launch(scheme: QuantScheme, shape: tuple[int, ...], weigh: int) -> tuple[Launch, int, int]:
+    """`quantize_searched_kernel`'s launch for a `_fused` scheme (pointers: x, values, scales, the global
     and the largest block range (two levels), the flag, the weights (or None), the clips). Weighed, the
     tensor keeps its rows, whose columns and rows the weights follow; unweighed, it is one long row where
     its rows hold whole blocks, as the fused kernel takes it."""
@@ -355,7 +270,7 @@ def _searched_launch(scheme: QuantScheme, shape: tuple[int, ...], weigh: int) ->
     blocks_per_row = math.ceil(cols / width)
     config = launch_config(width, blocks_per_row, wide=True)
     elements = math.prod(grid.block)
-    launch = _Launch(KS._quantize_searched_kernel, rows * config.chunks,
+    launch = Launch(KS.quantize_searched_kernel, rows * config.chunks,
                      (cols, units_per_row, config.chunks, blocks_per_row),
                      dict(BC=width, G=config.groups, U=width // per_unit, N=per_unit, TWO_LEVEL=scheme.is_two_level(),
                           HALF_RANGE=scheme.value.half_range(), CLIP_COUNT=len(CLIPS),
@@ -376,34 +291,34 @@ def _gathered_fields(scheme: QuantScheme, group_values: int) -> tuple[int, dict]
 
 
 @functools.lru_cache(maxsize=4096)
-def _tensor_launch(scheme: QuantScheme, shape: tuple[int, ...], from_range: bool) -> _Launch:
-    """`_quantize_tensor_kernel`'s launch (pointers: x, values, the range and the stored scale with
+def _tensor_launch(scheme: QuantScheme, shape: tuple[int, ...], from_range: bool) -> Launch:
+    """`quantize_tensor_kernel`'s launch (pointers: x, values, the range and the stored scale with
     `from_range`, else the effective scale and its reciprocal)."""
     u, fields = _gathered_fields(scheme, _TENSOR_GROUP)
     rows, cols, units_per_row = _flat(layout.BlockGrid.of(scheme, shape), 1, fields["N"])
     config = launch_config(u * fields["N"], math.ceil(units_per_row / u))
-    return _Launch(K._quantize_tensor_kernel, rows * config.chunks, (cols, units_per_row, config.chunks),
+    return Launch(K.quantize_tensor_kernel, rows * config.chunks, (cols, units_per_row, config.chunks),
                    dict(G=config.groups, U=u, EVEN=config.even(cols, u * fields["N"]), FROM_RANGE=from_range,
                         HALF_RANGE=scheme.value.half_range(), num_warps=config.num_warps,
                         **scale_constants(scheme.scale_dtype()), **fields))
 
 
 @functools.lru_cache(maxsize=4096)
-def _blocks_launch(scheme: QuantScheme, shape: tuple[int, ...]) -> _Launch:
-    """`_quantize_blocks_kernel`'s launch (pointers: x, values, s_eff, r_eff, each row's first scale)."""
+def _blocks_launch(scheme: QuantScheme, shape: tuple[int, ...]) -> Launch:
+    """`quantize_blocks_kernel`'s launch (pointers: x, values, s_eff, r_eff, each row's first scale)."""
     grid = layout.BlockGrid.of(scheme, shape)
     u, fields = _gathered_fields(scheme, _BLOCKS_GROUP)
     rows, cols = _rows(grid)
     units_per_row = math.ceil(cols / fields["N"])
     config = launch_config(u * fields["N"], math.ceil(units_per_row / u), wide=True)
-    return _Launch(K._quantize_blocks_kernel, rows * config.chunks, (cols, units_per_row, config.chunks),
+    return Launch(K.quantize_blocks_kernel, rows * config.chunks, (cols, units_per_row, config.chunks),
                    dict(BC=grid.block[-1], G=config.groups, U=u, EVEN=config.even(cols, u * fields["N"]),
                         num_warps=config.num_warps, **fields))
 
 
 @functools.lru_cache(maxsize=4096)
 def _fused_launch(scheme: QuantScheme, shape: tuple[int, ...], dtype: torch.dtype, calibration: Calibration
-                  ) -> tuple[_Launch, int, int] | None:
+                  ) -> tuple[Launch, int, int] | None:
     """The launch of the fused kernel for `shape`, or of its kind for blocks over rows (with the value and
     scale bytes of its payload), or None where the scheme's blocks are neither (`_fused`, `_fused_rows`).
     Its pointers: x, values, scales, the global (two levels), the largest block range (two levels), the
@@ -418,7 +333,7 @@ def _fused_launch(scheme: QuantScheme, shape: tuple[int, ...], dtype: torch.dtyp
         rows, cols, units_per_row = _flat(grid, width, per_unit)
         blocks_per_row = math.ceil(cols / width)
         config = launch_config(width, blocks_per_row, wide=calibration is Calibration.AbsMean)
-        launch = _Launch(K._quantize_fused_kernel, rows * config.chunks,
+        launch = Launch(K.quantize_fused_kernel, rows * config.chunks,
                          (cols, units_per_row, config.chunks, blocks_per_row),
                          dict(G=config.groups, CAL=_cal(calibration), EVEN=config.even(cols, width),
                               num_warps=config.num_warps, **constexprs))
@@ -427,7 +342,7 @@ def _fused_launch(scheme: QuantScheme, shape: tuple[int, ...], dtype: torch.dtyp
         planes, (r, cols) = math.prod(shape[:-2]), shape[-2:]
         blocks_per_row = grid.grid[-1]
         config = launch_config(band * width, blocks_per_row)
-        launch = _Launch(K._quantize_fused_rows_kernel, planes * grid.grid[-2] * config.chunks,
+        launch = Launch(K.quantize_fused_rows_kernel, planes * grid.grid[-2] * config.chunks,
                          (r, cols, math.ceil(cols / per_unit), config.chunks, grid.grid[-2], blocks_per_row),
                          dict(BR=band, G=config.groups, EVEN=config.even(cols, width) and r % band == 0,
                               num_warps=config.num_warps, **constexprs))
@@ -454,10 +369,10 @@ def _scales(x, scheme: QuantScheme, calibration: Calibration, grid: layout.Block
 
 
 @functools.lru_cache(maxsize=4096)
-def _scales_launch(scheme: QuantScheme, n: int) -> _Launch:
-    """`_scales_kernel`'s launch for `n` block ranges (pointers: the ranges, the largest (two levels), the
+def _scales_launch(scheme: QuantScheme, n: int) -> Launch:
+    """`scales_kernel`'s launch for `n` block ranges (pointers: the ranges, the largest (two levels), the
     stored scales, the global (two levels), s_eff, r_eff)."""
-    return _Launch(K._scales_kernel, triton.cdiv(n, _SCALES_BLOCK), (n,),
+    return Launch(K.scales_kernel, triton.cdiv(n, _SCALES_BLOCK), (n,),
                    dict(BLOCK=_SCALES_BLOCK, TWO_LEVEL=scheme.is_two_level(), HALF_RANGE=scheme.value.half_range(),
                         **scale_constants(scheme.scale_dtype()), **COMPILE_OPTIONS))
 
@@ -469,7 +384,7 @@ def _searched(x, scheme: QuantScheme, grid: layout.BlockGrid, scales, bad, whole
     (`qcli.codec.search`), in torch on x's device, whose every operation rounds as on the CPU, so it picks
     the same scales (weighed by `importance` as there: its integer weights are made on the host), fed x in
     pieces of whole block rows (`_SEARCH_PIECE`) so that its memory follows a piece; the stored scales (and
-    the global) into `scales`, and the effective scales with their reciprocals as `_scales_kernel` gives
+    the global) into `scales`, and the effective scales with their reciprocals as `scales_kernel` gives
     them. The ranges are MinMax's, from the range kernel."""
     if searched is None:
         if scheme.block is None:
@@ -508,13 +423,13 @@ def _row_alpha(x, rows: int, cols: int, width: int, calibration: Calibration, ba
 
 @functools.lru_cache(maxsize=4096)
 def _alpha_launch(rows: int, cols: int, width: int, calibration: Calibration, per_program: bool
-                  ) -> tuple[_Launch, int]:
-    """`_alpha_kernel`'s launch for `_row_alpha` (pointers: x, out, the flag), and the values it writes."""
+                  ) -> tuple[Launch, int]:
+    """`alpha_kernel`'s launch for `_row_alpha` (pointers: x, out, the flag), and the values it writes."""
     blocks_per_row = math.ceil(cols / width)
     bp = triton.next_power_of_2(width)
     config = launch_config(bp, blocks_per_row)
     # Triton's default warps, as before: the order of its float64 sums may depend on them
-    launch = _Launch(K._alpha_kernel, rows * config.chunks, (cols, blocks_per_row, config.chunks),
+    launch = Launch(K.alpha_kernel, rows * config.chunks, (cols, blocks_per_row, config.chunks),
                      dict(BC=width, G=config.groups, BP=bp, CAL=_cal(calibration), PER_PROGRAM=per_program,
                           **COMPILE_OPTIONS))
     return launch, rows * (config.chunks if per_program else blocks_per_row)

@@ -166,6 +166,36 @@ def test_no_module_imports_another_projects_private_module() -> None:
                         assert not any(part.startswith("_") for part in module.split(".")), (path, module)
 
 
+def test_no_module_takes_another_modules_private_names() -> None:
+    """A name that starts with `_` stays in its module: no other module imports it or reads it as an attribute
+    of the imported module (`K._kernel`). A private module (`qcli.kernels._quantize`) is its package's: its
+    own package's modules import it, and its names are public to them."""
+    known = modules()
+    for name, path in known.items():
+        if path.suffix == ".c":
+            continue
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        imported: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("qcli"):
+                if any(private(part) for part in node.module.split(".")):
+                    assert node.module.rsplit(".", 1)[0] == package, (path, node.module)
+                for alias in node.names:
+                    imported.add(alias.asname or alias.name)
+                    own_private_module = node.module == package and f"{node.module}.{alias.name}" in known
+                    assert not (private(alias.name) and not own_private_module), (path, node.module, alias.name)
+            elif isinstance(node, ast.Import):
+                imported.update(alias.asname or alias.name.split(".")[0] for alias in node.names
+                                if alias.name.startswith("qcli"))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in imported:
+                assert not private(node.attr), (path, f"{node.value.id}.{node.attr}")
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
 def test_the_shared_vocabulary_is_imported_from_its_home() -> None:
     """`TensorInfo`, the text helpers, the file helpers: from where they are defined, never through a reader (which
     re-exports none of them)."""

@@ -417,7 +417,7 @@ def test_large_random_data_matches_codec_on_gpu(payload, case):
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_repeated_launches_match_codec_on_gpu(kernels, case):
     # A shape's second launch goes straight to its compiled kernel with raw addresses
-    # (qcli.kernels.launch._Launch); a payload 4 bytes off 16-byte alignment, and an input of another
+    # (qcli.kernels.launcher.Launch); a payload 4 bytes off 16-byte alignment, and an input of another
     # dtype, are compiled for apart.
     scheme, calibration, shape = case
     for offset, dtype in ((0, torch.float32), (0, torch.float32), (4, torch.bfloat16), (4, torch.float32),
@@ -488,14 +488,14 @@ def assert_searched_in_the_kernel(kernels, device: str, x: torch.Tensor, scheme:
     from qcli.kernels import launch
 
     assert launch.searches_in_kernel(scheme, tuple(x.shape))
-    launch._searched_launch.cache_clear()
+    launch.searched_launch.cache_clear()
     x[0, :40] = 0  # all-zero blocks, and a block of equal values (ties between candidates)
     x[1, 32:64] = 0.75
     for importance in (None, *(channel_importance(tuple(x.shape), seed, rows) for rows in (False, True))):
         got = kernels.encode(x.to(device), scheme, Calibration.Mse, importance=importance)
         want = codec_encode(x, scheme, Calibration.Mse, importance=importance)
         assert_same(got.cpu().numpy().tobytes(), want.numpy().tobytes())
-    assert launch._searched_launch.cache_info().misses == 3  # unweighed, by columns, by rows: all in the kernel
+    assert launch.searched_launch.cache_info().misses == 3  # unweighed, by columns, by rows: all in the kernel
 
 
 @pytest.mark.interpreter
@@ -515,7 +515,7 @@ def test_the_fused_kernel_searches_the_codecs_scales_on_gpu(kernels, scheme):
 def test_a_compiled_launch_is_reused_only_for_pointers_of_its_dtypes_and_alignment(monkeypatch):
     """The memoized launch goes through the JIT (which compiles) for every new combination of pointer
     dtypes and 16-byte alignments, and straight to the compiled kernel only for one seen before."""
-    from qcli.kernels import launch
+    from qcli.kernels import launcher
 
     jit, direct = [], []
 
@@ -532,8 +532,8 @@ def test_a_compiled_launch_is_reused_only_for_pointers_of_its_dtypes_and_alignme
                 return Compiled()
             return run
 
-    monkeypatch.setattr(launch, "interpreted", lambda: False)
-    call = launch._Launch(Kernel(), 4, (7,), {"K": 1})
+    monkeypatch.setattr(launcher, "interpreted", lambda: False)
+    call = launcher.Launch(Kernel(), 4, (7,), {"K": 1})
     out = torch.zeros(64, dtype=torch.uint8)
     f32, bf16 = torch.zeros(8), torch.zeros(8, dtype=torch.bfloat16)
     for x in (f32, f32, bf16, bf16, f32):
@@ -549,7 +549,7 @@ def test_a_compiled_launch_is_reused_only_for_pointers_of_its_dtypes_and_alignme
 def test_a_triton_without_the_direct_launch_runs_every_launch_through_its_jit(monkeypatch, triton_api):
     """Where a Triton release's compiled kernel has no launcher of its own (or its JIT function no
     `arg_names`), the memoized launch falls back to `kernel[grid](...)` for every call, and warns once."""
-    from qcli.kernels import launch
+    from qcli.kernels import launcher
 
     jit = []
 
@@ -566,9 +566,9 @@ def test_a_triton_without_the_direct_launch_runs_every_launch_through_its_jit(mo
 
     if triton_api == "no-launcher":
         Kernel.arg_names = ("x", "out", "n", "K")
-    monkeypatch.setattr(launch, "interpreted", lambda: False)
-    launch._warn_jit_launches.cache_clear()
-    call = launch._Launch(Kernel(), 4, (7,), {"K": 1})
+    monkeypatch.setattr(launcher, "interpreted", lambda: False)
+    launcher.warn_jit_launches.cache_clear()
+    call = launcher.Launch(Kernel(), 4, (7,), {"K": 1})
     x, out = torch.zeros(8), torch.zeros(64, dtype=torch.uint8)
     with pytest.warns(RuntimeWarning, match="through its JIT") as warned:
         for _ in range(3):
