@@ -9,7 +9,7 @@ Run from the repository root:
 
 The model is bench.calibrated's float reference (SmolLM2-135M-Instruct's GGUF dequantized to an f32 Hugging
 Face folder, and the same weights as an F32 GGUF for llama.cpp), the text its calibration docstrings, both
-made in `--work` as bench.calibrated makes them. qcli's windows (`qcli.calibrate.session.windows`: the
+made in `--work` as bench.calibrated makes them. qcli's windows (`qcli.calibrate.data.windows`: the
 tokenizer's special tokens around each) are the floor's tokens too.
 
 **Rows**, each timed in this process with torch at `--threads`:
@@ -130,10 +130,11 @@ def textbook_gptq(weight, hessian, bits: int = 4, group: int = 32, block: int = 
 
 def qcli_passes(folder: Path, data: Path, samples: int, seq_len: int, first_block: str) -> dict:
     """qcli's imatrix pass and GPTQ pass, timed; the first block's Linears' weights and Hessians kept."""
+    from qcli.calibrate.checkpoint import Checkpoint
+    from qcli.calibrate.importance import opened
     from qcli.calibrate.inputs import CalibrationInput
     from qcli.calibrate.runner import block_linears as qcli_block_linears
-    from qcli.calibrate.runner import run_blocks
-    from qcli.calibrate.session import _opened
+    from qcli.calibrate.runner import run_blocks, shapes_of
     from qcli.io.readers import open_source
 
     given = CalibrationInput(data, samples, seq_len)
@@ -145,9 +146,10 @@ def qcli_passes(folder: Path, data: Path, samples: int, seq_len: int, first_bloc
         return weight  # a weight given back: the block runs again, as GPTQ's does
 
     with open_source(folder) as source:
-        model, _, tokens = _opened(source, folder, given)  # as quantize and imatrix open it, untimed: the floor's
+        checkpoint = Checkpoint.beside(folder, source)
+        model, _, tokens = opened(checkpoint, given)  # as quantize and imatrix open it, untimed: the floor's
         # model is loaded before its clock starts too
-        linears = qcli_block_linears(model)
+        linears = qcli_block_linears(model, shapes_of(checkpoint.tensors))
         run_blocks(model, tokens, linears, lambda *_: None, "cpu", hessians=False)  # the weights' pages read once
         imatrix_s, _ = _timed(run_blocks, model, tokens, linears, lambda *_: None, "cpu", hessians=False)
         load = _load()

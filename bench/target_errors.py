@@ -73,7 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     from safetensors.numpy import load_file
 
-    from qcli.calibrate.session import file_importance
+    from qcli.calibrate.importance import file_importance
     from qcli.io.readers import open_source
 
     reference = load_file(str(args.reference / "model.safetensors"))

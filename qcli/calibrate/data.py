@@ -25,6 +25,8 @@ from qcli.text import printable
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from qcli.calibrate.inputs import CalibrationInput
+
 MIN_WINDOWS = 2  # fewer whole windows than this in the text is an error, not a warning
 # Bytes of calibration text read at most: the default windows take 65,536 tokens, a few hundred kB of text,
 # and the whole text is tokenized (a token id is a Python int), so a larger file is cut by its user.
@@ -201,3 +203,14 @@ def framed(windows: CalibrationSet, tokenizer: PreTrainedTokenizerBase) -> Calib
     count = windows.tokens.shape[0]
     pieces = [torch.tensor(ids, dtype=torch.int64).expand(count, len(ids)) for ids in (before, after)]
     return replace(windows, tokens=torch.cat([pieces[0], windows.tokens, pieces[1]], dim=1))
+
+
+def windows(text: CalibrationText, tokenizer, calibrating: CalibrationInput) -> CalibrationSet:
+    """The windows the model runs on: `seq_len` tokens each, the tokenizer's special tokens around the text
+    it cuts (`data.framed`), as the model sees every input."""
+    before, after = special_frame(tokenizer)
+    body = calibrating.seq_len - len(before) - len(after)
+    if body < 1:
+        raise UsageError(f"--seq-len {calibrating.seq_len} leaves no room for text beside the tokenizer's "
+                         f"{len(before) + len(after)} special tokens", hint="pass a longer --seq-len")
+    return framed(calibration_tokens(text, tokenizer, calibrating.samples, body, calibrating.seed), tokenizer)

@@ -52,6 +52,8 @@ from qcli.text import quoted
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
+    from qcli.io.source import TensorInfo
+
 
 SLACK = 64 << 20  # bytes estimate_memory allows for cuBLAS's workspace and the caching allocator's rounding
 # On the CPU a block runs on this many tokens of windows a call at most: one window of 256 tokens at a time,
@@ -95,6 +97,9 @@ class BlockDone:
         return self.done * self.tokens / self.seconds if self.seconds > 0 else float("inf")
 
 
+BlockProgress = Callable[[BlockDone], None]  # hears of each block done
+
+
 @dataclass(frozen=True)
 class CalibrationRun:
     """`stats` of each calibrated Linear by its weight's checkpoint name; the names asked for that were not
@@ -115,6 +120,11 @@ def repeated_blocks(module: nn.Module) -> tuple[str, nn.ModuleList]:
         raise UsageError(f"{type(module).__name__} has no repeated blocks (an nn.ModuleList of layers) to "
                          "calibrate one at a time", hint="quantize without calibration")
     return max(lists, key=lambda item: sum(p.numel() for p in item[1].parameters()))
+
+
+def shapes_of(infos: Sequence[TensorInfo]) -> dict[str, tuple[int, ...]]:
+    """Each checkpoint tensor's shape, by name: what fused experts' rows are read off (`block_linears`)."""
+    return {info.name: tuple(info.shape) for info in infos}
 
 
 def block_linears(model: CalibrationModel, shapes: Mapping[str, Sequence[int]]) -> list[str]:
@@ -149,7 +159,7 @@ def _fused_experts(model: CalibrationModel, path: str, index: int, block: nn.Mod
 
 def run_blocks(model: CalibrationModel, tokens: CalibrationSet, linears: Collection[str], on_linear: OnLinear,
                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-               progress: Callable[[BlockDone], None] | None = None, hessians: bool = True) -> CalibrationRun:
+               progress: BlockProgress | None = None, hessians: bool = True) -> CalibrationRun:
     """Run `tokens`' windows through `model` block by block on `device`, computing in `dtype`; for each
     nn.Linear whose weight's checkpoint name is in `linears`, in the order of the block's modules, then each
     checkpoint tensor of fused experts in `linears`, call `on_linear` with the stats of its input and put

@@ -5,58 +5,45 @@ The model runs block by block on the calibration text (`runner`). GPTQ quantizes
 importance comes from the same run or from a llama.cpp importance matrix.
 
 The tensors quantized here leave as payloads the pipeline writes as they are (`Calibrated.payloads`). An
-importance matrix's importance goes to the pipeline's own search (`Calibrated.importance`). `qcli imatrix`
-measures its matrix with the same run (`measure_importance`)."""
+importance matrix's importance goes to the pipeline's own search (`Calibrated.importance`). What each Linear
+gets as the run reaches it is `PerLinear`'s."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 import qcli.codec
 from qcli.calibrate.checkpoint import Checkpoint, check_positions
-from qcli.calibrate.data import (
-    CalibrationSet,
-    CalibrationText,
-    calibration_tokens,
-    framed,
-    read_calibration_text,
-    special_frame,
-)
 from qcli.calibrate.gptq import gptq, output_error, workspace_bytes
-from qcli.calibrate.model import CalibrationModel, open_model, token_embedding
+from qcli.calibrate.importance import file_importance, opened
+from qcli.calibrate.model import open_model
 from qcli.calibrate.runner import (
-    BlockDone,
+    BlockProgress,
     LinearStats,
     block_linears,
     estimate_memory,
     give_back_cached,
     run_blocks,
+    shapes_of,
 )
-from qcli.errors import DeviceMemoryError, InputError, UsageError
+from qcli.errors import DeviceMemoryError
 from qcli.io.files import file_sha256
 from qcli.plan.checks import count_and_first
 from qcli.problem import Kind, Problem, Severity
 from qcli.report.quantize import CalibrationRecord
 from qcli.resident import peak_resident_bytes, resident_bytes
 from qcli.scheme import Calibration
-from qcli.text import printable, quoted
 
 if TYPE_CHECKING:
     from qcli.calibrate.inputs import CalibrationInput
     from qcli.codec.quantize import QuantizedParts
-    from qcli.io.imatrix import Imatrix
-    from qcli.io.source import TensorInfo
     from qcli.plan.entries import Plan, PlanEntry
-
-BlockProgress = Callable[[BlockDone], None]
 
 
 @dataclass
@@ -79,11 +66,6 @@ def reachable(checkpoint: Checkpoint) -> frozenset[str]:
     """The checkpoint names of the Linear weights in the model's repeated blocks (their fused experts' too):
     what GPTQ calibrates (the model built on the meta device; no weight is read)."""
     return frozenset(block_linears(open_model(checkpoint), shapes_of(checkpoint.tensors)))
-
-
-def shapes_of(infos: Sequence[TensorInfo]) -> dict[str, tuple[int, ...]]:
-    """Each checkpoint tensor's shape, by name: what fused experts' rows are read off (`runner.block_linears`)."""
-    return {info.name: tuple(info.shape) for info in infos}
 
 
 def estimate(checkpoint: Checkpoint, calibrating: CalibrationInput, gptq_run: bool) -> int:
@@ -114,47 +96,13 @@ def calibrate(plan: Plan, checkpoint: Checkpoint, calibrating: CalibrationInput,
         done = _from_imatrix(calibrating.imatrix, checkpoint, weighed, reachable(checkpoint))
         done.seconds = time.perf_counter() - started
         return done
-    model, text, tokens = _opened(checkpoint, calibrating)
+    model, text, tokens = opened(checkpoint, calibrating)
     done = Calibrated()
     if tokens.shortfall is not None:
         done.warnings.append(Problem(Kind.calibration, tokens.shortfall, "give more text with --calibration-data, "
                                      "or fewer --samples or a shorter --seq-len", Severity.warning))
 
-    unreached: list[str] = []
-
-    def on_linear(name: str, weight: torch.Tensor, stats: LinearStats) -> torch.Tensor | None:
-        done.importance[name] = stats.importance
-        done.bytes += weight.numel() * weight.element_size()
-        hessian = stats.hessian
-        assert hessian is not None, "held while its Linear is calibrated"
-        entry = quantized.get(name) or weighed_by_name.get(name)
-        if entry is None:
-            if name in measured:  # the codec's scales, only measured: the pipeline writes the same bytes
-                done.errors[measured[name].name] = _codec_output_error(measured[name], weight, hessian)
-            return None
-        decision, encoding = entry.decision, entry.encoding
-        if stats.tokens == 0:  # an expert routing sent no token: nothing to weigh by, the unweighted search
-            unreached.append(entry.name)
-            done.payloads[entry.name] = _encoded(entry, weight, calibration=Calibration.Mse)[0]
-            return None
-        scheme = encoding.scheme
-        assert scheme is not None, "a calibrated tensor is quantized"
-        if decision.calibration is Calibration.Gptq:
-            # each block's scale searched over its columns' current weights (§6), each column weighed by its
-            # input's mean square: on all-MiniLM-L6-v2 at q4f-b32 MinMax's scales left GPTQ below the
-            # data-free search, and on SmolLM2 the weighing took the KL from 0.162 to 0.116 (docs/benchmarks.md)
-            result = gptq(weight, hessian, scheme, transpose=encoding.transpose, search=True,
-                          importance=stats.importance, name=name)
-            payload = qcli.codec.pack(_on_cpu(result.parts), scheme, encoding.shape)
-            dequantized, error = result.dequantized, result.error
-        else:  # the mse search, each input channel weighed by its mean square: the pipeline's bytes
-            importance = stats.importance[:, None] if encoding.transpose else stats.importance
-            payload, dequantized = _encoded(entry, weight, importance)
-            error = output_error(weight, dequantized, hessian)
-        done.payloads[entry.name], done.errors[entry.name] = payload, error
-        # GPTQ's blocks after this one see what the quantized weights give; the mse search leaves them float
-        return dequantized.to(weight.device, weight.dtype) if decision.calibration is Calibration.Gptq else None
-
+    on_linear = PerLinear(done, quantized, weighed_by_name, measured)
     target = torch.device(device if torch.cuda.is_available() else "cpu")  # the Triton interpreter: no CUDA
     estimate_bytes = estimate_memory(model.module.config, calibrating.samples, calibrating.seq_len,
                                      on_linear_bytes=_gptq_bytes if quantized else None)
@@ -177,7 +125,7 @@ def calibrate(plan: Plan, checkpoint: Checkpoint, calibrating: CalibrationInput,
             Kind.calibration, f"{len(left)} tensors are not Linears in the model's repeated blocks and are not "
             f"calibrated: {', '.join(left[:3])}{', ...' if len(left) > 3 else ''}",
             "their scales are the data-free ones; a recipe rule can keep them", Severity.warning, tensors=tuple(left)))
-    if unreached:
+    if unreached := on_linear.unreached:
         done.warnings.append(Problem(
             Kind.calibration, f"{count_and_first(unreached)} of experts the router sent no calibration token to "
             "took none", "their scales are the unweighted Mse search's; more calibration text "
@@ -189,6 +137,53 @@ def calibrate(plan: Plan, checkpoint: Checkpoint, calibrating: CalibrationInput,
         blocks=run.blocks, memory_estimate_bytes=estimate_bytes, peak_device_bytes=int(peak))
     done.seconds = time.perf_counter() - started
     return done
+
+
+@dataclass
+class PerLinear:
+    """The run's `on_linear` (`runner.OnLinear`): what each Linear gets as the run reaches it. GPTQ's
+    (`quantized`) and the weighed search's (`weighed`) leave payloads and output errors in `done`; those
+    only `measured` leave their codec output error; every one leaves its input importance. GPTQ's weight
+    goes back quantized, so the blocks after it see what the file will give; the search's stays float."""
+
+    done: Calibrated
+    quantized: dict[str, PlanEntry]
+    weighed: dict[str, PlanEntry]
+    measured: dict[str, PlanEntry]
+    unreached: list[str] = field(default_factory=list)  # experts the router sent no token
+
+    def __call__(self, name: str, weight: torch.Tensor, stats: LinearStats) -> torch.Tensor | None:
+        done = self.done
+        done.importance[name] = stats.importance
+        done.bytes += weight.numel() * weight.element_size()
+        hessian = stats.hessian
+        assert hessian is not None, "held while its Linear is calibrated"
+        entry = self.quantized.get(name) or self.weighed.get(name)
+        if entry is None:
+            if name in self.measured:  # the codec's scales, only measured: the pipeline writes the same bytes
+                done.errors[self.measured[name].name] = _codec_output_error(self.measured[name], weight, hessian)
+            return None
+        decision, encoding = entry.decision, entry.encoding
+        if stats.tokens == 0:  # nothing to weigh by: the unweighted search
+            self.unreached.append(entry.name)
+            done.payloads[entry.name] = _encoded(entry, weight, calibration=Calibration.Mse)[0]
+            return None
+        scheme = encoding.scheme
+        assert scheme is not None, "a calibrated tensor is quantized"
+        if decision.calibration is Calibration.Gptq:
+            # each block's scale searched over its columns' current weights (§6), each column weighed by its
+            # input's mean square: on all-MiniLM-L6-v2 at q4f-b32 MinMax's scales left GPTQ below the
+            # data-free search, and on SmolLM2 the weighing took the KL from 0.162 to 0.116 (docs/benchmarks.md)
+            result = gptq(weight, hessian, scheme, transpose=encoding.transpose, search=True,
+                          importance=stats.importance, name=name)
+            done.payloads[entry.name] = qcli.codec.pack(_on_cpu(result.parts), scheme, encoding.shape)
+            done.errors[entry.name] = result.error
+            return result.dequantized.to(weight.device, weight.dtype)
+        # the mse search, each input channel weighed by its mean square: the pipeline's bytes
+        importance = stats.importance[:, None] if encoding.transpose else stats.importance
+        done.payloads[entry.name], dequantized = _encoded(entry, weight, importance)
+        done.errors[entry.name] = output_error(weight, dequantized, hessian)
+        return None
 
 
 def codec_method(entries: list[PlanEntry]) -> str:
@@ -212,98 +207,6 @@ def _encoded(entry: PlanEntry, weight: torch.Tensor, importance: torch.Tensor | 
 def _codec_output_error(entry: PlanEntry, weight: torch.Tensor, hessian: torch.Tensor) -> float:
     """`output_error` of the codec's own quantization of `weight` (`_encoded`)."""
     return output_error(weight, _encoded(entry, weight)[1], hessian)
-
-
-@dataclass(frozen=True)
-class MeasuredImportance:
-    """`qcli imatrix`'s result: the importance matrix in llama.cpp's names, and the windows it was measured on."""
-
-    imatrix: Imatrix
-    samples: int
-    seq_len: int
-    tokens: int
-    device: str
-
-
-def measure_importance(checkpoint: Checkpoint, calibrating: CalibrationInput, device: str,
-                       progress: BlockProgress | None = None) -> MeasuredImportance:
-    """Every Linear in the model's blocks run float on the calibration text (`device`: auto, cpu or cuda),
-    each one's sum of squares per input channel and token count, named as llama.cpp names them."""
-    from qcli.io.imatrix import Imatrix, ImatrixEntry, expert_stem, hf_to_gguf_names
-
-    model, text, tokens, run, chosen = _block_run(checkpoint, calibrating, device, progress)
-    stems = {name: expert_stem(name) for name in run.stats}
-    names = hf_to_gguf_names({stem for stem, _ in stems.values()}, model.module.config.model_type)
-    unnamed = sorted(name for name, (stem, _) in stems.items() if stem not in names)
-    if unnamed:
-        raise UsageError(printable(f"the gguf package's name table of model_type {model.module.config.model_type!r} "
-                                   f"has no llama.cpp name for {count_and_first(unnamed)} of the model's Linears"),
-                         hint="upgrade the gguf package (pip install -U gguf); llama.cpp's converter may not "
-                              "convert this model")
-    entries: dict[str, ImatrixEntry] = {}
-    experts: dict[str, dict[int, LinearStats]] = {}
-    for name, stats in run.stats.items():
-        stem, expert = stems[name]
-        if expert is None:
-            entries[names[stem]] = ImatrixEntry(stats.importance * stats.tokens, np.array([stats.tokens]))
-        else:  # llama.cpp's one entry of every expert: row e expert e's, each its own count
-            experts.setdefault(names[stem], {})[expert] = stats
-    for name, by_expert in experts.items():
-        rows = range(max(by_expert) + 1)
-        squares = [by_expert[e].importance * by_expert[e].tokens if e in by_expert else None for e in rows]
-        width = next(s for s in squares if s is not None).shape[0]
-        entries[name] = ImatrixEntry(torch.stack([torch.zeros(width, dtype=torch.float64) if s is None else s
-                                                  for s in squares]).numpy(),
-                                     np.array([by_expert[e].tokens if e in by_expert else 0 for e in rows]))
-    imatrix = Imatrix(entries, (Path(text.name).name,), int(tokens.tokens.shape[0]), int(tokens.tokens.shape[1]))
-    return MeasuredImportance(imatrix, imatrix.chunk_count, imatrix.chunk_size, tokens.available, chosen)
-
-
-def input_importance(checkpoint: Checkpoint, calibrating: CalibrationInput, device: str,
-                     progress: BlockProgress | None = None) -> dict[str, torch.Tensor]:
-    """The mean square of each input channel (float64 [in], by the checkpoint's name) of every Linear in
-    the model's blocks, run float on the calibration text, as `qcli imatrix` measures it."""
-    return {name: stats.importance for name, stats in _block_run(checkpoint, calibrating, device,
-                                                                 progress)[3].stats.items()}
-
-
-def _block_run(checkpoint: Checkpoint, calibrating: CalibrationInput, device: str,
-               progress: BlockProgress | None):
-    """The model's blocks run float on the calibration text (`device`: auto, cpu or cuda), every Linear's
-    input measured: the model, the text, its windows, the run and the device chosen."""
-    model, text, tokens = _opened(checkpoint, calibrating)
-    chosen = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
-    run = run_blocks(model, tokens, block_linears(model, shapes_of(checkpoint.tensors)), lambda *_: None, chosen,
-                     progress=progress, hessians=False)
-    return model, text, tokens, run, chosen
-
-
-def _opened(checkpoint: Checkpoint, calibrating: CalibrationInput
-            ) -> tuple[CalibrationModel, CalibrationText, CalibrationSet]:
-    """The checkpoint's model, the calibration text, and its windows."""
-    assert calibrating.data is not None, "calibration without an imatrix reads its text"
-    text = read_calibration_text(calibrating.data)
-    model = open_model(checkpoint)
-    check_positions(model.module.config, calibrating.seq_len)
-    tokens = windows(text, checkpoint.tokenizer, calibrating)
-    rows = token_embedding(model.module).num_embeddings
-    if int(tokens.tokens.max()) >= rows:
-        raise InputError(printable(f"the tokenizer of {checkpoint.folder} gives token id {int(tokens.tokens.max())} "
-                                   f"on the calibration text, past the {rows} rows of the model's token embedding"),
-                         hint="the tokenizer's files and the weights are of different models; calibrate with the "
-                              "tokenizer saved with these weights")
-    return model, text, tokens
-
-
-def windows(text: CalibrationText, tokenizer, calibrating: CalibrationInput) -> CalibrationSet:
-    """The windows the model runs on: `seq_len` tokens each, the tokenizer's special tokens around the text
-    it cuts (`data.framed`), as the model sees every input."""
-    before, after = special_frame(tokenizer)
-    body = calibrating.seq_len - len(before) - len(after)
-    if body < 1:
-        raise UsageError(f"--seq-len {calibrating.seq_len} leaves no room for text beside the tokenizer's "
-                         f"{len(before) + len(after)} special tokens", hint="pass a longer --seq-len")
-    return framed(calibration_tokens(text, tokenizer, calibrating.samples, body, calibrating.seed), tokenizer)
 
 
 def _from_imatrix(path: Path, checkpoint: Checkpoint, weighed: list[PlanEntry], blocks: frozenset[str]) -> Calibrated:
@@ -331,38 +234,6 @@ def _from_imatrix(path: Path, checkpoint: Checkpoint, weighed: list[PlanEntry], 
             "that the mse search weighs", "they are searched unweighted; compute the matrix on this model "
             "(qcli imatrix)", Severity.warning, tensors=tuple(lacking)))
     return done
-
-
-def file_importance(path: Path, checkpoint: Checkpoint, infos: list[TensorInfo]) -> dict[str, torch.Tensor]:
-    """The importance of each of `infos`' input channels (float64 [in], by the checkpoint's name) that a
-    llama.cpp importance matrix holds, its names mapped from the model's (config.json's `model_type`);
-    those it lacks are left out. `InputError` for a vector of another length than the tensor's last axis."""
-    from qcli.io.imatrix import expert_stem, hf_to_gguf_names, read_imatrix
-
-    imatrix = read_imatrix(path)
-    stems = {info.name: expert_stem(info.name) for info in infos}
-    names = hf_to_gguf_names({stem for stem, _ in stems.values()}, checkpoint.config.model_type)
-    importance = {}
-    for info in infos:
-        stem, expert = stems[info.name]
-        found = imatrix.entries.get(names.get(stem, ""))
-        if found is None:
-            continue
-        columns = info.shape[-1]
-        values = found.importance
-        if expert is not None:  # an expert's row of every expert's [n_expert, n_in] (flat in a legacy file)
-            values = values.reshape(-1, columns) if values.size % columns == 0 else values
-            if values.ndim != 2 or expert >= values.shape[0]:
-                continue
-            values = values[expert]
-        elif values.ndim != 1:
-            continue
-        if values.shape[0] != columns:
-            raise InputError(f"{path}: the importance of {quoted(info.name)} has {values.shape[0]} "
-                             f"input channels; the tensor has {columns}",
-                             hint="use the importance matrix computed for this model")
-        importance[info.name] = torch.from_numpy(values.astype("float64"))
-    return importance
 
 
 def _on_cpu(parts: QuantizedParts) -> QuantizedParts:

@@ -78,7 +78,7 @@ def imatrix_file(input: str | Path, output: str | Path | None = None, *, calibra
         reads.extend(read_beside(checkpoint.folder), "a file beside the input that the run reads")
         reads.add(data, "the calibration text")
         reads.refuse_target(target, TARGET_HINT)
-        from qcli.calibrate.session import measure_importance
+        from qcli.calibrate.importance import measure_importance
 
         measured = measure_importance(checkpoint, given, device, progress)
     from qcli.io.imatrix import write_imatrix

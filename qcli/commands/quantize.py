@@ -65,7 +65,8 @@ from qcli.text import printable
 from qcli.verify import out_of_bound
 
 if TYPE_CHECKING:
-    from qcli.calibrate.session import BlockProgress, Calibrated
+    from qcli.calibrate.runner import BlockProgress
+    from qcli.calibrate.session import Calibrated
     from qcli.measure import Measurement
     from qcli.pipeline import Payload, Pipeline
 
@@ -277,11 +278,11 @@ def _importance(checkpoint: Checkpoint, options: QuantizeOptions, choices: list[
     calibration text (`--calibration-data`, run here as `qcli imatrix` runs it), or nothing."""
     given = options.calibrating
     if given.imatrix is not None:
-        from qcli.calibrate.session import file_importance
+        from qcli.calibrate.importance import file_importance
 
         return file_importance(given.imatrix, checkpoint, [c.entry.info for c in choices]), "imatrix"
     if given.data is not None:
-        from qcli.calibrate.session import input_importance
+        from qcli.calibrate.importance import input_importance
 
         device = "cpu" if options.device == "cpu" else "auto"
         return input_importance(checkpoint, given, device), "calibration-data"

@@ -167,9 +167,8 @@ def test_a_trained_tokenizer_streams_what_the_tokenizers_package_encodes(tmp_pat
 
 
 def test_windows_are_framed_by_the_special_tokens_the_tokenizer_puts_around_every_sequence():
-    from qcli.calibrate.data import framed, special_frame
+    from qcli.calibrate.data import framed, special_frame, windows
     from qcli.calibrate.inputs import CalibrationInput
-    from qcli.calibrate.session import windows
 
     tokenizer = word_tokenizer()  # its template: "<s> $A"
     assert special_frame(tokenizer) == ([23], [])

@@ -19,8 +19,7 @@ from qcli.calibrate import runner
 from qcli.calibrate.checkpoint import Checkpoint, load_tokenizer
 from qcli.calibrate.data import CalibrationSet, CalibrationText, calibration_tokens
 from qcli.calibrate.model import CalibrationModel, open_model
-from qcli.calibrate.runner import block_linears, layer_kinds, run_blocks
-from qcli.calibrate.session import shapes_of
+from qcli.calibrate.runner import block_linears, layer_kinds, run_blocks, shapes_of
 from qcli.io.imatrix import expert_stem, gguf_to_hf_names, hf_to_gguf_names
 from qcli.io.readers import open_source
 from tests.calibrate.test_calibrated_quantize import SEQ_LEN as IMATRIX_SEQ_LEN

@@ -17,8 +17,7 @@ from torch import nn
 from qcli.calibrate.checkpoint import CALIBRATE_HINT, Checkpoint, load_tokenizer
 from qcli.calibrate.data import CalibrationSet, CalibrationText, calibration_tokens
 from qcli.calibrate.model import CalibrationModel, open_model
-from qcli.calibrate.runner import SLACK, block_linears, estimate_memory, run_blocks
-from qcli.calibrate.session import shapes_of
+from qcli.calibrate.runner import SLACK, block_linears, estimate_memory, run_blocks, shapes_of
 from qcli.errors import InputError, UsageError
 from qcli.io.readers import open_source
 from tests.calibrate_support import TEXT, VOCAB, llama_tokenizer, tiny_bert, tiny_llama

@@ -217,19 +217,19 @@ def test_an_unchanged_input_passes(tmp_path, monkeypatch):
 
 def test_the_calibration_text_changed_during_imatrix_fails_it(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
-    import qcli.calibrate.session as session
+    import qcli.calibrate.importance as importance
     from tests.cli_support import SHARDED
 
     text = tmp_path / "calibration.txt"
     shutil.copy(SHARDED.parent / "calibration.txt", text)
-    measure = session.measure_importance
+    measure = importance.measure_importance
 
     def measure_then_change(*args, **kwargs):
         measured = measure(*args, **kwargs)
         text.write_text(text.read_text().upper())
         return measured
 
-    monkeypatch.setattr(session, "measure_importance", measure_then_change)
+    monkeypatch.setattr(importance, "measure_importance", measure_then_change)
     out = tmp_path / "m.imatrix.gguf"
     lines = assert_user_error(cli("imatrix", SHARDED, "--calibration-data", text, "-o", out, "--samples", "2",
                                   "--seq-len", "8", "--device", "cpu"), 3)
