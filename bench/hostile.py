@@ -65,13 +65,13 @@ def recipes(_: Path) -> Iterator[tuple[str, Callable[[], object]]]:
 
 
 def long_lines(_: Path) -> Iterator[tuple[str, Callable[[], object]]]:
-    from qcli.recipe import _Lines
+    from qcli.recipe import RecipeLines
     from tests.plan.test_recipe import long_lines
 
     for length in (100_000, 1_000_000):
         for i, line in enumerate(long_lines(length)):
             text = f"version = 1\n{line}\n[[rule]]\nmatch = 'x'\n"
-            yield f"{length:,} spaces, line {i}", functools.partial(_Lines, text)
+            yield f"{length:,} spaces, line {i}", functools.partial(RecipeLines, text)
 
 
 def rules(_: Path) -> Iterator[tuple[str, Callable[[], object]]]:

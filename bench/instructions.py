@@ -24,6 +24,7 @@ from triton.backends.compiler import GPUTarget
 from bench.kernels import SCHEMES, two_pass
 from qcli import layout
 from qcli.kernels import launch as E
+from qcli.kernels.launcher import Launch
 from qcli.scheme import Calibration
 
 _ISSUE_PER_S = 132 * 4 * 1.98e9  # warp instructions a second: an H200's SMs, schedulers and boost clock
@@ -31,13 +32,13 @@ _SASS_LINE = re.compile(r"^\S+\t(\S.*?)\s*;")  # an instruction, after its contr
 _TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.uint8: "*u8"}
 
 
-def quantize_launch(scheme, calibration: Calibration, shape: tuple[int, ...]) -> tuple[E._Launch, tuple]:
+def quantize_launch(scheme, calibration: Calibration, shape: tuple[int, ...]) -> tuple[Launch, tuple]:
     """The quantize launch the pipeline makes for `shape` from bf16, and its pointers' element types
     (None for an absent pointer)."""
     values = torch.int32 if scheme.size_bits_stored() == 32 else torch.uint8
     if two_pass(scheme) and scheme.block is None:  # given its range
-        return E._tensor_launch(scheme, shape, True), (torch.bfloat16, values, torch.float32, torch.uint8, None, None)
-    fused = E._fused_launch(scheme, shape, torch.bfloat16, calibration)
+        return E.tensor_launch(scheme, shape, True), (torch.bfloat16, values, torch.float32, torch.uint8, None, None)
+    fused = E.fused_launch(scheme, shape, torch.bfloat16, calibration)
     if fused is None:
         raise SystemExit(f"{scheme}: no fused launch")
     two_level = scheme.is_two_level()
@@ -45,7 +46,7 @@ def quantize_launch(scheme, calibration: Calibration, shape: tuple[int, ...]) ->
                       torch.float32 if two_level else None, torch.int32)
 
 
-def compiled(launch: E._Launch, pointers: tuple):
+def compiled(launch: Launch, pointers: tuple):
     """The launch's kernel compiled for sm_90 as the JIT compiles it for 16-byte aligned pointers."""
     names = launch.kernel.arg_names
     args = list(pointers) + list(launch.ints)

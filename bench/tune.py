@@ -20,8 +20,6 @@ from qcli import layout
 from qcli.kernels import launch as E
 from qcli.kernels import tensor_range
 
-_MEMOIZED = (E._fused_launch, E._tensor_launch, E._blocks_launch, E._alpha_launch, E._scales_launch)
-
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -48,10 +46,9 @@ def main() -> None:
         reference = None
         best = None
         for tile, warps, units in variants:
-            E._TILE, E._WARPS, E._WIDE_WARPS = tile, warps, warps
-            E._BLOCKS_GROUP = E._TENSOR_GROUP = units
-            for memoized in _MEMOIZED:  # each shape's launch was worked out under the previous variant
-                memoized.cache_clear()
+            E.TILE, E.WARPS, E.WIDE_WARPS = tile, warps, warps
+            E.BLOCKS_GROUP = E.TENSOR_GROUP = units
+            E.clear_launch_caches()  # each shape's launch was worked out under the previous variant
             out.fill_(0xA5)
             E.enqueue(x, scheme, calibration, out, bad, whole=whole)
             reference = out.clone() if reference is None else reference

@@ -48,13 +48,14 @@ from qcli.scheme import Calibration, QuantScheme, check_accepted
 from qcli.tensor_range import TensorRange, taken
 
 _FLOAT_DTYPES = tuple(torch_dtype(d) for d in KERNEL_DTYPES)  # the rows' (`qcli.io.dtypes`)
-_TILE = 4096          # values per program (bench/tune.py: the fastest on an H200 for most schemes)
-_WARPS = 2            # warps per program (bench/tune.py, an H200) ...
-_WIDE_WARPS = 4       # ... but 4 where a program gathers a scale per value or sums |x| in float64
+# The tuning constants, public for bench/tune.py (which sets them, then calls `clear_launch_caches`).
+TILE = 4096          # values per program (bench/tune.py: the fastest on an H200 for most schemes)
+WARPS = 2            # warps per program (bench/tune.py, an H200) ...
+WIDE_WARPS = 4       # ... but 4 where a program gathers a scale per value or sums |x| in float64
 # Values per group (whole units) of the kernels that do not reduce their blocks: the blocks kernel, and
 # the tensor kernel (bench/tune.py, an H200: 92.5 % of copy for Q8S at 16384² with 32, 62 % with 64).
-_BLOCKS_GROUP = 64
-_TENSOR_GROUP = 32
+BLOCKS_GROUP = 64
+TENSOR_GROUP = 32
 _SCALES_BLOCK = 1024  # scales per program of the scale kernel
 _TENSOR_CHUNK = 4096  # values per partial range of a per-tensor scheme
 _SEARCH_PIECE = 1 << 24  # values per piece the torch search takes (its scratch and candidates follow it)
@@ -75,10 +76,10 @@ class LaunchConfig:
 
 
 def launch_config(group_values: int, groups_per_row: int, wide: bool = False) -> LaunchConfig:
-    """Programs of about `_TILE` values, in whole groups of `group_values` (a power of two); `wide` for the
+    """Programs of about `TILE` values, in whole groups of `group_values` (a power of two); `wide` for the
     programs that gather a scale per value or sum |x| in float64."""
-    groups = max(1, _TILE // group_values)
-    return LaunchConfig(groups, triton.cdiv(groups_per_row, groups), _WIDE_WARPS if wide else _WARPS)
+    groups = max(1, TILE // group_values)
+    return LaunchConfig(groups, triton.cdiv(groups_per_row, groups), WIDE_WARPS if wide else WARPS)
 
 
 def _safe_scales(scheme: QuantScheme) -> bool:
@@ -180,7 +181,7 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
             _enqueue_searched(x, scheme, out, bad, whole, weights)
             return
     if calibration is not Calibration.Mse:
-        fused = _fused_launch(scheme, shape, x.dtype, calibration)
+        fused = fused_launch(scheme, shape, x.dtype, calibration)
         if fused is not None:
             launch, value_bytes, scale_bytes = fused
             value_view = View(out, 0, value_bytes, torch.int32 if scheme.size_bits_stored() == 32 else torch.uint8)
@@ -199,16 +200,16 @@ def enqueue(x: torch.Tensor, scheme: QuantScheme, calibration: Calibration, out:
     if scheme.block is None:
         if calibration is Calibration.Mse:
             s_eff, r_eff = _searched(x, scheme, grid, scales, bad, whole, searched, importance, name)
-            _tensor_launch(scheme, shape, from_range=False)(x, values, None, None, s_eff, r_eff)
+            tensor_launch(scheme, shape, from_range=False)(x, values, None, None, s_eff, r_eff)
         else:
             alpha = _tensor_alpha(whole or tensor_range(x, scheme, calibration, bad), scheme, calibration)
-            _tensor_launch(scheme, shape, from_range=True)(x, values, alpha, scales, None, None)
+            tensor_launch(scheme, shape, from_range=True)(x, values, alpha, scales, None, None)
         return
     if calibration is Calibration.Mse:
         s_eff, r_eff = _searched(x, scheme, grid, scales, bad, whole, searched, importance, name)
     else:
         s_eff, r_eff = _scales(x, scheme, calibration, grid, scales, bad, whole)
-    _blocks_launch(scheme, shape)(x, values, s_eff, r_eff, _row_base(grid, x.device))
+    blocks_launch(scheme, shape)(x, values, s_eff, r_eff, _row_base(grid, x.device))
 
 
 def searches_in_kernel(scheme: QuantScheme, shape: tuple[int, ...]) -> bool:
@@ -282,6 +283,13 @@ def searched_launch(scheme: QuantScheme, shape: tuple[int, ...], weigh: int) -> 
     return launch, layout.value_bytes(scheme, shape), layout.scale_bytes(scheme, shape)
 
 
+def clear_launch_caches() -> None:
+    """Forget every shape's memoized launch, so the next is worked out again: after the tuning constants
+    (`TILE`, `WARPS`, `WIDE_WARPS`, `BLOCKS_GROUP`, `TENSOR_GROUP`) change, as bench/tune.py changes them."""
+    for memoized in (searched_launch, tensor_launch, blocks_launch, fused_launch, scales_launch, alpha_launch):
+        memoized.cache_clear()
+
+
 def _gathered_fields(scheme: QuantScheme, group_values: int) -> tuple[int, dict]:
     """Units per group of about `group_values` values, and the constexprs of a kernel that quantizes under
     scales it does not reduce."""
@@ -291,10 +299,10 @@ def _gathered_fields(scheme: QuantScheme, group_values: int) -> tuple[int, dict]
 
 
 @functools.lru_cache(maxsize=4096)
-def _tensor_launch(scheme: QuantScheme, shape: tuple[int, ...], from_range: bool) -> Launch:
+def tensor_launch(scheme: QuantScheme, shape: tuple[int, ...], from_range: bool) -> Launch:
     """`quantize_tensor_kernel`'s launch (pointers: x, values, the range and the stored scale with
     `from_range`, else the effective scale and its reciprocal)."""
-    u, fields = _gathered_fields(scheme, _TENSOR_GROUP)
+    u, fields = _gathered_fields(scheme, TENSOR_GROUP)
     rows, cols, units_per_row = _flat(layout.BlockGrid.of(scheme, shape), 1, fields["N"])
     config = launch_config(u * fields["N"], math.ceil(units_per_row / u))
     return Launch(K.quantize_tensor_kernel, rows * config.chunks, (cols, units_per_row, config.chunks),
@@ -304,10 +312,10 @@ def _tensor_launch(scheme: QuantScheme, shape: tuple[int, ...], from_range: bool
 
 
 @functools.lru_cache(maxsize=4096)
-def _blocks_launch(scheme: QuantScheme, shape: tuple[int, ...]) -> Launch:
+def blocks_launch(scheme: QuantScheme, shape: tuple[int, ...]) -> Launch:
     """`quantize_blocks_kernel`'s launch (pointers: x, values, s_eff, r_eff, each row's first scale)."""
     grid = layout.BlockGrid.of(scheme, shape)
-    u, fields = _gathered_fields(scheme, _BLOCKS_GROUP)
+    u, fields = _gathered_fields(scheme, BLOCKS_GROUP)
     rows, cols = _rows(grid)
     units_per_row = math.ceil(cols / fields["N"])
     config = launch_config(u * fields["N"], math.ceil(units_per_row / u), wide=True)
@@ -317,7 +325,7 @@ def _blocks_launch(scheme: QuantScheme, shape: tuple[int, ...]) -> Launch:
 
 
 @functools.lru_cache(maxsize=4096)
-def _fused_launch(scheme: QuantScheme, shape: tuple[int, ...], dtype: torch.dtype, calibration: Calibration
+def fused_launch(scheme: QuantScheme, shape: tuple[int, ...], dtype: torch.dtype, calibration: Calibration
                   ) -> tuple[Launch, int, int] | None:
     """The launch of the fused kernel for `shape`, or of its kind for blocks over rows (with the value and
     scale bytes of its payload), or None where the scheme's blocks are neither (`_fused`, `_fused_rows`).
@@ -363,13 +371,13 @@ def _scales(x, scheme: QuantScheme, calibration: Calibration, grid: layout.Block
     s_eff = torch.empty(n, dtype=torch.float32, device=x.device)
     r_eff = torch.empty_like(s_eff)
     scale_bytes = layout.scale_bytes(scheme, tuple(x.shape))
-    _scales_launch(scheme, n)(alpha, whole.peak if two_level and whole is not None else None, scales,
+    scales_launch(scheme, n)(alpha, whole.peak if two_level and whole is not None else None, scales,
                               scales[scale_bytes:] if two_level else None, s_eff, r_eff)
     return s_eff, r_eff
 
 
 @functools.lru_cache(maxsize=4096)
-def _scales_launch(scheme: QuantScheme, n: int) -> Launch:
+def scales_launch(scheme: QuantScheme, n: int) -> Launch:
     """`scales_kernel`'s launch for `n` block ranges (pointers: the ranges, the largest (two levels), the
     stored scales, the global (two levels), s_eff, r_eff)."""
     return Launch(K.scales_kernel, triton.cdiv(n, _SCALES_BLOCK), (n,),
@@ -414,7 +422,7 @@ def _row_alpha(x, rows: int, cols: int, width: int, calibration: Calibration, ba
                ) -> torch.Tensor:
     """Per row and block of `width` values along it: max |x| (f32) or the f64 sum of |x|; with
     per_program, the largest f32 block range (mean for AbsMean) of each program's blocks."""
-    launch, size = _alpha_launch(rows, cols, width, calibration, per_program)
+    launch, size = alpha_launch(rows, cols, width, calibration, per_program)
     dtype = torch.float64 if calibration is Calibration.AbsMean and not per_program else torch.float32
     out = torch.empty(size, dtype=dtype, device=x.device)
     launch(x, out, bad)
@@ -422,7 +430,7 @@ def _row_alpha(x, rows: int, cols: int, width: int, calibration: Calibration, ba
 
 
 @functools.lru_cache(maxsize=4096)
-def _alpha_launch(rows: int, cols: int, width: int, calibration: Calibration, per_program: bool
+def alpha_launch(rows: int, cols: int, width: int, calibration: Calibration, per_program: bool
                   ) -> tuple[Launch, int]:
     """`alpha_kernel`'s launch for `_row_alpha` (pointers: x, out, the flag), and the values it writes."""
     blocks_per_row = math.ceil(cols / width)

@@ -248,7 +248,7 @@ def _header_name(line: str) -> str | None:
     return name.strip("\"'")
 
 
-class _Lines:
+class RecipeLines:
     """Where tables and keys sit in the recipe text, found by scanning (tomllib reports no positions).
 
     Every scan is linear in the text: a recipe is hostile input too (a 100 kB line, 100,000 rules).
@@ -317,7 +317,7 @@ class _Parser:
 
     def __init__(self, file: str, text: str) -> None:
         self.file = file
-        self.lines = _Lines(text)
+        self.lines = RecipeLines(text)
         self.faults: list[Problem] = []
         self.cast_kept: str | None = None
 

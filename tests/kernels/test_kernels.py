@@ -545,6 +545,24 @@ def test_a_compiled_launch_is_reused_only_for_pointers_of_its_dtypes_and_alignme
 
 
 
+def test_a_shapes_launch_is_worked_out_again_under_new_tuning_once_the_caches_are_cleared(kernels, monkeypatch):
+    """bench/tune.py's loop: the memoized launch keeps the tile it was worked out with until
+    `clear_launch_caches`; then the same shape takes the new tile, 8192 values per program in place of 4096."""
+    from qcli.kernels import launch
+
+    scheme = QuantScheme().with_value(QuantValue.Q8S).per_tensor(ScaleDtype.F32)
+    shape = (3, 1 << 16)
+    launch.clear_launch_caches()
+    before = launch.tensor_launch(scheme, shape, False)
+    monkeypatch.setattr(launch, "TILE", 2 * launch.TILE)
+    assert launch.tensor_launch(scheme, shape, False) is before
+    launch.clear_launch_caches()
+    after = launch.tensor_launch(scheme, shape, False)
+    assert (before.grid, after.grid) == (3 * 16, 3 * 8)
+    assert after.constexprs["G"] == 2 * before.constexprs["G"]
+    launch.clear_launch_caches()  # no launch worked out under the patched tile outlives this test
+
+
 @pytest.mark.parametrize("triton_api", ["no-launcher", "no-arg-names"])
 def test_a_triton_without_the_direct_launch_runs_every_launch_through_its_jit(monkeypatch, triton_api):
     """Where a Triton release's compiled kernel has no launcher of its own (or its JIT function no

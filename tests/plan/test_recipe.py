@@ -536,14 +536,14 @@ def qcli_lines_run(fn, *args) -> int:  # type: ignore[no-untyped-def]
 
 
 def test_the_line_scanner_ends_on_a_1_mb_line() -> None:
-    """`_Lines` found headers with a regex that backtracked over runs of spaces, in time cubic in the line
+    """`RecipeLines` found headers with a regex that backtracked over runs of spaces, in time cubic in the line
     (about 30 s on a 100 kB line): on a 1 MB line that is days, which the child's limit turns into a failure.
     In a child process, since a backtracking regex holds the interpreter inside C, where no alarm reaches."""
     ends("""
-from qcli.recipe import _Lines
+from qcli.recipe import RecipeLines
 from tests.plan.test_recipe import long_lines
 for line in long_lines(1_000_000):
-    lines = _Lines(f"version = 1\\n{line}\\n[[rule]]\\nmatch = 'x'\\n")
+    lines = RecipeLines(f"version = 1\\n{line}\\n[[rule]]\\nmatch = 'x'\\n")
     assert ("rule", 3) in lines.headers, line[:10]
     assert lines.key("match", lines.table("rule")) == 4, line[:10]
 """)
