@@ -11,8 +11,9 @@ TOLERANCE), without a panic. tests/io/test_burn_backends.py runs both sweeps aga
 them (0.23's to its recorded runs: tests/io/test_burn_023_recorded.py); docs/output.md has the table in
 prose, with the causes in Burn's source.
 
-wgpu is Burn's `wgpu` feature (WGSL shaders), measured on Mesa's lavapipe Vulkan driver and, for 0.22.1, on
-an NVIDIA H200 through its Vulkan driver: the same decodes, fewer computes (`ComputeFailure.devices`).
+wgpu is Burn's `wgpu` feature (WGSL shaders), measured on Mesa's lavapipe Vulkan driver and on an NVIDIA GPU
+through its Vulkan driver: for 0.22.1 (an H200) the same decodes, fewer computes (`ComputeFailure.devices`);
+for 0.23 (an H100) the same decodes and computes.
 cuda is Burn's `cuda` feature, measured for 0.21.0 only, on an NVIDIA H100 (tests/burn-0.21 built with
 it): 0.22.1's and 0.23's cannot be built without downloading LLVM at build time (`RELEASE_PROBLEMS`). 0.23's
 wgpu row is Burn's default build; built with burn-cubecl's `tile-kernels-only` it decodes the same and also
@@ -228,8 +229,9 @@ _FLEX_0_23 = Capability(
     best_preset="q4s-b32",
 )
 # Burn 0.23's wgpu decodes exactly what 0.22.1's does (all 274 cases alike). Its quantized matmul no longer
-# runs out of shared memory on lavapipe for a 2-bit weight (burn-cubecl 0.23 picks cubek 0.4's kernels);
-# E4M3 and E5M2 still fail at execution and a reshape of N-d blocks still panics.
+# runs out of shared memory for a 2-bit weight on lavapipe, nor for a 4-bit one on an NVIDIA GPU (burn-cubecl
+# 0.23 picks cubek 0.4's kernels); E4M3 and E5M2 still fail at execution and a reshape of N-d blocks still
+# panics. An NVIDIA H100 through its Vulkan driver decoded and computed exactly as lavapipe did.
 _WGPU_0_23 = Capability(
     stores=_WGPU_0_22.stores,
     scale_dtypes=_WGPU_0_22.scale_dtypes,
@@ -239,10 +241,10 @@ _WGPU_0_23 = Capability(
     computes=(
         ComputeFailure("Burn 0.23's wgpu cannot reshape a weight whose blocks span several axes, as Linear does "
                        "(\"Reshape of ND block-quantized tensor is not yet supported\")", frozenset(QuantValue),
-                       frozenset({"nd-block"}), frozenset({LAVAPIPE})),
+                       frozenset({"nd-block"}), frozenset({LAVAPIPE, NVIDIA})),
         ComputeFailure("Burn 0.23's wgpu quantized matmul fails on E4M3 and E5M2 weights (\"An error happened "
                        "during execution\")", frozenset({QuantValue.E4M3, QuantValue.E5M2}),
-                       frozenset({"tensor", "block"}), frozenset({LAVAPIPE})),
+                       frozenset({"tensor", "block"}), frozenset({LAVAPIPE, NVIDIA})),
     ),
     best_preset="q4f-b32-global",
 )

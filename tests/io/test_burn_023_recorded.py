@@ -1,9 +1,10 @@
 """Burn 0.23.0-pre.1 held to recorded runs of its harness (CI does not build tests/burn-0.23).
 
-Three records, each a run of tests/burn-0.23 on the project's CI-like machine, in tests/data/burn/:
-flex-0.23 and wgpu-0.23 (the harness as it builds by default; wgpu on lavapipe), and wgpu-0.23-tile (built
-with its `tile-kernels` feature, burn-cubecl's `tile-kernels-only`, under autotune with its decisions written
-out). Each ran `probe` on bench.burn_sweep's 0.23 sweep, `compute` on its compute cases for that backend and
+Four records, each a run of tests/burn-0.23, in tests/data/burn/: flex-0.23 and wgpu-0.23 (the harness as it
+builds by default; wgpu on lavapipe) and wgpu-0.23-tile (built with its `tile-kernels` feature,
+burn-cubecl's `tile-kernels-only`, under autotune with its decisions written out), on the project's CI-like
+machine; and wgpu-0.23-nvidia, the default build's binary carried to an NVIDIA H100 and run through its
+Vulkan driver. Each ran `probe` on bench.burn_sweep's 0.23 sweep, `compute` on its compute cases for that backend and
 both on tests/burn-0.23/packed_dim1.py's PackedU32(1) cases; its run.json names the machine, the driver, the
 versions, the date, the commands (docs/output.md has them too) and the sha256 of each input. The inputs
 written here must be the bytes that ran there, so a change to the writer that needs a new run fails here.
@@ -33,6 +34,7 @@ from bench.burn_sweep import COMPUTED, QUANTIZED, computed, computed_cases, disa
 from qcli.burn_backends import (
     CPU,
     LAVAPIPE,
+    NVIDIA,
     BurnBackend,
     compute_failures,
     compute_problem,
@@ -55,21 +57,23 @@ FLEX, WGPU = BurnBackend.flex, BurnBackend.wgpu
 
 @dataclass(frozen=True)
 class Record:
-    """One recorded run: its backend, whether the harness had the tile kernels, and its directory."""
+    """One recorded run: its backend, whether the harness had the tile kernels, whether wgpu ran on an NVIDIA
+    GPU (else on lavapipe), and its directory."""
 
     backend: BurnBackend
     tile: bool = False
+    nvidia: bool = False
 
     def __str__(self) -> str:
         return self.path.name
 
     @property
     def path(self) -> Path:
-        return FIXTURES / f"{self.backend}-0.23{'-tile' if self.tile else ''}"
+        return FIXTURES / f"{self.backend}-0.23{'-tile' if self.tile else ''}{'-nvidia' if self.nvidia else ''}"
 
     @property
     def device(self) -> str:
-        return LAVAPIPE if self.backend is WGPU else CPU
+        return CPU if self.backend is FLEX else NVIDIA if self.nvidia else LAVAPIPE
 
     @cached_property
     def run(self) -> dict:
@@ -87,7 +91,7 @@ class Record:
         return load(self.read(name))
 
 
-PLAIN = [Record(FLEX), Record(WGPU)]
+PLAIN = [Record(FLEX), Record(WGPU), Record(WGPU, nvidia=True)]
 TILE = Record(WGPU, tile=True)
 RECORDS = [*PLAIN, TILE]
 
@@ -135,7 +139,8 @@ def test_each_record_says_how_it_was_made_and_ran_on_todays_inputs(record: Recor
     assert {"what", "device", "cpu", "burn", "cubecl", "cubek", "rustc", "date", "commands"} <= set(run)
     assert run["burn"] == run["harness_version"] == VERSION
     assert f'version = "={VERSION}"' in (HARNESSES[VERSION][0] / "Cargo.toml").read_text()
-    assert ("lavapipe" in run["device"]) == (record.backend is WGPU)
+    assert ("lavapipe" in run["device"]) == (record.device == LAVAPIPE)
+    assert ("NVIDIA" in run["device"]) == (record.device == NVIDIA)
     commands = "\n".join(run["commands"])
     assert ("--features tile-kernels" in commands) == record.tile
     for command in (f"probe --backend {record.backend}", f"compute --backend {record.backend}"):
@@ -241,6 +246,7 @@ PACKED_DIM1_REFUSES = {FLEX: set(), WGPU: {"E2M1 block[32,1] UE8M0", "Q4S block[
 PACKED_DIM1_COMPUTE_FAILS = {
     Record(FLEX): {"Q4F block[32,1] F16"},  # flex requantizes full-range blocks
     Record(WGPU): {"E4M3 block[32,1] F32"},  # E4M3 fails without the tile kernels
+    Record(WGPU, nvidia=True): {"E4M3 block[32,1] F32"},
     TILE: set(),
 }
 
@@ -280,7 +286,8 @@ def written_by_qcli(case: tuple) -> bool:
 
 # Where qcli's table refuses a PackedU32(1) case Burn computed right: flex's rule for block scales other than
 # F32 and F16 (requantized by its layout ops) was measured on PackedU32(0) weights, and is kept for these.
-PACKED_DIM1_TABLE_REFUSES_BUT_COMPUTES = {Record(FLEX): {"E2M1 block[32,1] UE8M0"}, Record(WGPU): set()}
+PACKED_DIM1_TABLE_REFUSES_BUT_COMPUTES = {Record(FLEX): {"E2M1 block[32,1] UE8M0"}, Record(WGPU): set(),
+                                          Record(WGPU, nvidia=True): set()}
 
 
 @pytest.mark.parametrize("record", PLAIN, ids=str)
