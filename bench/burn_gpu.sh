@@ -60,7 +60,12 @@ for build in 023 023_TILE; do
     echo "0.23 ($build) wgpu probe: exit $?, $(wc -l <"$sweep/verdicts.jsonl") verdicts"
     "$harness" compute --backend wgpu "$sweep/compute.bpk" >"$sweep/computes.jsonl"
     echo "0.23 ($build) wgpu compute: exit $?, $(wc -l <"$sweep/computes.jsonl") verdicts"
-    cp "$sweep"/{verdicts.jsonl,computes.jsonl,burn.safetensors} "$out/sweep-$build/"
+    # the PackedU32(1) cases (tests/data/burn/wgpu-0.23*'s packed1 files)
+    PYTHONPATH=. $python tests/burn-0.23/packed_dim1.py "$sweep/packed1" >/dev/null
+    "$harness" probe --backend wgpu "$sweep/packed1/packed1.bpk" "$sweep/packed1.safetensors" >"$sweep/packed1-verdicts.jsonl"
+    "$harness" compute --backend wgpu "$sweep/packed1/packed1.bpk" >"$sweep/packed1-computes.jsonl"
+    echo "0.23 ($build) PackedU32(1): $(wc -l <"$sweep/packed1-verdicts.jsonl") verdicts, $(wc -l <"$sweep/packed1-computes.jsonl") computes"
+    cp "$sweep"/{verdicts.jsonl,computes.jsonl,burn.safetensors,packed1-verdicts.jsonl,packed1-computes.jsonl,packed1.safetensors} "$out/sweep-$build/"
     $python -m bench.burn_sweep compare "$sweep" wgpu 0.23.0-pre.1 2>&1 | tail -20 | tee "$out/sweep-$build/decode.txt"
     $python -m bench.burn_sweep computes "$sweep" wgpu nvidia-vulkan 0.23.0-pre.1 2>&1 | tee "$out/sweep-$build/computes.txt"
 done

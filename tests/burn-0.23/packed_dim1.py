@@ -1,6 +1,7 @@
-"""PackedU32(1) cases for the Burn 0.23 harness, built without qcli accepting the store (it refuses it).
+"""PackedU32(1) cases for the Burn 0.23 harness, built by hand from the PackedU32(0) codec, apart from qcli's own
+writing of the store (`--burn-version 0.23`), which tests/io/test_burn_023_recorded.py holds to these bytes.
 
-    python3 tests/burn-0.23/packed_dim1.py DIR   # DIR/packed1.bpk, DIR/expected.safetensors
+    PYTHONPATH=. python3 tests/burn-0.23/packed_dim1.py DIR   # from the root: DIR/packed1.bpk, DIR/expected.safetensors
 
 Burn 0.23's host layout (burn-std src/tensor/quantization/packing.rs, `PackedOrder`): a store packed along
 `dim` (counted from the innermost axis) stores the tensor with that axis swapped innermost, read row-major,
@@ -55,6 +56,7 @@ def main(folder: Path) -> None:
         expected[name] = decode(payload, flipped, shape[::-1]).T.contiguous()
         entries.append(TensorEntry(name, qfloat(scheme_of(value, block, dtype, 1)), shape, payload.numel()))
         payloads.append(payload)
+    folder.mkdir(parents=True, exist_ok=True)
     with BurnpackWriter(folder / "packed1.bpk", entries) as writer:
         for entry, payload in zip(entries, payloads, strict=True):
             writer.write(entry.name, payload)

@@ -97,7 +97,7 @@ RECORDS = [*PLAIN, TILE]
 
 
 def packed_dim1():
-    """tests/burn-0.23/packed_dim1.py, which writes PackedU32(1) cases qcli does not accept yet."""
+    """tests/burn-0.23/packed_dim1.py, which writes PackedU32(1) cases by hand from the PackedU32(0) codec."""
     spec = importlib.util.spec_from_file_location("packed_dim1", HARNESSES[VERSION][0] / "packed_dim1.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
