@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from qcli.io.imatrix import Imatrix
     from qcli.io.source import TensorInfo
 
+
 @dataclass(frozen=True)
 class MeasuredImportance:
     """`qcli imatrix`'s result: the importance matrix in llama.cpp's names, and the windows it was measured on."""
@@ -92,7 +93,7 @@ def _block_run(checkpoint: Checkpoint, calibrating: CalibrationInput, device: st
 
 
 def opened(checkpoint: Checkpoint, calibrating: CalibrationInput
-            ) -> tuple[CalibrationModel, CalibrationText, CalibrationSet]:
+           ) -> tuple[CalibrationModel, CalibrationText, CalibrationSet]:
     """The checkpoint's model, the calibration text, and its windows."""
     assert calibrating.data is not None, "calibration without an imatrix reads its text"
     text = read_calibration_text(calibrating.data)
